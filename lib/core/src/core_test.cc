@@ -1,0 +1,129 @@
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "k3/core/error.h"
+#include "k3/core/file.h"
+#include "k3/core/json_writer.h"
+#include "k3/core/numeric.h"
+#include "k3/core/sys.h"
+
+using namespace k3;
+
+namespace {
+std::string TempDir() {
+  char tmpl[] = "/tmp/k3_core_test_XXXXXX";
+  char* d = mkdtemp(tmpl);
+  REQUIRE(d != nullptr);
+  return d;
+}
+}  // namespace
+
+TEST_CASE("Error formats path, offset, object and code") {
+  Error e(ErrorCode::kCorrupt, "bad thing", "/x/y.safetensors", 42, "tensor.a");
+  CHECK(std::string(e.what()) == "/x/y.safetensors: offset 42: 'tensor.a': bad thing [corrupt]");
+  CHECK(ExitCodeFor(ErrorCode::kOk) == 0);
+  CHECK(ExitCodeFor(ErrorCode::kCorrupt) != 0);
+  CHECK(std::string(e.WithObject("other").what()).find("tensor.a") != std::string::npos);
+}
+
+TEST_CASE("BF16 and F16 conversions") {
+  CHECK(Bf16ToF32(0x3f80) == 1.0f);
+  CHECK(Bf16ToF32(0xbf80) == -1.0f);
+  CHECK(F32ToBf16(1.0f) == 0x3f80);
+  // round half to even: 1 + 2^-8 is exactly halfway between bf16 1.0 and next.
+  CHECK(F32ToBf16(1.00390625f) == 0x3f80);
+  CHECK(F32ToBf16(1.01171875f) == 0x3f82);
+  CHECK(F16ToF32(0x3c00) == 1.0f);
+  CHECK(F16ToF32(0xc000) == -2.0f);
+  CHECK(F16ToF32(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(F16ToF32(0x7c00) == INFINITY);
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // monotonic over all finite positives
+    if (h > 0) CHECK_MESSAGE(F16ToF32(h) > F16ToF32(h - 1), h);
+  }
+}
+
+TEST_CASE("checked arithmetic") {
+  CHECK(CheckedMul(1ull << 32, 1ull << 31).value() == (1ull << 63));
+  CHECK_FALSE(CheckedMul(1ull << 32, 1ull << 32).has_value());
+  CHECK_FALSE(CheckedAdd(~0ull, 1).has_value());
+}
+
+TEST_CASE("AtomicFileWriter publishes only on commit") {
+  std::string dir = TempDir();
+  std::string path = JoinPath(dir, "out.bin");
+  {
+    AtomicFileWriter w(path);
+    w.Write(std::string_view("hello"));
+    CHECK_FALSE(PathExists(path));
+    CHECK(PathExists(w.temp_path()));
+  }  // abandoned: temp removed, nothing published
+  CHECK_FALSE(PathExists(path));
+  {
+    AtomicFileWriter w(path);
+    w.Write(std::string_view("hello"));
+    w.Commit();
+    CHECK_FALSE(PathExists(w.temp_path()));
+  }
+  CHECK(ReadFileOrThrow(path, 100) == "hello");
+  WriteFileAtomic(path, "bye");
+  CHECK(ReadFileOrThrow(path, 100) == "bye");
+  CHECK_THROWS_AS(ReadFileOrThrow(path, 2), Error);
+}
+
+TEST_CASE("PreadFull reports truncation with the offset") {
+  std::string dir = TempDir();
+  std::string path = JoinPath(dir, "f");
+  WriteFileAtomic(path, "0123456789");
+  UniqueFd fd = OpenOrThrow(path, O_RDONLY);
+  std::byte buf[8];
+  PreadFull(fd.get(), buf, 2, path);
+  CHECK(static_cast<char>(buf[0]) == '2');
+  try {
+    PreadFull(fd.get(), buf, 5, path);
+    FAIL("expected truncation");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kTruncated);
+    CHECK(e.offset() == 5);
+    CHECK(e.path() == path);
+  }
+  CHECK_THROWS_AS(OpenOrThrow(JoinPath(dir, "missing"), O_RDONLY), Error);
+}
+
+TEST_CASE("MappedFile maps the whole file") {
+  std::string dir = TempDir();
+  std::string path = JoinPath(dir, "m");
+  WriteFileAtomic(path, "abcdef");
+  MappedFile m = MappedFile::OpenOrThrow(path);
+  REQUIRE(m.size() == 6);
+  CHECK(static_cast<char>(m.data()[5]) == 'f');
+}
+
+TEST_CASE("JsonWriter escapes and nests") {
+  JsonWriter w;
+  w.BeginObject().Field("a", 1).Field("s", std::string("q\"\n\x01")).Key("arr").BeginArray()
+      .Int(1).Double(0.5).Bool(true).Null().EndArray().EndObject();
+  CHECK(w.str() == R"({"a":1,"s":"q\"\n\u0001","arr":[1,0.5,true,null]})");
+  std::string bad;
+  AppendJsonString(bad, std::string_view("\xff" "a", 2));
+  CHECK(bad == "\"\\ufffda\"");
+}
+
+TEST_CASE("environment parsing names the variable on error") {
+  setenv("K3_TEST_INT", "12x", 1);
+  try {
+    GetEnvInt("K3_TEST_INT", 0);
+    FAIL("expected error");
+  } catch (const Error& e) {
+    CHECK(e.object() == "K3_TEST_INT");
+  }
+  setenv("K3_TEST_INT", "12", 1);
+  CHECK(GetEnvInt("K3_TEST_INT", 0) == 12);
+  CHECK(GetEnvBool("K3_TEST_UNSET_X", true));
+  CHECK(MemAvailableBytes() > 0);
+  CHECK(PeakRssBytes() > 0);
+}

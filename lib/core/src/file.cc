@@ -1,0 +1,274 @@
+#include "k3/core/file.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "k3/core/error.h"
+
+namespace k3 {
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+UniqueFd TryOpen(const std::string& path, int flags, int mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  return UniqueFd(fd);
+}
+
+UniqueFd OpenOrThrow(const std::string& path, int flags, int mode) {
+  UniqueFd fd = TryOpen(path, flags, mode);
+  if (!fd.valid()) ThrowErrno(errno, "open", path);
+  return fd;
+}
+
+uint64_t FileSizeOrThrow(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) ThrowErrno(errno, "fstat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+uint64_t FileSizeOrThrow(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) ThrowErrno(errno, "stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+size_t PreadUpTo(int fd, std::span<std::byte> buf, uint64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < buf.size()) {
+    size_t want = buf.size() - done;
+    if (want > (size_t{1} << 30)) want = size_t{1} << 30;
+    ssize_t n = ::pread(fd, buf.data() + done, want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      ThrowErrno(errno, "pread", path, static_cast<int64_t>(offset + done));
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+void PreadFull(int fd, std::span<std::byte> buf, uint64_t offset, const std::string& path) {
+  size_t got = PreadUpTo(fd, buf, offset, path);
+  if (got != buf.size()) {
+    throw Error(ErrorCode::kTruncated,
+                "file ends after " + std::to_string(offset + got) + " bytes, needed " +
+                    std::to_string(buf.size()) + " bytes from here",
+                path, static_cast<int64_t>(offset));
+  }
+}
+
+void WriteFull(int fd, std::span<const std::byte> buf, const std::string& path) {
+  size_t done = 0;
+  while (done < buf.size()) {
+    ssize_t n = ::write(fd, buf.data() + done, buf.size() - done);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      ThrowErrno(errno, "write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void PwriteFull(int fd, std::span<const std::byte> buf, uint64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < buf.size()) {
+    ssize_t n = ::pwrite(fd, buf.data() + done, buf.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      ThrowErrno(errno, "pwrite", path, static_cast<int64_t>(offset + done));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::string ReadFileOrThrow(const std::string& path, uint64_t max_bytes) {
+  UniqueFd fd = OpenOrThrow(path, O_RDONLY);
+  uint64_t size = FileSizeOrThrow(fd.get(), path);
+  if (size > max_bytes) {
+    throw Error(ErrorCode::kCorrupt,
+                "file is " + std::to_string(size) + " bytes, limit " + std::to_string(max_bytes),
+                path);
+  }
+  std::string out(size, '\0');
+  PreadFull(fd.get(), std::as_writable_bytes(std::span(out.data(), out.size())), 0, path);
+  return out;
+}
+
+void FsyncOrThrow(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) ThrowErrno(errno, "fsync", path);
+}
+
+void FsyncDirOrThrow(const std::string& dir) {
+  UniqueFd fd = OpenOrThrow(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+  // Some filesystems (e.g. certain FUSE/NFS setups) refuse fsync on directories.
+  if (::fsync(fd.get()) != 0 && errno != EINVAL && errno != EROFS) {
+    ThrowErrno(errno, "fsync directory", dir);
+  }
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string JoinPath(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (!b.empty() && b.front() == '/') return std::string(b);
+  std::string out(a);
+  if (out.back() != '/') out += '/';
+  out += b;
+  return out;
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string final_path)
+    : final_path_(std::move(final_path)),
+      temp_path_(final_path_ + ".tmp." + std::to_string(::getpid())) {
+  fd_ = OpenOrThrow(temp_path_, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+}
+
+AtomicFileWriter::~AtomicFileWriter() { Abort(); }
+
+void AtomicFileWriter::Write(std::span<const std::byte> bytes) {
+  WriteFull(fd_.get(), bytes, temp_path_);
+  bytes_written_ += bytes.size();
+}
+
+void AtomicFileWriter::Write(std::string_view text) {
+  Write(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+void AtomicFileWriter::Commit() {
+  K3_CHECK(!done_);
+  FsyncOrThrow(fd_.get(), temp_path_);
+  fd_.Reset();
+  CrashPoint("before-rename");
+  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
+    ThrowErrno(errno, "rename to " + final_path_, temp_path_);
+  }
+  done_ = true;
+  CrashPoint("after-rename");
+  FsyncDirOrThrow(DirName(final_path_));
+}
+
+void AtomicFileWriter::Abort() noexcept {
+  if (done_) return;
+  fd_.Reset();
+  ::unlink(temp_path_.c_str());
+  done_ = true;
+}
+
+void WriteFileAtomic(const std::string& path, std::string_view content) {
+  AtomicFileWriter w(path);
+  w.Write(content);
+  w.Commit();
+}
+
+MappedFile MappedFile::OpenOrThrow(const std::string& path) {
+  UniqueFd fd = k3::OpenOrThrow(path, O_RDONLY);
+  uint64_t size = FileSizeOrThrow(fd.get(), path);
+  MappedFile m;
+  m.path_ = path;
+  m.size_ = size;
+  if (size == 0) return m;
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) ThrowErrno(errno, "mmap", path);
+  m.data_ = static_cast<const std::byte*>(p);
+  return m;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    data_ = o.data_;
+    size_ = o.size_;
+    path_ = std::move(o.path_);
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+FileLock::FileLock(const std::string& lock_path) : path_(lock_path) {
+  fd_ = OpenOrThrow(lock_path, O_RDWR | O_CREAT, 0644);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  while (::fcntl(fd_.get(), F_SETLKW, &fl) != 0) {
+    if (errno == EINTR) continue;
+    ThrowErrno(errno, "lock", lock_path);
+  }
+}
+
+FileLock::~FileLock() {
+  struct flock fl {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  ::fcntl(fd_.get(), F_SETLK, &fl);
+}
+
+void CrashPoint(const char* name) {
+  static const char* spec = std::getenv("K3_CRASH_AT");
+  if (spec == nullptr || *spec == '\0') return;
+  static std::atomic<long> hits{0};
+  std::string_view s(spec);
+  size_t colon = s.find(':');
+  std::string_view want = s.substr(0, colon);
+  if (want != name) return;
+  long nth = colon == std::string_view::npos ? 1 : std::atol(std::string(s.substr(colon + 1)).c_str());
+  if (++hits >= nth) {
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+uint64_t FreeSpaceBytes(const std::string& path) {
+  struct statvfs st;
+  if (::statvfs(path.c_str(), &st) != 0) ThrowErrno(errno, "statvfs", path);
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+}  // namespace k3

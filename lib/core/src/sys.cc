@@ -1,0 +1,103 @@
+#include "k3/core/sys.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "k3/core/error.h"
+
+namespace k3 {
+
+uint64_t PeakRssBytes() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+uint64_t CurrentRssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long size = 0, resident = 0;
+  int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  if (n != 2) return 0;
+  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t MemAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::strncmp(line, "MemAvailable:", 13) == 0) {
+      kb = std::strtoull(line + 13, nullptr, 10);
+      break;
+    }
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
+int NumOnlineCpus() {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::optional<std::string> GetEnv(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int64_t GetEnvInt(const char* name, int64_t fallback) {
+  auto v = GetEnv(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end != '\0') {
+    throw Error(ErrorCode::kInvalidArgument, "expected an integer, got '" + *v + "'", {},
+                Error::kNoOffset, name);
+  }
+  return x;
+}
+
+double GetEnvDouble(const char* name, double fallback) {
+  auto v = GetEnv(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  double x = std::strtod(v->c_str(), &end);
+  if (end == v->c_str() || *end != '\0') {
+    throw Error(ErrorCode::kInvalidArgument, "expected a number, got '" + *v + "'", {},
+                Error::kNoOffset, name);
+  }
+  return x;
+}
+
+bool GetEnvBool(const char* name, bool fallback) {
+  auto v = GetEnv(name);
+  if (!v) return fallback;
+  const std::string& s = *v;
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  throw Error(ErrorCode::kInvalidArgument, "expected 0 or 1, got '" + s + "'", {},
+              Error::kNoOffset, name);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1000.0 && u < 5) {
+    v /= 1000.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace k3

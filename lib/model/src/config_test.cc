@@ -1,0 +1,38 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "k3/core/error.h"
+#include "k3/model/config.h"
+
+using namespace k3;
+
+TEST_CASE("oracle config parses from text_config") {
+  ModelConfig c = ModelConfig::LoadOrThrow(std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny");
+  CHECK(c.hidden_size == 128);
+  CHECK(c.num_hidden_layers == 8);
+  CHECK(c.vocab_size == 2304);
+  CHECK(c.kda_head_dim == 32);
+  CHECK(c.rms_norm_eps == doctest::Approx(1e-5));
+  CHECK(c.bos_token_id == 2048);
+  REQUIRE(c.eos_token_ids.size() == 1);
+  CHECK(c.eos_token_ids[0] == 2050);
+  // kda_layers [1,2,3,5,6] are 1-based: MLA layers are 3, 6, 7.
+  std::vector<bool> want = {true, true, true, false, true, true, false, false};
+  CHECK(c.is_kda == want);
+  CHECK(c.num_mla_layers() == 3);
+  CHECK(c.num_moe_layers() == 7);
+  CHECK(c.max_blocks() == 3);
+  CHECK(c.shared_intermediate() == 128);
+}
+
+TEST_CASE("config errors name the key") {
+  try {
+    ModelConfig::ParseOrThrow(R"({"text_config":{"hidden_size":"x"}})", "cfg.json");
+    FAIL("expected error");
+  } catch (const Error& e) {
+    CHECK(e.object() == "hidden_size");
+    CHECK(e.path() == "cfg.json");
+  }
+  CHECK_THROWS_AS(ModelConfig::ParseOrThrow("{", "cfg.json"), Error);
+}

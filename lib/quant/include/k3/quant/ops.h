@@ -1,0 +1,18 @@
+// Element-wise and normalisation ops with the precision spec §4 states
+// (f64 where it says so). Scalar and deterministic; noexcept.
+#pragma once
+
+#include <cstddef>
+
+namespace k3::quant {
+
+float Sigmoid(float x) noexcept;  // 1/(1+expf(-x))
+float Silu(float x) noexcept;     // x/(1+expf(-x))
+// out_i = x_i * r * w_i, r = 1/sqrtf((float)(sum_f64(x^2)/n) + eps). In-place allowed.
+void RmsNorm(const float* x, const float* w, size_t n, float eps, float* out) noexcept;
+// out_i = b1*tanhf(g/b1)*sigmoid(g) * b2*tanhf(u/b2), left to right in f32.
+void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
+// In place: m = max (first wins), e = expf(v-m), s = sum ascending (f32), v = e/s.
+void Softmax(float* v, size_t n) noexcept;
+
+}  // namespace k3::quant

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds k3 (Release, portable) into ${K3_BUILD_DIR:-build}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${K3_BUILD_DIR:-build}
+JOBS=${K3_JOBS:-2}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${K3_BUILD_TYPE:-Release} "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j"$JOBS"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds, runs every ctest label
+# (unit, golden, slow), then the unit suite again with the scalar kernels forced.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+BUILD_DIR=${K3_BUILD_DIR:-build}
+cd "$BUILD_DIR"
+ctest --output-on-failure -j2
+echo "== unit suite with K3_FORCE_ISA=scalar"
+K3_FORCE_ISA=scalar ctest --output-on-failure -j2 -L unit
