@@ -1,0 +1,124 @@
+// Run-time ISA choice: CPUID (through libgcc's __builtin_cpu_supports, which also
+// checks that the OS saves the wide registers), K3_FORCE_ISA, one log line.
+#include "k3/quant/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "k3/core/error.h"
+#include "k3/core/log.h"
+#include "k3/core/sys.h"
+#include "kernels.h"
+
+namespace k3::quant {
+namespace {
+
+// The SIMD tables are still scalar stand-ins (issue 4 lands them next).
+constexpr bool kSimdReady = false;
+
+// Set by SetIsaForTesting; takes precedence over the start-up choice.
+std::atomic<const internal::KernelTable*> g_test_override{nullptr};
+
+const internal::KernelTable& TableFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return internal::Avx512Kernels();
+    case Isa::kAvx2:
+      return internal::Avx2Kernels();
+    case Isa::kScalar:
+      break;
+  }
+  return internal::ScalarKernels();
+}
+
+Isa ParseIsa(const std::string& s) {
+  if (s == "scalar") return Isa::kScalar;
+  if (s == "avx2") return Isa::kAvx2;
+  if (s == "avx512") return Isa::kAvx512;
+  throw Error(ErrorCode::kInvalidArgument,
+              "K3_FORCE_ISA='" + s + "' is not one of scalar, avx2, avx512");
+}
+
+Isa BestIsa() {
+  if (IsaSupported(Isa::kAvx512)) return Isa::kAvx512;
+  if (IsaSupported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+const internal::KernelTable* ChooseOrThrow() {
+  Isa isa = BestIsa();
+  const char* why = "best this CPU runs";
+  if (auto forced = GetEnv("K3_FORCE_ISA"); forced && !forced->empty()) {
+    isa = ParseIsa(*forced);
+    if (!IsaSupported(isa)) {
+      throw Error(ErrorCode::kUnsupported, std::string("K3_FORCE_ISA=") + *forced +
+                                               " but this CPU (or OS) cannot run it; best is " +
+                                               IsaName(BestIsa()));
+    }
+    why = "K3_FORCE_ISA";
+  }
+  K3_LOG_INFO("quant: %s kernels (%s)", IsaName(isa), why);
+  return &TableFor(isa);
+}
+
+const internal::KernelTable& ActiveTableOrThrow() {
+  if (const internal::KernelTable* t = g_test_override.load(std::memory_order_acquire)) return *t;
+  // A throwing initialiser leaves the static unset, so every call reports the error.
+  static const internal::KernelTable* chosen = ChooseOrThrow();
+  return *chosen;
+}
+
+}  // namespace
+
+bool IsaSupported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return kSimdReady && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      // VNNI is the point of this tier (IDOT dots); Skylake-X without it uses AVX2.
+      return kSimdReady && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+Isa ActiveIsa() { return ActiveTableOrThrow().isa; }
+
+void SetIsaForTesting(Isa isa) {
+  if (!IsaSupported(isa)) {
+    throw Error(ErrorCode::kUnsupported, std::string("ISA ") + IsaName(isa) + " not supported");
+  }
+  g_test_override.store(&TableFor(isa), std::memory_order_release);
+}
+
+namespace internal {
+
+const KernelTable& ActiveKernels() noexcept {
+  try {
+    return ActiveTableOrThrow();
+  } catch (const std::exception& e) {
+    // Kernels cannot throw; the apps call ActiveIsa() at start-up to get this as
+    // a k3::Error, so reaching here means a caller skipped that check.
+    K3_LOG_ERROR("quant: %s", e.what());
+    std::abort();
+  }
+}
+
+}  // namespace internal
+}  // namespace k3::quant

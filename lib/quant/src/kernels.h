@@ -1,0 +1,51 @@
+// Private per-ISA kernel table behind the public quant.h entry points.
+//
+// Each ISA provides range kernels over output rows [row_begin, row_end); the
+// public wrappers split the rows across OpenMP threads. An ISA's kernel must
+// compute every output element with the same floating-point operations whatever
+// the row range and the batch (quant.h's determinism contract), which all of ours
+// do by running one fixed per-(row, activation) routine and only choosing the
+// loop order (weight row outer, batch inner, so a row is read from RAM once per
+// chunk).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "k3/quant/isa.h"
+#include "k3/quant/quant.h"
+
+namespace k3::quant::internal {
+
+struct KernelTable {
+  Isa isa;
+  // y[b * w.rows + o] for o in [row_begin, row_end), b in [0, batch).
+  void (*matmul)(const WeightView& w, const float* x, size_t batch, float* y, size_t row_begin,
+                 size_t row_end) noexcept;
+  // Same with int8 activations (w.cols % 32 == 0; f32 weights are not allowed).
+  void (*matmul_q8)(const WeightView& w, const ActsQ8& x, float* y, size_t row_begin,
+                    size_t row_end) noexcept;
+  float (*row_dot)(const WeightView& w, size_t row, const float* x) noexcept;
+  void (*add_row)(const WeightView& w, size_t row, float c, float* acc) noexcept;
+};
+
+const KernelTable& ScalarKernels() noexcept;
+// Only call after CPUID says the ISA runs here (IsaSupported).
+const KernelTable& Avx2Kernels() noexcept;
+const KernelTable& Avx512Kernels() noexcept;
+
+// The table of ActiveIsa(); aborts with a message if K3_FORCE_ISA is invalid
+// (kernels are noexcept; apps call ActiveIsa() first to get a k3::Error instead).
+const KernelTable& ActiveKernels() noexcept;
+
+// e2m1 code -> value (spec §6.4) and the doubled exact-int8 table the IDOT and
+// SIMD paths use.
+inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+inline constexpr int8_t kE2m1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline constexpr size_t kActGroup = 32;   // QuantizeActs group (§6.5)
+inline constexpr size_t kInt4Group = 64;  // int4-g64 group (§6.2)
+inline constexpr size_t kMxGroup = 32;    // MXFP4 scale group (§6.4)
+
+}  // namespace k3::quant::internal

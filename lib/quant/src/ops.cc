@@ -1,0 +1,42 @@
+// Element-wise ops exactly as spec §4 defines them; scalar so that every ISA
+// (and the GPU tier's CPU fallback) agrees bit for bit.
+#include "k3/quant/ops.h"
+
+#include <cmath>
+
+namespace k3::quant {
+
+float Sigmoid(float x) noexcept { return 1.0f / (1.0f + std::exp(-x)); }
+
+float Silu(float x) noexcept { return x / (1.0f + std::exp(-x)); }
+
+void RmsNorm(const float* x, const float* w, size_t n, float eps, float* out) noexcept {
+  double ms = 0.0;
+  for (size_t i = 0; i < n; ++i) ms += static_cast<double>(x[i]) * x[i];
+  const float r = 1.0f / std::sqrt(static_cast<float>(ms / static_cast<double>(n)) + eps);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float ui = u[i];
+    out[i] = b1 * std::tanh(gi / b1) * Sigmoid(gi) * b2 * std::tanh(ui / b2);
+  }
+}
+
+void Softmax(float* v, size_t n) noexcept {
+  if (n == 0) return;
+  float m = v[0];
+  for (size_t i = 1; i < n; ++i) {
+    if (v[i] > m) m = v[i];
+  }
+  float s = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - m);
+    s += v[i];
+  }
+  for (size_t i = 0; i < n; ++i) v[i] = v[i] / s;
+}
+
+}  // namespace k3::quant

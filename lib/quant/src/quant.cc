@@ -1,0 +1,232 @@
+// Formats, quantizers (spec §6.2, §6.5, §6.7) and the OpenMP row split in front of
+// the per-ISA kernels. Quantizers are scalar on purpose: their bytes are a file
+// format (k3-repack writes them, the runtime re-derives them at load time) and
+// must not depend on the ISA or the compiler's vectoriser.
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "k3/core/error.h"
+#include "k3/quant/quant.h"
+#include "kernels.h"
+
+namespace k3::quant {
+
+using internal::kActGroup;
+using internal::kInt4Group;
+using internal::kMxGroup;
+
+namespace {
+
+// §6.2 floor on a scale so that inv = 1/s stays finite for all-zero groups.
+constexpr float kMinScale = 1e-20f;
+
+// max |x_i| in f32; NaNs are skipped (a > am is false), as the reference does.
+inline float AbsMax(const float* x, size_t n) {
+  float am = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    float a = std::fabs(x[i]);
+    if (a > am) am = a;
+  }
+  return am;
+}
+
+// clamp(lrintf(v), lo, hi): lrintf rounds half to even in the default mode.
+inline int RoundClamp(float v, long lo, long hi) {
+  long r = std::lrint(v);
+  return static_cast<int>(std::clamp(r, lo, hi));
+}
+
+// One group/row of symmetric quantisation: s = am/qmax, floor, inv = 1/s.
+inline float QuantizeSpan(const float* x, size_t n, float qmax, long lo, long hi, int* v) {
+  float s = AbsMax(x, n) / qmax;
+  if (s < kMinScale) s = kMinScale;
+  float inv = 1.0f / s;
+  for (size_t i = 0; i < n; ++i) v[i] = RoundClamp(x[i] * inv, lo, hi);
+  return s;
+}
+
+}  // namespace
+
+size_t WeightView::data_bytes() const {
+  switch (format) {
+    case WeightFormat::kF32:
+      return rows * cols * sizeof(float);
+    case WeightFormat::kInt8:
+      return rows * cols;
+    case WeightFormat::kInt4G64:
+    case WeightFormat::kMxfp4:
+      return rows * (cols / 2);
+  }
+  return 0;
+}
+
+size_t WeightView::scale_count() const {
+  switch (format) {
+    case WeightFormat::kF32:
+      return 0;
+    case WeightFormat::kInt8:
+      return rows;
+    case WeightFormat::kInt4G64:
+      return rows * (cols / kInt4Group);
+    case WeightFormat::kMxfp4:
+      return rows * (cols / kMxGroup);
+  }
+  return 0;
+}
+
+float E8m0ToF32(uint8_t s) noexcept { return std::bit_cast<float>(uint32_t{s} << 23); }
+
+void QuantizeInt8Rows(const float* x, size_t rows, size_t cols, int8_t* q,
+                      float* scales) noexcept {
+  std::vector<int> v(cols);
+  for (size_t r = 0; r < rows; ++r) {
+    scales[r] = QuantizeSpan(x + r * cols, cols, 127.0f, -127, 127, v.data());
+    for (size_t i = 0; i < cols; ++i) q[r * cols + i] = static_cast<int8_t>(v[i]);
+  }
+}
+
+namespace {
+// Packs 64 values in [-8, 7] as +8-biased nibbles, low nibble = even column.
+inline void PackInt4Group(const int* v, uint8_t* out) {
+  for (size_t j = 0; j < kInt4Group / 2; ++j) {
+    out[j] = static_cast<uint8_t>((v[2 * j] + 8) | ((v[2 * j + 1] + 8) << 4));
+  }
+}
+}  // namespace
+
+void QuantizeInt4G64Rows(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                         float* scales) noexcept {
+  K3_CHECK(cols % kInt4Group == 0);
+  const size_t groups = cols / kInt4Group;
+  int v[kInt4Group];
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * cols + g * kInt4Group;
+      scales[r * groups + g] = QuantizeSpan(xg, kInt4Group, 7.0f, -8, 7, v);
+      PackInt4Group(v, packed + r * (cols / 2) + g * (kInt4Group / 2));
+    }
+  }
+}
+
+void DowncastInt8ToInt4G64(const int8_t* q8, const float* s8, size_t rows, size_t cols,
+                           uint8_t* packed, float* scales) noexcept {
+  K3_CHECK(cols % kInt4Group == 0);
+  const size_t groups = cols / kInt4Group;
+  int v[kInt4Group];
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const int8_t* qg = q8 + r * cols + g * kInt4Group;
+      int am = 0;
+      for (size_t i = 0; i < kInt4Group; ++i) am = std::max(am, std::abs(int{qg[i]}));
+      // §6.7 op for op: s = am*s8/7, floor, inv = s8/s.
+      float s = static_cast<float>(am) * s8[r] / 7.0f;
+      if (s < kMinScale) s = kMinScale;
+      float inv = s8[r] / s;
+      for (size_t i = 0; i < kInt4Group; ++i) {
+        v[i] = RoundClamp(static_cast<float>(qg[i]) * inv, -8, 7);
+      }
+      scales[r * groups + g] = s;
+      PackInt4Group(v, packed + r * (cols / 2) + g * (kInt4Group / 2));
+    }
+  }
+}
+
+void DequantizeRow(const WeightView& w, size_t row, float* out) noexcept {
+  const size_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      std::memcpy(out, static_cast<const float*>(w.data) + row * n, n * sizeof(float));
+      return;
+    case WeightFormat::kInt8: {
+      const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * w.scales[row];
+      return;
+    }
+    case WeightFormat::kInt4G64: {
+      const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
+      const float* s = w.scales + row * (n / kInt4Group);
+      for (size_t i = 0; i < n; ++i) {
+        int nib = (i & 1) ? (p[i / 2] >> 4) : (p[i / 2] & 15);
+        out[i] = static_cast<float>(nib - 8) * s[i / kInt4Group];
+      }
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
+      const uint8_t* e = w.e8m0 + row * (n / kMxGroup);
+      for (size_t i = 0; i < n; ++i) {
+        int code = (i & 1) ? (p[i / 2] >> 4) : (p[i / 2] & 15);
+        out[i] = internal::kE2m1[code] * E8m0ToF32(e[i / kMxGroup]);
+      }
+      return;
+    }
+  }
+}
+
+void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexcept {
+  K3_CHECK(cols % kActGroup == 0);
+  const size_t groups = cols / kActGroup;
+  out->batch = batch;
+  out->cols = cols;
+  if (out->q.size() < batch * cols) out->q.resize(batch * cols);
+  if (out->scales.size() < batch * groups) out->scales.resize(batch * groups);
+  int v[kActGroup];
+  for (size_t b = 0; b < batch; ++b) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t off = b * cols + g * kActGroup;
+      out->scales[b * groups + g] = QuantizeSpan(x + off, kActGroup, 127.0f, -127, 127, v);
+      for (size_t i = 0; i < kActGroup; ++i) out->q[off + i] = static_cast<int8_t>(v[i]);
+    }
+  }
+}
+
+namespace {
+
+// Below this many multiply-adds a parallel region costs more than it saves.
+constexpr size_t kMinParallelMacs = size_t{1} << 16;
+// Rows per scheduling unit: small enough to balance 2..64 threads on the
+// smallest K3 matrices, large enough to amortise the call.
+constexpr size_t kRowBlock = 16;
+
+template <typename Fn>
+void ForRowBlocks(size_t rows, size_t macs, Fn&& fn) noexcept {
+  const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const bool parallel = macs >= kMinParallelMacs && blocks > 1 && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (size_t blk = 0; blk < blocks; ++blk) {
+    const size_t r0 = blk * kRowBlock;
+    fn(r0, std::min(rows, r0 + kRowBlock));
+  }
+}
+
+}  // namespace
+
+void MatMul(const WeightView& w, const float* x, size_t batch, float* y) noexcept {
+  if (w.rows == 0 || batch == 0) return;
+  const internal::KernelTable& k = internal::ActiveKernels();
+  ForRowBlocks(w.rows, w.rows * w.cols * batch,
+               [&](size_t r0, size_t r1) { k.matmul(w, x, batch, y, r0, r1); });
+}
+
+void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
+  K3_CHECK(w.format != WeightFormat::kF32);
+  K3_CHECK(x.cols == w.cols && w.cols % kActGroup == 0);
+  if (w.rows == 0 || x.batch == 0) return;
+  const internal::KernelTable& k = internal::ActiveKernels();
+  ForRowBlocks(w.rows, w.rows * w.cols * x.batch,
+               [&](size_t r0, size_t r1) { k.matmul_q8(w, x, y, r0, r1); });
+}
+
+float RowDot(const WeightView& w, size_t row, const float* x) noexcept {
+  return internal::ActiveKernels().row_dot(w, row, x);
+}
+
+void AddRow(const WeightView& w, size_t row, float c, float* acc) noexcept {
+  internal::ActiveKernels().add_row(w, row, c, acc);
+}
+
+}  // namespace k3::quant

@@ -1,0 +1,434 @@
+// lib/quant tests: known answers for the quantizers, the kernels against a
+// double-precision reference built from dequantised weights, parity of every ISA
+// this machine runs against the scalar reference, and batch/thread invariance.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "k3/quant/isa.h"
+#include "k3/quant/ops.h"
+#include "k3/quant/quant.h"
+
+using namespace k3::quant;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(i)) v.push_back(i);
+  }
+  return v;
+}
+
+// Restores the start-up ISA choice when a test case ends.
+struct IsaGuard {
+  Isa saved = ActiveIsa();
+  ~IsaGuard() { SetIsaForTesting(saved); }
+};
+
+// An owned matrix in one of the formats, plus its exact dequantised values.
+struct Mat {
+  WeightFormat fmt = WeightFormat::kF32;
+  size_t rows = 0, cols = 0;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<uint8_t> e8m0;
+
+  WeightView View() const {
+    WeightView w;
+    w.format = fmt;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = data.data();
+    w.scales = scales.empty() ? nullptr : scales.data();
+    w.e8m0 = e8m0.empty() ? nullptr : e8m0.data();
+    return w;
+  }
+  std::vector<float> Dequant() const {
+    std::vector<float> out(rows * cols);
+    for (size_t r = 0; r < rows; ++r) DequantizeRow(View(), r, out.data() + r * cols);
+    return out;
+  }
+};
+
+Mat RandomMat(WeightFormat fmt, size_t rows, size_t cols, std::mt19937& rng) {
+  Mat m;
+  m.fmt = fmt;
+  m.rows = rows;
+  m.cols = cols;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  switch (fmt) {
+    case WeightFormat::kF32: {
+      m.data.resize(rows * cols * 4);
+      auto* f = reinterpret_cast<float*>(m.data.data());
+      for (size_t i = 0; i < rows * cols; ++i) f[i] = nd(rng);
+      break;
+    }
+    case WeightFormat::kInt8: {
+      std::uniform_int_distribution<int> q(-127, 127);
+      m.data.resize(rows * cols);
+      for (auto& b : m.data) b = static_cast<uint8_t>(static_cast<int8_t>(q(rng)));
+      for (size_t r = 0; r < rows; ++r) m.scales.push_back(0.01f * (1.0f + std::fabs(nd(rng))));
+      break;
+    }
+    case WeightFormat::kInt4G64:
+      m.data.resize(rows * cols / 2);
+      for (auto& b : m.data) b = static_cast<uint8_t>(byte(rng));
+      for (size_t i = 0; i < rows * cols / 64; ++i) m.scales.push_back(0.1f * (1 + std::fabs(nd(rng))));
+      break;
+    case WeightFormat::kMxfp4: {
+      std::uniform_int_distribution<int> e(115, 130);
+      m.data.resize(rows * cols / 2);
+      for (auto& b : m.data) b = static_cast<uint8_t>(byte(rng));
+      for (size_t i = 0; i < rows * cols / 32; ++i) m.e8m0.push_back(static_cast<uint8_t>(e(rng)));
+      break;
+    }
+  }
+  return m;
+}
+
+std::vector<float> RandomVec(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Reference y and the error bound for any summation order: the recursive-sum
+// bound gamma_k * sum|terms| with k = cols + 4 (products, group and scale steps).
+struct Ref {
+  std::vector<double> y;
+  std::vector<double> bound;
+};
+
+Ref ReferenceF32(const Mat& m, const std::vector<float>& x, size_t batch) {
+  std::vector<float> w = m.Dequant();
+  Ref r;
+  r.y.resize(batch * m.rows);
+  r.bound.resize(batch * m.rows);
+  const double gamma = (m.cols + 4) * kU;
+  for (size_t b = 0; b < batch; ++b) {
+    for (size_t o = 0; o < m.rows; ++o) {
+      double s = 0, a = 0;
+      for (size_t i = 0; i < m.cols; ++i) {
+        double t = double(x[b * m.cols + i]) * double(w[o * m.cols + i]);
+        s += t;
+        a += std::fabs(t);
+      }
+      r.y[b * m.rows + o] = s;
+      r.bound[b * m.rows + o] = gamma * a + 1e-30;
+    }
+  }
+  return r;
+}
+
+// Same for the IDOT path from the quantised activations (the activation
+// quantisation itself is the model's choice, not kernel error).
+Ref ReferenceQ8(const Mat& m, const ActsQ8& a) {
+  std::vector<float> w = m.Dequant();
+  Ref r;
+  r.y.resize(a.batch * m.rows);
+  r.bound.resize(a.batch * m.rows);
+  const size_t groups = m.cols / 32;
+  const double gamma = (m.cols + 6) * kU;
+  for (size_t b = 0; b < a.batch; ++b) {
+    for (size_t o = 0; o < m.rows; ++o) {
+      double s = 0, abs_sum = 0;
+      for (size_t i = 0; i < m.cols; ++i) {
+        double xv = double(a.q[b * m.cols + i]) * a.scales[b * groups + i / 32];
+        double t = xv * w[o * m.cols + i];
+        s += t;
+        abs_sum += std::fabs(t);
+      }
+      r.y[b * m.rows + o] = s;
+      r.bound[b * m.rows + o] = gamma * abs_sum + 1e-30;
+    }
+  }
+  return r;
+}
+
+// Checks |y - ref| <= bound everywhere; returns the worst err/bound ratio (the
+// test cases print the worst over all their shapes and ISAs).
+double CheckAgainst(const Ref& ref, const std::vector<float>& y, const std::string& what) {
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    double ratio = std::fabs(double(y[i]) - ref.y[i]) / ref.bound[i];
+    if (!(ratio <= worst)) {
+      worst = ratio;
+      worst_i = i;
+    }
+  }
+  INFO(what << ": worst element " << worst_i << " y=" << y[worst_i] << " ref=" << ref.y[worst_i]
+            << " err/bound=" << worst);
+  CHECK(worst <= 1.0);
+  return worst;
+}
+
+const char* FmtName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kInt4G64: return "int4";
+    case WeightFormat::kMxfp4: return "mxfp4";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST_CASE("E8M0 decodes by placing the byte in the exponent field") {
+  CHECK(E8m0ToF32(127) == 1.0f);
+  CHECK(E8m0ToF32(128) == 2.0f);
+  CHECK(E8m0ToF32(120) == std::ldexp(1.0f, -7));
+  CHECK(E8m0ToF32(1) == std::ldexp(1.0f, -126));
+  CHECK(E8m0ToF32(254) == std::ldexp(1.0f, 127));
+  CHECK(std::bit_cast<uint32_t>(E8m0ToF32(0)) == 0u);
+  CHECK(std::isinf(E8m0ToF32(255)));
+}
+
+TEST_CASE("int8 row quantizer: hand-checked answers") {
+  // absmax 127 -> s = 1, inv = 1; ties round to even; 127.4 rounds to 127.
+  const float x[8] = {127.0f, -0.5f, 0.5f, 1.5f, 2.5f, -2.5f, 126.6f, -3.0f};
+  int8_t q[8];
+  float s;
+  QuantizeInt8Rows(x, 1, 8, q, &s);
+  CHECK(s == 1.0f);
+  const int8_t expect[8] = {127, 0, 0, 2, 2, -2, 127, -3};
+  CHECK(std::memcmp(q, expect, 8) == 0);
+  // An all-zero row gets the 1e-20 floor and zeros.
+  const float z[4] = {0, 0, -0.0f, 0};
+  QuantizeInt8Rows(z, 1, 4, q, &s);
+  CHECK(s == 1e-20f);
+  CHECK(q[0] == 0);
+  CHECK(q[2] == 0);
+}
+
+TEST_CASE("int4-g64 quantizer packs +8-biased nibbles, low nibble = even column") {
+  std::vector<float> x(128, 0.0f);
+  x[0] = 7.0f;   // group 0 absmax 7 -> s = 1
+  x[1] = -8.0f;  // the absmax: s = 8/7, so -8 maps to -7
+  x[64] = 3.5f;  // group 1: s = 0.5, 3.5/0.5 = 7
+  x[65] = -1.25f;  // -2.5 -> -2 (half to even)
+  std::vector<uint8_t> p(64);
+  float s[2];
+  QuantizeInt4G64Rows(x.data(), 1, 128, p.data(), s);
+  CHECK(s[0] == 8.0f / 7.0f);
+  const float inv0 = 1.0f / (8.0f / 7.0f);
+  CHECK((p[0] & 15) == std::clamp(int(std::lrint(7.0f * inv0)), -8, 7) + 8);
+  CHECK((p[0] >> 4) == std::clamp(int(std::lrint(-8.0f * inv0)), -8, 7) + 8);
+  CHECK(p[1] == 0x88);      // zeros
+  CHECK(s[1] == 0.5f);
+  CHECK((p[32] & 15) == 15);
+  CHECK((p[32] >> 4) == 6);
+  CHECK(UsesInt4(4, 128));
+  CHECK_FALSE(UsesInt4(4, 96));
+  CHECK_FALSE(UsesInt4(8, 128));
+}
+
+TEST_CASE("int8 -> int4-g64 downcast follows §6.7") {
+  std::mt19937 rng(7);
+  std::vector<float> x = RandomVec(3 * 128, rng);
+  std::vector<int8_t> q8(x.size());
+  float s8[3];
+  QuantizeInt8Rows(x.data(), 3, 128, q8.data(), s8);
+  std::vector<uint8_t> p(3 * 64);
+  std::vector<float> s4(6);
+  DowncastInt8ToInt4G64(q8.data(), s8, 3, 128, p.data(), s4.data());
+  for (size_t r = 0; r < 3; ++r) {
+    for (size_t g = 0; g < 2; ++g) {
+      int am = 0;
+      for (int i = 0; i < 64; ++i) am = std::max(am, std::abs(int(q8[r * 128 + g * 64 + i])));
+      float s = float(am) * s8[r] / 7.0f;
+      if (s < 1e-20f) s = 1e-20f;
+      CHECK(s4[r * 2 + g] == s);
+      float inv = s8[r] / s;
+      for (int i = 0; i < 64; ++i) {
+        long v = std::clamp(std::lrint(float(q8[r * 128 + g * 64 + i]) * inv), -8L, 7L);
+        size_t col = g * 64 + i;
+        uint8_t byte = p[r * 64 + col / 2];
+        CHECK(((col & 1) ? byte >> 4 : byte & 15) == v + 8);
+      }
+    }
+  }
+}
+
+TEST_CASE("QuantizeActs: per-32 groups, reuses buffers") {
+  std::mt19937 rng(3);
+  std::vector<float> x = RandomVec(2 * 96, rng);
+  x[5] = 0;
+  for (int i = 32; i < 64; ++i) x[i] = 0;  // a zero group
+  ActsQ8 a;
+  QuantizeActs(x.data(), 2, 96, &a);
+  CHECK(a.batch == 2);
+  CHECK(a.cols == 96);
+  for (size_t b = 0; b < 2; ++b) {
+    for (size_t g = 0; g < 3; ++g) {
+      float am = 0;
+      for (int i = 0; i < 32; ++i) am = std::max(am, std::fabs(x[b * 96 + g * 32 + i]));
+      float sc = std::max(am / 127.0f, 1e-20f);
+      CHECK(a.scales[b * 3 + g] == sc);
+      for (int i = 0; i < 32; ++i) {
+        long v = std::clamp(std::lrint(x[b * 96 + g * 32 + i] * (1.0f / sc)), -127L, 127L);
+        CHECK(a.q[b * 96 + g * 32 + i] == v);
+      }
+    }
+  }
+  const int8_t* before = a.q.data();
+  QuantizeActs(x.data(), 1, 96, &a);
+  CHECK(a.q.data() == before);
+  CHECK(a.batch == 1);
+}
+
+TEST_CASE("MatMul matches the double reference on every ISA, all formats, odd shapes") {
+  IsaGuard guard;
+  std::mt19937 rng(11);
+  double worst = 0;
+  struct Shape { size_t rows, cols; };
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    const size_t unit = fmt == WeightFormat::kInt4G64 ? 64 : fmt == WeightFormat::kMxfp4 ? 32 : 1;
+    for (Shape sh : {Shape{1, unit}, Shape{7, 3 * unit}, Shape{33, 5 * unit + (unit == 1 ? 2 : 0)},
+                     Shape{19, 112 * (unit == 1 ? 32 : unit) / (unit == 64 ? 2 : 1)}}) {
+      Mat m = RandomMat(fmt, sh.rows, sh.cols, rng);
+      for (size_t batch : {size_t{1}, size_t{3}}) {
+        std::vector<float> x = RandomVec(batch * sh.cols, rng);
+        Ref ref = ReferenceF32(m, x, batch);
+        for (Isa isa : SupportedIsas()) {
+          SetIsaForTesting(isa);
+          std::vector<float> y(batch * sh.rows, -1.0f);
+          MatMul(m.View(), x.data(), batch, y.data());
+          worst = std::max(worst, CheckAgainst(ref, y,
+                       std::string("MatMul ") + FmtName(fmt) + " " + std::to_string(sh.rows) + "x" +
+                           std::to_string(sh.cols) + " b" + std::to_string(batch) + " " +
+                           IsaName(isa)));
+        }
+      }
+    }
+  }
+  MESSAGE("MatMul worst err/bound over all cases: " << worst);
+}
+
+TEST_CASE("MatMulQ8 matches the reference from the quantised activations") {
+  IsaGuard guard;
+  std::mt19937 rng(12);
+  double worst = 0;
+  for (WeightFormat fmt : {WeightFormat::kInt8, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    const size_t unit = fmt == WeightFormat::kInt4G64 ? 64 : 32;
+    for (size_t cols : {unit, 3 * unit, 7 * unit, 3584 / (64 / unit) * (64 / unit)}) {
+      size_t rows = 21;
+      Mat m = RandomMat(fmt, rows, cols, rng);
+      for (size_t batch : {size_t{1}, size_t{5}}) {
+        std::vector<float> x = RandomVec(batch * cols, rng);
+        ActsQ8 a;
+        QuantizeActs(x.data(), batch, cols, &a);
+        Ref ref = ReferenceQ8(m, a);
+        for (Isa isa : SupportedIsas()) {
+          SetIsaForTesting(isa);
+          std::vector<float> y(batch * rows, -1.0f);
+          MatMulQ8(m.View(), a, y.data());
+          worst = std::max(worst, CheckAgainst(ref, y,
+                       std::string("MatMulQ8 ") + FmtName(fmt) + " cols " + std::to_string(cols) +
+                           " b" + std::to_string(batch) + " " + IsaName(isa)));
+        }
+      }
+    }
+  }
+  MESSAGE("MatMulQ8 worst err/bound over all cases: " << worst);
+}
+
+TEST_CASE("RowDot equals the MatMul element; AddRow matches the reference") {
+  IsaGuard guard;
+  std::mt19937 rng(13);
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    const size_t rows = 9, cols = 576;
+    Mat m = RandomMat(fmt, rows, cols, rng);
+    std::vector<float> x = RandomVec(cols, rng);
+    std::vector<float> deq = m.Dequant();
+    for (Isa isa : SupportedIsas()) {
+      SetIsaForTesting(isa);
+      std::vector<float> y(rows);
+      MatMul(m.View(), x.data(), 1, y.data());
+      std::vector<float> acc(cols, 0.5f);
+      for (size_t r = 0; r < rows; ++r) {
+        CHECK(RowDot(m.View(), r, x.data()) == y[r]);
+        AddRow(m.View(), r, 0.25f * float(r) - 1.0f, acc.data());
+      }
+      for (size_t i = 0; i < cols; ++i) {
+        double ref = 0.5, a = 0.5;
+        for (size_t r = 0; r < rows; ++r) {
+          double t = (0.25 * double(r) - 1.0) * deq[r * cols + i];
+          ref += t;
+          a += std::fabs(t);
+        }
+        CHECK(std::fabs(acc[i] - ref) <= 3 * (rows + 2) * kU * a);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch and thread count never change a bit (per ISA)") {
+  IsaGuard guard;
+  std::mt19937 rng(14);
+  const int saved_threads = omp_get_max_threads();
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    const size_t rows = 70, cols = 448, batch = 37;
+    Mat m = RandomMat(fmt, rows, cols, rng);
+    std::vector<float> x = RandomVec(batch * cols, rng);
+    ActsQ8 a_all;
+    QuantizeActs(x.data(), batch, cols, &a_all);
+    for (Isa isa : SupportedIsas()) {
+      SetIsaForTesting(isa);
+      omp_set_num_threads(2);
+      std::vector<float> y_all(batch * rows), q_all(batch * rows);
+      MatMul(m.View(), x.data(), batch, y_all.data());
+      if (fmt != WeightFormat::kF32) MatMulQ8(m.View(), a_all, q_all.data());
+      omp_set_num_threads(1);
+      for (size_t b = 0; b < batch; ++b) {
+        std::vector<float> y1(rows), q1(rows);
+        MatMul(m.View(), x.data() + b * cols, 1, y1.data());
+        CHECK(std::memcmp(y1.data(), y_all.data() + b * rows, rows * 4) == 0);
+        if (fmt != WeightFormat::kF32) {
+          ActsQ8 a1;
+          QuantizeActs(x.data() + b * cols, 1, cols, &a1);
+          MatMulQ8(m.View(), a1, q1.data());
+          CHECK(std::memcmp(q1.data(), q_all.data() + b * rows, rows * 4) == 0);
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+TEST_CASE("ops: spec §4 definitions") {
+  CHECK(Sigmoid(0.0f) == 0.5f);
+  CHECK(Silu(0.0f) == 0.0f);
+  CHECK(Sigmoid(2.0f) == 1.0f / (1.0f + std::exp(-2.0f)));
+  float v[4] = {1.0f, 3.0f, 3.0f, -1.0f};
+  Softmax(v, 4);
+  float e0 = std::exp(-2.0f), e3 = std::exp(-4.0f);
+  float s = ((e0 + 1.0f) + 1.0f) + e3;
+  CHECK(v[0] == e0 / s);
+  CHECK(v[1] == 1.0f / s);
+  float x[3] = {1.0f, 2.0f, 2.0f}, w[3] = {1.0f, 0.5f, 2.0f}, o[3];
+  RmsNorm(x, w, 3, 1e-6f, o);
+  float r = 1.0f / std::sqrt(float(9.0 / 3.0) + 1e-6f);
+  CHECK(o[1] == 2.0f * r * 0.5f);
+  float g[2] = {0.5f, -3.0f}, u[2] = {2.0f, 40.0f}, out[2];
+  SituGlu(g, u, 2, 4.0f, 25.0f, out);
+  CHECK(out[1] == 4.0f * std::tanh(-3.0f / 4.0f) * Sigmoid(-3.0f) * 25.0f * std::tanh(40.0f / 25.0f));
+}
