@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
+
 #include <simdjson.h>
 
 #include "k3/core/error.h"
@@ -65,8 +67,14 @@ SafetensorsHeader SafetensorsHeader::ParseOrThrow(std::string_view json, uint64_
   simdjson::dom::object root;
   if (doc.get_object().get(root)) Corrupt(path, header_at, {}, "header JSON is not an object");
 
+  // Names are checked for uniqueness as they are read, before offsets, so that a
+  // repeated name is reported as such and not as the overlap it usually causes.
+  std::unordered_set<std::string_view> seen;
   for (auto field : root) {
     std::string name(field.key);
+    if (!seen.insert(field.key).second) {
+      Corrupt(path, header_at, name, "duplicate tensor name");
+    }
     if (name == "__metadata__") {
       simdjson::dom::object meta;
       if (field.value.get_object().get(meta)) {
@@ -167,9 +175,7 @@ SafetensorsHeader SafetensorsHeader::ParseOrThrow(std::string_view json, uint64_
 
   h.by_name_.reserve(h.tensors_.size());
   for (size_t i = 0; i < h.tensors_.size(); ++i) {
-    if (!h.by_name_.emplace(h.tensors_[i].name, i).second) {
-      Corrupt(path, header_at, h.tensors_[i].name, "duplicate tensor name");
-    }
+    K3_CHECK(h.by_name_.emplace(h.tensors_[i].name, i).second);  // unique by construction
   }
   return h;
 }

@@ -106,6 +106,10 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
       }
       shard_names.emplace_back(shard);
     }
+    if (s.index_map_.empty()) {
+      // Almost certainly a broken download or writer; refusing beats a model with no weights.
+      throw Error(ErrorCode::kCorrupt, "index weight_map maps no tensors", index_path);
+    }
     std::sort(shard_names.begin(), shard_names.end());
     shard_names.erase(std::unique(shard_names.begin(), shard_names.end()), shard_names.end());
   } else {
