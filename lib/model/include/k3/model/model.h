@@ -1,0 +1,130 @@
+// The Kimi K3 forward pass (spec §5): AttnRes residual stream, KDA and gated
+// MLA attention, LatentMoE / dense MLP, head; chunked layer-major prefill that
+// is bit-identical to token-at-a-time.
+//
+// Model owns the opened snapshot, the config, the resident weights and the
+// expert store; it is immutable during inference except for the expert store,
+// so one Model serves one Session at a time. Session owns the per-sequence
+// state (KDA recurrent state and conv windows, MLA latent cache, position).
+// Neither is thread-safe; kernels parallelise internally (OpenMP).
+// Failures throw k3::Error (bad ids, capacity, I/O from the expert store).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "k3/container/snapshot.h"
+#include "k3/model/config.h"
+#include "k3/model/expert_store.h"
+#include "k3/model/weights.h"
+#include "k3/quant/quant.h"
+
+namespace k3::model {
+
+// Inference choices. FromEnv() reads K3_IDOT and K3_CHUNK.
+struct RunOptions {
+  // Quantized matmuls take int8 activations (quant::MatMulQ8). False: every
+  // matmul takes f32 activations (the configuration of the oracle goldens).
+  bool idot = true;
+  int chunk = 32;  // prefill chunk, clamped to [1, 512]
+
+  static RunOptions FromEnv();
+};
+
+class Model {
+ public:
+  // Opens `dir` (HF snapshot or k3 container: auto-detected per tensor),
+  // loads the weights and a SimpleExpertStore.
+  static std::unique_ptr<Model> LoadOrThrow(const std::string& dir, const LoadOptions& options,
+                                            const Snapshot::Options& snapshot_options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const Snapshot& snapshot() const { return *snapshot_; }
+  const ModelWeights& weights() const { return weights_; }
+  ExpertStore& experts() { return *experts_; }
+  // Replaces the expert store (e.g. the streaming store of issue 6).
+  void SetExpertStore(std::unique_ptr<ExpertStore> store) { experts_ = std::move(store); }
+  double load_seconds() const { return load_seconds_; }
+
+ private:
+  Model() = default;
+  std::unique_ptr<Snapshot> snapshot_;
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::unique_ptr<ExpertStore> experts_;
+  double load_seconds_ = 0;
+};
+
+// Optional outputs of one Forward() call, all row-major f32; null = not wanted.
+struct ForwardOutputs {
+  float* logits_all = nullptr;   // [T][vocab]: logits at every fed position
+  float* logits_last = nullptr;  // [vocab]: logits at the last fed position
+  float* trace = nullptr;        // [T][layers][hidden]: h after each layer (oracle hidden.f32)
+  float* final_hidden = nullptr; // [T][hidden]: lm_head input (oracle final.f32)
+};
+
+// Router decisions of one MoE layer for one token (for tests and stats).
+struct RoutingRecord {
+  int64_t layer = 0;
+  int64_t position = 0;
+  std::vector<int32_t> experts;  // selection rank order
+  std::vector<float> weights;    // renormalised
+};
+
+class Session {
+ public:
+  // `max_tokens` bounds the MLA cache (grown on demand beyond it).
+  Session(Model& model, RunOptions options, int64_t max_tokens = 0);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Feeds `ids` at positions position()..position()+T-1 in chunks of
+  // options.chunk and advances the state.
+  void Forward(std::span<const int32_t> ids, const ForwardOutputs& out);
+  // Forgets everything (position 0).
+  void Reset();
+  int64_t position() const { return pos_; }
+  const RunOptions& options() const { return options_; }
+
+  // When enabled, every MoE routing decision is appended here.
+  void RecordRouting(bool on) { record_routing_ = on; }
+  const std::vector<RoutingRecord>& routing() const { return routing_; }
+
+ private:
+  struct Impl;
+  void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
+                    bool last_chunk);
+  void KdaForward(int64_t layer, const float* x, size_t n, float* out);
+  void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
+  void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+
+  Model& model_;
+  RunOptions options_;
+  int64_t pos_ = 0;
+  bool record_routing_ = false;
+  std::vector<RoutingRecord> routing_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Sampling (§5.8). temperature <= 0: greedy argmax, first maximum wins.
+// Otherwise softmax at `temperature` (f64 total), nucleus cut at `top_p`, draw
+// from a std::mt19937_64 seeded by the caller.
+class Sampler {
+ public:
+  Sampler(float temperature, float top_p, uint64_t seed);
+  int32_t Sample(std::span<const float> logits);
+  static int32_t Argmax(std::span<const float> logits);
+
+ private:
+  float temperature_;
+  float top_p_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace k3::model

@@ -1,0 +1,651 @@
+#include "k3/model/model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "k3/core/error.h"
+#include "k3/core/log.h"
+#include "k3/core/sys.h"
+#include "k3/quant/ops.h"
+
+namespace k3::model {
+namespace {
+
+using quant::WeightFormat;
+
+// MLA q_a/kv_a LoRA norms use the class default of Moonshot's code, not
+// rms_norm_eps: the oracle wins over the spec here (docs/model.md).
+constexpr float kLoraNormEps = 1e-6f;
+// KDA q/k L2 norm: eps inside the sqrt, added to the sum of squares.
+constexpr float kL2NormEps = 1e-6f;
+constexpr int kMaxChunk = 512;
+
+}  // namespace
+
+RunOptions RunOptions::FromEnv() {
+  RunOptions o;
+  o.idot = GetEnvBool("K3_IDOT", true);
+  o.chunk = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_CHUNK", 32), 1, kMaxChunk));
+  return o;
+}
+
+std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOptions& options,
+                                          const Snapshot::Options& snapshot_options) {
+  const double t0 = NowSeconds();
+  std::unique_ptr<Model> m(new Model());
+  m->snapshot_ = std::make_unique<Snapshot>(Snapshot::OpenOrThrow(dir, snapshot_options));
+  m->config_ = ModelConfig::ParseOrThrow(m->snapshot_->config_json(), JoinPath(dir, "config.json"));
+  m->weights_ = LoadWeightsOrThrow(*m->snapshot_, m->config_, options);
+  m->experts_ = std::make_unique<SimpleExpertStore>(*m->snapshot_, m->config_);
+  m->load_seconds_ = NowSeconds() - t0;
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Per-sequence state and scratch.
+struct Session::Impl {
+  struct KdaState {
+    std::vector<float> s;                 // [H][hd][hd], row = key dim, column = value dim
+    std::vector<float> wq, wk, wv;        // conv windows [P][K], oldest first
+  };
+  struct MlaCache {
+    std::vector<float> latent;  // [cap][kv_lora], normalised
+    std::vector<float> rope;    // [cap][qk_rope], raw (NoPE)
+  };
+  std::vector<KdaState> kda;  // per layer (empty for MLA layers)
+  std::vector<MlaCache> mla;  // per layer (empty for KDA layers)
+  int64_t cache_cap = 0;
+
+  quant::ActsQ8 acts;  // scratch for Linear()
+  quant::ActsQ8 acts_expert;
+  quant::ActsQ8 acts_latent;
+};
+
+namespace {
+
+// y[C, rows] = W x[C, cols]; int8 activations for quantized weights when
+// `idot` (and the kernel's 32-column grouping fits), f32 otherwise.
+void Linear(const Matrix& w, const float* x, size_t batch, float* y, bool idot,
+            quant::ActsQ8* acts) {
+  const quant::WeightView& v = w.view();
+  if (idot && v.format != WeightFormat::kF32 && v.cols % 32 == 0) {
+    quant::QuantizeActs(x, batch, v.cols, acts);
+    quant::MatMulQ8(v, *acts, y);
+  } else {
+    quant::MatMul(v, x, batch, y);
+  }
+}
+
+// AttnRes softmax mix (§5.2): entries e_0..e_{n-1} = snapshots, e_n = p.
+// Scores in f64 (products formed in f64), softmax in f32, mix in f32 with the
+// snapshots first and p last.
+void Mix(const float* const* entries, size_t n, const float* w, size_t d, float eps, float* out) {
+  float scores[32];
+  K3_CHECK(n <= 32);
+  for (size_t j = 0; j < n; ++j) {
+    const float* e = entries[j];
+    double dot = 0, ss = 0;
+    for (size_t i = 0; i < d; ++i) {
+      dot += static_cast<double>(e[i]) * static_cast<double>(w[i]);
+      ss += static_cast<double>(e[i]) * static_cast<double>(e[i]);
+    }
+    scores[j] = static_cast<float>(dot / std::sqrt(ss / static_cast<double>(d) +
+                                                   static_cast<double>(eps)));
+  }
+  quant::Softmax(scores, n);
+  for (size_t i = 0; i < d; ++i) out[i] = scores[0] * entries[0][i];
+  for (size_t j = 1; j < n; ++j) {
+    const float pj = scores[j];
+    const float* e = entries[j];
+    for (size_t i = 0; i < d; ++i) out[i] += pj * e[i];
+  }
+}
+
+}  // namespace
+
+Session::Session(Model& model, RunOptions options, int64_t max_tokens)
+    : model_(model), options_(options), impl_(std::make_unique<Impl>()) {
+  options_.chunk = std::clamp(options_.chunk, 1, kMaxChunk);
+  const ModelConfig& c = model_.config();
+  impl_->kda.resize(static_cast<size_t>(c.num_hidden_layers));
+  impl_->mla.resize(static_cast<size_t>(c.num_hidden_layers));
+  impl_->cache_cap = std::max<int64_t>(max_tokens, 0);
+  Reset();
+}
+
+Session::~Session() = default;
+
+void Session::Reset() {
+  const ModelConfig& c = model_.config();
+  const size_t p = static_cast<size_t>(c.kda_proj());
+  const size_t hd = static_cast<size_t>(c.kda_head_dim);
+  const size_t kh = static_cast<size_t>(c.kda_num_heads);
+  const size_t k = static_cast<size_t>(c.kda_conv_kernel);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.is_kda[static_cast<size_t>(i)]) {
+      auto& st = impl_->kda[static_cast<size_t>(i)];
+      st.s.assign(kh * hd * hd, 0.0f);
+      st.wq.assign(p * k, 0.0f);
+      st.wk.assign(p * k, 0.0f);
+      st.wv.assign(p * k, 0.0f);
+    } else {
+      auto& mc = impl_->mla[static_cast<size_t>(i)];
+      mc.latent.assign(static_cast<size_t>(impl_->cache_cap * c.kv_lora_rank), 0.0f);
+      mc.rope.assign(static_cast<size_t>(impl_->cache_cap * c.qk_rope_head_dim), 0.0f);
+    }
+  }
+  pos_ = 0;
+  routing_.clear();
+}
+
+void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
+  const int64_t total = static_cast<int64_t>(ids.size());
+  if (total == 0) return;
+  const ModelConfig& c = model_.config();
+  // Grow the MLA caches (position-major, so growth is a prefix copy).
+  if (pos_ + total > impl_->cache_cap) {
+    int64_t cap = std::max<int64_t>(pos_ + total, impl_->cache_cap * 2);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      if (c.is_kda[static_cast<size_t>(i)]) continue;
+      auto& mc = impl_->mla[static_cast<size_t>(i)];
+      mc.latent.resize(static_cast<size_t>(cap * c.kv_lora_rank), 0.0f);
+      mc.rope.resize(static_cast<size_t>(cap * c.qk_rope_head_dim), 0.0f);
+    }
+    impl_->cache_cap = cap;
+  }
+  for (int64_t t0 = 0; t0 < total; t0 += options_.chunk) {
+    const int64_t n = std::min<int64_t>(options_.chunk, total - t0);
+    ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
+  }
+}
+
+// One chunk through the whole stack, layer-major. Every matmul is batched
+// over the chunk; per-token sequential state advances in token order.
+void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
+                           const ForwardOutputs& out, bool last_chunk) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& W = model_.weights();
+  Impl& im = *impl_;
+  const bool idot = options_.idot;
+  const size_t C = static_cast<size_t>(n_tokens);
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t L = static_cast<size_t>(c.num_hidden_layers);
+  const size_t nbmax = static_cast<size_t>(c.max_blocks());
+  const float eps = c.rms_norm_eps;
+  const int64_t pos0 = pos_;
+
+  std::vector<float> h(C * D), p(C * D), x(C * D), a(C * D), f(C * D), m(D);
+  std::vector<float> blocks(C * nbmax * D);  // per token: its block snapshots
+  size_t nb = 0;
+  for (size_t t = 0; t < C; ++t) W.embed.RowOrThrow(ids[t], h.data() + t * D);
+
+  std::vector<const float*> entries(nbmax + 1);
+  auto mix = [&](size_t t, const float* last, const std::vector<float>& sw, float* dst) {
+    for (size_t j = 0; j < nb; ++j) entries[j] = blocks.data() + (t * nbmax + j) * D;
+    entries[nb] = last;
+    Mix(entries.data(), nb + 1, sw.data(), D, eps, dst);
+  };
+
+  for (size_t li = 0; li < L; ++li) {
+    const LayerWeights& lw = W.layers[li];
+    const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
+    for (size_t t = 0; t < C; ++t) {
+      float* ht = h.data() + t * D;
+      float* pt = p.data() + t * D;
+      std::memcpy(pt, ht, D * sizeof(float));
+      if (nb > 0) mix(t, pt, lw.attn_sw, ht);
+      if (snap) std::memcpy(blocks.data() + (t * nbmax + nb) * D, pt, D * sizeof(float));
+    }
+    if (snap) {
+      K3_CHECK(nb < nbmax);
+      ++nb;
+    }
+    for (size_t t = 0; t < C; ++t) {
+      quant::RmsNorm(h.data() + t * D, lw.input_norm.data(), D, eps, x.data() + t * D);
+    }
+    if (lw.is_kda) {
+      KdaForward(static_cast<int64_t>(li), x.data(), C, a.data());
+    } else {
+      MlaForward(static_cast<int64_t>(li), x.data(), C, pos0, a.data());
+    }
+    for (size_t t = 0; t < C; ++t) {
+      float* pt = p.data() + t * D;
+      const float* at = a.data() + t * D;
+      if (snap) {
+        std::memcpy(pt, at, D * sizeof(float));
+      } else {
+        for (size_t i = 0; i < D; ++i) pt[i] += at[i];
+      }
+      mix(t, pt, lw.mlp_sw, m.data());
+      quant::RmsNorm(m.data(), lw.post_norm.data(), D, eps, x.data() + t * D);
+    }
+    if (lw.is_moe) {
+      MoeForward(static_cast<int64_t>(li), x.data(), C, pos0, f.data());
+    } else {
+      MlpForward(lw.dense, x.data(), C, f.data());
+    }
+    for (size_t t = 0; t < C; ++t) {
+      float* ht = h.data() + t * D;
+      const float* pt = p.data() + t * D;
+      const float* ft = f.data() + t * D;
+      for (size_t i = 0; i < D; ++i) ht[i] = pt[i] + ft[i];
+      if (out.trace) {
+        std::memcpy(out.trace + ((static_cast<size_t>(t_base) + t) * L + li) * D, ht,
+                    D * sizeof(float));
+      }
+    }
+  }
+
+  // Head: every position when all logits / final vectors are wanted, else
+  // only the last position of the call.
+  const bool want_all = out.logits_all != nullptr || out.final_hidden != nullptr;
+  const bool want_last = out.logits_last != nullptr && last_chunk;
+  if (W.has_head && (want_all || want_last)) {
+    const size_t first = want_all ? 0 : C - 1;
+    const size_t rows = C - first;
+    std::vector<float> y(rows * D);
+    for (size_t t = first; t < C; ++t) {
+      float* yt = y.data() + (t - first) * D;
+      mix(t, h.data() + t * D, W.out_sw, m.data());
+      quant::RmsNorm(m.data(), W.final_norm.data(), D, eps, yt);
+      if (out.final_hidden) {
+        std::memcpy(out.final_hidden + (static_cast<size_t>(t_base) + t) * D, yt,
+                    D * sizeof(float));
+      }
+    }
+    const size_t V = static_cast<size_t>(c.vocab_size);
+    std::vector<float> logits(rows * V);
+    Linear(W.lm_head, y.data(), rows, logits.data(), idot, &im.acts);
+    if (out.logits_all) {
+      std::memcpy(out.logits_all + (static_cast<size_t>(t_base) + first) * V, logits.data(),
+                  rows * V * sizeof(float));
+    }
+    if (want_last) {
+      std::memcpy(out.logits_last, logits.data() + (rows - 1) * V, V * sizeof(float));
+    }
+  }
+  pos_ += n_tokens;
+}
+
+// KDA (§5.3). x: [C, D] normalised input; out: [C, D].
+void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
+  const ModelConfig& c = model_.config();
+  const KdaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].kda;
+  Impl::KdaState& st = impl_->kda[static_cast<size_t>(layer)];
+  const bool idot = options_.idot;
+  const size_t H = static_cast<size_t>(c.kda_num_heads);
+  const size_t hd = static_cast<size_t>(c.kda_head_dim);
+  const size_t P = H * hd;
+  const size_t K = static_cast<size_t>(c.kda_conv_kernel);
+  const float eps = c.rms_norm_eps;
+  const float lb = c.kda_gate_lower_bound;
+
+  std::vector<float> q(C * P), k(C * P), v(C * P), g(C * P), z(C * P), t1(C * hd), braw(C * H);
+  Linear(w.q, x, C, q.data(), idot, &impl_->acts);
+  Linear(w.k, x, C, k.data(), idot, &impl_->acts);
+  Linear(w.v, x, C, v.data(), idot, &impl_->acts);
+  Linear(w.g, x, C, g.data(), idot, &impl_->acts);
+  quant::MatMul(w.f_a.view(), x, C, t1.data());
+  quant::MatMul(w.f_b.view(), t1.data(), C, z.data());
+  quant::MatMul(w.b.view(), x, C, braw.data());
+
+  // Causal depthwise conv + SiLU, channel by channel (channels are independent;
+  // tokens advance each channel's window in order).
+  auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps) {
+#pragma omp parallel for schedule(static)
+    for (size_t d = 0; d < P; ++d) {
+      float* wd = win.data() + d * K;
+      const float* td = taps.data() + d * K;
+      for (size_t t = 0; t < C; ++t) {
+        for (size_t j = 0; j + 1 < K; ++j) wd[j] = wd[j + 1];
+        wd[K - 1] = y[t * P + d];
+        float acc = 0.0f;
+        for (size_t j = 0; j < K; ++j) acc += td[j] * wd[j];
+        y[t * P + d] = quant::Silu(acc);
+      }
+    }
+  };
+  conv(q.data(), st.wq, w.q_conv);
+  conv(k.data(), st.wk, w.k_conv);
+  conv(v.data(), st.wv, w.v_conv);
+
+  std::vector<float> o(C * P);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Heads are independent: each owns its state and advances token by token.
+#pragma omp parallel for schedule(static)
+  for (size_t hh = 0; hh < H; ++hh) {
+    std::vector<float> qn(hd), kn(hd), alpha(hd), ks(hd), vt(hd), oh(hd);
+    float* S = st.s.data() + hh * hd * hd;
+    const float a_h = w.a[hh];
+    for (size_t t = 0; t < C; ++t) {
+      const float* qt = q.data() + t * P + hh * hd;
+      const float* kt = k.data() + t * P + hh * hd;
+      const float* vtok = v.data() + t * P + hh * hd;
+      float sq = 0.0f, sk = 0.0f;
+      for (size_t i = 0; i < hd; ++i) sq += qt[i] * qt[i];
+      for (size_t i = 0; i < hd; ++i) sk += kt[i] * kt[i];
+      const float rq = 1.0f / std::sqrt(sq + kL2NormEps);
+      const float rk = 1.0f / std::sqrt(sk + kL2NormEps);
+      for (size_t i = 0; i < hd; ++i) qn[i] = qt[i] * rq * q_scale;
+      for (size_t i = 0; i < hd; ++i) kn[i] = kt[i] * rk;
+      for (size_t i = 0; i < hd; ++i) {
+        const size_t ch = hh * hd + i;
+        const float zz = z[t * P + ch] + w.dt_bias[ch];
+        alpha[i] = std::exp(lb * quant::Sigmoid(a_h * zz));
+      }
+      const float beta = quant::Sigmoid(braw[t * H + hh]);
+      // S <- Diag(alpha) S; kS = k^T S.
+      std::fill(ks.begin(), ks.end(), 0.0f);
+      for (size_t kk = 0; kk < hd; ++kk) {
+        float* row = S + kk * hd;
+        const float al = alpha[kk];
+        const float kv = kn[kk];
+        for (size_t vv = 0; vv < hd; ++vv) {
+          row[vv] *= al;
+          ks[vv] += kv * row[vv];
+        }
+      }
+      for (size_t vv = 0; vv < hd; ++vv) vt[vv] = (vtok[vv] - ks[vv]) * beta;
+      // S += k vt^T; o = S^T q.
+      std::fill(oh.begin(), oh.end(), 0.0f);
+      for (size_t kk = 0; kk < hd; ++kk) {
+        float* row = S + kk * hd;
+        const float kv = kn[kk];
+        const float qv = qn[kk];
+        for (size_t vv = 0; vv < hd; ++vv) {
+          row[vv] += kv * vt[vv];
+          oh[vv] += qv * row[vv];
+        }
+      }
+      float* ot = o.data() + t * P + hh * hd;
+      quant::RmsNorm(oh.data(), w.o_norm.data(), hd, eps, ot);
+      const float* gt = g.data() + t * P + hh * hd;
+      for (size_t vv = 0; vv < hd; ++vv) ot[vv] *= quant::Sigmoid(gt[vv]);
+    }
+  }
+  Linear(w.o, o.data(), C, out, idot, &impl_->acts);
+}
+
+// Gated MLA, NoPE, absorbed form over the latent cache (§5.4).
+void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, float* out) {
+  const ModelConfig& c = model_.config();
+  const MlaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].mla;
+  Impl::MlaCache& mc = impl_->mla[static_cast<size_t>(layer)];
+  const bool idot = options_.idot;
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
+  const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
+  const size_t qh = nope + rope;
+  const size_t vh = static_cast<size_t>(c.v_head_dim);
+  const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
+  const size_t ql = static_cast<size_t>(c.q_lora_rank);
+
+  std::vector<float> qa(C * ql), qv(C * H * qh), ckv(C * (kvl + rope)), gv(C * H * vh);
+  Linear(w.q_a, x, C, qa.data(), idot, &impl_->acts);
+  for (size_t t = 0; t < C; ++t) {
+    quant::RmsNorm(qa.data() + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa.data() + t * ql);
+  }
+  Linear(w.q_b, qa.data(), C, qv.data(), idot, &impl_->acts);
+  Linear(w.kv_a, x, C, ckv.data(), idot, &impl_->acts);
+  // Append the whole chunk to the cache first; token t then attends to rows
+  // 0..pos0+t (causal).
+  for (size_t t = 0; t < C; ++t) {
+    const size_t row = static_cast<size_t>(pos0) + t;
+    const float* src = ckv.data() + t * (kvl + rope);
+    quant::RmsNorm(src, w.kv_a_norm.data(), kvl, kLoraNormEps, mc.latent.data() + row * kvl);
+    if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
+  }
+  Linear(w.g, x, C, gv.data(), idot, &impl_->acts);
+
+  std::vector<float> ctx(C * H * vh);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
+  const quant::WeightView& kvb = w.kv_b.view();
+#pragma omp parallel for schedule(static)
+  for (size_t hh = 0; hh < H; ++hh) {
+    std::vector<float> qabs(kvl), clat(kvl), score;
+    for (size_t t = 0; t < C; ++t) {
+      const size_t nt = static_cast<size_t>(pos0) + t + 1;
+      const float* qn = qv.data() + t * H * qh + hh * qh;
+      const float* qr = qn + nope;
+      std::fill(qabs.begin(), qabs.end(), 0.0f);
+      for (size_t d = 0; d < nope; ++d) quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qabs.data());
+      score.resize(nt);
+      for (size_t j = 0; j < nt; ++j) {
+        const float* lc = mc.latent.data() + j * kvl;
+        const float* rc = mc.rope.data() + j * rope;
+        float s1 = 0.0f, s2 = 0.0f;
+        for (size_t i = 0; i < kvl; ++i) s1 += qabs[i] * lc[i];
+        for (size_t i = 0; i < rope; ++i) s2 += qr[i] * rc[i];
+        score[j] = (s1 + s2) * scale;
+      }
+      quant::Softmax(score.data(), nt);
+      std::fill(clat.begin(), clat.end(), 0.0f);
+      for (size_t j = 0; j < nt; ++j) {
+        const float pj = score[j];
+        const float* lc = mc.latent.data() + j * kvl;
+        for (size_t i = 0; i < kvl; ++i) clat[i] += pj * lc[i];
+      }
+      float* ct = ctx.data() + t * H * vh + hh * vh;
+      const float* gt = gv.data() + t * H * vh + hh * vh;
+      for (size_t d = 0; d < vh; ++d) {
+        ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data()) *
+                quant::Sigmoid(gt[d]);
+      }
+    }
+  }
+  Linear(w.o, ctx.data(), C, out, idot, &impl_->acts);
+}
+
+// Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
+void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* out) {
+  const ModelConfig& c = model_.config();
+  const bool idot = options_.idot;
+  const size_t inter = w.gate.rows();
+  std::vector<float> g(C * inter), u(C * inter);
+  Linear(w.gate, x, C, g.data(), idot, &impl_->acts);
+  Linear(w.up, x, C, u.data(), idot, &impl_->acts);
+  quant::SituGlu(g.data(), u.data(), C * inter, c.situ_beta, c.situ_linear_beta, g.data());
+  Linear(w.down, g.data(), C, out, idot, &impl_->acts);
+}
+
+// LatentMoE (§5.5) + fused shared experts.
+void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, float* out) {
+  const ModelConfig& c = model_.config();
+  const MoeWeights& w = model_.weights().layers[static_cast<size_t>(layer)].moe;
+  const bool idot = options_.idot;
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t E = static_cast<size_t>(c.num_experts);
+  const size_t K = static_cast<size_t>(c.num_experts_per_token);
+  const size_t LT = static_cast<size_t>(c.routed_expert_hidden_size);
+  const size_t MI = static_cast<size_t>(c.moe_intermediate_size);
+
+  // Router: sigmoid scores; top-k by score + bias (strict >, ties -> lowest
+  // id); weights = raw scores renormalised.
+  std::vector<float> logits(C * E);
+  quant::MatMul(w.router.view(), x, C, logits.data());
+  std::vector<int32_t> sel(C * K);
+  std::vector<float> sel_w(C * K);
+  std::vector<float> s(E);
+  std::vector<char> taken(E);
+  for (size_t t = 0; t < C; ++t) {
+    for (size_t e = 0; e < E; ++e) s[e] = quant::Sigmoid(logits[t * E + e]);
+    std::fill(taken.begin(), taken.end(), 0);
+    float sum = 0.0f;
+    for (size_t kk = 0; kk < K; ++kk) {
+      int64_t best = -1;
+      float best_v = -1e30f;
+      for (size_t e = 0; e < E; ++e) {
+        if (taken[e]) continue;
+        const float v = s[e] + w.score_bias[e];
+        if (v > best_v) {
+          best_v = v;
+          best = static_cast<int64_t>(e);
+        }
+      }
+      if (best < 0) {
+        LogOnce(&kMaxChunk, LogLevel::kWarn, "router: no finite candidate; falling back to id order");
+        for (size_t e = 0; e < E; ++e) {
+          if (!taken[e]) {
+            best = static_cast<int64_t>(e);
+            break;
+          }
+        }
+      }
+      taken[static_cast<size_t>(best)] = 1;
+      sel[t * K + kk] = static_cast<int32_t>(best);
+      sel_w[t * K + kk] = s[static_cast<size_t>(best)];
+      sum += s[static_cast<size_t>(best)];
+    }
+    for (size_t kk = 0; kk < K; ++kk) sel_w[t * K + kk] /= (sum + 1e-20f);
+    if (record_routing_) {
+      RoutingRecord r;
+      r.layer = layer;
+      r.position = pos0 + static_cast<int64_t>(t);
+      r.experts.assign(sel.begin() + static_cast<ptrdiff_t>(t * K),
+                       sel.begin() + static_cast<ptrdiff_t>((t + 1) * K));
+      r.weights.assign(sel_w.begin() + static_cast<ptrdiff_t>(t * K),
+                       sel_w.begin() + static_cast<ptrdiff_t>((t + 1) * K));
+      routing_.push_back(std::move(r));
+    }
+  }
+
+  // Latent down-projection, then the union of the chunk's experts, each
+  // fetched once and applied to all its tokens.
+  std::vector<float> zlat(C * LT);
+  Linear(w.latent_down, x, C, zlat.data(), idot, &impl_->acts);
+  std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert
+  for (size_t i = 0; i < C * K; ++i) users[static_cast<size_t>(sel[i])].push_back(static_cast<uint32_t>(i));
+  std::vector<int32_t> uni;
+  for (size_t e = 0; e < E; ++e) {
+    if (!users[e].empty()) uni.push_back(static_cast<int32_t>(e));
+  }
+  ExpertStore& store = model_.experts();
+  std::stable_sort(uni.begin(), uni.end(), [&](int32_t a, int32_t b) {
+    return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
+  });
+  if (idot) quant::QuantizeActs(zlat.data(), C, LT, &impl_->acts_latent);
+
+  std::vector<float> contrib(C * K * LT);  // each (token, rank) expert output
+  std::vector<float> zg, g, u, y;
+  store.BeginLayer(layer, uni);
+  for (int32_t e : uni) {
+    const auto& us = users[static_cast<size_t>(e)];
+    const size_t n = us.size();
+    ExpertView ev = store.Acquire(layer, e);
+    g.resize(n * MI);
+    u.resize(n * MI);
+    y.resize(n * LT);
+    if (idot) {
+      // Gather the pre-quantized latent rows (quantization is per row, so this
+      // equals quantizing the gathered rows).
+      quant::ActsQ8& ga = impl_->acts_expert;
+      const quant::ActsQ8& za = impl_->acts_latent;
+      const size_t groups = LT / 32;
+      ga.batch = n;
+      ga.cols = LT;
+      ga.q.resize(n * LT);
+      ga.scales.resize(n * groups);
+      for (size_t r = 0; r < n; ++r) {
+        const size_t t = us[r] / K;
+        std::memcpy(ga.q.data() + r * LT, za.q.data() + t * LT, LT);
+        std::memcpy(ga.scales.data() + r * groups, za.scales.data() + t * groups,
+                    groups * sizeof(float));
+      }
+      quant::MatMulQ8(ev.w1, ga, g.data());
+      quant::MatMulQ8(ev.w3, ga, u.data());
+      quant::SituGlu(g.data(), u.data(), n * MI, c.situ_beta, c.situ_linear_beta, g.data());
+      quant::QuantizeActs(g.data(), n, MI, &ga);
+      quant::MatMulQ8(ev.w2, ga, y.data());
+    } else {
+      zg.resize(n * LT);
+      for (size_t r = 0; r < n; ++r) {
+        std::memcpy(zg.data() + r * LT, zlat.data() + (us[r] / K) * LT, LT * sizeof(float));
+      }
+      quant::MatMul(ev.w1, zg.data(), n, g.data());
+      quant::MatMul(ev.w3, zg.data(), n, u.data());
+      quant::SituGlu(g.data(), u.data(), n * MI, c.situ_beta, c.situ_linear_beta, g.data());
+      quant::MatMul(ev.w2, g.data(), n, y.data());
+    }
+    store.Release(layer, e);
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(contrib.data() + static_cast<size_t>(us[r]) * LT, y.data() + r * LT,
+                  LT * sizeof(float));
+    }
+  }
+  store.EndLayer(layer);
+
+  // Per token: sum its experts in ascending expert id — an order fixed by the
+  // routing alone, so it is the same for any chunking, any store and any
+  // file layout (snapshot vs container) — then the latent norm.
+  std::vector<float> lat(C * LT);
+  std::vector<size_t> order(K);
+  for (size_t t = 0; t < C; ++t) {
+    for (size_t kk = 0; kk < K; ++kk) order[kk] = kk;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return sel[t * K + a] < sel[t * K + b]; });
+    float* lt = lat.data() + t * LT;
+    std::fill(lt, lt + LT, 0.0f);
+    for (size_t kk : order) {
+      const float wk = sel_w[t * K + kk];
+      const float* ce = contrib.data() + (t * K + kk) * LT;
+      for (size_t i = 0; i < LT; ++i) lt[i] += wk * ce[i];
+    }
+    quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
+  }
+  Linear(w.latent_up, lat.data(), C, out, idot, &impl_->acts);
+  if (!w.shared.gate.empty()) {
+    std::vector<float> sh(C * D);
+    MlpForward(w.shared, x, C, sh.data());
+    for (size_t i = 0; i < C * D; ++i) out[i] += sh[i];
+  }
+}
+
+// ---------------------------------------------------------------------------
+Sampler::Sampler(float temperature, float top_p, uint64_t seed)
+    : temperature_(temperature), top_p_(top_p), rng_(seed) {}
+
+int32_t Sampler::Argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+int32_t Sampler::Sample(std::span<const float> logits) {
+  if (!(temperature_ > 0.0f) || logits.empty()) return Argmax(logits);
+  const float mx = logits[static_cast<size_t>(Argmax(logits))];
+  std::vector<std::pair<float, int32_t>> pr(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float pi = std::exp((logits[i] - mx) / temperature_);
+    pr[i] = {pi, static_cast<int32_t>(i)};
+    total += pi;
+  }
+  // Descending probability, ties by id so the draw is reproducible.
+  std::sort(pr.begin(), pr.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  const double cut = (top_p_ > 0.0f && top_p_ < 1.0f ? top_p_ : 1.0) * total;
+  size_t kept = 0;
+  double kept_mass = 0;
+  while (kept < pr.size()) {
+    kept_mass += pr[kept].first;
+    ++kept;
+    if (kept_mass >= cut) break;
+  }
+  std::uniform_real_distribution<double> dist(0.0, 1.0);
+  const double r = dist(rng_) * kept_mass;
+  double run = 0;
+  for (size_t i = 0; i < kept; ++i) {
+    run += pr[i].first;
+    if (run >= r) return pr[i].second;
+  }
+  return pr[kept - 1].second;
+}
+
+}  // namespace k3::model
