@@ -1,0 +1,180 @@
+// k3-repack: HF snapshot -> k3 container (docs/repack.md). Parses flags, prints
+// progress (TTY) or JSON events (--json), maps k3::Error to exit codes.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "k3/core/error.h"
+#include "k3/core/json_writer.h"
+#include "k3/core/sys.h"
+#include "k3/repack/repack.h"
+
+namespace {
+
+using k3::repack::RepackEvent;
+
+const char* KindName(RepackEvent::Kind k) {
+  switch (k) {
+    case RepackEvent::Kind::kStart: return "start";
+    case RepackEvent::Kind::kShardSkipped: return "shard_skipped";
+    case RepackEvent::Kind::kShardStart: return "shard_start";
+    case RepackEvent::Kind::kProgress: return "progress";
+    case RepackEvent::Kind::kShardDone: return "shard_done";
+    case RepackEvent::Kind::kSummary: return "summary";
+  }
+  return "?";
+}
+
+double Rate(const RepackEvent& e) {
+  return e.elapsed_seconds > 0 ? static_cast<double>(e.bytes_done) / e.elapsed_seconds / 1e9 : 0;
+}
+
+void PrintJson(const RepackEvent& e) {
+  k3::JsonWriter w;
+  w.BeginObject();
+  w.Field("event", KindName(e.kind));
+  if (!e.shard.empty()) w.Field("shard", e.shard);
+  if (!e.detail.empty()) w.Field("detail", e.detail);
+  switch (e.kind) {
+    case RepackEvent::Kind::kStart:
+      w.Field("shards_selected", e.shards_selected);
+      w.Field("shards_todo", e.shards_todo);
+      w.Field("bytes_todo", e.bytes_todo);
+      w.Field("out_bytes_planned", e.out_bytes_planned);
+      w.Field("free_bytes", e.free_bytes);
+      break;
+    case RepackEvent::Kind::kShardSkipped:
+      w.Field("out_bytes", e.shard_out_bytes);
+      break;
+    case RepackEvent::Kind::kShardStart:
+      w.Field("src_bytes", e.shard_src_bytes);
+      break;
+    case RepackEvent::Kind::kProgress:
+      w.Field("bytes_done", e.bytes_done);
+      w.Field("bytes_todo", e.bytes_todo);
+      w.Field("gb_per_s", Rate(e));
+      break;
+    case RepackEvent::Kind::kShardDone:
+      w.Field("src_bytes", e.shard_src_bytes);
+      w.Field("out_bytes", e.shard_out_bytes);
+      w.Field("seconds", e.shard_seconds);
+      w.Field("xxh128", e.shard_xxh128);
+      w.Field("expert_bytes_verified", e.expert_bytes_verified);
+      w.Field("shards_done", e.shards_done);
+      w.Field("shards_todo", e.shards_todo);
+      break;
+    case RepackEvent::Kind::kSummary:
+      w.Field("shards_selected", e.shards_selected);
+      w.Field("shards_done", e.shards_done);
+      w.Field("shards_skipped", e.shards_skipped);
+      w.Field("bytes_done", e.bytes_done);
+      w.Field("seconds", e.elapsed_seconds);
+      w.Field("gb_per_s", Rate(e));
+      w.Field("index_shards", e.index_shards);
+      w.Field("index_tensors", e.index_tensors);
+      w.Field("index_total_size", e.index_total_size);
+      w.Field("peak_rss_bytes", e.peak_rss_bytes);
+      break;
+  }
+  w.EndObject();
+  std::printf("%s\n", w.str().c_str());
+  std::fflush(stdout);
+}
+
+void PrintHuman(const RepackEvent& e, bool tty) {
+  switch (e.kind) {
+    case RepackEvent::Kind::kStart:
+      std::fprintf(stderr, "k3-repack: %zu shard(s) selected, %zu to convert (%s to read, %s to write, %s free)\n",
+                   e.shards_selected, e.shards_todo, k3::FormatBytes(e.bytes_todo).c_str(),
+                   k3::FormatBytes(e.out_bytes_planned).c_str(), k3::FormatBytes(e.free_bytes).c_str());
+      break;
+    case RepackEvent::Kind::kShardSkipped:
+      std::fprintf(stderr, "  %s: already complete, kept\n", e.shard.c_str());
+      break;
+    case RepackEvent::Kind::kShardStart:
+      break;
+    case RepackEvent::Kind::kProgress:
+      if (tty) {
+        double rate = Rate(e);
+        double eta = rate > 0 ? static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done)) / (rate * 1e9) : 0;
+        std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %.0f s   ", e.shard.c_str(),
+                     k3::FormatBytes(e.bytes_done).c_str(), k3::FormatBytes(e.bytes_todo).c_str(),
+                     rate, eta);
+      }
+      break;
+    case RepackEvent::Kind::kShardDone:
+      std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r" : "",
+                   e.shard.c_str(), e.shards_done, e.shards_todo,
+                   k3::FormatBytes(e.shard_out_bytes).c_str(), e.shard_seconds,
+                   e.expert_bytes_verified ? ", experts verified against the source" : "");
+      break;
+    case RepackEvent::Kind::kSummary:
+      std::fprintf(stderr,
+                   "k3-repack: %zu converted, %zu kept; index: %zu shards, %zu tensors, total_size "
+                   "%llu; %.2f GB/s; peak RSS %s\n",
+                   e.shards_done, e.shards_skipped, e.index_shards, e.index_tensors,
+                   static_cast<unsigned long long>(e.index_total_size), Rate(e),
+                   k3::FormatBytes(e.peak_rss_bytes).c_str());
+      break;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-repack: convert a Kimi K3 HF snapshot into a k3 container (docs/repack.md)"};
+  k3::repack::RepackOptions opt;
+  int mla_bits = -1, head_bits = -1;
+  std::string shards, worker;
+  bool json = false;
+  uint64_t block_mib = 16;
+  app.add_option("SRC", opt.src, "HF snapshot directory")->required();
+  app.add_option("DST", opt.dst, "container directory (created if missing)")->required();
+  app.add_option("--bits", opt.bits.bits, "bits for KDA/MoE-latent/shared/dense matrices (4 or 8)")
+      ->default_val(8);
+  app.add_option("--mla-bits", mla_bits, "bits for MLA projections (default max(bits, 8))");
+  app.add_option("--head-bits", head_bits, "bits for lm_head (default max(bits, 8))");
+  app.add_option("--shards", shards, "source shard numbers to convert, e.g. 1,2,5-9");
+  app.add_option("--worker", worker, "I/N: convert every N-th selected shard starting at I (0-based)");
+  app.add_flag("--verify-full", opt.verify_full, "compare every expert byte with the source");
+  app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
+  app.add_flag("--json", json, "one JSON event per line on stdout");
+  app.add_flag("--force", opt.force, "discard what DST holds and start over");
+  app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
+  CLI11_PARSE(app, argc, argv);
+
+  const bool tty = ::isatty(2);
+  try {
+    opt.bits.mla_bits = mla_bits > 0 ? mla_bits : std::max(opt.bits.bits, 8);
+    opt.bits.head_bits = head_bits > 0 ? head_bits : std::max(opt.bits.bits, 8);
+    if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
+    if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
+    opt.block_bytes = block_mib << 20;
+    k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
+      if (json) PrintJson(e);
+      else PrintHuman(e, tty);
+    });
+    return 0;
+  } catch (const k3::Error& e) {
+    if (json) {
+      k3::JsonWriter w;
+      w.BeginObject();
+      w.Field("event", "error");
+      w.Field("code", k3::ErrorCodeName(e.code()));
+      w.Field("exit", k3::ExitCodeFor(e.code()));
+      w.Field("path", e.path());
+      if (e.offset() >= 0) w.Field("offset", e.offset());
+      w.Field("object", e.object());
+      w.Field("message", std::string(e.what()));
+      w.EndObject();
+      std::printf("%s\n", w.str().c_str());
+    }
+    std::fprintf(stderr, "%sk3-repack: error: %s\n", tty ? "\n" : "", e.what());
+    return k3::ExitCodeFor(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3-repack: internal error: %s\n", e.what());
+    return k3::ExitCodeFor(k3::ErrorCode::kInternal);
+  }
+}

@@ -1,0 +1,72 @@
+// k3-repack: converts an HF snapshot into a k3 container (spec §7, docs/repack.md).
+// One streaming read of each source shard; experts copied byte for byte in id
+// order, the big BF16 matrices quantized with lib/quant (§6.2), the rest passed
+// through. Every output file is published atomically; reruns resume, disjoint
+// concurrent passes (several hosts, one NFS directory) are safe.
+//
+// RunRepack throws k3::Error on the first failure (cold path); the observer sees
+// events on the calling thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "k3/repack/classify.h"
+
+namespace k3::repack {
+
+struct RepackOptions {
+  std::string src;
+  std::string dst;
+  QuantBits bits;
+  std::vector<int64_t> shards;  // source shard numbers; empty = all
+  int worker_index = 0;         // --worker I/N: this pass takes every N-th selected shard
+  int worker_count = 1;
+  bool verify_full = false;     // re-read every expert byte of src and dst and compare
+  int threads = 0;              // quantization threads; 0 = all online CPUs
+  bool force = false;           // discard a DST made with other parameters / source
+  uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
+};
+
+// Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
+std::vector<int64_t> ParseShardList(const std::string& list);
+// Parses "I/N" (0 <= I < N); throws kInvalidArgument.
+void ParseWorker(const std::string& spec, int* index, int* count);
+// Checks bits values (1..31: <= 4 is int4-g64, 5..31 int8); throws kInvalidArgument.
+void ValidateBits(const QuantBits& bits);
+
+struct RepackEvent {
+  enum class Kind { kStart, kShardSkipped, kShardStart, kProgress, kShardDone, kSummary };
+  Kind kind = Kind::kStart;
+  std::string shard;            // output shard file name (shard events)
+  std::string detail;           // skip reason, etc.
+  uint64_t shard_src_bytes = 0;  // source bytes of this shard (its kept tensors)
+  uint64_t shard_out_bytes = 0;  // output file size
+  std::string shard_xxh128;
+  double shard_seconds = 0;
+  uint64_t expert_bytes_verified = 0;
+  // Run totals (all events).
+  size_t shards_selected = 0;
+  size_t shards_todo = 0;
+  size_t shards_done = 0;
+  size_t shards_skipped = 0;
+  uint64_t bytes_todo = 0;  // source bytes this run will read
+  uint64_t bytes_done = 0;
+  uint64_t out_bytes_planned = 0;
+  uint64_t free_bytes = 0;
+  double elapsed_seconds = 0;
+  // Summary only.
+  size_t index_shards = 0;
+  size_t index_tensors = 0;
+  uint64_t index_total_size = 0;
+  uint64_t peak_rss_bytes = 0;
+};
+
+using RepackObserver = std::function<void(const RepackEvent&)>;
+
+// Runs the conversion; returns the summary event (also sent to the observer).
+RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer);
+
+}  // namespace k3::repack

@@ -1,0 +1,837 @@
+#include "k3/repack/repack.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "k3/container/safetensors.h"
+#include "k3/container/snapshot.h"
+#include "k3/core/error.h"
+#include "k3/core/file.h"
+#include "k3/core/log.h"
+#include "k3/core/sys.h"
+#include "k3/model/config.h"
+#include "k3/quant/quant.h"
+#include "k3/repack/checksums.h"
+#include "k3/repack/container.h"
+#include "queue.h"
+#include "transform.h"
+
+namespace k3::repack {
+namespace {
+
+constexpr uint64_t kMaxMetadataFileBytes = 512ull << 20;
+constexpr size_t kPipelineDepth = 4;  // blocks in flight per stage: bounds memory
+
+enum class Op : uint8_t { kCopy, kQuant };
+
+// One kept source tensor, in output order.
+struct Item {
+  const TensorInfo* src = nullptr;
+  TensorRole role = TensorRole::kPassthrough;
+  Op op = Op::kCopy;
+  QuantShape qshape;
+  uint64_t rows = 0, cols = 0;
+  size_t out_index = 0;  // first output entry (quantized: entry and entry+1)
+};
+
+struct ShardPlan {
+  int64_t number = 0;
+  const SafetensorsFile* src = nullptr;
+  std::string out_name;
+  std::vector<Item> items;
+  std::vector<PlannedTensor> out;
+  std::string header;        // JSON header bytes (padded)
+  uint64_t src_bytes = 0;    // bytes of kept source tensors
+  uint64_t file_bytes = 0;   // 8 + header + data
+  uint64_t expert_bytes = 0;
+};
+
+// A contiguous piece of work in output order.
+struct Segment {
+  enum Kind : uint8_t { kCopy, kQuant, kScales } kind = kCopy;
+  size_t item = 0;
+  uint64_t src_off = 0, src_len = 0;  // absolute in the source file
+  uint64_t dst_len = 0;
+  uint64_t row0 = 0, rows = 0;
+};
+
+bool ParseInt(std::string_view s, int64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+ShardPlan PlanShard(const SafetensorsFile& src, int64_t number, int64_t total,
+                    const std::vector<bool>& is_kda, const QuantBits& bits) {
+  ShardPlan p;
+  p.number = number;
+  p.src = &src;
+  p.out_name = FormatShardName(number, total);
+  std::vector<Item> non_experts;
+  std::vector<std::pair<Item, std::optional<ExpertKey>>> experts;
+  for (const auto& t : src.tensors()) {  // data-offset order = source order
+    Item it;
+    it.src = &t;
+    try {
+      it.role = ClassifyTensor(t.name, is_kda);
+    } catch (const Error& e) {
+      throw e.WithPath(src.path());
+    }
+    if (it.role == TensorRole::kDrop) continue;
+    if (it.role == TensorRole::kExpert) {
+      experts.emplace_back(it, ParseExpertName(t.name));
+      continue;
+    }
+    if (IsQuantized(it.role)) {
+      if (!IsFloatReadable(t.dtype) || t.shape.size() != 2 || t.shape[0] == 0 ||
+          t.shape[1] == 0) {
+        throw Error(ErrorCode::kUnsupported,
+                    "class '" + std::string(TensorRoleName(it.role)) +
+                        "' must be quantized but it is " + std::string(DTypeName(t.dtype)) + " " +
+                        ShapeString(t.shape) +
+                        ", not a 2-D BF16/F16/F32 matrix (is the source already a container?)",
+                    src.path(), static_cast<int64_t>(src.AbsoluteOffset(t)), t.name);
+      }
+      it.op = Op::kQuant;
+      it.rows = static_cast<uint64_t>(t.shape[0]);
+      it.cols = static_cast<uint64_t>(t.shape[1]);
+      it.qshape.int4 = quant::UsesInt4(bits.For(it.role), it.cols);
+    }
+    non_experts.push_back(it);
+  }
+  // Experts by (id, matrix, packed before scale); names we cannot parse keep their
+  // source order after the parsed ones.
+  std::stable_sort(experts.begin(), experts.end(), [](const auto& a, const auto& b) {
+    if (a.second.has_value() != b.second.has_value()) return a.second.has_value();
+    if (!a.second) return false;
+    return *a.second < *b.second;
+  });
+  p.items = std::move(non_experts);
+  for (auto& e : experts) p.items.push_back(e.first);
+
+  for (auto& it : p.items) {
+    const TensorInfo& t = *it.src;
+    it.out_index = p.out.size();
+    p.src_bytes += t.nbytes();
+    if (it.op == Op::kCopy) {
+      p.out.push_back({t.name, t.dtype, t.shape});
+      if (it.role == TensorRole::kExpert) p.expert_bytes += t.nbytes();
+    } else {
+      const int64_t rows = static_cast<int64_t>(it.rows);
+      const int64_t qcols = static_cast<int64_t>(it.qshape.q_row_bytes(it.cols));
+      p.out.push_back({t.name, DType::kU8, {rows, qcols}});
+      if (it.qshape.int4) {
+        p.out.push_back({t.name + ".qs", DType::kF32, {rows, static_cast<int64_t>(it.cols / 64)}});
+      } else {
+        p.out.push_back({t.name + ".qs", DType::kF32, {rows}});
+      }
+    }
+  }
+  p.header = BuildSafetensorsHeader(p.out);
+  uint64_t data = 0;
+  for (const auto& o : p.out) data += o.nbytes();
+  p.file_bytes = 8 + p.header.size() + data;
+  return p;
+}
+
+std::vector<Segment> Segments(const ShardPlan& p, uint64_t block_bytes) {
+  std::vector<Segment> segs;
+  for (size_t i = 0; i < p.items.size(); ++i) {
+    const Item& it = p.items[i];
+    const uint64_t at = p.src->AbsoluteOffset(*it.src);
+    const uint64_t n = it.src->nbytes();
+    if (it.op == Op::kCopy) {
+      for (uint64_t off = 0; off < n; off += block_bytes) {
+        Segment s;
+        s.kind = Segment::kCopy;
+        s.item = i;
+        s.src_off = at + off;
+        s.src_len = std::min(block_bytes, n - off);
+        s.dst_len = s.src_len;
+        segs.push_back(s);
+      }
+      continue;
+    }
+    const uint64_t row_bytes = it.cols * DTypeSize(it.src->dtype);
+    const uint64_t rows_per_block = std::max<uint64_t>(1, block_bytes / row_bytes);
+    for (uint64_t r = 0; r < it.rows; r += rows_per_block) {
+      Segment s;
+      s.kind = Segment::kQuant;
+      s.item = i;
+      s.row0 = r;
+      s.rows = std::min(rows_per_block, it.rows - r);
+      s.src_off = at + r * row_bytes;
+      s.src_len = s.rows * row_bytes;
+      s.dst_len = s.rows * it.qshape.q_row_bytes(it.cols);
+      segs.push_back(s);
+    }
+    Segment s;
+    s.kind = Segment::kScales;
+    s.item = i;
+    s.dst_len = it.rows * it.qshape.scales_per_row(it.cols) * 4;
+    segs.push_back(s);
+  }
+  return segs;
+}
+
+// Why an existing output file cannot be kept, or "" when it is exactly what this
+// plan would write (same header bytes, same size). Data bytes are covered by
+// checksums.xxh128 and k3-verify; a final name only ever receives a complete,
+// fsynced file (tmp -> rename), so a crash cannot leave a short one behind.
+std::string ExistingShardProblem(const std::string& path, const ShardPlan& p) {
+  UniqueFd fd = TryOpen(path, O_RDONLY);
+  if (!fd.valid()) return "missing";
+  try {
+    uint64_t size = FileSizeOrThrow(fd.get(), path);
+    if (size != p.file_bytes) {
+      return "size " + std::to_string(size) + " != planned " + std::to_string(p.file_bytes);
+    }
+    std::string head(8 + p.header.size(), '\0');
+    PreadFull(fd.get(), std::as_writable_bytes(std::span(head.data(), head.size())), 0, path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(head[i]);
+    if (n != p.header.size() || std::string_view(head).substr(8) != p.header) {
+      return "header differs from the planned one";
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Header fields of a freshly written temp file against the plan.
+void CheckWrittenShard(const std::string& tmp_path, const ShardPlan& p) {
+  SafetensorsFile f = SafetensorsFile::OpenOrThrow(tmp_path);
+  if (f.file_size() != p.file_bytes || f.tensors().size() != p.out.size()) {
+    throw Error(ErrorCode::kInternal, "written shard does not match its plan", tmp_path);
+  }
+  uint64_t off = 0;
+  for (size_t i = 0; i < p.out.size(); ++i) {
+    const TensorInfo& t = f.tensors()[i];
+    const PlannedTensor& o = p.out[i];
+    if (t.name != o.name || t.dtype != o.dtype || t.shape != o.shape || t.begin != off) {
+      throw Error(ErrorCode::kInternal, "written header entry differs from the plan", tmp_path,
+                  static_cast<int64_t>(f.header().data_offset() + t.begin), t.name);
+    }
+    off = t.end;
+  }
+}
+
+// Every expert byte of the shard: source vs destination file.
+uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_t block_bytes) {
+  UniqueFd dfd = OpenOrThrow(dst_path, O_RDONLY);
+  std::vector<std::byte> a(block_bytes), b(block_bytes);
+  uint64_t data_at = 8 + p.header.size();
+  uint64_t dst_off = data_at;
+  uint64_t compared = 0;
+  for (const auto& it : p.items) {
+    const uint64_t out_bytes = it.op == Op::kCopy
+                                   ? it.src->nbytes()
+                                   : p.out[it.out_index].nbytes() + p.out[it.out_index + 1].nbytes();
+    if (it.role == TensorRole::kExpert) {
+      const uint64_t src_at = p.src->AbsoluteOffset(*it.src);
+      for (uint64_t off = 0; off < out_bytes; off += block_bytes) {
+        const size_t n = static_cast<size_t>(std::min(block_bytes, out_bytes - off));
+        PreadFull(p.src->fd(), std::span(a.data(), n), src_at + off, p.src->path());
+        PreadFull(dfd.get(), std::span(b.data(), n), dst_off + off, dst_path);
+        if (std::memcmp(a.data(), b.data(), n) != 0) {
+          size_t k = 0;
+          while (a[k] == b[k]) ++k;
+          throw Error(ErrorCode::kChecksumMismatch,
+                      "expert byte differs from the source (" + p.src->path() + " offset " +
+                          std::to_string(src_at + off + k) + ")",
+                      dst_path, static_cast<int64_t>(dst_off + off + k), it.src->name);
+        }
+        compared += n;
+      }
+    }
+    dst_off += out_bytes;
+  }
+  return compared;
+}
+
+class Runner {
+ public:
+  Runner(const RepackOptions& o, const RepackObserver& obs) : opt_(o), observer_(obs) {}
+  RepackEvent Run();
+
+ private:
+  void Emit(RepackEvent::Kind kind, RepackEvent ev = {});
+  // Returns the shard's xxh128.
+  std::string WriteShard(const ShardPlan& p, RepackEvent* done);
+  void RemoveStaleTemps(const std::string& final_name);
+  void RemoveForForce();
+  void CopyMetadata();
+  void UpdateChecksums(const std::vector<std::pair<std::string, std::string>>& fresh,
+                       bool finalize);
+
+  const RepackOptions& opt_;
+  const RepackObserver& observer_;
+  RepackEvent totals_;
+  double t0_ = NowSeconds();
+  double last_progress_ = 0;
+  int threads_ = 1;
+};
+
+void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
+  if (!observer_) return;
+  ev.kind = kind;
+  ev.shards_selected = totals_.shards_selected;
+  ev.shards_todo = totals_.shards_todo;
+  ev.shards_done = totals_.shards_done;
+  ev.shards_skipped = totals_.shards_skipped;
+  ev.bytes_todo = totals_.bytes_todo;
+  ev.bytes_done = totals_.bytes_done;
+  ev.out_bytes_planned = totals_.out_bytes_planned;
+  ev.free_bytes = totals_.free_bytes;
+  ev.elapsed_seconds = NowSeconds() - t0_;
+  observer_(ev);
+}
+
+void Runner::RemoveStaleTemps(const std::string& final_name) {
+  // Only this pass owns `final_name` (passes are disjoint; shared files are
+  // written under the lock), so any "<name>.tmp.*" is left over from a crash.
+  const std::string prefix = final_name + ".tmp.";
+  DIR* d = ::opendir(opt_.dst.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    if (std::string_view(e->d_name).starts_with(prefix)) stale.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const auto& s : stale) ::unlink(JoinPath(opt_.dst, s).c_str());
+}
+
+void Runner::RemoveForForce() {
+  std::vector<std::string> victims;
+  DIR* d = ::opendir(opt_.dst.c_str());
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    std::string base = name.substr(0, name.find(".tmp."));
+    bool ours = ParseShardName(base).has_value() || base == kIndexName ||
+                base == kChecksumsName || base == kFingerprintName;
+    for (auto m : kMetadataFiles) ours = ours || base == m;
+    if (ours) victims.push_back(name);
+  }
+  ::closedir(d);
+  for (const auto& v : victims) {
+    std::string path = JoinPath(opt_.dst, v);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) ThrowErrno(errno, "unlink", path);
+  }
+  FsyncDirOrThrow(opt_.dst);
+}
+
+void Runner::CopyMetadata() {
+  for (auto name : kMetadataFiles) {
+    std::string from = JoinPath(opt_.src, name);
+    if (!PathExists(from)) continue;
+    std::string content = ReadFileOrThrow(from, kMaxMetadataFileBytes);
+    std::string to = JoinPath(opt_.dst, name);
+    RemoveStaleTemps(std::string(name));
+    if (PathExists(to) && ReadFileOrThrow(to, kMaxMetadataFileBytes) == content) continue;
+    WriteFileAtomic(to, content);
+  }
+}
+
+void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::string>>& fresh,
+                             bool finalize) {
+  const std::string path = JoinPath(opt_.dst, kChecksumsName);
+  RemoveStaleTemps(std::string(kChecksumsName));
+  ChecksumManifest m = ReadChecksumManifest(path);
+  for (const auto& [name, hex] : fresh) m[name] = hex;
+  if (finalize) {
+    // Entries for files that are gone are dropped; shards published by a pass
+    // that died before recording them are hashed now; small files are rehashed.
+    std::vector<std::string> shards = ListShardFiles(opt_.dst);
+    ChecksumManifest next;
+    for (const auto& s : shards) {
+      auto it = m.find(s);
+      next[s] = it != m.end() ? it->second : HashFileXxh128(JoinPath(opt_.dst, s));
+    }
+    std::vector<std::string> small = {std::string(kIndexName), std::string(kFingerprintName)};
+    for (auto name : kMetadataFiles) small.emplace_back(name);
+    for (const auto& s : small) {
+      std::string p = JoinPath(opt_.dst, s);
+      if (PathExists(p)) next[s] = HashFileXxh128(p);
+    }
+    m = std::move(next);
+  }
+  CrashPoint("repack-checksums-update");
+  WriteFileAtomic(path, RenderChecksumManifest(m));
+}
+
+std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
+  const double t_start = NowSeconds();
+  const std::string final_path = JoinPath(opt_.dst, p.out_name);
+  RemoveStaleTemps(p.out_name);
+  AtomicFileWriter out(final_path);
+  ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  const std::vector<Segment> segs = Segments(p, opt_.block_bytes);
+
+  struct Block {
+    size_t seg = SIZE_MAX;  // SIZE_MAX: end of stream
+    std::vector<std::byte> bytes;
+    std::vector<float> floats;  // a tensor's scales
+    int pool = -1;               // 0 = read pool, 1 = output pool, -1 none
+  };
+  BoundedQueue<std::vector<std::byte>> pools[2] = {BoundedQueue<std::vector<std::byte>>(kPipelineDepth),
+                                                   BoundedQueue<std::vector<std::byte>>(kPipelineDepth)};
+  for (auto& pool : pools) {
+    for (size_t i = 0; i < kPipelineDepth; ++i) pool.Push({});
+  }
+  BoundedQueue<Block> read_q(kPipelineDepth), write_q(kPipelineDepth);
+  std::mutex err_mu;
+  std::exception_ptr err;
+  auto fail = [&](std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(err_mu);
+      if (!err) err = e;
+    }
+    read_q.Close();
+    write_q.Close();
+    pools[0].Close();
+    pools[1].Close();
+  };
+  std::atomic<uint64_t> src_written{0};
+
+  std::thread reader([&] {
+    try {
+      for (size_t i = 0; i < segs.size(); ++i) {
+        const Segment& s = segs[i];
+        Block b;
+        b.seg = i;
+        if (s.kind != Segment::kScales) {
+          if (!pools[0].Pop(&b.bytes)) return;
+          b.pool = 0;
+          if (b.bytes.size() < s.src_len) b.bytes.resize(s.src_len);
+          PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p.src->path());
+        }
+        if (!read_q.Push(std::move(b))) return;
+      }
+      read_q.Push(Block{});
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+
+  Xxh128 hasher;
+  std::thread writer([&] {
+    try {
+      uint8_t len[8];
+      for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(p.header.size() >> (8 * i));
+      hasher.Update(std::as_bytes(std::span(len)));
+      hasher.Update(std::as_bytes(std::span(p.header.data(), p.header.size())));
+      out.Write(std::as_bytes(std::span(len)));
+      out.Write(p.header);
+      Block b;
+      while (write_q.Pop(&b)) {
+        if (b.seg == SIZE_MAX) return;
+        const Segment& s = segs[b.seg];
+        std::span<const std::byte> bytes =
+            s.kind == Segment::kScales ? std::as_bytes(std::span(b.floats))
+                                       : std::span<const std::byte>(b.bytes.data(), s.dst_len);
+        K3_CHECK(bytes.size() == s.dst_len);
+        hasher.Update(bytes);
+        out.Write(bytes);
+        CrashPoint("repack-block-written");
+        src_written += s.src_len;
+        if (b.pool >= 0) pools[b.pool].Push(std::move(b.bytes));
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+
+  try {
+    std::vector<float> scratch;
+    std::vector<float> scales;  // the current quantized tensor's scales
+    Block b;
+    while (read_q.Pop(&b)) {
+      if (b.seg == SIZE_MAX) {
+        write_q.Push(std::move(b));
+        break;
+      }
+      const Segment& s = segs[b.seg];
+      const Item& it = p.items[s.item];
+      if (s.kind == Segment::kQuant) {
+        if (s.row0 == 0) scales.assign(it.rows * it.qshape.scales_per_row(it.cols), 0.0f);
+        Block o;
+        o.seg = b.seg;
+        if (!pools[1].Pop(&o.bytes)) break;
+        o.pool = 1;
+        if (o.bytes.size() < s.dst_len) o.bytes.resize(s.dst_len);
+        if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
+        QuantizeBlock(it.src->dtype, b.bytes.data(), s.rows, it.cols, it.qshape, o.bytes.data(),
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(),
+                      threads_);
+        pools[0].Push(std::move(b.bytes));
+        if (!write_q.Push(std::move(o))) break;
+      } else if (s.kind == Segment::kScales) {
+        b.floats = std::move(scales);
+        scales.clear();
+        if (!write_q.Push(std::move(b))) break;
+      } else {
+        if (!write_q.Push(std::move(b))) break;
+      }
+      const double now = NowSeconds();
+      if (now - last_progress_ >= 0.5) {
+        last_progress_ = now;
+        RepackEvent ev;
+        ev.shard = p.out_name;
+        ev.shard_src_bytes = p.src_bytes;
+        uint64_t saved = totals_.bytes_done;
+        totals_.bytes_done += src_written.load();
+        Emit(RepackEvent::Kind::kProgress, ev);
+        totals_.bytes_done = saved;
+      }
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  reader.join();
+  writer.join();
+  if (err) std::rethrow_exception(err);
+
+  if (out.bytes_written() != p.file_bytes) {
+    throw Error(ErrorCode::kInternal,
+                "wrote " + std::to_string(out.bytes_written()) + " bytes, planned " +
+                    std::to_string(p.file_bytes),
+                out.temp_path());
+  }
+  CrashPoint("repack-shard-written");
+  FsyncOrThrow(out.fd(), out.temp_path());
+  CheckWrittenShard(out.temp_path(), p);
+  if (opt_.verify_full) {
+    // Drop the just-written pages so the comparison reads what reached the disk.
+    ::posix_fadvise(out.fd(), 0, 0, POSIX_FADV_DONTNEED);
+    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), opt_.block_bytes);
+  }
+  out.Commit();  // crash points "before-rename" / "after-rename" inside
+  CrashPoint("repack-shard-committed");
+  done->shard_seconds = NowSeconds() - t_start;
+  done->shard_out_bytes = p.file_bytes;
+  return hasher.HexDigest();
+}
+
+std::string ExistingAncestor(std::string p) {
+  while (!p.empty() && !IsDirectory(p)) {
+    std::string parent = DirName(p);
+    if (parent == p) break;
+    p = parent;
+  }
+  return p.empty() ? "." : p;
+}
+
+void MakeDirs(const std::string& dir) {
+  if (IsDirectory(dir)) return;
+  std::string parent = DirName(dir);
+  if (parent != dir) MakeDirs(parent);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) ThrowErrno(errno, "mkdir", dir);
+}
+
+RepackEvent Runner::Run() {
+  ValidateBits(opt_.bits);
+  if (opt_.worker_count < 1 || opt_.worker_index < 0 || opt_.worker_index >= opt_.worker_count) {
+    throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
+  }
+  if (opt_.block_bytes < 4096) throw Error(ErrorCode::kInvalidArgument, "block size too small");
+  threads_ = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
+  {
+    char a[PATH_MAX], b[PATH_MAX];
+    if (::realpath(opt_.src.c_str(), a) && ::realpath(opt_.dst.c_str(), b) &&
+        std::string_view(a) == std::string_view(b)) {
+      throw Error(ErrorCode::kInvalidArgument, "destination is the source directory", opt_.dst);
+    }
+  }
+
+  // --- Pre-flight: nothing below writes until the source, the plan, the
+  // fingerprint and the free space have all been checked.
+  Snapshot snap = Snapshot::OpenOrThrow(opt_.src);  // every shard of the index, validated
+  ModelConfig config = ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
+
+  struct Src {
+    int64_t number;
+    const SafetensorsFile* file;
+  };
+  std::vector<Src> sources;
+  for (const auto& f : snap.shards()) {
+    auto n = ParseShardName(BaseName(f.path()));
+    if (!n) {
+      throw Error(ErrorCode::kUnsupported,
+                  "source shard name is not model-XXXXX-of-NNNNN.safetensors", f.path());
+    }
+    sources.push_back({n->number, &f});
+  }
+  std::sort(sources.begin(), sources.end(),
+            [](const Src& a, const Src& b) { return a.number < b.number; });
+  for (size_t i = 1; i < sources.size(); ++i) {
+    if (sources[i].number == sources[i - 1].number) {
+      throw Error(ErrorCode::kCorrupt, "two source shards share number " +
+                                           std::to_string(sources[i].number),
+                  sources[i].file->path());
+    }
+  }
+  // Output shards: source shards with at least one kept tensor.
+  std::vector<const Src*> kept;
+  for (const auto& s : sources) {
+    for (const auto& t : s.file->tensors()) {
+      if (ClassifyTensor(t.name, config.is_kda) != TensorRole::kDrop) {
+        kept.push_back(&s);
+        break;
+      }
+    }
+  }
+  if (kept.empty()) throw Error(ErrorCode::kNotFound, "no text-model tensors in the source", opt_.src);
+  const int64_t out_total = static_cast<int64_t>(kept.size());
+
+  Fingerprint fp;
+  fp.bits = opt_.bits;
+  fp.output_shards = out_total;
+  std::string index_path = JoinPath(opt_.src, "model.safetensors.index.json");
+  fp.source_index_xxh128 =
+      PathExists(index_path) ? HashFileXxh128(index_path) : std::string();
+  for (const auto& s : sources) {
+    const auto& f = *s.file;
+    std::vector<std::byte> head(f.header().data_offset());
+    PreadFull(f.fd(), head, 0, f.path());
+    fp.source_shards.push_back({BaseName(f.path()), f.file_size(), Xxh128Hex(head)});
+  }
+  const std::string fp_text = fp.Render();
+
+  // Selection: --shards, then --worker I/N over what is left.
+  std::vector<ShardPlan> selected;
+  {
+    std::vector<const Src*> chosen;
+    if (opt_.shards.empty()) {
+      chosen = kept;
+    } else {
+      for (int64_t want : opt_.shards) {
+        auto s = std::find_if(sources.begin(), sources.end(),
+                              [&](const Src& x) { return x.number == want; });
+        if (s == sources.end()) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "--shards names source shard " + std::to_string(want) +
+                          ", which the snapshot does not have",
+                      opt_.src);
+        }
+        if (std::find(kept.begin(), kept.end(), &*s) == kept.end()) {
+          K3_LOG_INFO("source shard %lld holds no text-model tensors (vision); nothing to do",
+                      static_cast<long long>(want));
+          continue;
+        }
+        if (std::find(chosen.begin(), chosen.end(), &*s) == chosen.end()) chosen.push_back(&*s);
+      }
+      std::sort(chosen.begin(), chosen.end(),
+                [](const Src* a, const Src* b) { return a->number < b->number; });
+    }
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      if (static_cast<int>(i % static_cast<size_t>(opt_.worker_count)) != opt_.worker_index) continue;
+      selected.push_back(PlanShard(*chosen[i]->file, chosen[i]->number, out_total, config.is_kda,
+                                   opt_.bits));
+    }
+  }
+
+  // Existing destination: fingerprint, then which shards are already complete.
+  const std::string fp_path = JoinPath(opt_.dst, kFingerprintName);
+  bool force_clean = false;
+  if (PathExists(fp_path)) {
+    std::string have = ReadFileOrThrow(fp_path, 64u << 20);
+    if (have != fp_text) {
+      std::string why;
+      try {
+        why = Fingerprint::ParseOrThrow(have, fp_path).Difference(fp);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (why.empty()) why = "fingerprint differs";
+      if (!opt_.force) {
+        throw Error(ErrorCode::kExists,
+                    why + "; rerun with the same parameters to resume, or add --force to start over",
+                    fp_path);
+      }
+      force_clean = true;
+    }
+  } else if (!ListShardFiles(opt_.dst).empty()) {
+    if (!opt_.force) {
+      throw Error(ErrorCode::kExists,
+                  "the destination holds shards but no " + std::string(kFingerprintName) +
+                      " (not a k3-repack output); add --force to replace them",
+                  opt_.dst);
+    }
+    force_clean = true;
+  }
+  if (opt_.force && PathExists(opt_.dst)) force_clean = true;
+
+  std::vector<const ShardPlan*> todo;
+  std::vector<RepackEvent> skipped;  // reported after the start event
+  uint64_t reclaimable = 0;
+  for (const auto& p : selected) {
+    std::string path = JoinPath(opt_.dst, p.out_name);
+    std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
+    if (why.empty()) {
+      ++totals_.shards_skipped;
+      RepackEvent ev;
+      ev.shard = p.out_name;
+      ev.detail = "complete and valid";
+      ev.shard_src_bytes = p.src_bytes;
+      ev.shard_out_bytes = p.file_bytes;
+      skipped.push_back(ev);
+      continue;
+    }
+    if (why != "missing" && why != "--force") {
+      K3_LOG_WARN("%s: existing output is not usable (%s); converting it again", path.c_str(),
+                  why.c_str());
+    }
+    if (PathExists(path)) reclaimable += FileSizeOrThrow(path);
+    todo.push_back(&p);
+    totals_.bytes_todo += p.src_bytes;
+    totals_.out_bytes_planned += p.file_bytes;
+  }
+  totals_.shards_selected = selected.size();
+  totals_.shards_todo = todo.size();
+
+  uint64_t need = totals_.out_bytes_planned + (1u << 20) + snap.num_tensors() * 160;
+  for (auto name : kMetadataFiles) {
+    std::string p = JoinPath(opt_.src, name);
+    if (PathExists(p)) need += FileSizeOrThrow(p);
+  }
+  totals_.free_bytes = FreeSpaceBytes(ExistingAncestor(opt_.dst)) + reclaimable;
+  if (need > totals_.free_bytes) {
+    throw Error(ErrorCode::kNoSpace,
+                "the plan needs " + FormatBytes(need) + " but only " +
+                    FormatBytes(totals_.free_bytes) + " is free: " +
+                    FormatBytes(need - totals_.free_bytes) + " missing",
+                opt_.dst);
+  }
+
+  Emit(RepackEvent::Kind::kStart);
+  for (const auto& ev : skipped) Emit(RepackEvent::Kind::kShardSkipped, ev);
+
+  // --- From here on the destination is written.
+  MakeDirs(opt_.dst);
+  {
+    ContainerLock lock(opt_.dst);
+    if (force_clean) RemoveForForce();
+    RemoveStaleTemps(std::string(kFingerprintName));
+    if (!PathExists(fp_path)) {
+      WriteFileAtomic(fp_path, fp_text);
+    } else if (ReadFileOrThrow(fp_path, 64u << 20) != fp_text) {
+      // Another pass with other parameters won the race to create it.
+      throw Error(ErrorCode::kExists, "a concurrent pass created a different fingerprint", fp_path);
+    }
+    CopyMetadata();
+  }
+
+  for (const ShardPlan* p : todo) {
+    RepackEvent ev;
+    ev.shard = p->out_name;
+    ev.shard_src_bytes = p->src_bytes;
+    Emit(RepackEvent::Kind::kShardStart, ev);
+    ev.shard_xxh128 = WriteShard(*p, &ev);
+    {
+      ContainerLock lock(opt_.dst);
+      UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
+    }
+    ++totals_.shards_done;
+    totals_.bytes_done += p->src_bytes;
+    Emit(RepackEvent::Kind::kShardDone, ev);
+  }
+
+  RepackEvent summary;
+  {
+    ContainerLock lock(opt_.dst);
+    RemoveStaleTemps(std::string(kIndexName));
+    IndexSummary is = RebuildIndex(opt_.dst);
+    UpdateChecksums({}, /*finalize=*/true);
+    summary.index_shards = is.num_shards;
+    summary.index_tensors = is.num_tensors;
+    summary.index_total_size = is.total_size;
+  }
+  summary.peak_rss_bytes = PeakRssBytes();
+  Emit(RepackEvent::Kind::kSummary, summary);
+  summary.kind = RepackEvent::Kind::kSummary;
+  summary.shards_selected = totals_.shards_selected;
+  summary.shards_done = totals_.shards_done;
+  summary.shards_skipped = totals_.shards_skipped;
+  summary.bytes_done = totals_.bytes_done;
+  summary.elapsed_seconds = NowSeconds() - t0_;
+  return summary;
+}
+
+}  // namespace
+
+std::vector<int64_t> ParseShardList(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= list.size()) {
+    size_t j = list.find(',', i);
+    if (j == std::string::npos) j = list.size();
+    std::string_view part(list.data() + i, j - i);
+    while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
+    while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
+    if (!part.empty()) {
+      size_t dash = part.find('-');
+      int64_t a, b;
+      bool ok = dash == std::string_view::npos
+                    ? ParseInt(part, &a) && (b = a, true)
+                    : ParseInt(part.substr(0, dash), &a) && ParseInt(part.substr(dash + 1), &b);
+      if (!ok || a < 1 || b < a || b - a > 1000000) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--shards: '" + std::string(part) + "' is not N or N-M (1-based)");
+      }
+      for (int64_t v = a; v <= b; ++v) out.push_back(v);
+    }
+    i = j + 1;
+  }
+  if (out.empty()) throw Error(ErrorCode::kInvalidArgument, "--shards: empty list");
+  return out;
+}
+
+void ParseWorker(const std::string& spec, int* index, int* count) {
+  size_t slash = spec.find('/');
+  int64_t i, n;
+  if (slash == std::string::npos || !ParseInt(std::string_view(spec).substr(0, slash), &i) ||
+      !ParseInt(std::string_view(spec).substr(slash + 1), &n) || n < 1 || n > 100000 || i < 0 ||
+      i >= n) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--worker '" + spec + "': expected I/N with 0 <= I < N (e.g. 0/4)");
+  }
+  *index = static_cast<int>(i);
+  *count = static_cast<int>(n);
+}
+
+void ValidateBits(const QuantBits& b) {
+  for (auto [name, v] : {std::pair{"--bits", b.bits}, std::pair{"--mla-bits", b.mla_bits},
+                         std::pair{"--head-bits", b.head_bits}}) {
+    if (v < 1 || v > 31) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(name) + " " + std::to_string(v) +
+                      ": a container stores int4-g64 (<= 4) or int8 (5..31); for f32 use the "
+                      "source snapshot directly");
+    }
+  }
+}
+
+RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer) {
+  Runner r(options, observer);
+  return r.Run();
+}
+
+}  // namespace k3::repack

@@ -1,0 +1,26 @@
+// The per-block transform shared by k3-repack (to write) and k3-verify --full (to
+// re-derive and compare): source rows -> f32 -> lib/quant's §6.2 quantizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "k3/container/dtype.h"
+
+namespace k3::repack {
+
+// Quantized layout of one [rows, cols] matrix.
+struct QuantShape {
+  bool int4 = false;
+  uint64_t q_row_bytes(uint64_t cols) const { return int4 ? cols / 2 : cols; }
+  uint64_t scales_per_row(uint64_t cols) const { return int4 ? cols / 64 : 1; }
+};
+
+// Converts `rows` rows of `cols` source values (BF16/F16/F32 bytes at `src`) to
+// f32 in `scratch` (rows*cols floats) and quantizes them into `q` (rows *
+// q_row_bytes) and `scales` (rows * scales_per_row). Rows are split across
+// `threads` OpenMP threads; the result does not depend on the split.
+void QuantizeBlock(DType dtype, const std::byte* src, size_t rows, size_t cols, QuantShape shape,
+                   std::byte* q, float* scales, float* scratch, int threads);
+
+}  // namespace k3::repack
