@@ -40,7 +40,18 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
   m->snapshot_ = std::make_unique<Snapshot>(Snapshot::OpenOrThrow(dir, snapshot_options));
   m->config_ = ModelConfig::ParseOrThrow(m->snapshot_->config_json(), JoinPath(dir, "config.json"));
   m->weights_ = LoadWeightsOrThrow(*m->snapshot_, m->config_, options);
-  m->experts_ = std::make_unique<SimpleExpertStore>(*m->snapshot_, m->config_);
+  // Expert cache: an even share of the budget per MoE layer (spec §8.2).
+  SimpleExpertStore::Options so;
+  {
+    const ModelConfig& c = m->config_;
+    const uint64_t slot = ExpertTable::SlotBytesFor(c);
+    const double per_layer =
+        options.expert_cache_bytes /
+        (static_cast<double>(slot) * static_cast<double>(std::max<int64_t>(1, c.num_moe_layers())));
+    so.slots_per_layer =
+        std::clamp<int64_t>(static_cast<int64_t>(std::floor(per_layer)), 1, c.num_experts);
+  }
+  m->experts_ = std::make_unique<SimpleExpertStore>(*m->snapshot_, m->config_, so);
   m->load_seconds_ = NowSeconds() - t0;
   return m;
 }
@@ -83,9 +94,9 @@ void Linear(const Matrix& w, const float* x, size_t batch, float* y, bool idot,
 // AttnRes softmax mix (§5.2): entries e_0..e_{n-1} = snapshots, e_n = p.
 // Scores in f64 (products formed in f64), softmax in f32, mix in f32 with the
 // snapshots first and p last.
-void Mix(const float* const* entries, size_t n, const float* w, size_t d, float eps, float* out) {
-  float scores[32];
-  K3_CHECK(n <= 32);
+// `scores` is scratch of n floats.
+void Mix(const float* const* entries, size_t n, const float* w, size_t d, float eps, float* scores,
+         float* out) {
   for (size_t j = 0; j < n; ++j) {
     const float* e = entries[j];
     double dot = 0, ss = 0;
@@ -184,10 +195,11 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   for (size_t t = 0; t < C; ++t) W.embed.RowOrThrow(ids[t], h.data() + t * D);
 
   std::vector<const float*> entries(nbmax + 1);
+  std::vector<float> mix_scores(nbmax + 1);
   auto mix = [&](size_t t, const float* last, const std::vector<float>& sw, float* dst) {
     for (size_t j = 0; j < nb; ++j) entries[j] = blocks.data() + (t * nbmax + j) * D;
     entries[nb] = last;
-    Mix(entries.data(), nb + 1, sw.data(), D, eps, dst);
+    Mix(entries.data(), nb + 1, sw.data(), D, eps, mix_scores.data(), dst);
   };
 
   for (size_t li = 0; li < L; ++li) {

@@ -30,6 +30,7 @@ LoadOptions LoadOptions::FromEnv() {
   o.head_bits = static_cast<int>(GetEnvInt("K3_HEAD_BITS", 8));
   o.mmap = GetEnvBool("K3_MMAP", false);
   o.threads = static_cast<int>(GetEnvInt("K3_LOAD_THREADS", 0));
+  o.expert_cache_bytes = GetEnvDouble("K3_EXPERT_GB", 8.0) * 1e9;
   for (auto [name, v] : {std::pair{"K3_BITS", o.bits}, std::pair{"K3_MLA_BITS", o.mla_bits},
                          std::pair{"K3_HEAD_BITS", o.head_bits}}) {
     if (v < 1 || v > 64) {

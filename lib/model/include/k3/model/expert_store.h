@@ -89,6 +89,12 @@ class ExpertTable {
     return part_slot_offset_[static_cast<int>(p)];
   }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  // Slot size a config implies (for cache sizing before a table exists).
+  static uint64_t SlotBytesFor(const ModelConfig& config) {
+    const uint64_t n = static_cast<uint64_t>(config.moe_intermediate_size) *
+                       static_cast<uint64_t>(config.routed_expert_hidden_size);
+    return 3 * (n / 2 + n / 32);
+  }
 
   bool present(int64_t layer, int64_t expert) const { return Entry(layer, expert).present; }
   // True if the six parts are back to back in one file (one pread suffices).

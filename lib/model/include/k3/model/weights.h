@@ -21,7 +21,7 @@
 namespace k3::model {
 
 // Load-time choices. FromEnv() reads K3_BITS, K3_MLA_BITS, K3_HEAD_BITS,
-// K3_MMAP and K3_LOAD_THREADS; tests build the struct directly.
+// K3_MMAP, K3_LOAD_THREADS and K3_EXPERT_GB; tests build the struct directly.
 struct LoadOptions {
   int bits = 4;        // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
   int mla_bits = 8;    // MLA q_a, q_b, kv_a, kv_b, o, g
@@ -32,6 +32,9 @@ struct LoadOptions {
   bool mmap = false;         // map prepared container matrices instead of copying
   int threads = 0;           // loader threads; 0 = min(online CPUs, 8)
   bool progress = true;      // log progress lines while quantizing
+  // Routed-expert cache budget (K3_EXPERT_GB, decimal GB): slots per MoE layer =
+  // floor(bytes / (slot bytes x MoE layers)), clamped to [1, num_experts].
+  double expert_cache_bytes = 8e9;
 
   static LoadOptions FromEnv();
 };
