@@ -1,0 +1,82 @@
+// k3-verify: proves a k3 container intact and reports every problem it finds
+// (docs/repack.md). Exit 0 only when all is well.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "k3/core/error.h"
+#include "k3/core/json_writer.h"
+#include "k3/core/sys.h"
+#include "k3/repack/verify.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-verify: check a k3 container (structure, index, tensors, checksums; --full: "
+               "against the source)"};
+  k3::repack::VerifyOptions opt;
+  bool json = false;
+  app.add_option("DST", opt.dst, "container directory")->required();
+  app.add_option("--source", opt.source, "the HF snapshot it was converted from");
+  app.add_flag("--full", opt.full,
+               "compare every expert byte with the source and re-derive every quantized tensor");
+  app.add_option("--threads", opt.threads, "files checked in parallel (default: all CPUs)");
+  app.add_flag("--json", json, "JSON: one line per problem, then a summary line");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    k3::repack::VerifyReport r = k3::repack::VerifyContainer(opt);
+    for (const auto& p : r.problems) {
+      if (json) {
+        k3::JsonWriter w;
+        w.BeginObject();
+        w.Field("event", "problem");
+        w.Field("code", k3::ErrorCodeName(p.code));
+        w.Field("file", p.file);
+        w.Field("tensor", p.tensor);
+        w.Field("offset", p.offset);
+        w.Field("detail", p.detail);
+        w.EndObject();
+        std::printf("%s\n", w.str().c_str());
+      } else {
+        std::printf("PROBLEM %s\n", p.ToString().c_str());
+      }
+    }
+    const double gbps = r.seconds > 0 ? (r.bytes_hashed + r.source_bytes_read) / r.seconds / 1e9 : 0;
+    if (json) {
+      k3::JsonWriter w;
+      w.BeginObject();
+      w.Field("event", "summary");
+      w.Field("ok", r.ok());
+      w.Field("problems", r.problems.size());
+      w.Field("shards", r.shards);
+      w.Field("tensors", r.tensors);
+      w.Field("files_hashed", r.files_hashed);
+      w.Field("bytes_hashed", r.bytes_hashed);
+      w.Field("source_bytes_read", r.source_bytes_read);
+      w.Field("expert_bytes_compared", r.expert_bytes_compared);
+      w.Field("quantized_tensors_rederived", r.quantized_tensors_rederived);
+      w.Field("passthrough_tensors_compared", r.passthrough_tensors_compared);
+      w.Field("seconds", r.seconds);
+      w.Field("gb_per_s", gbps);
+      w.Field("peak_rss_bytes", k3::PeakRssBytes());
+      w.Field("exit", r.ExitCode());
+      w.EndObject();
+      std::printf("%s\n", w.str().c_str());
+    } else {
+      std::printf("%s: %zu shard(s), %zu tensors, %zu files hashed (%s)", r.ok() ? "OK" : "FAILED",
+                  r.shards, r.tensors, r.files_hashed, k3::FormatBytes(r.bytes_hashed).c_str());
+      if (opt.full) {
+        std::printf(", %s of experts compared, %zu quantized tensors re-derived, %zu others compared",
+                    k3::FormatBytes(r.expert_bytes_compared).c_str(), r.quantized_tensors_rederived,
+                    r.passthrough_tensors_compared);
+      }
+      std::printf(", %.2f s, %.2f GB/s; %zu problem(s)\n", r.seconds, gbps, r.problems.size());
+    }
+    return r.ExitCode();
+  } catch (const k3::Error& e) {
+    std::fprintf(stderr, "k3-verify: error: %s\n", e.what());
+    return k3::ExitCodeFor(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3-verify: internal error: %s\n", e.what());
+    return k3::ExitCodeFor(k3::ErrorCode::kInternal);
+  }
+}

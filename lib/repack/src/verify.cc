@@ -1,0 +1,642 @@
+#include "k3/repack/verify.h"
+
+#include <fcntl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <simdjson.h>
+#include <unordered_map>
+
+#include "k3/container/safetensors.h"
+#include "k3/container/snapshot.h"
+#include "k3/core/file.h"
+#include "k3/core/sys.h"
+#include "k3/model/config.h"
+#include "k3/quant/quant.h"
+#include "k3/repack/checksums.h"
+#include "k3/repack/classify.h"
+#include "k3/repack/container.h"
+#include "transform.h"
+
+namespace k3::repack {
+
+std::string Problem::ToString() const {
+  std::string s = file.empty() ? std::string("(container)") : file;
+  if (offset >= 0) s += ": offset " + std::to_string(offset);
+  if (!tensor.empty()) s += ": '" + tensor + "'";
+  s += ": " + detail + " [" + std::string(ErrorCodeName(code)) + "]";
+  return s;
+}
+
+int VerifyReport::ExitCode() const { return ok() ? 0 : ExitCodeFor(problems.front().code); }
+
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+uint64_t Numel(const std::vector<int64_t>& s) {
+  uint64_t n = 1;
+  for (auto d : s) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+enum class Want : uint8_t { kFloat, kQuant, kExpert };
+
+struct Expected {
+  std::string name;  // without prefix
+  Want want;
+  std::vector<int64_t> shape;
+  bool at_least = false;  // numel >= product (A_log is padded to head_dim)
+};
+
+// Tensors config.json says the text model has (spec §3), in container form.
+std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
+  std::vector<Expected> e;
+  const int64_t d = c.hidden_size;
+  auto f = [&](std::string n, std::vector<int64_t> s, bool at_least = false) {
+    e.push_back({std::move(n), Want::kFloat, std::move(s), at_least});
+  };
+  auto q = [&](std::string n, int64_t o, int64_t i) { e.push_back({std::move(n), Want::kQuant, {o, i}}); };
+  auto x = [&](std::string n, int64_t o, int64_t i) { e.push_back({std::move(n), Want::kExpert, {o, i}}); };
+  f("model.embed_tokens.weight", {c.vocab_size, d});
+  f("model.norm.weight", {d});
+  f("model.output_attn_res_norm.weight", {d});
+  f("model.output_attn_res_proj.weight", {d});
+  q("lm_head.weight", c.vocab_size, d);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm",
+                          "self_attention_res_proj", "mlp_res_norm", "mlp_res_proj"}) {
+      f(p + n + ".weight", {d});
+    }
+    const std::string a = p + "self_attn.";
+    if (c.is_kda[static_cast<size_t>(l)]) {
+      const int64_t kp = c.kda_proj();
+      for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"}) q(a + n + ".weight", kp, d);
+      q(a + "o_proj.weight", d, kp);
+      for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+        f(a + n + ".weight", {kp * c.kda_conv_kernel});
+      }
+      f(a + "f_a_proj.weight", {c.kda_head_dim, d});
+      f(a + "f_b_proj.weight", {kp, c.kda_head_dim});
+      f(a + "b_proj.weight", {c.kda_num_heads, d});
+      f(a + "dt_bias", {kp});
+      f(a + "A_log", {c.kda_num_heads}, /*at_least=*/true);
+      f(a + "o_norm.weight", {c.kda_head_dim});
+    } else {
+      const int64_t h = c.num_attention_heads;
+      q(a + "q_a_proj.weight", c.q_lora_rank, d);
+      f(a + "q_a_layernorm.weight", {c.q_lora_rank});
+      q(a + "q_b_proj.weight", h * c.qk_head_dim(), c.q_lora_rank);
+      q(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, d);
+      f(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
+      q(a + "kv_b_proj.weight", h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+      q(a + "o_proj.weight", d, h * c.v_head_dim);
+      q(a + "g_proj.weight", h * c.v_head_dim, d);
+    }
+    if (!c.is_moe(l)) {
+      q(p + "mlp.gate_proj.weight", c.intermediate_size, d);
+      q(p + "mlp.up_proj.weight", c.intermediate_size, d);
+      q(p + "mlp.down_proj.weight", d, c.intermediate_size);
+      continue;
+    }
+    const std::string m = p + "block_sparse_moe.";
+    const int64_t lat = c.routed_expert_hidden_size, mi = c.moe_intermediate_size;
+    const int64_t si = c.shared_intermediate();
+    f(m + "gate.weight", {c.num_experts, d});
+    f(m + "gate.e_score_correction_bias", {c.num_experts});
+    q(m + "routed_expert_down_proj.weight", lat, d);
+    q(m + "routed_expert_up_proj.weight", d, lat);
+    f(m + "routed_expert_norm.weight", {lat});
+    q(m + "shared_experts.gate_proj.weight", si, d);
+    q(m + "shared_experts.up_proj.weight", si, d);
+    q(m + "shared_experts.down_proj.weight", d, si);
+    for (int64_t x_id = 0; x_id < c.num_experts; ++x_id) {
+      const std::string ep = m + "experts." + std::to_string(x_id) + ".";
+      x(ep + "w1.weight_packed", mi, lat / 2);
+      x(ep + "w1.weight_scale", mi, lat / 32);
+      x(ep + "w2.weight_packed", lat, mi / 2);
+      x(ep + "w2.weight_scale", lat, mi / 32);
+      x(ep + "w3.weight_packed", mi, lat / 2);
+      x(ep + "w3.weight_scale", mi, lat / 32);
+    }
+  }
+  return e;
+}
+
+struct Located {
+  size_t shard;
+  const TensorInfo* info;
+};
+
+class Verifier {
+ public:
+  explicit Verifier(const VerifyOptions& o) : opt_(o) {}
+  VerifyReport Run();
+
+ private:
+  void Add(ErrorCode code, std::string file, std::string tensor, int64_t offset,
+           std::string detail) {
+    std::lock_guard<std::mutex> lock(mu_);
+    report_.problems.push_back(
+        {code, std::move(file), std::move(tensor), offset, std::move(detail)});
+  }
+  void CheckIndex();
+  void CheckModel();
+  void CheckChecksums();
+  // Streams one shard: hash, and with a source compare every byte it can.
+  std::string StreamShard(size_t s);
+  std::string Path(const std::string& name) const { return JoinPath(opt_.dst, name); }
+
+  const VerifyOptions& opt_;
+  VerifyReport report_;
+  std::mutex mu_;
+  std::vector<std::string> shard_names_;
+  std::vector<std::optional<SafetensorsFile>> shards_;
+  std::unordered_map<std::string, Located> by_name_;
+  std::optional<Fingerprint> fingerprint_;
+  std::optional<Snapshot> source_;
+  std::string prefix_;
+};
+
+void Verifier::CheckIndex() {
+  const std::string path = Path(std::string(kIndexName));
+  if (!PathExists(path)) {
+    Add(ErrorCode::kNotFound, path, {}, -1, "index missing");
+    return;
+  }
+  std::string text;
+  try {
+    text = ReadFileOrThrow(path, 512u << 20);
+  } catch (const Error& e) {
+    Add(e.code(), path, {}, -1, e.detail());
+    return;
+  }
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  simdjson::dom::object wm;
+  if (parser.parse(text).get(doc) || doc["weight_map"].get_object().get(wm)) {
+    Add(ErrorCode::kCorrupt, path, {}, -1, "not JSON with a weight_map object");
+    return;
+  }
+  uint64_t total_in_index = 0;
+  if (doc["metadata"]["total_size"].get_uint64().get(total_in_index)) {
+    Add(ErrorCode::kCorrupt, path, {}, -1, "metadata.total_size missing or not an integer");
+  }
+  std::set<std::string> seen;
+  for (auto kv : wm) {
+    std::string name(kv.key);
+    std::string_view shard;
+    if (kv.value.get_string().get(shard)) {
+      Add(ErrorCode::kCorrupt, path, name, -1, "weight_map value is not a string");
+      continue;
+    }
+    if (!seen.insert(name).second) {
+      Add(ErrorCode::kCorrupt, path, name, -1, "tensor listed twice in the index");
+      continue;
+    }
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) {
+      Add(ErrorCode::kNotFound, path, name, -1,
+          "index maps it to " + std::string(shard) + " but no shard holds it");
+    } else if (shard_names_[it->second.shard] != shard) {
+      Add(ErrorCode::kCorrupt, path, name, -1,
+          "index maps it to " + std::string(shard) + " but it is in " +
+              shard_names_[it->second.shard]);
+    }
+  }
+  uint64_t total = 0;
+  for (const auto& [name, loc] : by_name_) {
+    total += loc.info->nbytes();
+    if (!seen.count(name)) {
+      Add(ErrorCode::kCorrupt, Path(shard_names_[loc.shard]), name,
+          static_cast<int64_t>(shards_[loc.shard]->AbsoluteOffset(*loc.info)),
+          "tensor is not in the index");
+    }
+  }
+  if (total_in_index != total) {
+    Add(ErrorCode::kCorrupt, path, {}, -1,
+        "metadata.total_size is " + std::to_string(total_in_index) + " but the shards hold " +
+            std::to_string(total) + " tensor bytes");
+  }
+}
+
+void Verifier::CheckModel() {
+  ModelConfig config;
+  try {
+    config = ModelConfig::LoadOrThrow(opt_.dst);
+  } catch (const Error& e) {
+    Add(e.code(), e.path().empty() ? Path("config.json") : e.path(), e.object(), -1, e.detail());
+    return;
+  }
+  auto find = [&](const std::string& n) -> const Located* {
+    auto it = by_name_.find(prefix_ + n);
+    return it == by_name_.end() ? nullptr : &it->second;
+  };
+  auto where = [&](const Located& l) {
+    return std::pair(Path(shard_names_[l.shard]),
+                     static_cast<int64_t>(shards_[l.shard]->AbsoluteOffset(*l.info)));
+  };
+  for (const Expected& e : ExpectedTensors(config)) {
+    const std::string full = prefix_ + e.name;
+    const Located* l = find(e.name);
+    if (!l) {
+      Add(ErrorCode::kNotFound, opt_.dst, full, -1, "tensor the model needs is missing");
+      continue;
+    }
+    auto [file, off] = where(*l);
+    const TensorInfo& t = *l->info;
+    if (e.want == Want::kFloat) {
+      if (!IsFloatReadable(t.dtype)) {
+        Add(ErrorCode::kUnsupported, file, full, off,
+            "dtype " + std::string(DTypeName(t.dtype)) + ", expected BF16/F16/F32");
+      }
+      bool shape_ok = e.at_least ? t.numel() >= Numel(e.shape)
+                                 : (e.shape.size() == 1 ? t.numel() == Numel(e.shape)
+                                                        : t.shape == e.shape);
+      if (!shape_ok) {
+        Add(ErrorCode::kCorrupt, file, full, off,
+            "shape " + ShapeStr(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
+                ShapeStr(e.shape));
+      }
+      continue;
+    }
+    if (e.want == Want::kExpert) {
+      if (t.dtype != DType::kU8 || t.shape != e.shape) {
+        Add(ErrorCode::kCorrupt, file, full, off,
+            std::string(DTypeName(t.dtype)) + " " + ShapeStr(t.shape) + ", expected U8 " +
+                ShapeStr(e.shape));
+      }
+      continue;
+    }
+    // Quantized: U8 payload + F32 .qs sidecar, int8 [O,I]+[O] or int4 [O,I/2]+[O,I/64].
+    const int64_t o = e.shape[0], i = e.shape[1];
+    if (t.dtype != DType::kU8) {
+      Add(ErrorCode::kCorrupt, file, full, off,
+          "dtype " + std::string(DTypeName(t.dtype)) + ": a container stores this matrix quantized (U8 + .qs)");
+      continue;
+    }
+    const Located* s = find(e.name + ".qs");
+    if (!s) {
+      Add(ErrorCode::kNotFound, file, full + ".qs", -1, "scale sidecar missing");
+      continue;
+    }
+    const TensorInfo& st = *s->info;
+    const bool int8 = t.shape == std::vector<int64_t>{o, i} && st.shape == std::vector<int64_t>{o};
+    const bool int4 = i % 64 == 0 && t.shape == std::vector<int64_t>{o, i / 2} &&
+                      st.shape == std::vector<int64_t>{o, i / 64};
+    if (st.dtype != DType::kF32) {
+      auto [sf, so] = where(*s);
+      Add(ErrorCode::kCorrupt, sf, full + ".qs", so,
+          "dtype " + std::string(DTypeName(st.dtype)) + ", expected F32");
+    }
+    if (!int8 && !int4) {
+      Add(ErrorCode::kCorrupt, file, full, off,
+          "U8 " + ShapeStr(t.shape) + " with .qs " + ShapeStr(st.shape) +
+              " is neither int8 [" + std::to_string(o) + "," + std::to_string(i) + "]+[" +
+              std::to_string(o) + "] nor int4-g64 for a [" + std::to_string(o) + "," +
+              std::to_string(i) + "] matrix");
+      continue;
+    }
+    if (fingerprint_) {
+      TensorRole role = ClassifyTensor(full, config.is_kda);
+      bool want4 = quant::UsesInt4(fingerprint_->bits.For(role), static_cast<size_t>(i));
+      if (want4 != int4) {
+        Add(ErrorCode::kCorrupt, file, full, off,
+            std::string("stored as ") + (int4 ? "int4-g64" : "int8") + " but the fingerprint's " +
+                std::string(TensorRoleName(role)) + " bits ask for " + (want4 ? "int4-g64" : "int8"));
+      }
+    }
+  }
+  // Every .qs belongs to a U8 tensor; experts are contiguous and id-ordered.
+  for (const auto& [name, loc] : by_name_) {
+    if (name.ends_with(".qs")) {
+      auto base = by_name_.find(name.substr(0, name.size() - 3));
+      if (base == by_name_.end() || base->second.info->dtype != DType::kU8 ||
+          base->second.shard != loc.shard) {
+        auto [file, off] = where(loc);
+        Add(ErrorCode::kCorrupt, file, name, off, "scale sidecar without its U8 tensor in the same shard");
+      }
+    }
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (!shards_[s]) continue;
+    std::optional<ExpertKey> prev;
+    uint64_t prev_end = 0;
+    bool in_experts = false;
+    for (const auto& t : shards_[s]->tensors()) {
+      auto key = ParseExpertName(t.name);
+      if (!key) {
+        if (in_experts) {
+          Add(ErrorCode::kCorrupt, Path(shard_names_[s]), t.name,
+              static_cast<int64_t>(shards_[s]->AbsoluteOffset(t)),
+              "non-expert tensor after the experts (the container puts experts last)");
+        }
+        continue;
+      }
+      if (in_experts && (!(*prev < *key) || t.begin != prev_end)) {
+        Add(ErrorCode::kCorrupt, Path(shard_names_[s]), t.name,
+            static_cast<int64_t>(shards_[s]->AbsoluteOffset(t)),
+            "expert tensors are not in (id, w1<w2<w3, packed<scale) order");
+      }
+      in_experts = true;
+      prev = key;
+      prev_end = t.end;
+    }
+  }
+}
+
+std::string Verifier::StreamShard(size_t s) {
+  const SafetensorsFile& f = *shards_[s];
+  const std::string path = f.path();
+  const uint64_t block = opt_.block_bytes;
+  Xxh128 h;
+  std::vector<std::byte> buf(block), src_buf;
+  std::vector<std::byte> expect_q;
+  std::vector<float> scratch;
+  // Re-derived scales of quantized tensors, waiting for their .qs entry.
+  std::unordered_map<std::string, std::vector<float>> pending_scales;
+  auto read = [&](uint64_t off, size_t n) {
+    if (buf.size() < n) buf.resize(n);
+    PreadFull(f.fd(), std::span(buf.data(), n), off, path);
+    h.Update(std::span(buf.data(), n));
+    std::lock_guard<std::mutex> lock(mu_);
+    report_.bytes_hashed += n;
+  };
+  uint64_t src_read = 0, expert_cmp = 0;
+  size_t rederived = 0, passthrough = 0;
+  read(0, f.header().data_offset());
+  for (const TensorInfo& t : f.tensors()) {
+    const uint64_t at = f.AbsoluteOffset(t);
+    std::optional<TensorRef> src;
+    if (source_) src = source_->FindExact(t.name);
+    const TensorInfo* qs = t.dtype == DType::kU8 ? f.Find(t.name + ".qs") : nullptr;
+    const bool sidecar = t.name.ends_with(".qs") && pending_scales.count(t.name);
+    // Quantized payload with a float source matrix: re-derive row block by row block.
+    if (source_ && qs && src && IsFloatReadable(src->info->dtype) && src->info->shape.size() == 2) {
+      const uint64_t rows = static_cast<uint64_t>(src->info->shape[0]);
+      const uint64_t cols = static_cast<uint64_t>(src->info->shape[1]);
+      QuantShape qshape;
+      qshape.int4 = t.nbytes() == rows * cols / 2 && cols % 64 == 0 && cols != 0;
+      if (t.nbytes() != rows * qshape.q_row_bytes(cols) ||
+          qs->numel() != rows * qshape.scales_per_row(cols)) {
+        Add(ErrorCode::kCorrupt, path, t.name, static_cast<int64_t>(at),
+            "byte counts do not fit the source matrix " + ShapeStr(src->info->shape));
+        for (uint64_t off = 0; off < t.nbytes(); off += block) read(at + off, std::min(block, t.nbytes() - off));
+        continue;
+      }
+      const uint64_t src_row = cols * DTypeSize(src->info->dtype);
+      const uint64_t q_row = qshape.q_row_bytes(cols);
+      const uint64_t rows_per = std::max<uint64_t>(1, block / std::max(src_row, q_row));
+      std::vector<float> scales(rows * qshape.scales_per_row(cols));
+      uint64_t bad = 0, first_bad = 0;
+      for (uint64_t r = 0; r < rows; r += rows_per) {
+        const uint64_t n = std::min(rows_per, rows - r);
+        read(at + r * q_row, n * q_row);
+        src_buf.resize(n * src_row);
+        PreadFull(src->file->fd(), src_buf, src->offset + r * src_row, src->file->path());
+        src_read += n * src_row;
+        expect_q.resize(n * q_row);
+        scratch.resize(n * cols);
+        QuantizeBlock(src->info->dtype, src_buf.data(), n, cols, qshape, expect_q.data(),
+                      scales.data() + r * qshape.scales_per_row(cols), scratch.data(), 1);
+        if (std::memcmp(expect_q.data(), buf.data(), n * q_row) != 0) {
+          for (uint64_t k = 0; k < n * q_row; ++k) {
+            if (expect_q[k] != buf[k]) {
+              if (bad++ == 0) first_bad = at + r * q_row + k;
+            }
+          }
+        }
+      }
+      if (bad) {
+        Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
+            std::to_string(bad) + " quantized byte(s) differ from the source re-quantized (§6.2); first shown");
+      }
+      pending_scales[t.name + ".qs"] = std::move(scales);
+      ++rederived;
+      continue;
+    }
+    if (sidecar) {
+      std::vector<float> want = std::move(pending_scales[t.name]);
+      pending_scales.erase(t.name);
+      auto want_bytes = std::as_bytes(std::span(want));
+      uint64_t bad = 0, first_bad = 0;
+      for (uint64_t off = 0; off < t.nbytes(); off += block) {
+        const size_t n = static_cast<size_t>(std::min(block, t.nbytes() - off));
+        read(at + off, n);
+        if (want_bytes.size() == t.nbytes() &&
+            std::memcmp(want_bytes.data() + off, buf.data(), n) != 0) {
+          for (size_t k = 0; k < n; ++k) {
+            if (want_bytes[off + k] != buf[k] && bad++ == 0) first_bad = at + off + k;
+          }
+        }
+      }
+      if (bad) {
+        Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
+            std::to_string(bad) + " scale byte(s) differ from the source re-quantized; first shown");
+      }
+      continue;
+    }
+    // Everything else is copied: compare with the source bytes when there are any.
+    const bool compare = source_ && !t.name.ends_with(".qs");
+    if (compare && !src) {
+      Add(ErrorCode::kNotFound, path, t.name, static_cast<int64_t>(at), "not in the source snapshot");
+    }
+    if (compare && src && src->info->nbytes() != t.nbytes()) {
+      Add(ErrorCode::kCorrupt, path, t.name, static_cast<int64_t>(at),
+          "size " + std::to_string(t.nbytes()) + " but the source tensor has " +
+              std::to_string(src->info->nbytes()) + " bytes");
+    }
+    const bool cmp_bytes = compare && src && src->info->nbytes() == t.nbytes();
+    const bool expert = ParseExpertName(t.name).has_value() ||
+                        t.name.find(".block_sparse_moe.experts.") != std::string::npos;
+    uint64_t bad = 0, first_bad = 0;
+    for (uint64_t off = 0; off < t.nbytes(); off += block) {
+      const size_t n = static_cast<size_t>(std::min(block, t.nbytes() - off));
+      read(at + off, n);
+      if (!cmp_bytes) continue;
+      src_buf.resize(n);
+      PreadFull(src->file->fd(), src_buf, src->offset + off, src->file->path());
+      src_read += n;
+      if (std::memcmp(src_buf.data(), buf.data(), n) != 0) {
+        for (size_t k = 0; k < n; ++k) {
+          if (src_buf[k] != buf[k] && bad++ == 0) first_bad = at + off + k;
+        }
+      }
+    }
+    if (cmp_bytes) {
+      if (expert) expert_cmp += t.nbytes();
+      else ++passthrough;
+    }
+    if (bad) {
+      Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
+          std::to_string(bad) + " byte(s) differ from the source (" + src->file->path() +
+              "); first shown");
+    }
+  }
+  for (const auto& [name, v] : pending_scales) {
+    Add(ErrorCode::kNotFound, path, name, -1, "scale sidecar not found after its tensor");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  report_.source_bytes_read += src_read;
+  report_.expert_bytes_compared += expert_cmp;
+  report_.quantized_tensors_rederived += rederived;
+  report_.passthrough_tensors_compared += passthrough;
+  return h.HexDigest();
+}
+
+void Verifier::CheckChecksums() {
+  const std::string mpath = Path(std::string(kChecksumsName));
+  ChecksumManifest manifest;
+  bool have_manifest = PathExists(mpath);
+  if (!have_manifest) {
+    Add(ErrorCode::kNotFound, mpath, {}, -1, "checksum manifest missing");
+  } else {
+    try {
+      manifest = ReadChecksumManifest(mpath);
+    } catch (const Error& e) {
+      Add(e.code(), mpath, e.object(), e.offset(), e.detail());
+      have_manifest = false;
+    }
+  }
+  // Files that must be listed.
+  std::vector<std::string> files = shard_names_;
+  for (auto n : {kIndexName, kFingerprintName}) files.emplace_back(n);
+  for (auto n : kMetadataFiles) {
+    if (PathExists(Path(std::string(n)))) files.emplace_back(n);
+  }
+  std::set<std::string> listed;
+  for (const auto& [name, hex] : manifest) listed.insert(name);
+  for (const auto& f : files) {
+    if (have_manifest && !listed.count(f) && PathExists(Path(f))) {
+      Add(ErrorCode::kNotFound, mpath, f, -1, "file is not in the checksum manifest");
+    }
+  }
+  for (const auto& [name, hex] : manifest) {
+    if (!PathExists(Path(name))) {
+      Add(ErrorCode::kNotFound, Path(name), {}, -1, "listed in " + std::string(kChecksumsName) + " but missing");
+    }
+  }
+  // Hash (and, with a source, compare) every file; shards in parallel.
+  std::vector<std::string> to_hash;
+  for (const auto& f : files) {
+    if (PathExists(Path(f))) to_hash.push_back(f);
+  }
+  std::vector<std::string> digests(to_hash.size());
+  std::map<std::string, size_t> shard_pos;
+  for (size_t s = 0; s < shard_names_.size(); ++s) shard_pos[shard_names_[s]] = s;
+  const int threads = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t k = 0; k < static_cast<int64_t>(to_hash.size()); ++k) {
+    const std::string& name = to_hash[static_cast<size_t>(k)];
+    try {
+      auto sp = shard_pos.find(name);
+      if (sp != shard_pos.end() && shards_[sp->second]) {
+        digests[static_cast<size_t>(k)] = StreamShard(sp->second);
+      } else {
+        digests[static_cast<size_t>(k)] = HashFileXxh128(Path(name));
+        std::lock_guard<std::mutex> lock(mu_);
+        report_.bytes_hashed += FileSizeOrThrow(Path(name));
+      }
+    } catch (const Error& e) {
+      Add(e.code(), e.path().empty() ? Path(name) : e.path(), e.object(), e.offset(), e.detail());
+    }
+  }
+  report_.files_hashed = to_hash.size();
+  for (size_t k = 0; k < to_hash.size(); ++k) {
+    auto it = manifest.find(to_hash[k]);
+    if (it == manifest.end() || digests[k].empty()) continue;
+    if (it->second != digests[k]) {
+      Add(ErrorCode::kChecksumMismatch, Path(to_hash[k]), {}, -1,
+          "XXH3-128 is " + digests[k] + " but " + std::string(kChecksumsName) + " says " + it->second);
+    }
+  }
+}
+
+VerifyReport Verifier::Run() {
+  const double t0 = NowSeconds();
+  if (!IsDirectory(opt_.dst)) throw Error(ErrorCode::kNotFound, "not a directory", opt_.dst);
+  if (opt_.full) {
+    if (opt_.source.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "--full needs --source SRC (the HF snapshot)");
+    }
+    source_.emplace(Snapshot::OpenOrThrow(opt_.source));
+  }
+  const std::string fp_path = Path(std::string(kFingerprintName));
+  if (!PathExists(fp_path)) {
+    Add(ErrorCode::kNotFound, fp_path, {}, -1, "fingerprint missing (not written by k3-repack?)");
+  } else {
+    try {
+      fingerprint_ = Fingerprint::ParseOrThrow(ReadFileOrThrow(fp_path, 64u << 20), fp_path);
+    } catch (const Error& e) {
+      Add(e.code(), fp_path, {}, -1, e.detail());
+    }
+  }
+
+  shard_names_ = ListShardFiles(opt_.dst);
+  shards_.resize(shard_names_.size());
+  report_.shards = shard_names_.size();
+  if (shard_names_.empty()) Add(ErrorCode::kNotFound, opt_.dst, {}, -1, "no model-*-of-*.safetensors shards");
+  int64_t of_total = -1;
+  for (size_t s = 0; s < shard_names_.size(); ++s) {
+    auto sn = ParseShardName(shard_names_[s]);
+    if (of_total < 0) of_total = sn->total;
+    if (sn->total != of_total) {
+      Add(ErrorCode::kCorrupt, Path(shard_names_[s]), {}, -1,
+          "'-of-" + std::to_string(sn->total) + "' differs from the other shards' " + std::to_string(of_total));
+    }
+    try {
+      shards_[s].emplace(SafetensorsFile::OpenOrThrow(Path(shard_names_[s])));
+    } catch (const Error& e) {
+      Add(e.code(), Path(shard_names_[s]), e.object(), e.offset(), e.detail());
+      continue;
+    }
+    for (const auto& t : shards_[s]->tensors()) {
+      ++report_.tensors;
+      auto [it, inserted] = by_name_.emplace(t.name, Located{s, &t});
+      if (!inserted) {
+        Add(ErrorCode::kCorrupt, Path(shard_names_[s]), t.name,
+            static_cast<int64_t>(shards_[s]->AbsoluteOffset(t)),
+            "tensor also in " + shard_names_[it->second.shard]);
+      }
+    }
+  }
+  const int64_t want_shards = fingerprint_ ? fingerprint_->output_shards : of_total;
+  if (want_shards > 0 && static_cast<int64_t>(shard_names_.size()) != want_shards) {
+    Add(ErrorCode::kNotFound, opt_.dst, {}, -1,
+        "container incomplete: " + std::to_string(shard_names_.size()) + " of " +
+            std::to_string(want_shards) + " shards present");
+  }
+  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight") ||
+      by_name_.count("language_model.model.embed_tokens.weight")) {
+    prefix_ = "language_model.";
+  }
+  CheckIndex();
+  CheckModel();
+  CheckChecksums();
+  std::stable_sort(report_.problems.begin(), report_.problems.end(),
+                   [](const Problem& a, const Problem& b) {
+                     return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+                   });
+  report_.seconds = NowSeconds() - t0;
+  return std::move(report_);
+}
+
+}  // namespace
+
+VerifyReport VerifyContainer(const VerifyOptions& options) {
+  Verifier v(options);
+  return v.Run();
+}
+
+}  // namespace k3::repack
