@@ -307,8 +307,10 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
 
   // Causal depthwise conv + SiLU, channel by channel (channels are independent;
   // tokens advance each channel's window in order).
+  // Threads only pay off with enough work; tiny layers run serially.
+  const bool conv_par = P * C * K >= (1u << 16);
   auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (conv_par)
     for (size_t d = 0; d < P; ++d) {
       float* wd = win.data() + d * K;
       const float* td = taps.data() + d * K;
@@ -328,7 +330,8 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   std::vector<float> o(C * P);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Heads are independent: each owns its state and advances token by token.
-#pragma omp parallel for schedule(static)
+  const bool head_par = H > 1 && H * hd * hd * C >= (1u << 16);
+#pragma omp parallel for schedule(static) if (head_par)
   for (size_t hh = 0; hh < H; ++hh) {
     std::vector<float> qn(hd), kn(hd), alpha(hd), ks(hd), vt(hd), oh(hd);
     float* S = st.s.data() + hh * hd * hd;
@@ -416,7 +419,9 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::vector<float> ctx(C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
-#pragma omp parallel for schedule(static)
+  const bool head_par =
+      H > 1 && H * C * (nope * kvl + (static_cast<size_t>(pos0) + C) * (kvl + rope)) >= (1u << 16);
+#pragma omp parallel for schedule(static) if (head_par)
   for (size_t hh = 0; hh < H; ++hh) {
     std::vector<float> qabs(kvl), clat(kvl), score;
     for (size_t t = 0; t < C; ++t) {
