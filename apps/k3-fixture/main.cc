@@ -1,0 +1,142 @@
+// k3-fixture: writes K3-shaped HF snapshots of any size (tiny / small / real-layer)
+// and checks any snapshot against its config and the release layout.
+#include <cinttypes>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "k3/container/snapshot.h"
+#include "k3/core/error.h"
+#include "k3/core/sys.h"
+#include "k3/fixture/check.h"
+#include "k3/fixture/spec.h"
+#include "k3/fixture/writer.h"
+#include "k3/model/config.h"
+
+namespace {
+
+// The checker's view of a parsed config.json.
+k3::fixture::ModelDims DimsFromConfig(const k3::ModelConfig& c) {
+  k3::fixture::ModelDims d;
+  d.hidden = c.hidden_size;
+  d.num_layers = c.num_hidden_layers;
+  d.vocab = c.vocab_size;
+  d.first_k_dense = c.first_k_dense_replace;
+  d.dense_intermediate = c.intermediate_size;
+  d.kda_heads = c.kda_num_heads;
+  d.kda_head_dim = c.kda_head_dim;
+  d.conv_kernel = c.kda_conv_kernel;
+  d.mla_heads = c.num_attention_heads;
+  d.q_lora = c.q_lora_rank;
+  d.kv_lora = c.kv_lora_rank;
+  d.qk_nope = c.qk_nope_head_dim;
+  d.qk_rope = c.qk_rope_head_dim;
+  d.v_head = c.v_head_dim;
+  d.experts = c.num_experts;
+  d.top_k = c.num_experts_per_token;
+  d.moe_intermediate = c.moe_intermediate_size;
+  d.latent = c.routed_expert_hidden_size;
+  d.shared_experts = c.num_shared_experts;
+  d.attn_res_block = c.attn_res_block_size;
+  d.is_kda = c.is_kda;
+  return d;
+}
+
+int RunCheck(const std::string& dir) {
+  k3::Snapshot snapshot = k3::Snapshot::OpenOrThrow(dir);
+  k3::ModelConfig config =
+      k3::ModelConfig::ParseOrThrow(snapshot.config_json(), dir + "/config.json");
+  k3::fixture::CheckReport r = k3::fixture::CheckSnapshot(snapshot, DimsFromConfig(config),
+                                                          config.bos_token_id, config.eos_token_ids);
+  std::printf("snapshot   %s\n", dir.c_str());
+  std::printf("prefix     '%s'\n", snapshot.prefix().c_str());
+  std::printf("shards     %zu, tensors %zu (text %zu, vision %zu), %s of tensor data\n",
+              r.num_shards, r.num_tensors, r.num_text_tensors, r.num_vision_tensors,
+              k3::FormatBytes(r.tensor_bytes).c_str());
+  std::printf("layers     %" PRId64 " (KDA %" PRId64 ", MLA %" PRId64 ", MoE %" PRId64
+              "), hidden %" PRId64 ", vocab %" PRId64 "\n",
+              config.num_hidden_layers, r.kda_layers, r.mla_layers, r.moe_layers,
+              config.hidden_size, config.vocab_size);
+  std::printf("experts    %" PRId64 " per MoE layer, %s, %s\n", r.experts_per_layer,
+              k3::FormatBytes(r.expert_bytes).c_str(),
+              r.experts_id_ordered ? "id-ordered on disk" : "shuffled on disk (release order)");
+  if (r.tokenizer_ranks >= 0) {
+    std::printf("tokenizer  %" PRId64 " ranks + 256 specials\n", r.tokenizer_ranks);
+  }
+  for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
+  for (const auto& p : r.problems) std::printf("PROBLEM: %s\n", p.c_str());
+  if (!r.ok()) {
+    std::printf("result     INVALID (%zu problems)\n", r.problems.size());
+    return k3::ExitCodeFor(k3::ErrorCode::kCorrupt);
+  }
+  std::printf("result     OK\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"k3-fixture: K3-shaped HF snapshots for tests and benchmarks"};
+  std::string preset_name, out_dir, check_dir;
+  uint64_t seed = 0;
+  int64_t experts = 0, layers = 0;
+  int threads = 0;
+  bool force = false, quiet = false;
+  app.add_option("--preset", preset_name, "tiny | small | real-layer");
+  app.add_option("--out", out_dir, "output directory (created)");
+  app.add_option("--seed", seed, "weights and expert order (default 0)");
+  app.add_option("--experts", experts, "routed experts per MoE layer (default: preset's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--layers", layers, "number of layers (default: preset's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{128}));
+  app.add_option("--threads", threads, "generator threads (default min(4, CPUs))")
+      ->check(CLI::Range(0, 256));
+  app.add_flag("--force", force, "replace the snapshot in a non-empty --out");
+  app.add_flag("-q,--quiet", quiet, "no progress lines");
+  CLI::App* check = app.add_subcommand("check", "validate a snapshot; non-zero exit on problems");
+  check->add_option("dir", check_dir, "snapshot directory")->required();
+  CLI::App* list = app.add_subcommand("presets", "list the presets");
+  app.require_subcommand(0, 1);
+
+  try {
+    app.parse(argc, argv);
+    if (check->parsed()) return RunCheck(check_dir);
+    if (list->parsed()) {
+      for (const auto& n : k3::fixture::PresetNames()) {
+        std::printf("%-11s %s\n", n.c_str(), k3::fixture::PresetOrThrow(n).description.c_str());
+      }
+      return 0;
+    }
+    if (preset_name.empty() || out_dir.empty()) {
+      throw CLI::RequiredError("--preset and --out (or a subcommand)");
+    }
+    k3::fixture::Preset preset = k3::fixture::PresetOrThrow(preset_name);
+    k3::fixture::OverrideDims(preset, layers, experts);
+    k3::fixture::WriteOptions opt;
+    opt.seed = seed;
+    opt.threads = threads;
+    opt.force = force;
+    if (!quiet) {
+      opt.progress = [](size_t i, size_t n, uint64_t bytes) {
+        std::fprintf(stderr, "k3-fixture: shard %zu/%zu written (%s so far)\n", i + 1, n,
+                     k3::FormatBytes(bytes).c_str());
+      };
+    }
+    k3::fixture::WriteStats st = k3::fixture::WriteFixtureOrThrow(preset, out_dir, opt);
+    std::printf("k3-fixture: %s preset -> %s: %zu shards, %zu tensors, %s in %.2f s (%.0f MB/s)\n",
+                preset.name.c_str(), out_dir.c_str(), st.num_shards, st.num_tensors,
+                k3::FormatBytes(st.file_bytes).c_str(), st.seconds,
+                st.seconds > 0 ? st.file_bytes / st.seconds / 1e6 : 0.0);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const k3::Error& e) {
+    std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
+    return k3::ExitCodeFor(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
