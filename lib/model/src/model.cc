@@ -24,12 +24,46 @@ constexpr float kLoraNormEps = 1e-6f;
 constexpr float kL2NormEps = 1e-6f;
 constexpr int kMaxChunk = 512;
 
+// K3_TOPP (§5.5 step 4) on one token's K renormalised weights w[base..base+K):
+// a stable weight-descending order, the shortest prefix whose running mass
+// reaches p is kept and renormalised; the tail gets weight 0 and keep = 0, so
+// experts only the tail selected are never loaded.
+void DropRoutingTail(size_t base, size_t K, std::vector<float>& w, float p,
+                     std::vector<char>& keep) {
+  std::vector<size_t> order(K);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return w[base + a] > w[base + b]; });
+  size_t kept = K;
+  float run = 0.0f;
+  for (size_t i = 0; i < K; ++i) {
+    run += w[base + order[i]];
+    if (run >= p) {
+      kept = i + 1;
+      break;
+    }
+  }
+  if (kept == K) return;
+  float sum = 0.0f;
+  for (size_t i = 0; i < kept; ++i) sum += w[base + order[i]];
+  for (size_t i = 0; i < K; ++i) {
+    const size_t kk = order[i];
+    if (i < kept) {
+      w[base + kk] /= (sum + 1e-20f);
+    } else {
+      w[base + kk] = 0.0f;
+      keep[base + kk] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 RunOptions RunOptions::FromEnv() {
   RunOptions o;
   o.idot = GetEnvBool("K3_IDOT", true);
   o.chunk = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_CHUNK", 32), 1, kMaxChunk));
+  o.topp = static_cast<float>(GetEnvDouble("K3_TOPP", 0.0));
   return o;
 }
 
@@ -488,6 +522,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::vector<float> sel_w(C * K);
   std::vector<float> s(E);
   std::vector<char> taken(E);
+  std::vector<char> keep(C * K, 1);  // 0: dropped by K3_TOPP
   for (size_t t = 0; t < C; ++t) {
     for (size_t e = 0; e < E; ++e) s[e] = quant::Sigmoid(logits[t * E + e]);
     std::fill(taken.begin(), taken.end(), 0);
@@ -518,6 +553,9 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       sum += s[static_cast<size_t>(best)];
     }
     for (size_t kk = 0; kk < K; ++kk) sel_w[t * K + kk] /= (sum + 1e-20f);
+    if (options_.topp > 0.0f && options_.topp < 1.0f) {
+      DropRoutingTail(t * K, K, sel_w, options_.topp, keep);
+    }
     if (record_routing_) {
       RoutingRecord r;
       r.layer = layer;
@@ -535,7 +573,9 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::vector<float> zlat(C * LT);
   Linear(w.latent_down, x, C, zlat.data(), idot, &impl_->acts);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert
-  for (size_t i = 0; i < C * K; ++i) users[static_cast<size_t>(sel[i])].push_back(static_cast<uint32_t>(i));
+  for (size_t i = 0; i < C * K; ++i) {
+    if (keep[i]) users[static_cast<size_t>(sel[i])].push_back(static_cast<uint32_t>(i));
+  }
   std::vector<int32_t> uni;
   for (size_t e = 0; e < E; ++e) {
     if (!users[e].empty()) uni.push_back(static_cast<int32_t>(e));
@@ -607,6 +647,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     float* lt = lat.data() + t * LT;
     std::fill(lt, lt + LT, 0.0f);
     for (size_t kk : order) {
+      if (!keep[t * K + kk]) continue;
       const float wk = sel_w[t * K + kk];
       const float* ce = contrib.data() + (t * K + kk) * LT;
       for (size_t i = 0; i < LT; ++i) lt[i] += wk * ce[i];

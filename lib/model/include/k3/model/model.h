@@ -25,12 +25,16 @@
 
 namespace k3::model {
 
-// Inference choices. FromEnv() reads K3_IDOT and K3_CHUNK.
+// Inference choices. FromEnv() reads K3_IDOT, K3_CHUNK and K3_TOPP.
 struct RunOptions {
   // Quantized matmuls take int8 activations (quant::MatMulQ8). False: every
   // matmul takes f32 activations (the configuration of the oracle goldens).
   bool idot = true;
   int chunk = 32;  // prefill chunk, clamped to [1, 512]
+  // K3_TOPP (spec §5.5 step 4): in (0, 1) keeps the shortest weight-descending
+  // prefix of a token's top-k whose mass reaches topp, renormalised; fewer
+  // experts means less I/O and compute. 0 or >= 1: off (the default).
+  float topp = 0.0f;
 
   static RunOptions FromEnv();
 };
