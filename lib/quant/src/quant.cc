@@ -188,18 +188,30 @@ namespace {
 
 // Below this many multiply-adds a parallel region costs more than it saves.
 constexpr size_t kMinParallelMacs = size_t{1} << 16;
-// Rows per scheduling unit: small enough to balance 2..64 threads on the
-// smallest K3 matrices, large enough to amortise the call.
-constexpr size_t kRowBlock = 16;
+// Thread ranges start on multiples of this, so neighbours never share a cache
+// line of y for batch 1 (16 floats) and SIMD kernels see aligned row groups.
+constexpr size_t kRowAlign = 16;
 
+// One contiguous row range per thread: the kernels amortise per-call set-up (x
+// re-layout, scale tables) over the whole range, and the hardware prefetcher
+// sees one sequential stream per core. Which rows a thread gets never changes
+// a result (each element is computed independently).
 template <typename Fn>
-void ForRowBlocks(size_t rows, size_t macs, Fn&& fn) noexcept {
-  const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  const bool parallel = macs >= kMinParallelMacs && blocks > 1 && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (size_t blk = 0; blk < blocks; ++blk) {
-    const size_t r0 = blk * kRowBlock;
-    fn(r0, std::min(rows, r0 + kRowBlock));
+void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
+  const int max_threads = omp_get_max_threads();
+  const bool parallel = macs >= kMinParallelMacs && rows > kRowAlign && max_threads > 1;
+  if (!parallel) {
+    fn(size_t{0}, rows);
+    return;
+  }
+#pragma omp parallel num_threads(max_threads)
+  {
+    const size_t nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    const size_t units = (rows + kRowAlign - 1) / kRowAlign;
+    const size_t r0 = std::min(rows, units * t / nt * kRowAlign);
+    const size_t r1 = std::min(rows, units * (t + 1) / nt * kRowAlign);
+    if (r0 < r1) fn(r0, r1);
   }
 }
 
@@ -208,7 +220,7 @@ void ForRowBlocks(size_t rows, size_t macs, Fn&& fn) noexcept {
 void MatMul(const WeightView& w, const float* x, size_t batch, float* y) noexcept {
   if (w.rows == 0 || batch == 0) return;
   const internal::KernelTable& k = internal::ActiveKernels();
-  ForRowBlocks(w.rows, w.rows * w.cols * batch,
+  ForRowRanges(w.rows, w.rows * w.cols * batch,
                [&](size_t r0, size_t r1) { k.matmul(w, x, batch, y, r0, r1); });
 }
 
@@ -217,7 +229,7 @@ void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
   K3_CHECK(x.cols == w.cols && w.cols % kActGroup == 0);
   if (w.rows == 0 || x.batch == 0) return;
   const internal::KernelTable& k = internal::ActiveKernels();
-  ForRowBlocks(w.rows, w.rows * w.cols * x.batch,
+  ForRowRanges(w.rows, w.rows * w.cols * x.batch,
                [&](size_t r0, size_t r1) { k.matmul_q8(w, x, y, r0, r1); });
 }
 

@@ -1,0 +1,374 @@
+// `k3-bench kernels`: lib/quant matrix kernels against memory bandwidth measured
+// in the same run (decode) and OpenBLAS sgemm (batched prefill).
+//
+// Weight sets are cycled so that each timed repetition streams a working set far
+// larger than the caches (like one MoE layer visiting many experts); every
+// buffer is written before timing because the first touch of fresh pages in
+// these VMs is much slower than a read.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "k3/core/error.h"
+#include "k3/core/json_writer.h"
+#include "k3/core/sys.h"
+#include "k3/quant/isa.h"
+#include "k3/quant/quant.h"
+
+#ifdef K3_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace k3::bench {
+namespace {
+
+using quant::ActsQ8;
+using quant::Isa;
+using quant::WeightFormat;
+using quant::WeightView;
+
+struct Options {
+  bool json = false;
+  int reps = 7;
+  double ws_mib = 1024;        // decode working set per repetition
+  double batch_ws_mib = 96;    // batched working set (compute-bound; caches matter little)
+  std::string isas = "avx512,avx2";
+  std::vector<int> threads = {1, 2};
+  std::vector<int> batches = {1, 32};
+  std::string filter;
+  bool quick = false;
+  bool sgemm = true;
+};
+
+std::string GitSha() {
+  std::string cmd = std::string("git -C '") + K3_SOURCE_DIR + "' rev-parse --short=12 HEAD 2>/dev/null";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[64];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+std::string CpuName() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) return line.substr(pos + 2);
+    }
+  }
+  return "unknown";
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Plain streaming read: a sum over 64-bit words, split across `threads` like the
+// kernels split rows. Returns GB/s (1e9 bytes).
+double StreamReadGbps(const std::vector<uint64_t>& buf, int threads, int reps) {
+  std::vector<double> secs;
+  volatile uint64_t sink = 0;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double t0 = NowSeconds();
+    uint64_t total = 0;
+    const size_t n = buf.size();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t b = n * t / nt, e = n * (t + 1) / nt;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = b; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      total += s0 + s1 + s2 + s3;
+    }
+    sink = sink + total;
+    if (r > 0) secs.push_back(NowSeconds() - t0);  // the first pass only warms
+  }
+  return double(buf.size() * 8) / Median(secs) / 1e9;
+}
+
+// One matrix's storage, filled with realistic bytes (MXFP4 scale bytes 112..122
+// as real checkpoints hold).
+struct Matrix {
+  WeightFormat fmt;
+  size_t rows, cols;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<uint8_t> e8m0;
+  WeightView View() const {
+    WeightView w;
+    w.format = fmt;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = data.data();
+    w.scales = scales.empty() ? nullptr : scales.data();
+    w.e8m0 = e8m0.empty() ? nullptr : e8m0.data();
+    return w;
+  }
+  size_t Bytes() const { return data.size() + scales.size() * 4 + e8m0.size(); }
+};
+
+Matrix MakeMatrix(WeightFormat fmt, size_t rows, size_t cols, uint32_t seed) {
+  Matrix m{fmt, rows, cols, {}, {}, {}};
+  std::mt19937 rng(seed);
+  auto fill = [&](std::vector<uint8_t>& v, size_t n, int lo, int hi) {
+    v.resize(n);
+    std::uniform_int_distribution<int> d(lo, hi);
+    for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+  };
+  switch (fmt) {
+    case WeightFormat::kF32: {
+      m.data.resize(rows * cols * 4);
+      float* f = reinterpret_cast<float*>(m.data.data());
+      std::normal_distribution<float> nd(0, 0.02f);
+      for (size_t i = 0; i < rows * cols; ++i) f[i] = nd(rng);
+      break;
+    }
+    case WeightFormat::kInt8:
+      fill(m.data, rows * cols, 0, 255);
+      for (auto& b : m.data) b = b == 0x80 ? 0x81 : b;  // -128 never occurs
+      m.scales.assign(rows, 1e-3f);
+      break;
+    case WeightFormat::kInt4G64:
+      fill(m.data, rows * cols / 2, 0, 255);
+      m.scales.assign(rows * cols / 64, 1e-2f);
+      break;
+    case WeightFormat::kMxfp4:
+      fill(m.data, rows * cols / 2, 0, 255);
+      fill(m.e8m0, rows * cols / 32, 112, 122);
+      break;
+  }
+  return m;
+}
+
+struct Shape {
+  const char* name;
+  WeightFormat fmt;
+  size_t rows, cols;
+};
+
+const char* FmtName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kInt4G64: return "int4g64";
+    case WeightFormat::kMxfp4: return "mxfp4";
+  }
+  return "?";
+}
+
+struct Context {
+  std::string sha, cpu;
+  std::vector<double> mem_gbps;  // by thread count
+};
+
+void Emit(const Options& opt, const Context& ctx, const std::string& kernel, const Shape& s,
+          size_t batch, int threads, const char* isa, double secs_per_matrix, size_t bytes,
+          double mem_gbps, double sgemm_gmacs, int copies) {
+  const double gbps = double(bytes) / secs_per_matrix / 1e9;
+  const double gmacs = double(s.rows) * s.cols * batch / secs_per_matrix / 1e9;
+  JsonWriter j;
+  j.BeginObject()
+      .Field("bench", "kernels")
+      .Field("kernel", kernel)
+      .Field("shape", s.name)
+      .Field("rows", uint64_t(s.rows))
+      .Field("cols", uint64_t(s.cols))
+      .Field("batch", uint64_t(batch))
+      .Field("threads", int64_t(threads))
+      .Field("isa", isa)
+      .Field("weight_gbps", gbps)
+      .Field("mem_read_gbps", mem_gbps)
+      .Field("ratio", gbps / mem_gbps)
+      .Field("gmacs", gmacs)
+      .Field("ms_per_matrix", secs_per_matrix * 1e3)
+      .Field("copies", int64_t(copies))
+      .Field("reps", int64_t(opt.reps));
+  if (sgemm_gmacs > 0) j.Field("vs_sgemm", gmacs / sgemm_gmacs);
+  j.Field("git", ctx.sha).Field("cpu", ctx.cpu).EndObject();
+  if (opt.json) {
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("%-14s %-22s %6zux%-6zu b%-3zu t%d %-7s %7.2f GB/s  ratio %.2f  %7.1f GMAC/s",
+                kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, gbps / mem_gbps,
+                gmacs);
+    if (sgemm_gmacs > 0) std::printf("  vs sgemm %.2fx", gmacs / sgemm_gmacs);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+// Median seconds of one pass over all copies, per matrix.
+template <typename Fn>
+double TimePerMatrix(int reps, int copies, Fn&& run_copy) {
+  for (int c = 0; c < copies; ++c) run_copy(c);  // warm: page-ins, code, scratch
+  std::vector<double> secs;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = NowSeconds();
+    for (int c = 0; c < copies; ++c) run_copy(c);
+    secs.push_back((NowSeconds() - t0) / copies);
+  }
+  return Median(secs);
+}
+
+#ifdef K3_HAVE_OPENBLAS
+double SgemmGmacs(const Options& opt, const Shape& s, size_t batch, int threads,
+                  double* secs_out) {
+  Matrix w = MakeMatrix(WeightFormat::kF32, s.rows, s.cols, 99);
+  std::vector<float> x(batch * s.cols, 0.01f), y(batch * s.rows);
+  openblas_set_num_threads(threads);
+  const float* wf = reinterpret_cast<const float*>(w.data.data());
+  double secs = TimePerMatrix(opt.reps, 1, [&](int) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(batch), int(s.rows), int(s.cols), 1.0f,
+                x.data(), int(s.cols), wf, int(s.cols), 0.0f, y.data(), int(s.rows));
+  });
+  *secs_out = secs;
+  return double(s.rows) * s.cols * batch / secs / 1e9;
+}
+#endif
+
+void RunKernels(const Options& opt) {
+  Context ctx{GitSha(), CpuName(), {}};
+  std::vector<Isa> isas;
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (opt.isas.find(quant::IsaName(i)) != std::string::npos && quant::IsaSupported(i)) {
+      isas.push_back(i);
+    }
+  }
+  if (isas.empty()) throw Error(ErrorCode::kInvalidArgument, "no requested ISA runs on this CPU");
+  const Isa startup = quant::ActiveIsa();
+
+  // Bandwidth baseline: a 1 GiB (or --ws-mib) buffer written first.
+  const double ws_bytes = opt.ws_mib * 1048576.0;
+  {
+    std::vector<uint64_t> buf(size_t(ws_bytes / 8));
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+    int max_t = *std::max_element(opt.threads.begin(), opt.threads.end());
+    ctx.mem_gbps.assign(max_t + 1, 0.0);
+    for (int t : opt.threads) {
+      ctx.mem_gbps[t] = StreamReadGbps(buf, t, opt.reps);
+      JsonWriter j;
+      j.BeginObject()
+          .Field("bench", "kernels")
+          .Field("kernel", "mem_read")
+          .Field("threads", int64_t(t))
+          .Field("mem_read_gbps", ctx.mem_gbps[t])
+          .Field("bytes", uint64_t(buf.size() * 8))
+          .Field("git", ctx.sha)
+          .Field("cpu", ctx.cpu)
+          .EndObject();
+      if (opt.json) {
+        std::printf("%s\n", j.str().c_str());
+      } else {
+        std::printf("mem_read t%d: %.2f GB/s\n", t, ctx.mem_gbps[t]);
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  std::vector<Shape> shapes = {
+      {"expert_w13", WeightFormat::kMxfp4, 3072, 3584},
+      {"expert_w2", WeightFormat::kMxfp4, 3584, 3072},
+      {"kda_qkvg", WeightFormat::kInt4G64, 12288, 7168},
+      {"kda_o", WeightFormat::kInt4G64, 7168, 12288},
+      {"kda_qkvg", WeightFormat::kInt8, 12288, 7168},
+      {"kda_o", WeightFormat::kInt8, 7168, 12288},
+      // A 1/8 slice of the 163840-row head keeps the bench's memory use modest;
+      // per-row work is identical so GB/s carries over.
+      {"lm_head_slice", WeightFormat::kInt8, 20480, 7168},
+  };
+  if (opt.quick) {
+    for (auto& s : shapes) s.rows = std::max<size_t>(64, s.rows / 8);
+  }
+
+  for (const Shape& s : shapes) {
+    const std::string tag = std::string(FmtName(s.fmt)) + "/" + s.name;
+    if (!opt.filter.empty() && tag.find(opt.filter) == std::string::npos) continue;
+    Matrix proto = MakeMatrix(s.fmt, s.rows, s.cols, 1);
+    const size_t bytes = proto.Bytes();
+    for (size_t batch : opt.batches) {
+      const double set_bytes = (batch == 1 ? ws_bytes : opt.batch_ws_mib * 1048576.0);
+      const int copies = std::max(1, int(set_bytes / double(bytes) + 0.999));
+      // Copies are distinct allocations written here (not views of one buffer).
+      std::vector<Matrix> mats;
+      mats.reserve(copies);
+      for (int c = 0; c < copies; ++c) {
+        mats.push_back(proto);
+        for (size_t i = 0; i < mats.back().data.size(); i += 4096) mats.back().data[i] ^= uint8_t(c);
+      }
+      std::vector<float> x(batch * s.cols);
+      std::mt19937 rng(5);
+      std::normal_distribution<float> nd(0, 1);
+      for (auto& v : x) v = nd(rng);
+      std::vector<float> y(batch * s.rows);
+      ActsQ8 xq;
+      quant::QuantizeActs(x.data(), batch, s.cols, &xq);
+      for (int t : opt.threads) {
+        omp_set_num_threads(t);
+        double sgemm_gmacs = 0;
+#ifdef K3_HAVE_OPENBLAS
+        if (batch > 1 && opt.sgemm) {
+          double secs = 0;
+          sgemm_gmacs = SgemmGmacs(opt, s, batch, t, &secs);
+          Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", secs,
+               s.rows * s.cols * 4, ctx.mem_gbps[t], 0, 1);
+        }
+#endif
+        for (Isa isa : isas) {
+          quant::SetIsaForTesting(isa);
+          double secs = TimePerMatrix(opt.reps, copies, [&](int c) {
+            quant::MatMul(mats[c].View(), x.data(), batch, y.data());
+          });
+          Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt), s, batch, t,
+               quant::IsaName(isa), secs, bytes, ctx.mem_gbps[t], sgemm_gmacs, copies);
+          secs = TimePerMatrix(opt.reps, copies, [&](int c) {
+            quant::MatMulQ8(mats[c].View(), xq, y.data());
+          });
+          Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t,
+               quant::IsaName(isa), secs, bytes, ctx.mem_gbps[t], sgemm_gmacs, copies);
+        }
+      }
+    }
+  }
+  quant::SetIsaForTesting(startup);
+}
+
+void Setup(CLI::App& root) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = root.add_subcommand(
+      "kernels", "lib/quant kernels: weight GB/s vs streaming-read GB/s; batched vs OpenBLAS sgemm");
+  cmd->add_flag("--json", opt->json, "one JSON object per line");
+  cmd->add_option("--reps", opt->reps, "timed repetitions (median reported)")->check(CLI::Range(5, 1000));
+  cmd->add_option("--ws-mib", opt->ws_mib, "decode working set per repetition, MiB");
+  cmd->add_option("--batch-ws-mib", opt->batch_ws_mib, "batched working set per repetition, MiB");
+  cmd->add_option("--isa", opt->isas, "comma list of scalar,avx2,avx512 (unsupported ones skipped)");
+  cmd->add_option("--threads", opt->threads, "thread counts")->delimiter(',');
+  cmd->add_option("--batch", opt->batches, "batch sizes")->delimiter(',');
+  cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");
+  cmd->add_flag("--quick", opt->quick, "1/8 of the rows (smoke test)");
+  cmd->add_flag("!--no-sgemm", opt->sgemm, "skip the OpenBLAS baseline");
+  cmd->callback([opt] { RunKernels(*opt); });
+}
+
+K3_REGISTER_BENCH(Setup);
+
+}  // namespace
+}  // namespace k3::bench
