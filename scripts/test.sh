@@ -10,3 +10,6 @@ cd "$BUILD_DIR"
 ctest --output-on-failure -j2
 echo "== unit suite with K3_FORCE_ISA=scalar"
 K3_FORCE_ISA=scalar ctest --output-on-failure -j2 -L unit
+echo "== fuzzing the untrusted-input parsers (clang, ASan/UBSan, ${K3_FUZZ_SECONDS:-30}s per target)"
+cd "$OLDPWD"
+scripts/fuzz.sh
