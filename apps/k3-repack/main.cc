@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
   app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
+  bool no_space_check = false;
+  app.add_flag("--no-space-check", no_space_check,
+               "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
   CLI11_PARSE(app, argc, argv);
 
   const bool tty = ::isatty(2);
@@ -152,6 +155,7 @@ int main(int argc, char** argv) {
     if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     opt.block_bytes = block_mib << 20;
+    opt.space_check = !no_space_check;
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
       if (json) PrintJson(e);
       else PrintHuman(e, tty);

@@ -713,7 +713,7 @@ RepackEvent Runner::Run() {
     if (PathExists(p)) need += FileSizeOrThrow(p);
   }
   totals_.free_bytes = FreeSpaceBytes(ExistingAncestor(opt_.dst)) + reclaimable;
-  if (need > totals_.free_bytes) {
+  if (opt_.space_check && need > totals_.free_bytes) {
     throw Error(ErrorCode::kNoSpace,
                 "the plan needs " + FormatBytes(need) + " but only " +
                     FormatBytes(totals_.free_bytes) + " is free: " +

@@ -27,6 +27,7 @@ struct RepackOptions {
   bool verify_full = false;     // re-read every expert byte of src and dst and compare
   int threads = 0;              // quantization threads; 0 = all online CPUs
   bool force = false;           // discard a DST made with other parameters / source
+  bool space_check = true;      // false: skip the free-space pre-flight (statvfs lies on some NAS)
   uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
 };
 

@@ -1,0 +1,560 @@
+// Integration tests of the real k3-repack / k3-verify binaries on the oracle
+// k3-tiny snapshot: the container bytes against an independent plain-loop §6.2
+// implementation, resume, crash safety (named crash points and random kill -9),
+// concurrent disjoint passes, disk full, corrupt sources, bounded memory.
+#include <doctest/doctest.h>
+#include <sys/mount.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "helpers.h"
+#include "k3/container/safetensors.h"
+#include "k3/container/snapshot.h"
+#include "k3/core/sys.h"
+
+using namespace k3test;
+
+namespace {
+
+// ---- An independent implementation of spec §6.2, written from the text only. ----
+float Bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void RefInt8(const std::vector<float>& x, size_t rows, size_t cols, std::vector<uint8_t>* q,
+             std::vector<float>* s) {
+  q->assign(rows * cols, 0);
+  s->assign(rows, 0);
+  for (size_t r = 0; r < rows; ++r) {
+    float am = 0;
+    for (size_t i = 0; i < cols; ++i) am = std::max(am, std::fabs(x[r * cols + i]));
+    float sc = am / 127.0f;
+    if (sc < 1e-20f) sc = 1e-20f;
+    float inv = 1.0f / sc;
+    for (size_t i = 0; i < cols; ++i) {
+      long v = std::lrintf(x[r * cols + i] * inv);  // default rounding: half to even
+      v = std::clamp(v, -127L, 127L);
+      (*q)[r * cols + i] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    }
+    (*s)[r] = sc;
+  }
+}
+
+void RefInt4(const std::vector<float>& x, size_t rows, size_t cols, std::vector<uint8_t>* q,
+             std::vector<float>* s) {
+  q->assign(rows * cols / 2, 0);
+  s->assign(rows * cols / 64, 0);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < cols / 64; ++g) {
+      const float* v = &x[r * cols + g * 64];
+      float am = 0;
+      for (int i = 0; i < 64; ++i) am = std::max(am, std::fabs(v[i]));
+      float sc = am / 7.0f;
+      if (sc < 1e-20f) sc = 1e-20f;
+      float inv = 1.0f / sc;
+      for (int j = 0; j < 32; ++j) {
+        long lo = std::clamp(std::lrintf(v[2 * j] * inv), -8L, 7L) + 8;
+        long hi = std::clamp(std::lrintf(v[2 * j + 1] * inv), -8L, 7L) + 8;
+        (*q)[r * cols / 2 + g * 32 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+      (*s)[r * (cols / 64) + g] = sc;
+    }
+  }
+}
+
+std::string Bytes(const k3::SafetensorsFile& f, const k3::TensorInfo& t) {
+  std::string b(t.nbytes(), '\0');
+  f.ReadOrThrow(t, std::as_writable_bytes(std::span(b.data(), b.size())));
+  return b;
+}
+
+bool IsExpert(const std::string& n) { return n.find(".block_sparse_moe.experts.") != std::string::npos; }
+
+// Checks a finished container made with `bits` from the tiny snapshot, byte for byte.
+void CheckContainer(const std::string& dst, int bits) {
+  k3::Snapshot src = k3::Snapshot::OpenOrThrow(TinySnapshot());
+  // Shards 1..9 of 9 (10 and 11 are vision-only and dropped).
+  std::vector<std::string> shards;
+  for (const auto& n : ListDir(dst)) {
+    if (n.starts_with("model-") && n.ends_with(".safetensors")) shards.push_back(n);
+  }
+  REQUIRE(shards.size() == 9);
+  for (int i = 1; i <= 9; ++i) CHECK(shards[i - 1] == "model-0000" + std::to_string(i) + "-of-000009.safetensors");
+  size_t quantized = 0, experts = 0, passthrough = 0;
+  uint64_t total = 0;
+  for (const auto& name : shards) {
+    k3::SafetensorsFile out = k3::SafetensorsFile::OpenOrThrow(dst + "/" + name);
+    CHECK(out.header().metadata().empty());
+    CHECK((8 + out.header().header_bytes()) % 8 == 0);
+    // Source shard with the same number; expected order.
+    const std::string src_name = "model-0000" + name.substr(10, 1) + "-of-000011.safetensors";
+    k3::SafetensorsFile in = k3::SafetensorsFile::OpenOrThrow(TinySnapshot() + "/" + src_name);
+    std::vector<std::string> want_order;
+    std::vector<std::pair<std::tuple<long, int, int>, std::string>> ex;
+    for (const auto& t : in.tensors()) {
+      if (IsExpert(t.name)) {
+        // "...experts.E.wM.weight_packed|scale"
+        size_t at = t.name.find(".experts.") + 9;
+        long e = std::stol(t.name.substr(at));
+        size_t w = t.name.find(".w", at);
+        int m = t.name[w + 2] - '0';
+        int sc = t.name.ends_with("weight_scale") ? 1 : 0;
+        ex.push_back({{e, m, sc}, t.name});
+        continue;
+      }
+      want_order.push_back(t.name);
+      if (out.Find(t.name + ".qs")) want_order.push_back(t.name + ".qs");
+    }
+    std::sort(ex.begin(), ex.end());
+    for (auto& e : ex) want_order.push_back(e.second);
+    std::vector<std::string> got_order;
+    for (const auto& t : out.tensors()) got_order.push_back(t.name);
+    CHECK(got_order == want_order);
+
+    for (const auto& t : out.tensors()) {
+      total += t.nbytes();
+      if (t.name.ends_with(".qs")) continue;
+      const k3::TensorInfo* s = in.Find(t.name);
+      REQUIRE(s != nullptr);
+      const k3::TensorInfo* qs = out.Find(t.name + ".qs");
+      if (!qs) {
+        CHECK_MESSAGE(Bytes(out, t) == Bytes(in, *s), t.name);
+        if (IsExpert(t.name)) ++experts;
+        else ++passthrough;
+        continue;
+      }
+      ++quantized;
+      REQUIRE(s->dtype == k3::DType::kBF16);
+      const size_t rows = s->shape[0], cols = s->shape[1];
+      std::string raw = Bytes(in, *s);
+      std::vector<float> x(rows * cols);
+      for (size_t i = 0; i < x.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        x[i] = Bf16(h);
+      }
+      std::vector<uint8_t> q;
+      std::vector<float> sc;
+      // lm_head is 'head', MLA projections 'mla': both default to max(bits, 8) = 8.
+      const bool mla_or_head = t.name.find("lm_head") != std::string::npos ||
+                               t.name.find("q_a_proj") != std::string::npos ||
+                               t.name.find("q_b_proj") != std::string::npos ||
+                               t.name.find("kv_a_proj") != std::string::npos ||
+                               t.name.find("kv_b_proj") != std::string::npos ||
+                               ((t.name.find("layers.3.self_attn.") != std::string::npos ||
+                                 t.name.find("layers.6.self_attn.") != std::string::npos ||
+                                 t.name.find("layers.7.self_attn.") != std::string::npos) &&
+                                (t.name.find("o_proj") != std::string::npos ||
+                                 t.name.find("g_proj") != std::string::npos));
+      const int b = mla_or_head ? 8 : bits;
+      if (b <= 4 && cols % 64 == 0) {
+        RefInt4(x, rows, cols, &q, &sc);
+        CHECK(t.shape == std::vector<int64_t>{int64_t(rows), int64_t(cols / 2)});
+      } else {
+        RefInt8(x, rows, cols, &q, &sc);
+        CHECK(t.shape == std::vector<int64_t>{int64_t(rows), int64_t(cols)});
+      }
+      CHECK(t.dtype == k3::DType::kU8);
+      CHECK(qs->dtype == k3::DType::kF32);
+      CHECK(qs->begin == t.end);  // sidecar right after its matrix
+      std::string want_q(reinterpret_cast<const char*>(q.data()), q.size());
+      std::string want_s(reinterpret_cast<const char*>(sc.data()), sc.size() * 4);
+      CHECK_MESSAGE(Bytes(out, t) == want_q, t.name);
+      CHECK_MESSAGE(Bytes(out, *qs) == want_s, t.name);
+    }
+  }
+  CHECK(quantized == 82);
+  CHECK(experts == 7 * 16 * 6);
+  CHECK(passthrough > 0);
+  // The index: every tensor, total_size = sum of tensor bytes.
+  std::string index = ReadAll(dst + "/model.safetensors.index.json");
+  CHECK(index.find("\"total_size\": " + std::to_string(total) + "\n") != std::string::npos);
+}
+
+// The reference: one uninterrupted run (made once per process).
+const std::string& ReferenceDir() {
+  static TempDir dir("k3ref");
+  static bool made = false;
+  if (!made) {
+    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), dir / "out"}) == 0);
+    made = true;
+  }
+  static std::string p = dir / "out";
+  return p;
+}
+
+std::vector<std::string> Lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string l;
+  while (std::getline(ss, l)) out.push_back(l);
+  return out;
+}
+
+// What may exist in DST at any moment: final names hold complete files only.
+void CheckNoPartial(const std::string& dst, const std::map<std::string, std::string>& ref) {
+  for (const auto& n : ListDir(dst)) {
+    if (n.find(".tmp.") != std::string::npos || n == ".k3-repack.lock") continue;
+    std::string c = ReadAll(dst + "/" + n);
+    auto it = ref.find(n);
+    REQUIRE_MESSAGE(it != ref.end(), ("unexpected file " + n));
+    if (n == "model.safetensors.index.json") {
+      // An index of the shards complete at its rebuild: entries a subset of the final one.
+      auto want = Lines(it->second);
+      std::set<std::string> wl;
+      for (auto l : want) {
+        if (!l.empty() && l.back() == ',') l.pop_back();
+        wl.insert(l);
+      }
+      CHECK_MESSAGE(c.ends_with("}\n}\n"), "index incomplete");
+      for (auto l : Lines(c)) {
+        if (l.find("\": \"model-") == std::string::npos) continue;
+        if (!l.empty() && l.back() == ',') l.pop_back();
+        CHECK_MESSAGE(wl.count(l), ("index line not in the final index: " + l));
+      }
+    } else if (n == "checksums.xxh128") {
+      auto want = Lines(it->second);
+      std::set<std::string> wl(want.begin(), want.end());
+      for (const auto& l : Lines(c)) {
+        if (l.ends_with("  model.safetensors.index.json")) continue;
+        CHECK_MESSAGE(wl.count(l), ("checksum line not in the final manifest: " + l));
+      }
+    } else {
+      CHECK_MESSAGE(c == it->second, ("final name holds different bytes: " + n));
+    }
+  }
+}
+
+std::string Copy(const std::string& from, const std::string& to) {
+  std::string cmd = "cp -r '" + from + "' '" + to + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::string chmod = "chmod -R u+w '" + to + "'";
+  REQUIRE(std::system(chmod.c_str()) == 0);
+  return to;
+}
+
+}  // namespace
+
+TEST_CASE("repack k3-tiny --bits 8: layout and bytes match an independent §6.2 implementation") {
+  const std::string& ref = ReferenceDir();
+  CheckContainer(ref, 8);
+  CHECK(Run({Bin("k3-verify"), ref}) == 0);
+  CHECK(Run({Bin("k3-verify"), ref, "--full", "--source", TinySnapshot()}) == 0);
+  if (Exists("/usr/bin/xxhsum")) {
+    std::string cmd = "cd '" + ref + "' && /usr/bin/xxhsum -H2 -c --quiet checksums.xxh128";
+    CHECK_MESSAGE(std::system(cmd.c_str()) == 0, "xxhsum -H2 -c failed");
+  }
+  auto t = ReadTree(ref);
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model"}) {
+    CHECK_MESSAGE(t[f] == ReadAll(TinySnapshot() + "/" + f), f);
+  }
+}
+
+TEST_CASE("repack k3-tiny --bits 4: int4-g64 where the row length allows, MLA and head stay int8") {
+  TempDir d;
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--bits", "4", "--threads", "2"}) == 0);
+  CheckContainer(d / "out", 4);
+  CHECK(Run({Bin("k3-verify"), d / "out", "--full", "--source", TinySnapshot()}) == 0);
+}
+
+TEST_CASE("same output whatever the block size and thread count") {
+  TempDir d;
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1"}) == 0);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
+}
+
+TEST_CASE("resume validates outputs; other parameters are refused; --force starts over") {
+  TempDir d;
+  const std::string out = d / "out";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+  // A shard cut short and one with a flipped header byte are redone; the rest kept.
+  REQUIRE(::truncate((out + "/model-00003-of-000009.safetensors").c_str(), 1000) == 0);
+  {
+    std::string p = out + "/model-00005-of-000009.safetensors";
+    std::string c = ReadAll(p);
+    c[20] = c[20] == 'x' ? 'y' : 'x';
+    std::ofstream(p, std::ios::binary) << c;
+  }
+  std::string log = d / "log";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json"}, {.log = log}) == 0);
+  std::string l = ReadAll(log);
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") != std::string::npos);
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00005-of-000009.safetensors\"") != std::string::npos);
+  CHECK(l.find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\"") != std::string::npos);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+  // Other parameters: refused (exit 7), nothing touched.
+  auto before = ReadTree(out);
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4"}, {.log = log}) == 7);
+  CHECK(ReadAll(log).find("--force") != std::string::npos);
+  CHECK(TreeDiff(before, ReadTree(out)) == "");
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4", "--force"}) == 0);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--force"}) == 0);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+}
+
+TEST_CASE("truncated or corrupt source: clear error, non-zero exit, DST untouched") {
+  TempDir d;
+  const std::string ref = ReferenceDir();
+  struct Case {
+    const char* what;
+    std::function<void(const std::string&)> damage;
+  };
+  const std::string shard = "/model-00004-of-000011.safetensors";
+  std::vector<Case> cases = {
+      {"truncated shard", [&](const std::string& s) { REQUIRE(::truncate((s + shard).c_str(), 300000) == 0); }},
+      {"shard missing", [&](const std::string& s) { REQUIRE(::unlink((s + shard).c_str()) == 0); }},
+      {"header not JSON",
+       [&](const std::string& s) {
+         std::string c = ReadAll(s + shard);
+         c[9] = '!';
+         std::ofstream(s + shard, std::ios::binary) << c;
+       }},
+      {"header length past the end",
+       [&](const std::string& s) {
+         std::string c = ReadAll(s + shard);
+         c[5] = '\x7f';
+         std::ofstream(s + shard, std::ios::binary) << c;
+       }},
+      {"trailing garbage", [&](const std::string& s) { std::ofstream(s + shard, std::ios::app) << "xx"; }},
+      {"index names a tensor the shard lacks",
+       [&](const std::string& s) {
+         std::string p = s + "/model.safetensors.index.json";
+         std::string c = ReadAll(p);
+         c.insert(c.find("\"weight_map\": {") + 15, "\"ghost\": \"model-00001-of-000011.safetensors\",");
+         std::ofstream(p, std::ios::binary) << c;
+       }},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    std::string src = Copy(TinySnapshot(), d / ("src" + std::to_string(i)));
+    c.damage(src);
+    // Into a fresh DST: it must not even be created.
+    std::string fresh = d / ("fresh" + std::to_string(i));
+    std::string log = d / ("log" + std::to_string(i));
+    int rc = Run({Bin("k3-repack"), src, fresh}, {.log = log});
+    CHECK(rc != 0);
+    CHECK(rc < 128);  // an error exit, not a crash
+    CHECK(!Exists(fresh));
+    CHECK(ReadAll(log).find("error: ") != std::string::npos);
+    // Into a complete container: left exactly as it was.
+    std::string full = Copy(ref, d / ("full" + std::to_string(i)));
+    auto before = ReadTree(full);
+    CHECK(Run({Bin("k3-repack"), src, full}) != 0);
+    CHECK(TreeDiff(before, ReadTree(full)) == "");
+    ++i;
+  }
+}
+
+TEST_CASE("named crash points: nothing partial under a final name; rerun is byte-identical") {
+  const auto ref = ReadTree(ReferenceDir());
+  // before/after-rename count every atomic publish (fingerprint, metadata, shards,
+  // manifest, index); the repack-* points sit inside the shard and index paths.
+  const std::vector<std::string> points = {
+      "before-rename:1", "before-rename:6", "after-rename:6", "before-rename:12",
+      "after-rename:9",  "repack-block-written:3", "repack-shard-written:4",
+      "repack-shard-committed:2", "repack-checksums-update:5", "repack-index-built:1",
+      "repack-index-written:1", "repack-checksums-update:10", "after-rename:24"};
+  for (const auto& p : points) {
+    CAPTURE(p);
+    TempDir d;
+    const std::string out = d / "out";
+    int rc = Run({Bin("k3-repack"), TinySnapshot(), out}, {.env = {"K3_CRASH_AT=" + p}});
+    CHECK(rc == 128 + SIGKILL);
+    CheckNoPartial(out, ref);
+    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+  }
+}
+
+TEST_CASE("kill -9 at random moments (12 trials, two kills each): rerun is byte-identical") {
+  const auto ref = ReadTree(ReferenceDir());
+  TempDir timing;
+  double t0 = k3::NowSeconds();
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), timing / "out"}) == 0);
+  const double full_s = k3::NowSeconds() - t0;
+  std::mt19937 rng(12345);
+  std::uniform_real_distribution<double> when(0.0, full_s * 1.1);
+  int killed = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    CAPTURE(trial);
+    TempDir d;
+    const std::string out = d / "out";
+    for (int k = 0; k < 2; ++k) {
+      pid_t pid = Spawn({Bin("k3-repack"), TinySnapshot(), out});
+      std::this_thread::sleep_for(std::chrono::duration<double>(when(rng)));
+      ::kill(pid, SIGKILL);
+      if (Wait(pid) == 128 + SIGKILL) ++killed;
+      CheckNoPartial(out, ref);
+    }
+    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+  }
+  MESSAGE("runs actually killed mid-way: " << killed << " of 24");
+  CHECK(killed >= 10);
+}
+
+TEST_CASE("four concurrent disjoint passes into one DST: complete, valid, identical") {
+  const auto ref = ReadTree(ReferenceDir());
+  for (int round = 0; round < 3; ++round) {
+    TempDir d;
+    const std::string out = d / "out";
+    std::vector<pid_t> pids;
+    if (round < 2) {
+      for (int w = 0; w < 4; ++w) {
+        pids.push_back(Spawn({Bin("k3-repack"), TinySnapshot(), out, "--worker",
+                              std::to_string(w) + "/4", "--threads", "1"}));
+      }
+    } else {
+      for (const char* s : {"1,5,9", "2,6", "3,7,10,11", "4,8"}) {
+        pids.push_back(Spawn({Bin("k3-repack"), TinySnapshot(), out, "--shards", s}));
+      }
+    }
+    for (pid_t p : pids) CHECK(Wait(p) == 0);
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+    CHECK(Run({Bin("k3-verify"), out}) == 0);
+  }
+}
+
+TEST_CASE("disk full: clean error, nothing partial published, rerun after freeing space completes") {
+  const auto ref = ReadTree(ReferenceDir());
+  TempDir d;
+  const std::string mnt = d / "mnt";
+  ::mkdir(mnt.c_str(), 0755);
+  const bool mounted = ::mount("k3test", mnt.c_str(), "tmpfs", 0, "size=1500k") == 0;
+  const std::string out = mnt + "/out";
+  const std::string log = d / "log";
+  if (mounted) {
+    // Pre-flight: refused with the amount missing, DST not created.
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}, {.log = log}) == 6);
+    CHECK(ReadAll(log).find("missing") != std::string::npos);
+    CHECK(!Exists(out));
+    // Past the pre-flight: ENOSPC in the middle of a shard.
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--no-space-check"}, {.log = log}) == 6);
+    CheckNoPartial(out, ref);
+    for (const auto& n : ListDir(out)) CHECK_MESSAGE(n.find(".tmp.") == std::string::npos, n);
+    REQUIRE(::mount("k3test", mnt.c_str(), "tmpfs", MS_REMOUNT, "size=20m") == 0);
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+    ::umount(mnt.c_str());
+  } else {
+    // No mount permission: RLIMIT_FSIZE makes writes past 200 kB fail (EFBIG).
+    MESSAGE("tmpfs mount not permitted; using RLIMIT_FSIZE instead");
+    SpawnOptions o;
+    o.log = log;
+    o.pre_exec = [] {
+      ::signal(SIGXFSZ, SIG_IGN);
+      struct rlimit rl = {250000, 250000};
+      ::setrlimit(RLIMIT_FSIZE, &rl);
+    };
+    int rc = Run({Bin("k3-repack"), TinySnapshot(), out}, o);
+    CHECK(rc != 0);
+    CHECK(rc < 128);
+    CheckNoPartial(out, ref);
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+  }
+}
+
+TEST_CASE("k3-verify reports every problem with file, tensor and offset") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  // Three independent faults.
+  std::string p2 = out + "/model-00002-of-000009.safetensors";
+  std::string c = ReadAll(p2);
+  size_t flip = c.size() - 100;  // inside the last expert
+  c[flip] = static_cast<char>(c[flip] ^ 0x10);
+  std::ofstream(p2, std::ios::binary) << c;
+  REQUIRE(::unlink((out + "/model-00007-of-000009.safetensors").c_str()) == 0);
+  std::ofstream(out + "/config.json", std::ios::app) << " ";
+  std::string log = d / "log";
+  int rc = Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot(), "--json"}, {.log = log});
+  CHECK(rc != 0);
+  std::string l = ReadAll(log);
+  CHECK(l.find("\"offset\":" + std::to_string(flip)) != std::string::npos);
+  CHECK(l.find("experts.") != std::string::npos);
+  CHECK(l.find("container incomplete: 8 of 9") != std::string::npos);
+  CHECK(l.find("config.json\",\"tensor\":\"\",\"offset\":-1,\"detail\":\"XXH3-128") != std::string::npos);
+  CHECK(l.find("\"ok\":false") != std::string::npos);
+  // Without a source the flipped expert byte is still caught by its checksum.
+  std::string log2 = d / "log2";
+  CHECK(Run({Bin("k3-verify"), out}, {.log = log2}) != 0);
+  std::string l2 = ReadAll(log2);
+  CHECK(l2.find("model-00002-of-000009.safetensors: XXH3-128 is") != std::string::npos);
+}
+
+TEST_CASE("memory bounded: a matrix larger than the address-space limit streams through [slow]") {
+  // One 1.2 GB BF16 lm_head plus a 300 MB expert, converted under RLIMIT_AS = 1 GiB:
+  // holding the matrix whole (or its f32 copy) would fail.
+  TempDir d("k3mem");
+  const std::string src = d / "src";
+  ::mkdir(src.c_str(), 0755);
+  REQUIRE(std::system(("cp '" + TinySnapshot() + "/config.json' '" + src + "/'").c_str()) == 0);
+  const int64_t rows = 36864, cols = 16384;
+  const int64_t ex_rows = 19200, ex_cols = 16384;  // ~315 MB U8
+  {
+    std::vector<k3::PlannedTensor> plan = {
+        {"language_model.model.norm.weight", k3::DType::kBF16, {128}},
+        {"language_model.lm_head.weight", k3::DType::kBF16, {rows, cols}},
+        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed", k3::DType::kU8,
+         {ex_rows, ex_cols}},
+    };
+    k3::SafetensorsWriter w(src + "/model-00001-of-000001.safetensors", plan);
+    std::vector<uint16_t> buf(1 << 20);
+    uint32_t state = 1;
+    auto next = [&] {
+      state = state * 1664525u + 1013904223u;
+      return state;
+    };
+    auto write_bf16 = [&](int64_t n) {
+      while (n > 0) {
+        int64_t k = std::min<int64_t>(n, buf.size());
+        for (int64_t i = 0; i < k; ++i) {
+          uint32_t r = next();
+          buf[i] = static_cast<uint16_t>(((r >> 16) & 0x8000u) | ((118u + (r >> 28)) << 7) | (r & 0x7fu));
+        }
+        w.Write(std::as_bytes(std::span(buf.data(), k)));
+        n -= k;
+      }
+    };
+    write_bf16(128);
+    write_bf16(rows * cols);
+    int64_t n = ex_rows * ex_cols;
+    while (n > 0) {
+      int64_t k = std::min<int64_t>(n, buf.size() * 2);
+      for (int64_t i = 0; i < k / 2; ++i) buf[i] = static_cast<uint16_t>(next());
+      w.Write(std::as_bytes(std::span(buf.data(), static_cast<size_t>(k / 2))));
+      n -= k / 2 * 2;
+    }
+    w.Commit();
+  }
+  const std::string out = d / "out";
+  const std::string log = d / "log";
+  SpawnOptions o;
+  o.log = log;
+  o.pre_exec = [] {
+    struct rlimit rl = {1ull << 30, 1ull << 30};
+    ::setrlimit(RLIMIT_AS, &rl);
+  };
+  int rc = Run({Bin("k3-repack"), src, out, "--json", "--verify-full"}, o);
+  std::string l = ReadAll(log);
+  INFO(l);
+  REQUIRE(rc == 0);
+  size_t at = l.find("\"peak_rss_bytes\":");
+  REQUIRE(at != std::string::npos);
+  uint64_t rss = std::stoull(l.substr(at + 17));
+  MESSAGE("peak RSS " << rss / (1 << 20) << " MiB for a " << (rows * cols * 2) / (1 << 20) << " MiB matrix");
+  CHECK(rss < (1ull << 30));
+  // The same file is also re-derived by k3-verify --full under the same limit.
+  o.log = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}, o) != 139);
+}
