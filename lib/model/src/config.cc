@@ -2,6 +2,8 @@
 
 #include <simdjson.h>
 
+#include <optional>
+
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 
@@ -159,17 +161,21 @@ ModelConfig ModelConfig::ParseOrThrow(std::string_view json, const std::string& 
   }
 
   // Token ids: root first, then text_config.
-  auto token = [&](const char* key) -> simdjson::dom::element {
+  // A default-constructed dom::element is not a valid value (reading it
+  // crashes), so absence is an empty optional.
+  auto token = [&](const char* key) -> std::optional<simdjson::dom::element> {
     simdjson::dom::element e;
     if (!root[key].get(e) && !e.is_null()) return e;
     if (!tc[key].get(e) && !e.is_null()) return e;
-    return {};
+    return std::nullopt;
   };
-  if (auto b = token("bos_token_id"); b.is_int64()) c.bos_token_id = b.get_int64().value_unsafe();
-  if (auto e = token("eos_token_id"); e.is_int64()) {
-    c.eos_token_ids.push_back(e.get_int64().value_unsafe());
-  } else if (e.is_array()) {
-    for (auto v : e.get_array().value_unsafe()) {
+  if (auto b = token("bos_token_id"); b && b->is_int64()) {
+    c.bos_token_id = b->get_int64().value_unsafe();
+  }
+  if (auto e = token("eos_token_id"); e && e->is_int64()) {
+    c.eos_token_ids.push_back(e->get_int64().value_unsafe());
+  } else if (e && e->is_array()) {
+    for (auto v : e->get_array().value_unsafe()) {
       int64_t id;
       if (!v.get_int64().get(id) && c.eos_token_ids.size() < 8) c.eos_token_ids.push_back(id);
     }

@@ -1,8 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <string>
 
 #include "k3/core/error.h"
+#include "k3/core/file.h"
 #include "k3/model/config.h"
 
 using namespace k3;
@@ -35,4 +37,17 @@ TEST_CASE("config errors name the key") {
     CHECK(e.path() == "cfg.json");
   }
   CHECK_THROWS_AS(ModelConfig::ParseOrThrow("{", "cfg.json"), Error);
+}
+
+TEST_CASE("a config without bos/eos ids parses (no BOS, no EOS)") {
+  std::string text = ReadFileOrThrow(std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny/config.json",
+                                     1 << 20);
+  // Drop every bos/eos key, top level and text_config.
+  for (const char* key : {"\"bos_token_id\": 2048,", "\"eos_token_id\": 2050,"}) {
+    for (size_t p; (p = text.find(key)) != std::string::npos;) text.erase(p, std::strlen(key));
+  }
+  REQUIRE(text.find("bos_token_id") == std::string::npos);
+  ModelConfig c = ModelConfig::ParseOrThrow(text, "config.json");
+  CHECK(c.bos_token_id == -1);
+  CHECK(c.eos_token_ids.empty());
 }
