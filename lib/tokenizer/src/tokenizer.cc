@@ -5,6 +5,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <queue>
 #include <string>
@@ -16,6 +17,7 @@
 #include "k3/core/file.h"
 #include "k3/core/log.h"
 #include "k3/tokenizer/tokenizer.h"
+#include "bpe_internal.h"
 #include "regex_pattern.h"
 
 namespace k3::tok {
@@ -35,6 +37,8 @@ constexpr uint32_t kMaxRanks = 1u << 24;
 // Pieces longer than this use the heap-based merge; shorter ones the simple scan
 // (cheaper for the few-byte pieces that make up nearly all text).
 constexpr size_t kHeapBpeMinBytes = 128;
+// Tests lower this to push every piece through the heap merge (bpe_internal.h).
+std::atomic<size_t> g_heap_bpe_min_bytes{kHeapBpeMinBytes};
 
 // ---------------------------------------------------------------------------
 // Base64 (standard alphabet, '=' padding) as used by tiktoken.model.
@@ -196,6 +200,12 @@ std::optional<TokenId> IdFromJson(simdjson::dom::element el) {
 
 }  // namespace
 
+namespace internal {
+void SetHeapBpeThresholdForTest(size_t max_small_piece_bytes) {
+  g_heap_bpe_min_bytes.store(std::min(max_small_piece_bytes, kHeapBpeMinBytes));
+}
+}  // namespace internal
+
 // ---------------------------------------------------------------------------
 
 struct Tokenizer::Impl {
@@ -344,7 +354,7 @@ struct Tokenizer::Impl {
       out.push_back(whole);
       return;
     }
-    if (n <= kHeapBpeMinBytes) {
+    if (n <= g_heap_bpe_min_bytes.load(std::memory_order_relaxed)) {
       BpeSmall(p, n, out);
     } else {
       BpeLarge(p, n, out);

@@ -9,6 +9,7 @@
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/tokenizer/tokenizer.h"
+#include "bpe_internal.h"
 
 using k3::tok::TokenId;
 using k3::tok::Tokenizer;
@@ -76,6 +77,16 @@ TEST_CASE("every oracle case is id-exact and decodes back") {
     CHECK(ids == c.ids);
     if (c.roundtrip) CHECK(Tiny().Decode(ids) == c.text);
   }
+}
+
+TEST_CASE("heap merge path alone is id-exact on every oracle case") {
+  // Both merge implementations must agree with tiktoken, not just with each other.
+  k3::tok::internal::SetHeapBpeThresholdForTest(1);
+  for (const Case& c : LoadCases()) {
+    INFO("case " << c.name);
+    CHECK(Tiny().Encode(c.text, c.allow_special) == c.ids);
+  }
+  k3::tok::internal::SetHeapBpeThresholdForTest(128);
 }
 
 TEST_CASE("special text: ordinary vs allowed") {
