@@ -11,3 +11,6 @@ OUT=${K3_DEMO_DIR:-/tmp/k3-demo}
 mkdir -p "$OUT"
 echo "== k3-fixture: check the embedded tiny snapshot"
 "$BIN/k3-fixture" check "$MODEL"
+echo "== k3-fixture: generate a K3-shaped tiny snapshot from scratch (own weights and tokenizer) and check it"
+"$BIN/k3-fixture" --preset tiny --out "$OUT/fixture-tiny" --seed 1 --force -q
+"$BIN/k3-fixture" check "$OUT/fixture-tiny"
