@@ -1,0 +1,135 @@
+// Unit tests of lib/repack's pure parts: §7.1 classification, expert order keys,
+// shard names, --shards / --worker parsing, the xxh128 manifest format (checked
+// against a digest printed by the real xxhsum 0.8.1), and the fingerprint.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "k3/core/error.h"
+#include "k3/repack/checksums.h"
+#include "k3/repack/classify.h"
+#include "k3/repack/container.h"
+#include "k3/repack/repack.h"
+
+using namespace k3::repack;
+
+TEST_CASE("classification follows spec §7.1, first matching rule") {
+  // Layers 0,1,2 KDA; 3 MLA.
+  const std::vector<bool> kda = {true, true, true, false};
+  auto c = [&](const std::string& n) { return ClassifyTensor("language_model." + n, kda); };
+  CHECK(ClassifyTensor("vision_tower.blocks.0.w", kda) == TensorRole::kDrop);
+  CHECK(ClassifyTensor("language_model.mm_projector.proj.weight", kda) == TensorRole::kDrop);
+  CHECK(c("model.layers.1.block_sparse_moe.experts.7.w2.weight_scale") == TensorRole::kExpert);
+  CHECK(c("lm_head.weight") == TensorRole::kQuantHead);
+  CHECK(ClassifyTensor("lm_head.weight", kda) == TensorRole::kQuantHead);  // no prefix
+  for (const char* leaf : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"}) {
+    CHECK(c(std::string("model.layers.3.self_attn.") + leaf + ".weight") == TensorRole::kQuantMla);
+  }
+  for (const char* leaf : {"q_proj", "k_proj", "v_proj"}) {
+    CHECK(c(std::string("model.layers.1.self_attn.") + leaf + ".weight") == TensorRole::kQuantBits);
+  }
+  // o/g: by layer type.
+  CHECK(c("model.layers.2.self_attn.o_proj.weight") == TensorRole::kQuantBits);
+  CHECK(c("model.layers.2.self_attn.g_proj.weight") == TensorRole::kQuantBits);
+  CHECK(c("model.layers.3.self_attn.o_proj.weight") == TensorRole::kQuantMla);
+  CHECK(c("model.layers.3.self_attn.g_proj.weight") == TensorRole::kQuantMla);
+  CHECK_THROWS_AS(c("model.layers.9.self_attn.o_proj.weight"), k3::Error);
+  // Other self_attn weights stay as they are.
+  for (const char* n : {"q_conv1d.weight", "f_a_proj.weight", "f_b_proj.weight", "b_proj.weight",
+                        "o_norm.weight", "q_a_layernorm.weight", "A_log", "dt_bias"}) {
+    CHECK(c(std::string("model.layers.1.self_attn.") + n) == TensorRole::kPassthrough);
+  }
+  for (const char* n : {"block_sparse_moe.routed_expert_down_proj.weight",
+                        "block_sparse_moe.routed_expert_up_proj.weight",
+                        "block_sparse_moe.shared_experts.gate_proj.weight",
+                        "block_sparse_moe.shared_experts.up_proj.weight",
+                        "block_sparse_moe.shared_experts.down_proj.weight", "mlp.gate_proj.weight",
+                        "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+    CHECK(c(std::string("model.layers.1.") + n) == TensorRole::kQuantBits);
+  }
+  for (const char* n : {"model.layers.1.block_sparse_moe.gate.weight",
+                        "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+                        "model.layers.1.block_sparse_moe.routed_expert_norm.weight",
+                        "model.embed_tokens.weight", "model.norm.weight",
+                        "model.layers.0.mlp_res_proj.weight", "model.output_attn_res_norm.weight"}) {
+    CHECK(c(n) == TensorRole::kPassthrough);
+  }
+}
+
+TEST_CASE("expert order key: id, then w1<w2<w3, packed before scale") {
+  auto k = [](const std::string& n) {
+    return ParseExpertName("language_model.model.layers.4.block_sparse_moe.experts." + n);
+  };
+  REQUIRE(k("12.w3.weight_packed"));
+  CHECK(k("12.w3.weight_packed")->expert == 12);
+  CHECK(k("12.w3.weight_packed")->matrix == 3);
+  CHECK(*k("2.w3.weight_scale") < *k("10.w1.weight_packed"));
+  CHECK(*k("2.w1.weight_scale") < *k("2.w2.weight_packed"));
+  CHECK(*k("2.w1.weight_packed") < *k("2.w1.weight_scale"));
+  CHECK(!k("2.w4.weight_packed"));
+  CHECK(!k("x.w1.weight_packed"));
+  CHECK(!k("2.w1.bias"));
+}
+
+TEST_CASE("shard names") {
+  auto s = ParseShardName("model-00094-of-000096.safetensors");
+  REQUIRE(s);
+  CHECK(s->number == 94);
+  CHECK(s->total == 96);
+  CHECK(FormatShardName(3, 94) == "model-00003-of-000094.safetensors");
+  CHECK(!ParseShardName("model-00003-of-000094.safetensors.tmp.12"));
+  CHECK(!ParseShardName("model-0000x-of-000094.safetensors"));
+  CHECK(!ParseShardName("model-00000-of-000094.safetensors"));
+  CHECK(!ParseShardName("other.safetensors"));
+}
+
+TEST_CASE("--shards and --worker parsing") {
+  CHECK(ParseShardList("1,2,5-7") == std::vector<int64_t>{1, 2, 5, 6, 7});
+  CHECK(ParseShardList(" 94 ") == std::vector<int64_t>{94});
+  CHECK_THROWS_AS(ParseShardList("0"), k3::Error);
+  CHECK_THROWS_AS(ParseShardList("5-3"), k3::Error);
+  CHECK_THROWS_AS(ParseShardList("a"), k3::Error);
+  CHECK_THROWS_AS(ParseShardList(""), k3::Error);
+  int i, n;
+  ParseWorker("3/8", &i, &n);
+  CHECK(i == 3);
+  CHECK(n == 8);
+  CHECK_THROWS_AS(ParseWorker("8/8", &i, &n), k3::Error);
+  CHECK_THROWS_AS(ParseWorker("1", &i, &n), k3::Error);
+  CHECK_THROWS_AS(ValidateBits({32, 8, 8}), k3::Error);
+  CHECK_NOTHROW(ValidateBits({4, 8, 8}));
+}
+
+TEST_CASE("XXH3-128 digests in xxhsum's canonical form; manifest round trip") {
+  // `printf 'hello\n' | xxhsum -H2` (xxhsum 0.8.1) prints this digest.
+  const std::string hello = "hello\n";
+  CHECK(Xxh128Hex(std::as_bytes(std::span(hello.data(), hello.size()))) ==
+        "6bba86c7e069f56d5a10b435f1c8e49c");
+  Xxh128 h;  // streaming == one shot
+  h.Update(std::as_bytes(std::span(hello.data(), 2)));
+  h.Update(std::as_bytes(std::span(hello.data() + 2, 4)));
+  CHECK(h.HexDigest() == "6bba86c7e069f56d5a10b435f1c8e49c");
+  ChecksumManifest m = {{"b.json", std::string(32, 'a')}, {"a.bin", std::string(32, '0')}};
+  CHECK(RenderChecksumManifest(m) == std::string(32, '0') + "  a.bin\n" + std::string(32, 'a') + "  b.json\n");
+}
+
+TEST_CASE("fingerprint: deterministic text, round trip, differences named") {
+  Fingerprint f;
+  f.bits = {8, 8, 8};
+  f.output_shards = 94;
+  f.source_index_xxh128 = std::string(32, '1');
+  f.source_shards = {{"model-00001-of-000096.safetensors", 123, std::string(32, '2')}};
+  std::string text = f.Render();
+  CHECK(text.back() == '\n');
+  Fingerprint g = Fingerprint::ParseOrThrow(text, "fp");
+  CHECK(g.Render() == text);
+  CHECK(g.Difference(f).empty());
+  Fingerprint h = f;
+  h.bits.bits = 4;
+  CHECK(f.Difference(h).find("--bits 4") != std::string::npos);
+  h = f;
+  h.source_shards[0].size = 124;
+  CHECK(f.Difference(h).find("different source") != std::string::npos);
+  CHECK_THROWS_AS(Fingerprint::ParseOrThrow("{}", "fp"), k3::Error);
+}
