@@ -14,9 +14,6 @@
 namespace k3::quant {
 namespace {
 
-// The AVX2 table is still a scalar stand-in (issue 4 lands it next).
-constexpr bool kAvx2Ready = false;
-
 // Set by SetIsaForTesting; takes precedence over the start-up choice.
 std::atomic<const internal::KernelTable*> g_test_override{nullptr};
 
@@ -76,7 +73,7 @@ bool IsaSupported(Isa isa) {
     case Isa::kScalar:
       return true;
     case Isa::kAvx2:
-      return kAvx2Ready && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       // VNNI is the point of this tier (IDOT dots); Skylake-X without it uses AVX2.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

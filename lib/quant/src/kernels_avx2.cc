@@ -1,6 +1,450 @@
-// AVX2 + FMA kernels (placeholder: the scalar table until the SIMD code lands).
+// AVX2 + FMA kernels for x86-64 CPUs without AVX-512 (Haswell .. Zen 3, client
+// cores). Same structure as kernels_avx512.cc with 8 lanes: a row is decoded
+// once per chunk (batch > 1) or on the fly (batch 1), and the same
+// floating-point operations run either way.
+//
+// f32-activation path: 8-column chunk / group k goes to accumulator k mod 4,
+// summed ((a0+a1)+(a2+a3)) and reduced in a fixed order. int4/MXFP4 nibbles are
+// widened with vpmovzxbd (8 bytes -> 8 lanes: low nibbles = even columns, high =
+// odd), and the activations are re-laid out once per call to match.
+//
+// IDOT path: one ymm = one 32-column activation group. Plain AVX2 has no u8xs8
+// dot into int32 without saturation risk for int8 weights, so it uses the sign
+// trick: maddubs(|w|, sign(xq, w)) (|w|·|xq| <= 127·127, pair sums < 2^15), then
+// madd with ones -> 8 exact int32 lanes.
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "kernels.h"
 
 namespace k3::quant::internal {
-const KernelTable& Avx2Kernels() noexcept { return ScalarKernels(); }
+namespace {
+
+struct Scratch {
+  std::vector<float> xp;      // f32 path: activations in kernel layout
+  std::vector<float> wrow;    // f32 path: decoded row
+  std::vector<float> gscale;  // per-group factors of the row
+  std::vector<int8_t> wq;     // IDOT: signed weight bytes of one row
+};
+
+Scratch& Tls() {
+  thread_local Scratch s;
+  return s;
+}
+
+template <typename T>
+T* Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+inline float Hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline float Reduce4(const __m256 a[4]) {
+  return Hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+}
+
+// ---------------------------------------------------------------------------
+// f32-activation path
+
+struct F32Src {
+  const float* w;
+  __m256 Load(size_t i) const { return _mm256_loadu_ps(w + i); }
+  __m256 LoadTail(size_t i, size_t m) const {
+    alignas(32) float t[8] = {};
+    std::memcpy(t, w + i, m * sizeof(float));
+    return _mm256_load_ps(t);
+  }
+  void Block16(size_t c, __m256& even, __m256& odd) const {
+    even = _mm256_loadu_ps(w + c);
+    odd = _mm256_loadu_ps(w + c + 8);
+  }
+};
+
+struct I8Src {
+  const int8_t* q;
+  __m256 Load(size_t i) const {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
+  }
+  __m256 LoadTail(size_t i, size_t m) const {
+    alignas(16) int8_t t[16] = {};
+    std::memcpy(t, q + i, m);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t))));
+  }
+};
+
+// 8 packed bytes (16 columns): lane j holds byte j; low nibble = column 2j.
+template <bool kMx>
+struct NibbleSrc {
+  const uint8_t* p;
+  static __m256 Value(__m256i nib) {
+    if constexpr (kMx) {
+      // Doubled e2m1 magnitude from bits 0..2, sign from bit 3 (code 8 = -0).
+      const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 6, 8, 12), nib);
+      const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+      return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+    } else {
+      return _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, _mm256_set1_epi32(8)));
+    }
+  }
+  void Block16(size_t c, __m256& even, __m256& odd) const {
+    const __m256i v =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c / 2)));
+    even = Value(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    odd = Value(_mm256_srli_epi32(v, 4));
+  }
+};
+
+template <typename Src>
+float DotPlain(const Src& w, const float* x, size_t n) noexcept {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), a[0]);
+    a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), w.Load(i + 8), a[1]);
+    a[2] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), w.Load(i + 16), a[2]);
+    a[3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), w.Load(i + 24), a[3]);
+  }
+  int k = 0;
+  for (; i + 8 <= n; ++k, i += 8) a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), a[k]);
+  if (i < n) {
+    alignas(32) float xt[8] = {};
+    std::memcpy(xt, x + i, (n - i) * sizeof(float));
+    a[k] = _mm256_fmadd_ps(_mm256_load_ps(xt), w.LoadTail(i, n - i), a[k]);
+  }
+  return Reduce4(a);
+}
+
+// MXFP4, permuted layout: group g = two 16-column blocks.
+template <typename Src>
+float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  for (size_t g = 0; g < groups; ++g) {
+    __m256 w0, w1, w2, w3;
+    w.Block16(g * 32, w0, w1);
+    w.Block16(g * 32 + 16, w2, w3);
+    const float* xg = x + g * 32;
+    const __m256 p0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1,
+                                      _mm256_mul_ps(_mm256_loadu_ps(xg), w0));
+    const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3,
+                                      _mm256_mul_ps(_mm256_loadu_ps(xg + 16), w2));
+    a[g & 3] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(gs[g]), a[g & 3]);
+  }
+  return Reduce4(a);
+}
+
+// int4-g64, permuted layout: group g = four 16-column blocks.
+template <typename Src>
+float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  for (size_t g = 0; g < groups; ++g) {
+    __m256 p[4];
+    for (int b = 0; b < 4; ++b) {
+      __m256 we, wo;
+      w.Block16(g * 64 + b * 16, we, wo);
+      const float* xb = x + g * 64 + b * 16;
+      p[b] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wo, _mm256_mul_ps(_mm256_loadu_ps(xb), we));
+    }
+    const __m256 part = _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3]));
+    a[g & 3] = _mm256_fmadd_ps(part, _mm256_set1_ps(gs[g]), a[g & 3]);
+  }
+  return Reduce4(a);
+}
+
+// Within each 16-column block: the 8 even columns, then the 8 odd ones.
+void PermuteEvenOdd16(const float* x, size_t n, float* out) noexcept {
+  for (size_t i = 0; i < n; i += 16) {
+    for (size_t j = 0; j < 8; ++j) {
+      out[i + j] = x[i + 2 * j];
+      out[i + 8 + j] = x[i + 2 * j + 1];
+    }
+  }
+}
+
+inline float E8m0Half(uint8_t e) { return std::bit_cast<float>(uint32_t{e} << 23) * 0.5f; }
+
+const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kInt4G64) return w.scales + o * (n / kInt4Group);
+  if (w.format != WeightFormat::kMxfp4) return nullptr;
+  float* gs = Grow(s.gscale, n / kMxGroup);
+  const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
+  for (size_t g = 0; g < n / kMxGroup; ++g) gs[g] = E8m0Half(e[g]);
+  return gs;
+}
+
+float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
+  const size_t n = w.cols;
+  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
+    case WeightFormat::kInt8:
+      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n}, x, n) * w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotGroups64(NibbleSrc<false>{packed}, x, gs, n / kInt4Group);
+    case WeightFormat::kMxfp4:
+      return DotGroups32(NibbleSrc<true>{packed}, x, gs, n / kMxGroup);
+  }
+  return 0.0f;
+}
+
+float DotBuffered(const WeightView& w, size_t o, const float* buf, const float* gs,
+                  const float* x) noexcept {
+  const size_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotPlain(F32Src{buf}, x, n);
+    case WeightFormat::kInt8:
+      return DotPlain(F32Src{buf}, x, n) * w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotGroups64(F32Src{buf}, x, gs, n / kInt4Group);
+    case WeightFormat::kMxfp4:
+      return DotGroups32(F32Src{buf}, x, gs, n / kMxGroup);
+  }
+  return 0.0f;
+}
+
+const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kF32) return static_cast<const float*>(w.data) + o * n;
+  float* out = Grow(s.wrow, n);
+  if (w.format == WeightFormat::kInt8) {
+    const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]);
+    return out;
+  }
+  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
+  for (size_t c = 0; c < n; c += 16) {
+    __m256 even, odd;
+    if (w.format == WeightFormat::kMxfp4) {
+      NibbleSrc<true>{packed}.Block16(c, even, odd);
+    } else {
+      NibbleSrc<false>{packed}.Block16(c, even, odd);
+    }
+    _mm256_storeu_ps(out + c, even);
+    _mm256_storeu_ps(out + c + 8, odd);
+  }
+  return out;
+}
+
+const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
+  if (w.format != WeightFormat::kInt4G64 && w.format != WeightFormat::kMxfp4) return x;
+  float* xp = Grow(s.xp, batch * w.cols);
+  for (size_t b = 0; b < batch; ++b) PermuteEvenOdd16(x + b * w.cols, w.cols, xp + b * w.cols);
+  return xp;
+}
+
+void MatMulAvx2(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
+                size_t r1) noexcept {
+  Scratch& s = Tls();
+  const float* xl = LayoutActs(w, x, batch, s);
+  for (size_t o = r0; o < r1; ++o) {
+    const float* gs = GroupScalesF32(w, o, s);
+    if (batch == 1) {
+      y[o] = DotDirect(w, o, gs, xl);
+      continue;
+    }
+    const float* buf = DecodeRowF32(w, o, s);
+    for (size_t b = 0; b < batch; ++b) {
+      y[b * w.rows + o] = DotBuffered(w, o, buf, gs, xl + b * w.cols);
+    }
+  }
+}
+
+float RowDotAvx2(const WeightView& w, size_t row, const float* x) noexcept {
+  Scratch& s = Tls();
+  const float* xl = LayoutActs(w, x, 1, s);
+  return DotDirect(w, row, GroupScalesF32(w, row, s), xl);
+}
+
+// ---------------------------------------------------------------------------
+// IDOT path
+
+// 16 packed bytes -> 32 nibbles in column order.
+inline __m256i NibblesToBytes(__m128i p) {
+  const __m128i m = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(p, m);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(p, 4), m);
+  return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+}
+
+// Signed weight bytes of the 32-column group starting at column c.
+template <WeightFormat F>
+inline __m256i WeightBytes32(const uint8_t* row, size_t c) {
+  if constexpr (F == WeightFormat::kInt8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+  } else {
+    const __m256i nib =
+        NibblesToBytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+    if constexpr (F == WeightFormat::kInt4G64) {
+      return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    } else {
+      const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+      return _mm256_shuffle_epi8(lut, nib);
+    }
+  }
+}
+
+template <WeightFormat F>
+const uint8_t* RowBytes(const WeightView& w, size_t o) {
+  const size_t stride = F == WeightFormat::kInt8 ? w.cols : w.cols / 2;
+  return static_cast<const uint8_t*>(w.data) + o * stride;
+}
+
+template <WeightFormat F>
+struct Q8Direct {
+  const uint8_t* row;
+  __m256i Group(size_t g) const { return WeightBytes32<F>(row, g * 32); }
+};
+
+struct Q8Buffered {
+  const int8_t* wq;
+  __m256i Group(size_t g) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + g * 32));
+  }
+};
+
+// Group factor gs_g (E8M0*0.5 for MXFP4, the g64 scale for int4).
+const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
+  const size_t n = w.cols;
+  const size_t groups = n / kActGroup;
+  if (w.format == WeightFormat::kInt8) return nullptr;
+  float* gs = Grow(s.gscale, groups);
+  if (w.format == WeightFormat::kMxfp4) {
+    const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
+    for (size_t g = 0; g < groups; ++g) gs[g] = E8m0Half(e[g]);
+  } else {
+    const float* s4 = w.scales + o * (n / kInt4Group);
+    for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];
+  }
+  return gs;
+}
+
+template <bool kInt8, typename Src>
+float DotQ8(const Src& w, const float* gs, const int8_t* xq, const float* xs,
+            size_t groups) noexcept {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t g = 0; g < groups; ++g) {
+    const __m256i wv = w.Group(g);
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
+    const __m256i d = _mm256_madd_epi16(pairs, ones);
+    const float f = kInt8 ? xs[g] : gs[g] * xs[g];
+    a[g & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), a[g & 3]);
+  }
+  return Reduce4(a);
+}
+
+template <WeightFormat F>
+void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                  Scratch& s) noexcept {
+  constexpr bool kI8 = F == WeightFormat::kInt8;
+  const size_t n = w.cols;
+  const size_t groups = n / kActGroup;
+  for (size_t o = r0; o < r1; ++o) {
+    const float* gs = GroupScalesQ8(w, o, s);
+    const float rs = kI8 ? w.scales[o] : 1.0f;
+    if (x.batch == 1) {
+      const float d =
+          DotQ8<kI8>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), x.scales.data(), groups);
+      y[o] = kI8 ? d * rs : d;
+      continue;
+    }
+    int8_t* wq = Grow(s.wq, n);
+    const Q8Direct<F> src{RowBytes<F>(w, o)};
+    for (size_t g = 0; g < groups; ++g) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + g * 32), src.Group(g));
+    }
+    for (size_t b = 0; b < x.batch; ++b) {
+      const float d = DotQ8<kI8>(Q8Buffered{wq}, gs, x.q.data() + b * n,
+                                 x.scales.data() + b * groups, groups);
+      y[b * w.rows + o] = kI8 ? d * rs : d;
+    }
+  }
+}
+
+void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1) noexcept {
+  Scratch& s = Tls();
+  switch (w.format) {
+    case WeightFormat::kInt8:
+      return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
+    case WeightFormat::kInt4G64:
+      return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+    case WeightFormat::kMxfp4:
+      return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+    case WeightFormat::kF32:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// AddRow: acc[i] += k_i * w_i, one FMA per element, natural column order.
+
+void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kF32) {
+    const float* r = static_cast<const float*>(w.data) + row * n;
+    const __m256 cv = _mm256_set1_ps(c);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(acc + i,
+                       _mm256_fmadd_ps(cv, _mm256_loadu_ps(r + i), _mm256_loadu_ps(acc + i)));
+    }
+    for (; i < n; ++i) acc[i] = std::fma(c, r[i], acc[i]);
+    return;
+  }
+  if (w.format == WeightFormat::kInt8) {
+    const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
+    const float k = c * w.scales[row];
+    const __m256 kv = _mm256_set1_ps(k);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 wv = I8Src{q}.Load(i);
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(kv, wv, _mm256_loadu_ps(acc + i)));
+    }
+    for (; i < n; ++i) acc[i] = std::fma(k, static_cast<float>(q[i]), acc[i]);
+    return;
+  }
+  const bool mx = w.format == WeightFormat::kMxfp4;
+  const float* s4 = mx ? nullptr : w.scales + row * (n / kInt4Group);
+  const uint8_t* e = mx ? w.e8m0 + row * (n / kMxGroup) : nullptr;
+  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + row * (n / 2);
+  for (size_t c0 = 0; c0 < n; c0 += 32) {
+    alignas(32) int8_t bytes[32];
+    const __m256i v = mx ? WeightBytes32<WeightFormat::kMxfp4>(packed, c0)
+                         : WeightBytes32<WeightFormat::kInt4G64>(packed, c0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), v);
+    // MXFP4 bytes are doubled codes: the 0.5 folds into the coefficient (exact).
+    const float k = mx ? c * E8m0Half(e[c0 / kMxGroup]) : c * s4[c0 / kInt4Group];
+    const __m256 kv = _mm256_set1_ps(k);
+    for (size_t j = 0; j < 4; ++j) {
+      const __m256 wv = I8Src{bytes}.Load(8 * j);
+      float* a = acc + c0 + 8 * j;
+      _mm256_storeu_ps(a, _mm256_fmadd_ps(kv, wv, _mm256_loadu_ps(a)));
+    }
+  }
+}
+
+constexpr KernelTable kAvx2Table = {Isa::kAvx2, MatMulAvx2, MatMulQ8Avx2, RowDotAvx2, AddRowAvx2};
+
+}  // namespace
+
+const KernelTable& Avx2Kernels() noexcept { return kAvx2Table; }
+
 }  // namespace k3::quant::internal

@@ -12,10 +12,10 @@
 // 32-column block in one vector and the odd ones in the other; the activations
 // are re-laid out to match once per call (PermuteEvenOdd32).
 //
-// IDOT path (§6.5): activations are offset to unsigned (xq+128) once per call so
-// vpdpbusd can multiply them with signed weights; the per-lane correction
-// -128*Σw is the dpbusd's initial value, so every lane's int32 is exact. One zmm
-// covers 64 columns = two activation groups (lanes 0-7, 8-15).
+// IDOT path (§6.5): weights are biased to unsigned bytes so vpdpbusd can multiply
+// them with the signed activations; the activation-only correction -B*Σxq is
+// formed once per call and is the dpbusd's start value, so every lane's int32 is
+// exact. One zmm covers 64 columns = two activation groups (lanes 0-7, 8-15).
 #include <immintrin.h>
 
 #include <bit>
@@ -32,9 +32,8 @@ struct Scratch {
   std::vector<float> xp;       // f32 path: activations in kernel layout [batch][cols]
   std::vector<float> wrow;     // f32 path: decoded row
   std::vector<float> gscale;   // per-group factor of the row
-  std::vector<uint8_t> xu;     // IDOT: xq ^ 0x80 [batch][cols]
-  std::vector<int8_t> wq;      // IDOT: signed weight bytes, padded to 64
-  std::vector<int32_t> corr;   // IDOT: -128*Σw per lane, 16 per 64 columns
+  std::vector<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
+  std::vector<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
 };
 
 Scratch& Tls() {
@@ -57,34 +56,75 @@ inline float Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // ---------------------------------------------------------------------------
 // f32-activation path
 
+// Weight sources: the dot routines below are templates over where the weight
+// vectors come from -- decoded on the fly (batch 1) or loaded from the row buffer
+// (batch > 1). Decoding is exact, so both give the same vectors and the same
+// floating-point operations run either way.
+struct F32Src {  // f32 values already in the kernel layout
+  const float* w;
+  __m512 Load(size_t i) const { return _mm512_loadu_ps(w + i); }
+  __m512 LoadTail(size_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, w + i); }
+  void Block32(size_t c, __m512& even, __m512& odd) const {
+    even = _mm512_loadu_ps(w + c);
+    odd = _mm512_loadu_ps(w + c + 16);
+  }
+};
+
+struct I8Src {  // int8 row, converted 16 at a time
+  const int8_t* q;
+  __m512 Load(size_t i) const {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+  }
+  __m512 LoadTail(size_t i, __mmask16 m) const {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + i)));
+  }
+};
+
+// 16 packed bytes (32 columns): vpmovzxbd gives byte j in lane j, so the low
+// nibbles are the even columns and the high nibbles the odd ones.
+struct NibbleSrc {
+  const uint8_t* p;  // the row's packed bytes
+  __m512 lut;        // nibble -> f32 value (doubled e2m1, or v-8 for int4)
+  void Block32(size_t c, __m512& even, __m512& odd) const {
+    const __m512i v =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c / 2)));
+    even = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+  }
+};
+
 // Σ x·w over n columns (plain layout): 16-column chunk k -> accumulator k & 3.
-float DotPlain(const float* w, const float* x, size_t n) noexcept {
+template <typename Src>
+float DotPlain(const Src& w, const float* x, size_t n) noexcept {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                  _mm512_setzero_ps()};
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    a[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a[0]);
-    a[1] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(w + i + 16), a[1]);
-    a[2] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(w + i + 32), a[2]);
-    a[3] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(w + i + 48), a[3]);
+    a[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), w.Load(i), a[0]);
+    a[1] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), w.Load(i + 16), a[1]);
+    a[2] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), w.Load(i + 32), a[2]);
+    a[3] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), w.Load(i + 48), a[3]);
   }
   for (int k = 0; i < n; ++k, i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : TailMask16(n - i);
-    a[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, w + i), a[k]);
+    a[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), w.LoadTail(i, m), a[k]);
   }
   return Reduce4(a[0], a[1], a[2], a[3]);
 }
 
-// MXFP4 over the permuted layout: group g (32 columns = 2 vectors) partial
+// MXFP4 over the permuted layout: group g (32 columns) partial
 // p = x_odd*w_odd + x_even*w_even, then acc[g&3] += p * gscale[g].
-float DotGroups32(const float* w, const float* x, const float* gs, size_t groups) noexcept {
+template <typename Src>
+float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                  _mm512_setzero_ps()};
   for (size_t g = 0; g < groups; ++g) {
-    const float* wg = w + g * 32;
+    __m512 we, wo;
+    w.Block32(g * 32, we, wo);
     const float* xg = x + g * 32;
-    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(wg));
-    p = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), _mm512_loadu_ps(wg + 16), p);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(xg), we);
+    p = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), wo, p);
     a[g & 3] = _mm512_fmadd_ps(p, _mm512_set1_ps(gs[g]), a[g & 3]);
   }
   return Reduce4(a[0], a[1], a[2], a[3]);
@@ -92,16 +132,19 @@ float DotGroups32(const float* w, const float* x, const float* gs, size_t groups
 
 // int4-g64 over the permuted layout: two 32-column blocks per group, summed
 // pairwise, then scaled.
-float DotGroups64(const float* w, const float* x, const float* gs, size_t groups) noexcept {
+template <typename Src>
+float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                  _mm512_setzero_ps()};
   for (size_t g = 0; g < groups; ++g) {
-    const float* wg = w + g * 64;
+    __m512 w0, w1, w2, w3;
+    w.Block32(g * 64, w0, w1);
+    w.Block32(g * 64 + 32, w2, w3);
     const float* xg = x + g * 64;
-    __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(wg));
-    p0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), _mm512_loadu_ps(wg + 16), p0);
-    __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(xg + 32), _mm512_loadu_ps(wg + 32));
-    p1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), _mm512_loadu_ps(wg + 48), p1);
+    __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(xg), w0);
+    p0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, p0);
+    __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(xg + 32), w2);
+    p1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), w3, p1);
     a[g & 3] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[g]), a[g & 3]);
   }
   return Reduce4(a[0], a[1], a[2], a[3]);
@@ -117,15 +160,6 @@ void PermuteEvenOdd32(const float* x, size_t n, float* out) noexcept {
     _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(lo, even, hi));
     _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(lo, odd, hi));
   }
-}
-
-// Decodes 16 packed bytes (32 columns) into even/odd f32 vectors via `lut`.
-inline void DecodeNibbles16(const uint8_t* p, __m512 lut, float* out) {
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
-  const __m512i hi = _mm512_srli_epi32(v, 4);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(lo, lut));
-  _mm512_storeu_ps(out + 16, _mm512_permutexvar_ps(hi, lut));
 }
 
 // E8M0 bytes -> 2^(s-127) * 0.5 (the doubled codes' factor), 16 at a time.
@@ -147,58 +181,73 @@ inline __m512 LutI4() {
   return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 }
 
-// Decodes row `o` into s.wrow / s.gscale; returns the f32 row to dot with.
-const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+// Row o's group factors (MXFP4: E8M0*0.5 into s.gscale; int4: its own scales).
+const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kInt4G64) return w.scales + o * (n / kInt4Group);
+  if (w.format != WeightFormat::kMxfp4) return nullptr;
+  float* gs = Grow(s.gscale, n / kMxGroup);
+  MxGroupScales(w.e8m0 + o * (n / kMxGroup), n / kMxGroup, gs);
+  return gs;
+}
+
+inline __m512 LutFor(WeightFormat f) { return f == WeightFormat::kMxfp4 ? LutMx2() : LutI4(); }
+
+// Row o dotted with one (layout-matched) activation row, decoding on the fly.
+float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
   const size_t n = w.cols;
   switch (w.format) {
     case WeightFormat::kF32:
-      return static_cast<const float*>(w.data) + o * n;
-    case WeightFormat::kInt8: {
-      float* out = Grow(s.wrow, n);
-      const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
-      size_t i = 0;
-      for (; i + 16 <= n; i += 16) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i));
-        _mm512_storeu_ps(out + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
-      }
-      for (; i < n; ++i) out[i] = static_cast<float>(q[i]);
-      return out;
-    }
-    case WeightFormat::kInt4G64: {
-      float* out = Grow(s.wrow, n);
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2);
-      const __m512 lut = LutI4();
-      for (size_t i = 0; i < n; i += 32) DecodeNibbles16(p + i / 2, lut, out + i);
-      float* gs = Grow(s.gscale, n / kInt4Group);
-      std::memcpy(gs, w.scales + o * (n / kInt4Group), n / kInt4Group * sizeof(float));
-      return out;
-    }
-    case WeightFormat::kMxfp4: {
-      float* out = Grow(s.wrow, n);
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2);
-      const __m512 lut = LutMx2();
-      for (size_t i = 0; i < n; i += 32) DecodeNibbles16(p + i / 2, lut, out + i);
-      MxGroupScales(w.e8m0 + o * (n / kMxGroup), n / kMxGroup, Grow(s.gscale, n / kMxGroup));
-      return out;
-    }
-  }
-  return nullptr;
-}
-
-// The row's decoded values dotted with one (layout-matched) activation row.
-inline float DotDecoded(const WeightView& w, size_t o, const float* wrow, const float* gs,
-                        const float* x) noexcept {
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return DotPlain(wrow, x, w.cols);
+      return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
     case WeightFormat::kInt8:
-      return DotPlain(wrow, x, w.cols) * w.scales[o];
+      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n}, x, n) * w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotGroups64(wrow, x, gs, w.cols / kInt4Group);
+      return DotGroups64(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4()}, x,
+                         gs, n / kInt4Group);
     case WeightFormat::kMxfp4:
-      return DotGroups32(wrow, x, gs, w.cols / kMxGroup);
+      return DotGroups32(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2()},
+                         x, gs, n / kMxGroup);
   }
   return 0.0f;
+}
+
+// The same from a row decoded once into `buf` (kernel layout).
+float DotBuffered(const WeightView& w, size_t o, const float* buf, const float* gs,
+                  const float* x) noexcept {
+  const size_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotPlain(F32Src{buf}, x, n);
+    case WeightFormat::kInt8:
+      return DotPlain(F32Src{buf}, x, n) * w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotGroups64(F32Src{buf}, x, gs, n / kInt4Group);
+    case WeightFormat::kMxfp4:
+      return DotGroups32(F32Src{buf}, x, gs, n / kMxGroup);
+  }
+  return 0.0f;
+}
+
+// Decodes row o into s.wrow (kernel layout) for the batched loop.
+const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kF32) return static_cast<const float*>(w.data) + o * n;
+  float* out = Grow(s.wrow, n);
+  if (w.format == WeightFormat::kInt8) {
+    const I8Src src{static_cast<const int8_t*>(w.data) + o * n};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, src.Load(i));
+    if (i < n) _mm512_mask_storeu_ps(out + i, TailMask16(n - i), src.LoadTail(i, TailMask16(n - i)));
+    return out;
+  }
+  const NibbleSrc src{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutFor(w.format)};
+  for (size_t c = 0; c < n; c += 32) {
+    __m512 even, odd;
+    src.Block32(c, even, odd);
+    _mm512_storeu_ps(out + c, even);
+    _mm512_storeu_ps(out + c + 16, odd);
+  }
+  return out;
 }
 
 bool NeedsPermute(WeightFormat f) {
@@ -218,9 +267,14 @@ void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, s
   Scratch& s = Tls();
   const float* xl = LayoutActs(w, x, batch, s);
   for (size_t o = r0; o < r1; ++o) {
-    const float* wrow = DecodeRowF32(w, o, s);
+    const float* gs = GroupScalesF32(w, o, s);
+    if (batch == 1) {
+      y[o] = DotDirect(w, o, gs, xl);
+      continue;
+    }
+    const float* buf = DecodeRowF32(w, o, s);
     for (size_t b = 0; b < batch; ++b) {
-      y[b * w.rows + o] = DotDecoded(w, o, wrow, s.gscale.data(), xl + b * w.cols);
+      y[b * w.rows + o] = DotBuffered(w, o, buf, gs, xl + b * w.cols);
     }
   }
 }
@@ -228,12 +282,16 @@ void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, s
 float RowDotAvx512(const WeightView& w, size_t row, const float* x) noexcept {
   Scratch& s = Tls();
   const float* xl = LayoutActs(w, x, 1, s);
-  const float* wrow = DecodeRowF32(w, row, s);
-  return DotDecoded(w, row, wrow, s.gscale.data(), xl);
+  return DotDirect(w, row, GroupScalesF32(w, row, s), xl);
 }
 
 // ---------------------------------------------------------------------------
-// IDOT path
+// IDOT path. vpdpbusd multiplies unsigned by signed bytes, so the weights are
+// made unsigned by a per-format bias B (int8: w^0x80 = w+128, int4: the stored
+// nibble = v+8, MXFP4: a table giving doubled code + 12) and the activations stay
+// signed: Σ(w+B)·xq = Σw·xq + B·Σxq. The second term depends only on the
+// activations, so it is formed once per call (per 4-column lane) and used as
+// the dpbusd start value: every lane's int32 is the exact Σw·xq of its columns.
 
 // 64 packed nibbles -> 64 bytes in column order (low nibble = even column):
 // widen bytes to u16 (0x00HL), OR with itself shifted by 4 (0x0HL0) and keep
@@ -243,66 +301,88 @@ inline __m512i NibblesToBytes(__m256i packed) {
   return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(v, 4), _mm512_set1_epi16(0x0F0F), 0xA8);
 }
 
-// Signed weight bytes of 64 columns starting at column c (tail: 32 columns, zero-filled).
-inline __m512i WeightBytes64(const WeightView& w, size_t o, size_t c, bool half) {
-  const size_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::kInt8: {
-      const int8_t* q = static_cast<const int8_t*>(w.data) + o * n + c;
-      return half ? _mm512_maskz_loadu_epi8(0xffffffffull, q) : _mm512_loadu_si512(q);
-    }
-    case WeightFormat::kInt4G64: {
-      // int4 rows are whole 64-column groups, so never half.
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2) + c / 2;
-      const __m512i nib = NibblesToBytes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-      return _mm512_sub_epi8(nib, _mm512_set1_epi8(8));
-    }
-    case WeightFormat::kMxfp4: {
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2) + c / 2;
-      const __m256i raw = half ? _mm256_maskz_loadu_epi8(0xffffu, p)
-                               : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2,
-                                                               -3, -4, -6, -8, -12));
-      // Zero-filled tail bytes decode to code 0 = 0.
-      return _mm512_shuffle_epi8(lut, NibblesToBytes(raw));
-    }
-    case WeightFormat::kF32:
-      break;
+template <WeightFormat F>
+constexpr int kBias = F == WeightFormat::kInt8 ? 128 : F == WeightFormat::kInt4G64 ? 8 : 12;
+
+// Biased (unsigned) weight bytes of 64 columns starting at column c of a row
+// whose bytes start at `row`; `half`: only 32 columns remain (the rest must
+// multiply zero activations).
+template <WeightFormat F>
+inline __m512i WeightBytesU(const uint8_t* row, size_t c, bool half) {
+  if constexpr (F == WeightFormat::kInt8) {
+    const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, row + c)
+                           : _mm512_loadu_si512(row + c);
+    return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (F == WeightFormat::kInt4G64) {
+    // int4 rows are whole 64-column groups, never half.
+    return NibblesToBytes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c / 2)));
+  } else {
+    const __m256i raw = half ? _mm256_maskz_loadu_epi8(0xffffu, row + c / 2)
+                             : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c / 2));
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    return _mm512_shuffle_epi8(lut, NibblesToBytes(raw));
   }
-  return _mm512_setzero_si512();
 }
 
-// Decodes row o into s.wq (signed bytes, tail zero-padded to 64), s.corr
-// (-128*Σ of each lane's 4 weights) and s.gscale (per 32-group weight factor:
-// E8M0*0.5 for MXFP4, the g64 scale for int4, unused for int8).
-void DecodeRowQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
+template <WeightFormat F>
+const uint8_t* RowBytes(const WeightView& w, size_t o) {
+  const size_t stride = F == WeightFormat::kInt8 ? w.cols : w.cols / 2;
+  return static_cast<const uint8_t*>(w.data) + o * stride;
+}
+
+// IDOT weight sources: decoded on the fly, or from the row decoded once.
+template <WeightFormat F>
+struct Q8Direct {
+  const uint8_t* row;
+  __m512i Chunk(size_t k, bool half) const { return WeightBytesU<F>(row, k * 64, half); }
+};
+
+struct Q8Buffered {
+  const uint8_t* wu;
+  __m512i Chunk(size_t k, bool) const { return _mm512_loadu_si512(wu + k * 64); }
+};
+
+// Row o's per-32-group weight factor: E8M0*0.5 for MXFP4 (doubled codes), the
+// g64 scale for int4, none for int8 (its row scale multiplies the total).
+const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
   const size_t n = w.cols;
-  const size_t chunks = (n + 63) / 64;
-  int8_t* wq = Grow(s.wq, chunks * 64);
-  int32_t* corr = Grow(s.corr, chunks * 16);
-  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (size_t k = 0; k < chunks; ++k) {
-    const bool half = (k + 1) * 64 > n;
-    const __m512i v = WeightBytes64(w, o, k * 64, half);
-    _mm512_storeu_si512(wq + k * 64, v);
-    const __m512i sum128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, v);
-    _mm512_storeu_si512(corr + k * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum128));
-  }
   const size_t groups = n / kActGroup;
+  if (w.format == WeightFormat::kInt8) return nullptr;
   float* gs = Grow(s.gscale, groups);
   if (w.format == WeightFormat::kMxfp4) {
     MxGroupScales(w.e8m0 + o * (n / kMxGroup), groups, gs);
-  } else if (w.format == WeightFormat::kInt4G64) {
+  } else {
     const float* s4 = w.scales + o * (n / kInt4Group);
     for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];
   }
+  return gs;
 }
 
-// One activation row against the decoded row. Groups are taken 16 at a time:
-// factors f_g = gs_g*xs_g (xs_g alone for int8) are formed in one multiply, and
-// pair k's vector [f_2k x8, f_2k+1 x8] is a lane permute of it.
-template <bool kInt8>
-float DotQ8(const int8_t* wq, const int32_t* corr, const float* gs, const uint8_t* xu,
+// -B·(sum of each lane's 4 activations), 16 lanes per 64 columns, per batch row.
+const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
+  const size_t chunks = (x.cols + 63) / 64;
+  int32_t* out = Grow(s.corr, x.batch * chunks * 16);
+  const __m512i b = _mm512_set1_epi8(static_cast<char>(bias));
+  for (size_t r = 0; r < x.batch; ++r) {
+    const int8_t* q = x.q.data() + r * x.cols;
+    for (size_t k = 0; k < chunks; ++k) {
+      const bool half = (k + 1) * 64 > x.cols;
+      const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, q + k * 64)
+                             : _mm512_loadu_si512(q + k * 64);
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b, v);
+      _mm512_storeu_si512(out + (r * chunks + k) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    }
+  }
+  return out;
+}
+
+// One activation row against one weight row. Groups are taken 16 at a time:
+// factors f_g = gs_g*xs_g (xs_g alone for int8) come from one multiply, and
+// pair k's vector [f_2k x8, f_2k+1 x8] is a lane permute of it; pair k's
+// converted dot goes to accumulator k & 3.
+template <bool kInt8, typename Src>
+float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr,
             const float* xs, size_t groups) noexcept {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                  _mm512_setzero_ps()};
@@ -315,11 +395,11 @@ float DotQ8(const int8_t* wq, const int32_t* corr, const float* gs, const uint8_
     const size_t pairs = (ng + 1) / 2;
     for (size_t k = 0; k < pairs; ++k) {
       const size_t c = (g0 + 2 * k) * 32;
-      const size_t chunk = c / 64;
-      const __m512i x = 2 * k + 1 < ng ? _mm512_loadu_si512(xu + c)
-                                       : _mm512_maskz_loadu_epi8(0xffffffffull, xu + c);
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + chunk * 16), x,
-                                            _mm512_loadu_si512(wq + c));
+      const bool half = 2 * k + 1 >= ng;
+      const __m512i x = half ? _mm512_maskz_loadu_epi8(0xffffffffull, xq + c)
+                             : _mm512_loadu_si512(xq + c);
+      const __m512i d =
+          _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + c / 4), w.Chunk(c / 64, half), x);
       const __m512i idx = _mm512_add_epi32(pair_base, _mm512_set1_epi32(static_cast<int>(2 * k)));
       const __m512 f = _mm512_permutexvar_ps(idx, f16);
       a[k & 3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), f, a[k & 3]);
@@ -328,35 +408,60 @@ float DotQ8(const int8_t* wq, const int32_t* corr, const float* gs, const uint8_
   return Reduce4(a[0], a[1], a[2], a[3]);
 }
 
-// xq ^ 0x80 = xq + 128 as u8, for the unsigned operand of vpdpbusd.
-const uint8_t* OffsetActs(const ActsQ8& x, Scratch& s) noexcept {
-  const size_t n = x.batch * x.cols;
-  uint8_t* xu = Grow(s.xu, n);
-  const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    _mm512_storeu_si512(xu + i, _mm512_xor_si512(_mm512_loadu_si512(x.q.data() + i), k80));
+template <WeightFormat F>
+void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                  Scratch& s) noexcept {
+  constexpr bool kI8 = F == WeightFormat::kInt8;
+  const size_t n = w.cols;
+  const size_t groups = n / kActGroup;
+  const size_t chunks = (n + 63) / 64;
+  const int32_t* corr = ActCorrections(x, kBias<F>, s);
+  const float* xs = x.scales.data();
+  for (size_t o = r0; o < r1; ++o) {
+    const float* gs = GroupScalesQ8(w, o, s);
+    const float rs = kI8 ? w.scales[o] : 1.0f;
+    if (x.batch == 1) {
+      const float d = DotQ8<kI8>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), corr, xs, groups);
+      y[o] = kI8 ? d * rs : d;
+      continue;
+    }
+    uint8_t* wu = Grow(s.wu, chunks * 64);
+    const Q8Direct<F> src{RowBytes<F>(w, o)};
+    for (size_t k = 0; k < chunks; ++k) {
+      _mm512_storeu_si512(wu + k * 64, src.Chunk(k, (k + 1) * 64 > n));
+    }
+    for (size_t b = 0; b < x.batch; ++b) {
+      const float d = DotQ8<kI8>(Q8Buffered{wu}, gs, x.q.data() + b * n, corr + b * chunks * 16,
+                                 xs + b * groups, groups);
+      y[b * w.rows + o] = kI8 ? d * rs : d;
+    }
   }
-  for (; i < n; ++i) xu[i] = static_cast<uint8_t>(x.q[i]) ^ 0x80;
-  return xu;
 }
 
 void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
                     size_t r1) noexcept {
   Scratch& s = Tls();
-  const uint8_t* xu = OffsetActs(x, s);
-  const size_t groups = w.cols / kActGroup;
-  const bool int8 = w.format == WeightFormat::kInt8;
-  for (size_t o = r0; o < r1; ++o) {
-    DecodeRowQ8(w, o, s);
-    for (size_t b = 0; b < x.batch; ++b) {
-      const uint8_t* xb = xu + b * w.cols;
-      const float* xs = x.scales.data() + b * groups;
-      y[b * w.rows + o] =
-          int8 ? DotQ8<true>(s.wq.data(), s.corr.data(), nullptr, xb, xs, groups) * w.scales[o]
-               : DotQ8<false>(s.wq.data(), s.corr.data(), s.gscale.data(), xb, xs, groups);
-    }
+  switch (w.format) {
+    case WeightFormat::kInt8:
+      return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
+    case WeightFormat::kInt4G64:
+      return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+    case WeightFormat::kMxfp4:
+      return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+    case WeightFormat::kF32:
+      return;
   }
+}
+
+// Signed weight bytes for AddRow (natural column order).
+inline __m512i WeightBytes64(const WeightView& w, size_t o, size_t c, bool half) {
+  if (w.format == WeightFormat::kMxfp4) {
+    return _mm512_sub_epi8(WeightBytesU<WeightFormat::kMxfp4>(RowBytes<WeightFormat::kMxfp4>(w, o), c, half),
+                           _mm512_set1_epi8(12));
+  }
+  return _mm512_sub_epi8(
+      WeightBytesU<WeightFormat::kInt4G64>(RowBytes<WeightFormat::kInt4G64>(w, o), c, half),
+      _mm512_set1_epi8(8));
 }
 
 // ---------------------------------------------------------------------------
