@@ -432,3 +432,211 @@ TEST_CASE("ops: spec §4 definitions") {
   SituGlu(g, u, 2, 4.0f, 25.0f, out);
   CHECK(out[1] == 4.0f * std::tanh(-3.0f / 4.0f) * Sigmoid(-3.0f) * 25.0f * std::tanh(40.0f / 25.0f));
 }
+
+// ---------------------------------------------------------------------------
+// Exact domains: inputs chosen so that every product and every partial sum is
+// exactly representable (small multiples of powers of two, normal range), so
+// any summation order gives the same float: every ISA must match the exact
+// answer bit for bit. This is how the integer/decode paths are tested exactly.
+
+namespace {
+
+// x_i in {-1, -0.5, 0, 0.5, 1, 1.5}: exact products with e2m1/int4/int8 values.
+std::vector<float> ExactActs(size_t n, size_t seed) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = 0.5f * float(int((i * 7 + seed * 3) % 6) - 2);
+  return x;
+}
+
+void ExpectExactOnAllIsas(const Mat& m, const std::vector<float>& x, const std::string& what) {
+  std::vector<float> w = m.Dequant();
+  std::vector<float> expect(m.rows);
+  for (size_t o = 0; o < m.rows; ++o) {
+    double s = 0;
+    for (size_t i = 0; i < m.cols; ++i) s += double(x[i]) * w[o * m.cols + i];
+    expect[o] = float(s);
+    REQUIRE(double(expect[o]) == s);  // the domain really is exact
+  }
+  for (Isa isa : SupportedIsas()) {
+    SetIsaForTesting(isa);
+    std::vector<float> y(m.rows);
+    MatMul(m.View(), x.data(), 1, y.data());
+    for (size_t o = 0; o < m.rows; ++o) {
+      INFO(what << " " << IsaName(isa) << " row " << o);
+      CHECK(y[o] == expect[o]);
+    }
+  }
+}
+
+// Integer activations with group scale 1 (one |xq| = 127 per group) make the
+// IDOT factors powers of two, so y is exact too.
+ActsQ8 ExactActsQ8(size_t cols, size_t seed) {
+  ActsQ8 a;
+  a.batch = 1;
+  a.cols = cols;
+  a.q.resize(cols);
+  a.scales.assign(cols / 32, 1.0f);
+  for (size_t i = 0; i < cols; ++i) {
+    a.q[i] = static_cast<int8_t>(int((i * 37 + seed * 11) % 255) - 127);
+  }
+  for (size_t g = 0; g < cols / 32; ++g) a.q[g * 32 + (g % 32)] = (g & 1) ? -127 : 127;
+  return a;
+}
+
+void ExpectExactQ8OnAllIsas(const Mat& m, const ActsQ8& a, const std::string& what) {
+  std::vector<float> w = m.Dequant();
+  std::vector<float> expect(m.rows);
+  for (size_t o = 0; o < m.rows; ++o) {
+    double s = 0;
+    for (size_t i = 0; i < m.cols; ++i) s += double(a.q[i]) * a.scales[i / 32] * w[o * m.cols + i];
+    expect[o] = float(s);
+    REQUIRE(double(expect[o]) == s);
+  }
+  for (Isa isa : SupportedIsas()) {
+    SetIsaForTesting(isa);
+    std::vector<float> y(m.rows);
+    MatMulQ8(m.View(), a, y.data());
+    for (size_t o = 0; o < m.rows; ++o) {
+      INFO(what << " " << IsaName(isa) << " row " << o);
+      CHECK(y[o] == expect[o]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("exhaustive MXFP4: every e2m1 code x every usable E8M0 scale, exact on every ISA") {
+  IsaGuard guard;
+  // One 32-column group per row; row r uses scale byte lo+r; column i holds code
+  // (i + r) % 16 so every row sees all 16 codes in both nibble positions.
+  // Scales 3..240 keep every lane partial and the result normal and finite
+  // (0 and 255 are never in checkpoints; E8m0ToF32 is tested separately).
+  for (size_t cols : {size_t{32}, size_t{96}}) {
+    const int lo = 3, hi = cols == 32 ? 240 : 128;
+    Mat m;
+    m.fmt = WeightFormat::kMxfp4;
+    m.cols = cols;
+    m.rows = size_t(hi - lo + 1);
+    m.data.resize(m.rows * cols / 2);
+    for (size_t r = 0; r < m.rows; ++r) {
+      for (size_t j = 0; j < cols / 2; ++j) {
+        m.data[r * cols / 2 + j] = uint8_t(((2 * j + r) % 16) | (((2 * j + 1 + r) % 16) << 4));
+      }
+      // Multi-group rows keep their groups within 4 binades so sums stay exact.
+      for (size_t g = 0; g < cols / 32; ++g) {
+        m.e8m0.push_back(uint8_t(cols == 32 ? lo + int(r) : 100 + int(r % 20) + int(g)));
+      }
+    }
+    ExpectExactOnAllIsas(m, ExactActs(cols, 1), "mxfp4 f32 cols " + std::to_string(cols));
+    if (cols == 32) {
+      // IDOT: |gi| <= 32*12*127, so scales up to 240 stay finite.
+      ExpectExactQ8OnAllIsas(m, ExactActsQ8(cols, 2), "mxfp4 q8");
+    } else {
+      ExpectExactQ8OnAllIsas(m, ExactActsQ8(cols, 3), "mxfp4 q8 cols 96");
+    }
+  }
+}
+
+TEST_CASE("exhaustive int4: every nibble, power-of-two group scales, exact on every ISA") {
+  IsaGuard guard;
+  Mat m;
+  m.fmt = WeightFormat::kInt4G64;
+  m.rows = 16;
+  m.cols = 192;
+  m.data.resize(m.rows * m.cols / 2);
+  for (size_t r = 0; r < m.rows; ++r) {
+    for (size_t j = 0; j < m.cols / 2; ++j) {
+      m.data[r * m.cols / 2 + j] = uint8_t(((2 * j + r) % 16) | (((2 * j + 1 + 3 * r) % 16) << 4));
+    }
+    for (size_t g = 0; g < 3; ++g) m.scales.push_back(std::ldexp(1.0f, int(r % 5) - 2 + int(g)));
+  }
+  ExpectExactOnAllIsas(m, ExactActs(m.cols, 4), "int4 f32");
+  ExpectExactQ8OnAllIsas(m, ExactActsQ8(m.cols, 5), "int4 q8");
+}
+
+TEST_CASE("exhaustive int8: every value -127..127, exact on every ISA, odd tails") {
+  IsaGuard guard;
+  for (size_t cols : {size_t{32}, size_t{256}, size_t{288}}) {
+    Mat m;
+    m.fmt = WeightFormat::kInt8;
+    m.rows = 5;
+    m.cols = cols;
+    for (size_t r = 0; r < m.rows; ++r) {
+      for (size_t i = 0; i < cols; ++i) m.data.push_back(uint8_t(int8_t(int((i + 17 * r) % 255) - 127)));
+      m.scales.push_back(std::ldexp(1.0f, int(r) - 9));
+    }
+    ExpectExactOnAllIsas(m, ExactActs(cols, 6), "int8 f32 cols " + std::to_string(cols));
+    ExpectExactQ8OnAllIsas(m, ExactActsQ8(cols, 7), "int8 q8 cols " + std::to_string(cols));
+  }
+  // f32-activation tails that are not multiples of 8/16 (int8 and f32 only).
+  for (size_t cols : {size_t{1}, size_t{7}, size_t{15}, size_t{17}, size_t{63}, size_t{65}}) {
+    Mat m;
+    m.fmt = WeightFormat::kInt8;
+    m.rows = 3;
+    m.cols = cols;
+    for (size_t i = 0; i < 3 * cols; ++i) m.data.push_back(uint8_t(int8_t(int(i * 13 % 255) - 127)));
+    m.scales = {0.25f, 1.0f, 2.0f};
+    ExpectExactOnAllIsas(m, ExactActs(cols, 8), "int8 tail " + std::to_string(cols));
+    Mat f;
+    f.fmt = WeightFormat::kF32;
+    f.rows = 2;
+    f.cols = cols;
+    f.data.resize(2 * cols * 4);
+    auto* fp = reinterpret_cast<float*>(f.data.data());
+    for (size_t i = 0; i < 2 * cols; ++i) fp[i] = 0.25f * float(int(i % 9) - 4);
+    ExpectExactOnAllIsas(f, ExactActs(cols, 9), "f32 tail " + std::to_string(cols));
+  }
+}
+
+TEST_CASE("zeros and extremes") {
+  IsaGuard guard;
+  std::mt19937 rng(21);
+  // All-zero activations give +0 or -0 everywhere; all-zero weights likewise.
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    Mat m = RandomMat(fmt, 9, 128, rng);
+    std::vector<float> x(128, 0.0f);
+    ActsQ8 a;
+    QuantizeActs(x.data(), 1, 128, &a);
+    CHECK(a.scales[0] == 1e-20f);
+    for (Isa isa : SupportedIsas()) {
+      SetIsaForTesting(isa);
+      std::vector<float> y(9, 1.0f);
+      MatMul(m.View(), x.data(), 1, y.data());
+      for (float v : y) CHECK(v == 0.0f);
+      if (fmt != WeightFormat::kF32) {
+        std::fill(y.begin(), y.end(), 1.0f);
+        MatMulQ8(m.View(), a, y.data());
+        for (float v : y) CHECK(v == 0.0f);
+      }
+    }
+  }
+  // Activations near the top and bottom of the f32 range (the top so that the
+  // true result, <= 64*3e30*6*8, stays finite) quantise to +-127 without
+  // overflow; every ISA stays finite and within the bound.
+  std::vector<float> x(64);
+  for (size_t i = 0; i < 64; ++i) x[i] = (i & 1 ? -1 : 1) * (i % 3 == 0 ? 3e30f : 1e-38f);
+  ActsQ8 a;
+  QuantizeActs(x.data(), 1, 64, &a);
+  for (size_t i = 0; i < 64; ++i) {
+    CHECK(std::abs(int(a.q[i])) <= 127);
+    if (i % 3 == 0) CHECK(std::abs(int(a.q[i])) == 127);
+  }
+  Mat m = RandomMat(WeightFormat::kMxfp4, 4, 64, rng);
+  Ref ref = ReferenceQ8(m, a);
+  for (Isa isa : SupportedIsas()) {
+    SetIsaForTesting(isa);
+    std::vector<float> y(4);
+    MatMulQ8(m.View(), a, y.data());
+    for (float v : y) CHECK(std::isfinite(v));
+    CheckAgainst(ref, y, std::string("extreme acts ") + IsaName(isa));
+  }
+}
+
+TEST_CASE("K3_FORCE_ISA names and CPUID") {
+  CHECK(IsaSupported(Isa::kScalar));
+  CHECK(std::string(IsaName(Isa::kAvx512)) == "avx512");
+  CHECK(IsaSupported(ActiveIsa()));
+  if (!IsaSupported(Isa::kAvx512)) CHECK_THROWS(SetIsaForTesting(Isa::kAvx512));
+  MESSAGE("ISAs on this machine: " << SupportedIsas().size() << ", active " << IsaName(ActiveIsa()));
+}
