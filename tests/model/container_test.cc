@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "k3/container/safetensors.h"

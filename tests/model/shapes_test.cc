@@ -16,6 +16,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "k3/container/safetensors.h"

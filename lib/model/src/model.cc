@@ -191,6 +191,14 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
   const int64_t total = static_cast<int64_t>(ids.size());
   if (total == 0) return;
   const ModelConfig& c = model_.config();
+  // Refuse bad ids before any state moves, so a failed call leaves the session as it was.
+  for (int32_t id : ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                      std::to_string(c.vocab_size) + ")");
+    }
+  }
   // Grow the MLA caches (position-major, so growth is a prefix copy).
   if (pos_ + total > impl_->cache_cap) {
     int64_t cap = std::max<int64_t>(pos_ + total, impl_->cache_cap * 2);
