@@ -1,0 +1,575 @@
+#include "k3/stream/streaming_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "io_engine.h"
+#include "k3/core/error.h"
+#include "k3/core/log.h"
+#include "k3/core/sys.h"
+
+namespace k3::stream {
+
+using detail::Engine;
+using detail::FileEntry;
+using detail::kDirectAlign;
+using detail::Load;
+using detail::ReadReq;
+
+namespace {
+
+constexpr char kNoUringKey = 0;
+constexpr char kUringOffKey = 0;
+constexpr char kNoDirectKey = 0;
+constexpr char kFloorKey = 0;
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+using BufferPtr = std::unique_ptr<std::byte, FreeDeleter>;
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+StreamOptions StreamOptions::FromEnv() {
+  StreamOptions o;
+  if (GetEnv("K3_EXPERT_GB")) {
+    const double gb = GetEnvDouble("K3_EXPERT_GB", 8.0);
+    if (!(gb >= 0)) {
+      throw Error(ErrorCode::kInvalidArgument, "must be >= 0 (decimal GB)", {}, Error::kNoOffset,
+                  "K3_EXPERT_GB");
+    }
+    o.budget_bytes = gb * 1e9;
+  }
+  o.direct = GetEnvBool("K3_DIRECT", true);
+  o.uring = GetEnvBool("K3_URING", true);
+  o.pipe = GetEnvBool("K3_PIPE", true);
+  o.load_threads = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_LOAD_THREADS", 4), 1, 16));
+  o.queue_depth = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_QD", 8), 1, 64));
+  o.window = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_WINDOW", 32), 1, 4096));
+  return o;
+}
+
+CachePlan PlanCache(const ModelConfig& config, const StreamOptions& options,
+                    uint64_t resident_bytes, uint64_t available_bytes) {
+  CachePlan p;
+  p.slot_bytes = model::ExpertTable::SlotBytesFor(config);
+  p.moe_layers = std::max<int64_t>(1, config.num_moe_layers());
+  p.resident_bytes = resident_bytes;
+  p.available_bytes = available_bytes;
+  p.from_env = options.budget_bytes >= 0;
+  const double per_slot_all_layers =
+      static_cast<double>(p.slot_bytes) * static_cast<double>(p.moe_layers);
+  double budget;
+  if (p.from_env) {
+    budget = options.budget_bytes;
+  } else {
+    // What the machine can give: most of MemAvailable (the kernel's own
+    // estimate keeps some slack) minus what inference still needs besides
+    // the cache. Resident weights are already out of MemAvailable.
+    budget = 0.88 * static_cast<double>(available_bytes) - options.reserve_bytes;
+  }
+  const double slots = std::floor(std::max(0.0, budget) / per_slot_all_layers);
+  p.slots_per_layer = std::clamp<int64_t>(
+      slots > 1e12 ? config.num_experts : static_cast<int64_t>(slots), 1, config.num_experts);
+  p.cache_bytes = static_cast<uint64_t>(p.slots_per_layer) * static_cast<uint64_t>(p.moe_layers) *
+                  p.slot_bytes;
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+struct StreamingExpertStore::Impl {
+  struct CacheSlot {
+    int64_t expert = -1;
+    uint64_t used = 0;      // LRU stamp
+    bool reserved = false;  // a hit of the current pass, not yet released
+    int refs = 0;
+    BufferPtr buf;
+    size_t data_off = 0;  // the slot starts here (O_DIRECT alignment pad)
+  };
+  struct PassEntry {
+    int32_t expert = -1;
+    int cache_idx = -1;  // hit: index into the layer's cache
+    std::unique_ptr<Load> load;  // miss
+    BufferPtr buf;               // miss: until promoted or recycled
+    size_t data_off = 0;
+    bool submitted = false;
+    bool acquired = false;
+    bool released = false;
+  };
+
+  detail::FileTable files;
+  std::unordered_map<int, uint32_t> file_of_fd;
+  detail::IoCounters counters;
+  std::vector<std::vector<CacheSlot>> cache;  // per layer
+  std::vector<BufferPtr> free_bufs;
+  size_t buf_bytes = 0;
+  uint64_t clock = 0;
+
+  // The current pass.
+  bool in_pass = false;
+  int64_t layer = -1;
+  std::vector<PassEntry> pass;
+  std::vector<int> pass_idx;     // per expert id: index into pass, -1
+  std::vector<size_t> miss_idx;  // pass indices of misses, in pass order
+  size_t next_submit = 0;        // into miss_idx
+  int outstanding = 0;           // submitted miss buffers not yet released
+  double pass_t0 = 0;
+  double pass_wait = 0;
+  double first_submit = 0;
+  std::exception_ptr deferred;   // an error raised inside noexcept Release()
+  int64_t last_layer = INT64_MAX;
+
+  // Declared last: destroyed first, so no read is in flight when the buffers go.
+  std::unique_ptr<Engine> engine;
+
+  BufferPtr TakeBuffer() {
+    if (!free_bufs.empty()) {
+      BufferPtr b = std::move(free_bufs.back());
+      free_bufs.pop_back();
+      return b;
+    }
+    void* p = std::aligned_alloc(kDirectAlign, buf_bytes);
+    if (p == nullptr) {
+      throw Error(ErrorCode::kNoSpace,
+                  "cannot allocate a " + std::to_string(buf_bytes) + "-byte expert buffer");
+    }
+    return BufferPtr(static_cast<std::byte*>(p));
+  }
+};
+
+StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
+                                           const ModelConfig& config, StreamOptions options)
+    : table_(snapshot, config), options_(options), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  options_.window = std::max(1, options_.window);
+  plan_ = PlanCache(config, options_, PeakRssBytes(), MemAvailableBytes());
+  if (plan_.from_env && options_.budget_bytes <
+                            static_cast<double>(plan_.slot_bytes) * static_cast<double>(plan_.moe_layers)) {
+    LogOnce(&kFloorKey, LogLevel::kWarn,
+            "expert cache: K3_EXPERT_GB below one slot per MoE layer; using the floor of 1 slot");
+  }
+  if (options_.log_projection) {
+    const double working = static_cast<double>(options_.window) *
+                           static_cast<double>(plan_.slot_bytes);
+    Log(LogLevel::kInfo,
+        "expert cache: %lld slot(s)/layer x %lld MoE layers x %s = %s (%s); resident %s, "
+        "MemAvailable %s, reserve %s, read window %s; projected peak %s",
+        static_cast<long long>(plan_.slots_per_layer), static_cast<long long>(plan_.moe_layers),
+        FormatBytes(plan_.slot_bytes).c_str(), FormatBytes(plan_.cache_bytes).c_str(),
+        plan_.from_env ? "K3_EXPERT_GB" : "sized from MemAvailable",
+        FormatBytes(plan_.resident_bytes).c_str(), FormatBytes(plan_.available_bytes).c_str(),
+        FormatBytes(static_cast<uint64_t>(options_.reserve_bytes)).c_str(),
+        FormatBytes(static_cast<uint64_t>(working)).c_str(),
+        FormatBytes(plan_.resident_bytes + plan_.cache_bytes + static_cast<uint64_t>(working)).c_str());
+  }
+
+  // Files: the snapshot's buffered fds plus an O_DIRECT twin each.
+  const auto& shards = snapshot.shards();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    auto f = std::make_unique<FileEntry>();
+    f->path = shards[i].path();
+    f->buffered_fd = shards[i].fd();
+    f->size = FileSizeOrThrow(f->buffered_fd, f->path);
+    if (options_.direct) {
+      f->direct_fd = TryOpen(f->path, O_RDONLY | O_DIRECT);
+      if (f->direct_fd.valid()) {
+        f->direct_ok = true;
+      } else {
+        const int err = errno;
+        LogOnce(&kNoDirectKey, LogLevel::kWarn,
+                "expert streaming: O_DIRECT refused on %s (%s; tmpfs/NFS/FUSE?); using buffered "
+                "reads with posix_fadvise for such files",
+                f->path.c_str(), std::strerror(err));
+      }
+    }
+    m.file_of_fd[f->buffered_fd] = static_cast<uint32_t>(i);
+    m.files.files.push_back(std::move(f));
+  }
+  m.buf_bytes = static_cast<size_t>(RoundUp(table_.slot_bytes() + 2 * kDirectAlign, kDirectAlign));
+  m.cache.resize(static_cast<size_t>(config.num_hidden_layers));
+  m.pass_idx.assign(static_cast<size_t>(config.num_experts), -1);
+
+  if (options_.uring) {
+    int err = 0;
+    m.engine = detail::MakeUringEngine(m.files, options_, m.counters, &err);
+    if (!m.engine) {
+      LogOnce(&kNoUringKey, LogLevel::kWarn,
+              "expert streaming: io_uring unavailable (%s); reading experts with %d pread threads",
+              std::strerror(err), std::clamp(options_.load_threads, 1, 16));
+    }
+  } else {
+    LogOnce(&kUringOffKey, LogLevel::kInfo,
+            "expert streaming: io_uring off (K3_URING=0); reading experts with %d pread threads",
+            std::clamp(options_.load_threads, 1, 16));
+  }
+  if (!m.engine) m.engine = detail::MakePoolEngine(m.files, options_, m.counters);
+}
+
+StreamingExpertStore::~StreamingExpertStore() {
+  if (impl_ && impl_->engine) impl_->engine->Drain();
+}
+
+const char* StreamingExpertStore::backend() const { return impl_->engine->name(); }
+
+bool StreamingExpertStore::direct() const {
+  for (const auto& f : impl_->files.files) {
+    if (f->direct_ok.load()) return true;
+  }
+  return false;
+}
+
+model::ExpertStoreStats StreamingExpertStore::stats() const {
+  model::ExpertStoreStats s;
+  s.bytes_read = stats_.total.bytes_read;
+  s.hits = stats_.total.hits;
+  s.misses = stats_.total.misses;
+  s.blocked_seconds = stats_.total.io_wait_s;
+  return s;
+}
+
+namespace {
+
+// Builds the read requests of one miss into `buf`; returns the data offset.
+size_t PlanReads(const model::ExpertTable& table, detail::FileTable& files,
+                 const std::unordered_map<int, uint32_t>& file_of_fd, int64_t layer,
+                 int64_t expert, std::byte* buf, Load* load) {
+  const uint64_t slot = table.slot_bytes();
+  size_t data_off = 0;
+  auto add = [&](uint32_t file, bool direct, uint64_t offset, uint64_t len, std::byte* dst) {
+    ReadReq r;
+    r.load = load;
+    r.file = file;
+    r.direct = direct;
+    r.offset = offset;
+    r.len = len;
+    r.dst = dst;
+    load->reqs.push_back(r);
+    load->bytes += len;
+  };
+  load->reqs.reserve(model::kExpertParts + 1);
+  if (table.contiguous(layer, expert)) {
+    const uint32_t fi = table.disk_key(layer, expert).file_idx;
+    const FileEntry& f = *files.files[fi];
+    const uint64_t off = table.offset(layer, expert, model::ExpertPart::kW1p);
+    if (f.direct_ok.load(std::memory_order_relaxed)) {
+      // The aligned superset: from the block holding the first byte, whole
+      // blocks, but never past the last whole block of the file; the tail
+      // of a file (not a block multiple) comes through the page cache.
+      const uint64_t a0 = off & ~(kDirectAlign - 1);
+      const uint64_t pad = off - a0;
+      const uint64_t want = pad + slot;
+      uint64_t dlen = RoundUp(want, kDirectAlign);
+      if (a0 + dlen > f.size) dlen = f.size > a0 ? (f.size - a0) & ~(kDirectAlign - 1) : 0;
+      if (dlen > 0) add(fi, true, a0, dlen, buf);
+      if (dlen < want) add(fi, false, a0 + dlen, want - dlen, buf + dlen);
+      data_off = static_cast<size_t>(pad);
+    } else {
+      add(fi, false, off, slot, buf);
+    }
+  } else {
+    for (int p = 0; p < model::kExpertParts; ++p) {
+      const auto part = static_cast<model::ExpertPart>(p);
+      const uint32_t fi = file_of_fd.at(table.fd(layer, expert, part));
+      add(fi, false, table.offset(layer, expert, part), table.part_bytes(part),
+          buf + table.part_offset_in_slot(part));
+    }
+  }
+  load->pending.store(static_cast<int>(load->reqs.size()));
+  return data_off;
+}
+
+using Impl = StreamingExpertStore::Impl;
+
+// Submits the misses miss_idx[next_submit, until).
+void SubmitUntil(Impl& m, const model::ExpertTable& table, size_t until) {
+  until = std::min(until, m.miss_idx.size());
+  for (; m.next_submit < until; ++m.next_submit) {
+    Impl::PassEntry& pe = m.pass[m.miss_idx[m.next_submit]];
+    pe.buf = m.TakeBuffer();
+    pe.load = std::make_unique<Load>();
+    pe.data_off =
+        PlanReads(table, m.files, m.file_of_fd, m.layer, pe.expert, pe.buf.get(), pe.load.get());
+    if (m.first_submit == 0) m.first_submit = NowSeconds();
+    pe.submitted = true;
+    ++m.outstanding;
+    m.engine->Submit(pe.load.get());
+  }
+}
+
+// K3_PIPE=1: keep `window` miss buffers outstanding.
+void FillWindow(Impl& m, const model::ExpertTable& table, int window) {
+  const size_t room = window > m.outstanding ? static_cast<size_t>(window - m.outstanding) : 0;
+  SubmitUntil(m, table, m.next_submit + room);
+}
+
+// K3_PIPE=0: read the next block of misses (at least through `through`)
+// completely before computing; returns the seconds waited.
+double ReadBlock(Impl& m, const model::ExpertTable& table, int window, size_t through) {
+  const size_t first = m.next_submit;
+  SubmitUntil(m, table, std::max(through + 1, first + static_cast<size_t>(window)));
+  const double t0 = NowSeconds();
+  for (size_t i = first; i < m.next_submit; ++i) {
+    Load* load = m.pass[m.miss_idx[i]].load.get();
+    if (load->pending.load(std::memory_order_acquire) > 0) m.engine->Wait(load);
+  }
+  return NowSeconds() - t0;
+}
+
+// A released miss joins the layer's LRU: an empty slot, else the least
+// recently used slot no one holds or still needs this pass; else its buffer
+// is recycled (not cached).
+void Promote(Impl& m, int64_t layer, int64_t cap, Impl::PassEntry& pe) {
+  auto& slots = m.cache[static_cast<size_t>(layer)];
+  Impl::CacheSlot* dst = nullptr;
+  if (static_cast<int64_t>(slots.size()) < cap) {
+    dst = &slots.emplace_back();
+  } else {
+    for (auto& s : slots) {
+      if (!s.reserved && s.refs == 0 && (dst == nullptr || s.used < dst->used)) dst = &s;
+    }
+  }
+  if (dst == nullptr) {
+    m.free_bufs.push_back(std::move(pe.buf));
+    return;
+  }
+  if (dst->buf) m.free_bufs.push_back(std::move(dst->buf));
+  dst->expert = pe.expert;
+  dst->used = ++m.clock;
+  dst->reserved = false;
+  dst->refs = 0;
+  dst->buf = std::move(pe.buf);
+  dst->data_off = pe.data_off;
+}
+
+}  // namespace
+
+void StreamingExpertStore::AbandonPass() noexcept {
+  Impl& m = *impl_;
+  if (!m.in_pass) return;
+  // Reads still in flight target pass buffers: drain before reusing them.
+  m.engine->Drain();
+  for (auto& e : m.pass) {
+    if (e.buf) m.free_bufs.push_back(std::move(e.buf));
+    m.pass_idx[static_cast<size_t>(e.expert)] = -1;
+  }
+  for (auto& s : m.cache[static_cast<size_t>(m.layer)]) {
+    s.reserved = false;
+    s.refs = 0;
+  }
+  m.pass.clear();
+  m.miss_idx.clear();
+  m.in_pass = false;
+}
+
+void StreamingExpertStore::Bump(uint64_t StepStats::*field, uint64_t v) {
+  stats_.steps.back().*field += v;
+  stats_.total.*field += v;
+}
+
+void StreamingExpertStore::BumpSeconds(double StepStats::*field, double v) {
+  stats_.steps.back().*field += v;
+  stats_.total.*field += v;
+}
+
+void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> experts) {
+  Impl& m = *impl_;
+  AbandonPass();  // only does something after an exception mid-pass
+  m.deferred = nullptr;
+  K3_CHECK(layer >= 0 && layer < static_cast<int64_t>(m.cache.size()));
+  if (layer <= m.last_layer || stats_.steps.empty()) stats_.steps.emplace_back();
+  m.last_layer = layer;
+  auto& slots = m.cache[static_cast<size_t>(layer)];
+  m.in_pass = true;
+  m.layer = layer;
+  m.pass_t0 = NowSeconds();
+  m.pass_wait = 0;
+  m.first_submit = 0;
+  m.pass.clear();
+  m.miss_idx.clear();
+  m.next_submit = 0;
+  m.outstanding = 0;
+  m.pass.reserve(experts.size());
+  for (int32_t e : experts) {
+    K3_CHECK(e >= 0 && e < table_.num_experts());
+    if (m.pass_idx[static_cast<size_t>(e)] >= 0) continue;  // the union is unique; be safe
+    Impl::PassEntry pe;
+    pe.expert = e;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].expert == e) {
+        pe.cache_idx = static_cast<int>(i);
+        slots[i].reserved = true;  // not evictable until this pass releases it
+        break;
+      }
+    }
+    if (pe.cache_idx < 0) {
+      if (!table_.present(layer, e)) {
+        AbandonPass();
+        // Names the missing tensor and the shard the index promises.
+        std::vector<std::byte> none(table_.slot_bytes());
+        table_.ReadSlotOrThrow(layer, e, none);
+      }
+      m.miss_idx.push_back(m.pass.size());
+    }
+    m.pass_idx[static_cast<size_t>(e)] = static_cast<int>(m.pass.size());
+    m.pass.push_back(std::move(pe));
+  }
+  Bump(&StepStats::unique_experts, m.pass.size());
+
+  // Buffered files read by the pool: let the kernel start on the pages now.
+  if (std::string_view(m.engine->name()) != "io_uring") {
+    for (size_t i : m.miss_idx) {
+      const int32_t e = m.pass[i].expert;
+      if (!table_.contiguous(layer, e)) continue;
+      const FileEntry& f = *m.files.files[table_.disk_key(layer, e).file_idx];
+      if (f.direct_ok.load(std::memory_order_relaxed)) continue;
+      ::posix_fadvise(f.buffered_fd,
+                      static_cast<off_t>(table_.offset(layer, e, model::ExpertPart::kW1p)),
+                      static_cast<off_t>(table_.slot_bytes()), POSIX_FADV_WILLNEED);
+    }
+  }
+  if (m.miss_idx.empty()) return;
+  if (options_.pipe) {
+    FillWindow(m, table_, options_.window);
+  } else {
+    const double waited = ReadBlock(m, table_, options_.window, 0);
+    m.pass_wait += waited;
+    BumpSeconds(&StepStats::io_wait_s, waited);
+  }
+}
+
+model::ExpertView StreamingExpertStore::Acquire(int64_t layer, int64_t expert) {
+  Impl& m = *impl_;
+  if (m.deferred) std::rethrow_exception(m.deferred);
+  K3_CHECK(m.in_pass && layer == m.layer);
+  K3_CHECK(expert >= 0 && expert < table_.num_experts());
+  int idx = m.pass_idx[static_cast<size_t>(expert)];
+  if (idx < 0) {
+    // Not announced at BeginLayer: read it on demand, after the others.
+    std::array<int32_t, 1> one{static_cast<int32_t>(expert)};
+    if (!table_.present(layer, expert)) {
+      std::vector<std::byte> none(table_.slot_bytes());
+      table_.ReadSlotOrThrow(layer, expert, none);
+    }
+    Impl::PassEntry pe;
+    pe.expert = one[0];
+    for (size_t i = 0; i < m.cache[static_cast<size_t>(layer)].size(); ++i) {
+      if (m.cache[static_cast<size_t>(layer)][i].expert == expert) pe.cache_idx = static_cast<int>(i);
+    }
+    if (pe.cache_idx < 0) m.miss_idx.push_back(m.pass.size());
+    idx = static_cast<int>(m.pass.size());
+    m.pass_idx[static_cast<size_t>(expert)] = idx;
+    m.pass.push_back(std::move(pe));
+    Bump(&StepStats::unique_experts, 1);
+  }
+  Impl::PassEntry& pe = m.pass[static_cast<size_t>(idx)];
+  if (pe.cache_idx >= 0) {
+    Impl::CacheSlot& s = m.cache[static_cast<size_t>(layer)][static_cast<size_t>(pe.cache_idx)];
+    ++s.refs;
+    s.reserved = true;
+    s.used = ++m.clock;
+    Bump(&StepStats::hits, 1);
+    return table_.ViewOfSlot(s.buf.get() + s.data_off);
+  }
+  if (!pe.submitted) {
+    const size_t pos = static_cast<size_t>(
+        std::find(m.miss_idx.begin(), m.miss_idx.end(), static_cast<size_t>(idx)) -
+        m.miss_idx.begin());
+    if (options_.pipe) {
+      SubmitUntil(m, table_, std::max(pos + 1, m.next_submit));
+    } else {
+      const double waited = ReadBlock(m, table_, options_.window, pos);
+      m.pass_wait += waited;
+      BumpSeconds(&StepStats::io_wait_s, waited);
+    }
+  }
+  if (pe.load->pending.load(std::memory_order_acquire) > 0) {
+    const double t0 = NowSeconds();
+    m.engine->Wait(pe.load.get());
+    const double waited = NowSeconds() - t0;
+    m.pass_wait += waited;
+    BumpSeconds(&StepStats::io_wait_s, waited);
+  }
+  if (pe.load->error) {
+    Error e = *pe.load->error;
+    e = e.WithObject(table_.TensorName(layer, expert, model::ExpertPart::kW1p));
+    throw e;
+  }
+  pe.acquired = true;
+  Bump(&StepStats::misses, 1);
+  Bump(&StepStats::bytes_read, pe.load->bytes);
+  return table_.ViewOfSlot(pe.buf.get() + pe.data_off);
+}
+
+void StreamingExpertStore::Release(int64_t layer, int64_t expert) noexcept {
+  Impl& m = *impl_;
+  if (!m.in_pass || layer != m.layer || expert < 0 || expert >= table_.num_experts()) return;
+  const int idx = m.pass_idx[static_cast<size_t>(expert)];
+  if (idx < 0) return;
+  Impl::PassEntry& pe = m.pass[static_cast<size_t>(idx)];
+  if (pe.cache_idx >= 0) {
+    Impl::CacheSlot& s = m.cache[static_cast<size_t>(layer)][static_cast<size_t>(pe.cache_idx)];
+    if (s.refs > 0 && --s.refs == 0) s.reserved = false;
+    return;
+  }
+  if (!pe.acquired || pe.released) return;
+  pe.released = true;
+  Promote(m, layer, plan_.slots_per_layer, pe);
+  --m.outstanding;
+  try {
+    if (options_.pipe) FillWindow(m, table_, options_.window);
+    m.engine->Poll();
+  } catch (...) {
+    m.deferred = std::current_exception();
+  }
+}
+
+void StreamingExpertStore::EndLayer(int64_t layer) {
+  Impl& m = *impl_;
+  K3_CHECK(m.in_pass && layer == m.layer);
+  if (m.deferred) {
+    AbandonPass();
+    std::rethrow_exception(m.deferred);
+  }
+  // Misses announced but never used still have reads in flight: finish them
+  // before their buffers are reused.
+  double last_done = 0;
+  for (auto& pe : m.pass) {
+    if (pe.cache_idx >= 0) {
+      Impl::CacheSlot& s = m.cache[static_cast<size_t>(layer)][static_cast<size_t>(pe.cache_idx)];
+      s.reserved = false;
+      s.refs = 0;
+    } else if (pe.submitted) {
+      if (pe.load->pending.load(std::memory_order_acquire) > 0) m.engine->Wait(pe.load.get());
+      last_done = std::max(last_done, pe.load->done_time.load());
+      if (pe.acquired && !pe.released) {
+        pe.released = true;
+        Promote(m, layer, plan_.slots_per_layer, pe);
+      }
+      if (pe.buf) m.free_bufs.push_back(std::move(pe.buf));
+    }
+    m.pass_idx[static_cast<size_t>(pe.expert)] = -1;
+  }
+  const double now = NowSeconds();
+  if (m.first_submit > 0 && last_done >= m.first_submit) {
+    BumpSeconds(&StepStats::io_busy_s, last_done - m.first_submit);
+  }
+  BumpSeconds(&StepStats::compute_s, std::max(0.0, (now - m.pass_t0) - m.pass_wait));
+  stats_.read_ops = m.counters.read_ops.load();
+  stats_.retries = m.counters.retries.load();
+  stats_.short_reads = m.counters.short_reads.load();
+  m.pass.clear();
+  m.miss_idx.clear();
+  m.in_pass = false;
+}
+
+}  // namespace k3::stream
+
