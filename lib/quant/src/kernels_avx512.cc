@@ -343,20 +343,17 @@ struct Q8Buffered {
   __m512i Chunk(size_t k, bool) const { return _mm512_loadu_si512(wu + k * 64); }
 };
 
-// Row o's per-32-group weight factor: E8M0*0.5 for MXFP4 (doubled codes), the
-// g64 scale for int4, none for int8 (its row scale multiplies the total).
-const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
+// Row o's per-32-group weight factor into `gs`: E8M0*0.5 for MXFP4 (doubled
+// codes), the g64 scale for int4; int8 has none (its row scale multiplies the total).
+void GroupScalesQ8(const WeightView& w, size_t o, float* gs) noexcept {
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
-  if (w.format == WeightFormat::kInt8) return nullptr;
-  float* gs = Grow(s.gscale, groups);
   if (w.format == WeightFormat::kMxfp4) {
     MxGroupScales(w.e8m0 + o * (n / kMxGroup), groups, gs);
-  } else {
+  } else if (w.format == WeightFormat::kInt4G64) {
     const float* s4 = w.scales + o * (n / kInt4Group);
     for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];
   }
-  return gs;
 }
 
 // -B·(sum of each lane's 4 activations), 16 lanes per 64 columns, per batch row.
@@ -377,35 +374,76 @@ const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
   return out;
 }
 
-// One activation row against one weight row. Groups are taken 16 at a time:
-// factors f_g = gs_g*xs_g (xs_g alone for int8) come from one multiply, and
-// pair k's vector [f_2k x8, f_2k+1 x8] is a lane permute of it; pair k's
-// converted dot goes to accumulator k & 3.
-template <bool kInt8, typename Src>
-float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr,
-            const float* xs, size_t groups) noexcept {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                 _mm512_setzero_ps()};
+// One activation row against R weight rows (R = 1 for batch 1, 4 in the
+// batched loop so each activation load feeds four dot products). Per element the
+// operations are fixed whatever R is: groups are taken 16 at a time, factors
+// f_g = gs_g*xs_g (xs_g alone for int8) come from one multiply, pair k's vector
+// [f_2k x8, f_2k+1 x8] is a lane permute of it, and one accumulator collects
+// cvt(dot)*f over the pairs in column order before a fixed-order reduction.
+template <bool kInt8, int R, typename Src>
+void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
+               const float* xs, size_t groups, float* out) noexcept {
+  __m512 a[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
   const __m512i pair_base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (size_t g0 = 0; g0 < groups; g0 += 16) {
     const size_t ng = groups - g0 >= 16 ? 16 : groups - g0;
     const __mmask16 gm = TailMask16(ng);
-    __m512 f16 = _mm512_maskz_loadu_ps(gm, xs + g0);
-    if constexpr (!kInt8) f16 = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, gs + g0), f16);
+    const __m512 xs16 = _mm512_maskz_loadu_ps(gm, xs + g0);
+    __m512 f16[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      f16[r] = kInt8 ? xs16 : _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, gs[r] + g0), xs16);
+    }
     const size_t pairs = (ng + 1) / 2;
     for (size_t k = 0; k < pairs; ++k) {
       const size_t c = (g0 + 2 * k) * 32;
       const bool half = 2 * k + 1 >= ng;
       const __m512i x = half ? _mm512_maskz_loadu_epi8(0xffffffffull, xq + c)
                              : _mm512_loadu_si512(xq + c);
-      const __m512i d =
-          _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + c / 4), w.Chunk(c / 64, half), x);
+      const __m512i cv = _mm512_loadu_si512(corr + c / 4);
       const __m512i idx = _mm512_add_epi32(pair_base, _mm512_set1_epi32(static_cast<int>(2 * k)));
-      const __m512 f = _mm512_permutexvar_ps(idx, f16);
-      a[k & 3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), f, a[k & 3]);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
+      }
     }
   }
-  return Reduce4(a[0], a[1], a[2], a[3]);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+}
+
+// Rows decoded once per chunk are reused by every activation row; kRowBlock rows
+// at a time share each activation load.
+constexpr int kRowBlock = 4;
+
+template <WeightFormat F, int R>
+void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
+                Scratch& s) noexcept {
+  constexpr bool kI8 = F == WeightFormat::kInt8;
+  const size_t n = w.cols;
+  const size_t groups = n / kActGroup;
+  const size_t chunks = (n + 63) / 64;
+  uint8_t* wu = Grow(s.wu, R * chunks * 64);
+  float* gsb = Grow(s.gscale, R * groups);
+  Q8Buffered src[R];
+  const float* gs[R];
+  for (int r = 0; r < R; ++r) {
+    const Q8Direct<F> d{RowBytes<F>(w, o + r)};
+    uint8_t* wr = wu + r * chunks * 64;
+    for (size_t k = 0; k < chunks; ++k) _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
+    src[r] = Q8Buffered{wr};
+    gs[r] = gsb + r * groups;
+    if (!kI8) GroupScalesQ8(w, o + r, gsb + r * groups);
+  }
+  for (size_t b = 0; b < x.batch; ++b) {
+    float d[R];
+    DotQ8Rows<kI8, R>(src, gs, x.q.data() + b * n, corr + b * chunks * 16,
+                      x.scales.data() + b * groups, groups, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
+  }
 }
 
 template <WeightFormat F>
@@ -414,28 +452,22 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
-  const size_t chunks = (n + 63) / 64;
   const int32_t* corr = ActCorrections(x, kBias<F>, s);
-  const float* xs = x.scales.data();
-  for (size_t o = r0; o < r1; ++o) {
-    const float* gs = GroupScalesQ8(w, o, s);
-    const float rs = kI8 ? w.scales[o] : 1.0f;
-    if (x.batch == 1) {
-      const float d = DotQ8<kI8>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), corr, xs, groups);
-      y[o] = kI8 ? d * rs : d;
-      continue;
+  if (x.batch == 1) {
+    float* gsb = Grow(s.gscale, groups);
+    const float* gs[1] = {gsb};
+    for (size_t o = r0; o < r1; ++o) {
+      if (!kI8) GroupScalesQ8(w, o, gsb);
+      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o)}};
+      float d;
+      DotQ8Rows<kI8, 1>(src, gs, x.q.data(), corr, x.scales.data(), groups, &d);
+      y[o] = kI8 ? d * w.scales[o] : d;
     }
-    uint8_t* wu = Grow(s.wu, chunks * 64);
-    const Q8Direct<F> src{RowBytes<F>(w, o)};
-    for (size_t k = 0; k < chunks; ++k) {
-      _mm512_storeu_si512(wu + k * 64, src.Chunk(k, (k + 1) * 64 > n));
-    }
-    for (size_t b = 0; b < x.batch; ++b) {
-      const float d = DotQ8<kI8>(Q8Buffered{wu}, gs, x.q.data() + b * n, corr + b * chunks * 16,
-                                 xs + b * groups, groups);
-      y[b * w.rows + o] = kI8 ? d * rs : d;
-    }
+    return;
   }
+  size_t o = r0;
+  for (; o + kRowBlock <= r1; o += kRowBlock) RowBlockQ8<F, kRowBlock>(w, x, corr, o, y, s);
+  for (; o < r1; ++o) RowBlockQ8<F, 1>(w, x, corr, o, y, s);
 }
 
 void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
