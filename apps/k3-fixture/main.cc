@@ -45,12 +45,15 @@ k3::fixture::ModelDims DimsFromConfig(const k3::ModelConfig& c) {
 }
 
 int RunCheck(const std::string& dir) {
+  const double t0 = k3::NowSeconds();
   k3::Snapshot snapshot = k3::Snapshot::OpenOrThrow(dir);
+  const double open_s = k3::NowSeconds() - t0;
   k3::ModelConfig config =
       k3::ModelConfig::ParseOrThrow(snapshot.config_json(), dir + "/config.json");
   k3::fixture::CheckReport r = k3::fixture::CheckSnapshot(snapshot, DimsFromConfig(config),
                                                           config.bos_token_id, config.eos_token_ids);
-  std::printf("snapshot   %s\n", dir.c_str());
+  std::printf("snapshot   %s (headers parsed in %.3f s, checked in %.3f s)\n", dir.c_str(), open_s,
+              k3::NowSeconds() - t0 - open_s);
   std::printf("prefix     '%s'\n", snapshot.prefix().c_str());
   std::printf("shards     %zu, tensors %zu (text %zu, vision %zu), %s of tensor data\n",
               r.num_shards, r.num_tensors, r.num_text_tensors, r.num_vision_tensors,
