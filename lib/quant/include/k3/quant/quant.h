@@ -1,5 +1,5 @@
 // Weight formats, quantizers and matrix kernels (spec §6; byte layouts in
-// docs/formats.md). This header is the contract between lib/quant and its users
+// docs/quant.md). This header is the contract between lib/quant and its users
 // (lib/model, k3-repack): the implementations may change, these semantics may not.
 //
 // Determinism contract: every output element of MatMul / MatMulQ8 is computed by
