@@ -13,6 +13,7 @@
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/model/model.h"
+#include "k3/stream/streaming_store.h"
 #include "k3/tokenizer/tokenizer.h"
 
 namespace k3::run {
@@ -65,6 +66,8 @@ void RunGenerate(const GenerateArgs& args) {
   if (auto dirs = GetEnv("K3_DIRS")) so.extra_dirs = SplitDirList(*dirs);
   std::unique_ptr<model::Model> m = model::Model::LoadOrThrow(args.model_dir, lo, so);
   const ModelConfig& c = m->config();
+  // Routed experts: io_uring streaming store sized by K3_EXPERT_GB or the machine.
+  stream::StreamingExpertStore& streaming = stream::InstallStreamingStoreFromEnv(*m);
 
   // The tokenizer is optional with --ids (a container may not ship tiktoken.model).
   std::optional<tok::Tokenizer> tokenizer;
@@ -184,6 +187,11 @@ void RunGenerate(const GenerateArgs& args) {
     j.Field("peak_rss_bytes", PeakRssBytes());
     j.Field("idot", ro.idot);
     j.Field("chunk", static_cast<int64_t>(ro.chunk));
+    stream::WriteStreamStatsJson(
+        streaming,
+        static_cast<uint64_t>(T) * static_cast<uint64_t>(c.num_experts_per_token) *
+            static_cast<uint64_t>(c.num_moe_layers()),
+        (T + static_cast<size_t>(ro.chunk) - 1) / static_cast<size_t>(ro.chunk), j);
     j.EndObject();
     j.EndObject();
     std::printf("%s\n", j.str().c_str());
