@@ -167,6 +167,7 @@ class Verifier {
   std::optional<Fingerprint> fingerprint_;
   std::optional<Snapshot> source_;
   std::string prefix_;
+  int inner_threads_ = 1;  // quantization threads inside one file's stream
 };
 
 void Verifier::CheckIndex() {
@@ -409,7 +410,8 @@ std::string Verifier::StreamShard(size_t s) {
         expect_q.resize(n * q_row);
         scratch.resize(n * cols);
         QuantizeBlock(src->info->dtype, src_buf.data(), n, cols, qshape, expect_q.data(),
-                      scales.data() + r * qshape.scales_per_row(cols), scratch.data(), 1);
+                      scales.data() + r * qshape.scales_per_row(cols), scratch.data(),
+                      inner_threads_);
         if (std::memcmp(expect_q.data(), buf.data(), n * q_row) != 0) {
           for (uint64_t k = 0; k < n * q_row; ++k) {
             if (expect_q[k] != buf[k]) {
@@ -536,6 +538,10 @@ void Verifier::CheckChecksums() {
   std::map<std::string, size_t> shard_pos;
   for (size_t s = 0; s < shard_names_.size(); ++s) shard_pos[shard_names_[s]] = s;
   const int threads = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
+  // Files stream in parallel; re-quantization inside each may use every core too
+  // (one big dense shard would otherwise run on a single thread at the end).
+  inner_threads_ = threads;
+  omp_set_max_active_levels(2);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t k = 0; k < static_cast<int64_t>(to_hash.size()); ++k) {
     const std::string& name = to_hash[static_cast<size_t>(k)];
