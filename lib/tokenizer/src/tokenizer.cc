@@ -219,10 +219,14 @@ struct Tokenizer::Impl {
   std::vector<TokenId> specials_by_byte[256];
   bool special_first_byte[256] = {};
   std::optional<TokenId> bos, eos;
-  pcre2_code* regex = nullptr;
-  bool jit = false;
+  // [0]: Unicode 14 classes (fast); [1]: plus the Unicode 15-16 additions.
+  pcre2_code* regex[2] = {nullptr, nullptr};
+  bool jit[2] = {false, false};
 
-  ~Impl() { pcre2_code_free(regex); }
+  ~Impl() {
+    pcre2_code_free(regex[0]);
+    pcre2_code_free(regex[1]);
+  }
 
   std::string_view Bytes(TokenId id) const {
     auto [off, len] = spans[id];
@@ -230,23 +234,25 @@ struct Tokenizer::Impl {
   }
 
   void CompileRegex() {
-    std::string pattern = KimiPcre2Pattern();
-    int err = 0;
-    PCRE2_SIZE err_off = 0;
-    regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF,
-                          &err, &err_off, nullptr);
-    if (!regex) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      throw Error(ErrorCode::kInternal, "pre-tokenizer regex does not compile at " +
-                                            std::to_string(err_off) + ": " +
-                                            reinterpret_cast<char*>(msg));
-    }
-    jit = pcre2_jit_compile(regex, PCRE2_JIT_COMPLETE) == 0;
-    if (!jit) {
-      static const char kKey = 0;
-      LogOnce(&kKey, LogLevel::kWarn,
-              "tokenizer: PCRE2 JIT unavailable, using the interpreter (slower)");
+    for (int k = 0; k < 2; ++k) {
+      std::string pattern = KimiPcre2Pattern(k == 1);
+      int err = 0;
+      PCRE2_SIZE err_off = 0;
+      regex[k] = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF,
+                               &err, &err_off, nullptr);
+      if (!regex[k]) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        throw Error(ErrorCode::kInternal, "pre-tokenizer regex does not compile at " +
+                                              std::to_string(err_off) + ": " +
+                                              reinterpret_cast<char*>(msg));
+      }
+      jit[k] = pcre2_jit_compile(regex[k], PCRE2_JIT_COMPLETE) == 0;
+      if (!jit[k]) {
+        static const char kKey = 0;
+        LogOnce(&kKey, LogLevel::kWarn,
+                "tokenizer: PCRE2 JIT unavailable, using the interpreter (slower)");
+      }
     }
   }
 
@@ -367,6 +373,9 @@ struct Tokenizer::Impl {
   template <typename Fn>
   void ForEachPiece(std::string_view text, Fn&& fn) const {
     RegexScratch& scratch = ThreadScratch();
+    const int k = NeedsUnicode16Pattern(text) ? 1 : 0;
+    pcre2_code* regex = this->regex[k];
+    const bool jit = this->jit[k];
     auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t len = text.size(), offset = 0;
     while (offset < len) {

@@ -3,6 +3,8 @@
 #include <simdjson.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "k3/core/file.h"
 #include "k3/tokenizer/tokenizer.h"
 #include "bpe_internal.h"
+#include "regex_pattern.h"
 
 using k3::tok::TokenId;
 using k3::tok::Tokenizer;
@@ -153,6 +156,56 @@ TEST_CASE("pre-tokenizer: Han is Script=Han, not Script_Extensions") {
   REQUIRE(pieces.size() == 3);
   CHECK(pieces[1] == "\xC2\x85");
   CHECK(pieces[2] == "\xC2\x85" "b");
+}
+
+TEST_CASE("letters and numbers of Unicode 15-16 split as tiktoken splits them") {
+  // Strings where PCRE2's own Unicode 14 tables give different ids; the ids were
+  // produced by tiktoken 1.0.22 (npm) with this vocabulary.
+  std::string path = std::string(__FILE__);
+  path = path.substr(0, path.rfind('/')) + "/../testdata/tiktoken_unicode16.jsonl";
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  simdjson::dom::parser parser;
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    simdjson::dom::element o = parser.parse(line).value();
+    std::string text(o["text"].get_string().value());
+    std::vector<TokenId> want;
+    for (auto id : o["ids"].get_array()) want.push_back(TokenId(id.get_int64().value()));
+    INFO("line " << n + 1);
+    CHECK(Tiny().EncodeOrdinary(text) == want);
+    ++n;
+  }
+  CHECK(n >= 40);
+  // The fast pattern is chosen only for text without such characters.
+  CHECK_FALSE(k3::tok::NeedsUnicode16Pattern("hello 中文 日本語 한국어 🍕 é"));
+  CHECK(k3::tok::NeedsUnicode16Pattern("O\xF0\x93\x9D\xB1's"));  // U+13771 (Unicode 16)
+  CHECK(k3::tok::NeedsUnicode16Pattern("\xE0\xA2\x97"));           // U+0897
+  CHECK_FALSE(k3::tok::NeedsUnicode16Pattern("\xE0\xA2\x96"));     // U+0896
+  CHECK_FALSE(k3::tok::NeedsUnicode16Pattern("\xF0\x93\x9D"));      // truncated
+}
+
+TEST_CASE("tiktoken fuzz file (lib/tokenizer/tools/tiktoken-fuzz.sh)") {
+  const char* file = std::getenv("K3_TIKTOKEN_FUZZ_FILE");
+  if (!file) return;  // only when the tool provides one
+  std::ifstream f(file);
+  REQUIRE(f.good());
+  simdjson::dom::parser parser;
+  std::string line;
+  int n = 0, bad = 0;
+  while (std::getline(f, line)) {
+    simdjson::dom::element o = parser.parse(line).value();
+    std::string text(o["text"].get_string().value());
+    std::vector<TokenId> want;
+    for (auto id : o["ids"].get_array()) want.push_back(TokenId(id.get_int64().value()));
+    ++n;
+    if (Tiny().EncodeOrdinary(text) != want) {
+      if (++bad <= 10) MESSAGE("mismatch on line " << n << ": " << line);
+    }
+  }
+  MESSAGE(n << " strings, " << bad << " mismatches");
+  CHECK(bad == 0);
 }
 
 TEST_CASE("Kimi's wrapper cuts runs longer than 25,000 characters") {
