@@ -7,7 +7,11 @@
 // these VMs is much slower than a read.
 #include <omp.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -77,32 +81,43 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Plain streaming read: a sum over 64-bit words, split across `threads` like the
-// kernels split rows. Returns GB/s (1e9 bytes).
-double StreamReadGbps(const std::vector<uint64_t>& buf, int threads, int reps) {
-  std::vector<double> secs;
-  volatile uint64_t sink = 0;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double t0 = NowSeconds();
-    uint64_t total = 0;
-    const size_t n = buf.size();
+// Plain streaming read: one pass summing 64-bit words, split across `threads`
+// like the kernels split rows. Returns seconds.
+double StreamReadPass(const std::vector<uint64_t>& buf, int threads) {
+  static volatile uint64_t sink = 0;
+  const double t0 = NowSeconds();
+  uint64_t total = 0;
+  const size_t n = buf.size();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-      const size_t b = n * t / nt, e = n * (t + 1) / nt;
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = b; i + 4 <= e; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      total += s0 + s1 + s2 + s3;
+  {
+    const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const size_t b = n * t / nt, e = n * (t + 1) / nt;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = b; i + 4 <= e; i += 4) {
+      s0 += buf[i];
+      s1 += buf[i + 1];
+      s2 += buf[i + 2];
+      s3 += buf[i + 3];
     }
-    sink = sink + total;
-    if (r > 0) secs.push_back(NowSeconds() - t0);  // the first pass only warms
+    total += s0 + s1 + s2 + s3;
   }
+  sink = sink + total;
+  return NowSeconds() - t0;
+}
+
+double StreamReadGbps(const std::vector<uint64_t>& buf, int threads, int reps) {
+  StreamReadPass(buf, threads);  // warm
+  std::vector<double> secs;
+  for (int r = 0; r < reps; ++r) secs.push_back(StreamReadPass(buf, threads));
   return double(buf.size() * 8) / Median(secs) / 1e9;
+}
+
+// Process CPU seconds (all threads): with wall time it shows how much of the
+// requested cores the benchmark really got on a shared machine.
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // One matrix's storage, filled with realistic bytes (MXFP4 scale bytes 112..122
@@ -180,10 +195,23 @@ struct Context {
   std::vector<double> mem_gbps;  // by thread count
 };
 
+// One timed configuration: medians over the repetitions. For decode the
+// streaming-read pass runs right before each kernel pass, so the two see the
+// same machine load and the ratio is the median of per-repetition ratios.
+struct Timing {
+  double secs_per_matrix = 0;
+  double mem_gbps = 0;
+  double ratio = 0;
+  double cpu_util = 0;  // process CPU time / (wall time x threads)
+};
+
 void Emit(const Options& opt, const Context& ctx, const std::string& kernel, const Shape& s,
-          size_t batch, int threads, const char* isa, double secs_per_matrix, size_t bytes,
-          double mem_gbps, double sgemm_gmacs, int copies) {
+          size_t batch, int threads, const char* isa, const Timing& tm, size_t bytes,
+          double sgemm_gmacs, int copies) {
+  const double secs_per_matrix = tm.secs_per_matrix;
+  const double mem_gbps = tm.mem_gbps;
   const double gbps = double(bytes) / secs_per_matrix / 1e9;
+  const double ratio = tm.ratio > 0 ? tm.ratio : gbps / mem_gbps;
   const double gmacs = double(s.rows) * s.cols * batch / secs_per_matrix / 1e9;
   JsonWriter j;
   j.BeginObject()
@@ -197,8 +225,9 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
       .Field("isa", isa)
       .Field("weight_gbps", gbps)
       .Field("mem_read_gbps", mem_gbps)
-      .Field("ratio", gbps / mem_gbps)
+      .Field("ratio", ratio)
       .Field("gmacs", gmacs)
+      .Field("cpu_util", tm.cpu_util)
       .Field("ms_per_matrix", secs_per_matrix * 1e3)
       .Field("copies", int64_t(copies))
       .Field("reps", int64_t(opt.reps));
@@ -207,41 +236,64 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
   if (opt.json) {
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("%-14s %-22s %6zux%-6zu b%-3zu t%d %-7s %7.2f GB/s  ratio %.2f  %7.1f GMAC/s",
-                kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, gbps / mem_gbps,
-                gmacs);
+    std::printf(
+        "%-16s %-13s %6zux%-6zu b%-3zu t%d %-8s %6.2f GB/s mem %5.2f ratio %.2f %6.1f GMAC/s cpu %.2f",
+        kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, mem_gbps, ratio, gmacs,
+        tm.cpu_util);
     if (sgemm_gmacs > 0) std::printf("  vs sgemm %.2fx", gmacs / sgemm_gmacs);
     std::printf("\n");
   }
   std::fflush(stdout);
 }
 
-// Median seconds of one pass over all copies, per matrix.
+// Median seconds of one pass over all copies, per matrix; with `mem` given, a
+// streaming-read pass over it precedes every kernel pass (see Timing).
 template <typename Fn>
-double TimePerMatrix(int reps, int copies, Fn&& run_copy) {
+Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
+                  const std::vector<uint64_t>* mem, Fn&& run_copy) {
   for (int c = 0; c < copies; ++c) run_copy(c);  // warm: page-ins, code, scratch
-  std::vector<double> secs;
+  std::vector<double> secs, mem_gbps, ratios, util;
   for (int r = 0; r < reps; ++r) {
+    double mem_secs = 0;
+    if (mem) mem_secs = StreamReadPass(*mem, threads);
+    const double c0 = ProcessCpuSeconds();
     const double t0 = NowSeconds();
     for (int c = 0; c < copies; ++c) run_copy(c);
-    secs.push_back((NowSeconds() - t0) / copies);
+    const double wall = NowSeconds() - t0;
+    util.push_back((ProcessCpuSeconds() - c0) / (wall * threads));
+    secs.push_back(wall / copies);
+    if (mem) {
+      const double mg = double(mem->size() * 8) / mem_secs / 1e9;
+      mem_gbps.push_back(mg);
+      ratios.push_back(double(pass_bytes) / wall / 1e9 / mg);
+    }
   }
-  return Median(secs);
+  Timing t;
+  t.secs_per_matrix = Median(secs);
+  t.cpu_util = Median(util);
+  if (mem) {
+    t.mem_gbps = Median(mem_gbps);
+    t.ratio = Median(ratios);
+  }
+  return t;
 }
 
 #ifdef K3_HAVE_OPENBLAS
 double SgemmGmacs(const Options& opt, const Shape& s, size_t batch, int threads,
-                  double* secs_out) {
+                  Timing* tm_out) {
   Matrix w = MakeMatrix(WeightFormat::kF32, s.rows, s.cols, 99);
   std::vector<float> x(batch * s.cols, 0.01f), y(batch * s.rows);
   openblas_set_num_threads(threads);
   const float* wf = reinterpret_cast<const float*>(w.data.data());
-  double secs = TimePerMatrix(opt.reps, 1, [&](int) {
+  Timing tm = TimeConfig(opt.reps, 1, threads, 0, nullptr, [&](int) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(batch), int(s.rows), int(s.cols), 1.0f,
                 x.data(), int(s.cols), wf, int(s.cols), 0.0f, y.data(), int(s.rows));
   });
-  *secs_out = secs;
-  return double(s.rows) * s.cols * batch / secs / 1e9;
+  *tm_out = tm;
+  // OpenBLAS's idle workers spin for a while after a call; let them park so they
+  // do not steal a core from the next measurement.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return double(s.rows) * s.cols * batch / tm.secs_per_matrix / 1e9;
 }
 #endif
 
@@ -256,10 +308,11 @@ void RunKernels(const Options& opt) {
   if (isas.empty()) throw Error(ErrorCode::kInvalidArgument, "no requested ISA runs on this CPU");
   const Isa startup = quant::ActiveIsa();
 
-  // Bandwidth baseline: a 1 GiB (or --ws-mib) buffer written first.
+  // Bandwidth baseline: a 1 GiB (or --ws-mib) buffer written first, kept for the
+  // per-configuration passes.
   const double ws_bytes = opt.ws_mib * 1048576.0;
+  std::vector<uint64_t> buf(size_t(ws_bytes / 8));
   {
-    std::vector<uint64_t> buf(size_t(ws_bytes / 8));
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
     int max_t = *std::max_element(opt.threads.begin(), opt.threads.end());
     ctx.mem_gbps.assign(max_t + 1, 0.0);
@@ -326,24 +379,30 @@ void RunKernels(const Options& opt) {
         double sgemm_gmacs = 0;
 #ifdef K3_HAVE_OPENBLAS
         if (batch > 1 && opt.sgemm) {
-          double secs = 0;
-          sgemm_gmacs = SgemmGmacs(opt, s, batch, t, &secs);
-          Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", secs,
-               s.rows * s.cols * 4, ctx.mem_gbps[t], 0, 1);
+          Timing tm;
+          sgemm_gmacs = SgemmGmacs(opt, s, batch, t, &tm);
+          tm.mem_gbps = ctx.mem_gbps[t];
+          Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", tm, s.rows * s.cols * 4, 0, 1);
         }
 #endif
         for (Isa isa : isas) {
           quant::SetIsaForTesting(isa);
-          double secs = TimePerMatrix(opt.reps, copies, [&](int c) {
+          // Decode is a bandwidth question (interleaved streaming reads); batched
+          // runs are compute-bound and compare with sgemm instead.
+          const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
+          const size_t pass_bytes = bytes * size_t(copies);
+          Timing tm = TimeConfig(opt.reps, copies, t, pass_bytes, mem, [&](int c) {
             quant::MatMul(mats[c].View(), x.data(), batch, y.data());
           });
+          if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
           Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), secs, bytes, ctx.mem_gbps[t], sgemm_gmacs, copies);
-          secs = TimePerMatrix(opt.reps, copies, [&](int c) {
+               quant::IsaName(isa), tm, bytes, sgemm_gmacs, copies);
+          tm = TimeConfig(opt.reps, copies, t, pass_bytes, mem, [&](int c) {
             quant::MatMulQ8(mats[c].View(), xq, y.data());
           });
+          if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
           Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), secs, bytes, ctx.mem_gbps[t], sgemm_gmacs, copies);
+               quant::IsaName(isa), tm, bytes, sgemm_gmacs, copies);
         }
       }
     }
