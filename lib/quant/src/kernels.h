@@ -27,7 +27,33 @@ struct KernelTable {
                     size_t row_end) noexcept;
   float (*row_dot)(const WeightView& w, size_t row, const float* x) noexcept;
   void (*add_row)(const WeightView& w, size_t row, float c, float* acc) noexcept;
+  // Quantizers over whole rows (the public wrappers split rows across threads).
+  // Every ISA must produce exactly the scalar bytes: IEEE multiply and
+  // round-to-nearest-even conversion are the same operations in SIMD, and
+  // absmax is order-independent, so only the loop shape differs.
+  void (*quantize_int8_rows)(const float* x, size_t rows, size_t cols, int8_t* q,
+                             float* scales) noexcept;
+  void (*quantize_int4_rows)(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                             float* scales) noexcept;
+  void (*downcast_int8_to_int4)(const int8_t* q8, const float* s8, size_t rows, size_t cols,
+                                uint8_t* packed, float* scales) noexcept;
+  // QuantizeActs for `rows` activation rows into q [rows*cols] / scales [rows*cols/32].
+  void (*quantize_acts)(const float* x, size_t rows, size_t cols, int8_t* q,
+                        float* scales) noexcept;
 };
+
+// The scalar quantizers (quant.cc): the reference every ISA's bytes must equal.
+void QuantizeInt8RowsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
+                            float* scales) noexcept;
+void QuantizeInt4RowsScalar(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                            float* scales) noexcept;
+void DowncastScalar(const int8_t* q8, const float* s8, size_t rows, size_t cols, uint8_t* packed,
+                    float* scales) noexcept;
+void QuantizeActsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
+                        float* scales) noexcept;
+
+// §6.2 floor on a scale so that inv = 1/s stays finite for all-zero groups.
+inline constexpr float kMinScale = 1e-20f;
 
 const KernelTable& ScalarKernels() noexcept;
 // Only call after CPUID says the ISA runs here (IsaSupported).

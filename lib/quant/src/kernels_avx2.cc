@@ -441,7 +441,11 @@ void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
   }
 }
 
-constexpr KernelTable kAvx2Table = {Isa::kAvx2, MatMulAvx2, MatMulQ8Avx2, RowDotAvx2, AddRowAvx2};
+// Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
+constexpr KernelTable kAvx2Table = {
+    Isa::kAvx2,  MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
+    AddRowAvx2,  QuantizeInt8RowsScalar, QuantizeInt4RowsScalar, DowncastScalar,
+    QuantizeActsScalar};
 
 }  // namespace
 

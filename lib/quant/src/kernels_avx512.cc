@@ -547,8 +547,150 @@ void AddRowAvx512(const WeightView& w, size_t row, float c, float* acc) noexcept
   }
 }
 
-constexpr KernelTable kAvx512Table = {Isa::kAvx512, MatMulAvx512, MatMulQ8Avx512, RowDotAvx512,
-                                      AddRowAvx512};
+// ---------------------------------------------------------------------------
+// Quantizers. Bit-exact with the scalar ones: absmax is a max (order-free;
+// vmaxps(a, m) returns m when a is NaN, i.e. NaNs are skipped like the scalar
+// `if (a > am)`), the scale and its inverse are computed by the same scalar f32
+// code, x*inv is one IEEE multiply either way, and vcvtps2dq rounds to nearest
+// even under the default MXCSR exactly as lrintf does; |x*inv| <= qmax*(1+2^-23)
+// by construction, and NaN gives INT_MIN in both, which the clamp sends to lo.
+
+inline __m512 AbsPs(__m512 v) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+}
+
+// max |x_i| over n floats (any n).
+inline float AbsMaxPs(const float* x, size_t n) {
+  __m512 m = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(AbsPs(_mm512_loadu_ps(x + i)), m);
+  if (i < n) m = _mm512_max_ps(AbsPs(_mm512_maskz_loadu_ps(TailMask16(n - i), x + i)), m);
+  return _mm512_reduce_max_ps(m);
+}
+
+// The §6.2 scale and inverse from an absmax, exactly as the scalar code.
+inline float ScaleFrom(float am, float qmax, float* inv) {
+  float s = am / qmax;
+  if (s < kMinScale) s = kMinScale;
+  *inv = 1.0f / s;
+  return s;
+}
+
+// clamp(rint(x*inv), lo, hi) for 16 lanes.
+inline __m512i RoundClamp16(__m512 x, __m512 inv, int lo, int hi) {
+  const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv));
+  return _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+}
+
+void QuantizeInt8RowsAvx512(const float* x, size_t rows, size_t cols, int8_t* q,
+                            float* scales) noexcept {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float inv;
+    scales[r] = ScaleFrom(AbsMaxPs(xr, cols), 127.0f, &inv);
+    const __m512 iv = _mm512_set1_ps(inv);
+    size_t i = 0;
+    for (; i + 16 <= cols; i += 16) {
+      const __m512i v = RoundClamp16(_mm512_loadu_ps(xr + i), iv, -127, 127);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * cols + i), _mm512_cvtepi32_epi8(v));
+    }
+    if (i < cols) {
+      const __mmask16 m = TailMask16(cols - i);
+      const __m512i v = RoundClamp16(_mm512_maskz_loadu_ps(m, xr + i), iv, -127, 127);
+      _mm_mask_storeu_epi8(q + r * cols + i, m, _mm512_cvtepi32_epi8(v));
+    }
+  }
+}
+
+// 64 values in [0, 15] (4 x 16 int32 lanes, column order) -> 32 packed bytes,
+// low nibble = even column.
+inline __m256i PackNibbles64(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  __m512i b = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(v0));
+  b = _mm512_inserti32x4(b, _mm512_cvtepi32_epi8(v1), 1);
+  b = _mm512_inserti32x4(b, _mm512_cvtepi32_epi8(v2), 2);
+  b = _mm512_inserti32x4(b, _mm512_cvtepi32_epi8(v3), 3);
+  // u16 lane j = column 2j (low byte) | column 2j+1 (high byte) -> L | H<<4.
+  const __m512i packed16 = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi16(0x000f)),
+                                           _mm512_srli_epi16(b, 4));
+  return _mm512_cvtepi16_epi8(_mm512_and_si512(packed16, _mm512_set1_epi16(0x00ff)));
+}
+
+void QuantizeInt4RowsAvx512(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                            float* scales) noexcept {
+  const size_t groups = cols / kInt4Group;
+  const __m512i k8 = _mm512_set1_epi32(8);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * cols + g * kInt4Group;
+      float inv;
+      scales[r * groups + g] = ScaleFrom(AbsMaxPs(xg, kInt4Group), 7.0f, &inv);
+      const __m512 iv = _mm512_set1_ps(inv);
+      __m512i v[4];
+      for (int k = 0; k < 4; ++k) {
+        v[k] = _mm512_add_epi32(RoundClamp16(_mm512_loadu_ps(xg + 16 * k), iv, -8, 7), k8);
+      }
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(packed + r * (cols / 2) + g * (kInt4Group / 2)),
+          PackNibbles64(v[0], v[1], v[2], v[3]));
+    }
+  }
+}
+
+void DowncastAvx512(const int8_t* q8, const float* s8, size_t rows, size_t cols, uint8_t* packed,
+                    float* scales) noexcept {
+  const size_t groups = cols / kInt4Group;
+  const __m512i k8 = _mm512_set1_epi32(8);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const int8_t* qg = q8 + r * cols + g * kInt4Group;
+      __m512i w[4];
+      __m512i am = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) {
+        w[k] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16 * k)));
+        am = _mm512_max_epi32(am, _mm512_abs_epi32(w[k]));
+      }
+      // §6.7 op for op, in the same scalar f32 code as the reference.
+      float s = static_cast<float>(_mm512_reduce_max_epi32(am)) * s8[r] / 7.0f;
+      if (s < kMinScale) s = kMinScale;
+      const float inv = s8[r] / s;
+      scales[r * groups + g] = s;
+      const __m512 iv = _mm512_set1_ps(inv);
+      for (int k = 0; k < 4; ++k) {
+        w[k] = _mm512_add_epi32(RoundClamp16(_mm512_cvtepi32_ps(w[k]), iv, -8, 7), k8);
+      }
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(packed + r * (cols / 2) + g * (kInt4Group / 2)),
+          PackNibbles64(w[0], w[1], w[2], w[3]));
+    }
+  }
+}
+
+void QuantizeActsAvx512(const float* x, size_t rows, size_t cols, int8_t* q,
+                        float* scales) noexcept {
+  const size_t groups = cols / kActGroup;
+  for (size_t b = 0; b < rows; ++b) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t off = b * cols + g * kActGroup;
+      const __m512 x0 = _mm512_loadu_ps(x + off);
+      const __m512 x1 = _mm512_loadu_ps(x + off + 16);
+      const float am = _mm512_reduce_max_ps(_mm512_max_ps(AbsPs(x1), _mm512_max_ps(AbsPs(x0),
+                                                                                   _mm512_setzero_ps())));
+      float inv;
+      scales[b * groups + g] = ScaleFrom(am, 127.0f, &inv);
+      const __m512 iv = _mm512_set1_ps(inv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + off),
+                       _mm512_cvtepi32_epi8(RoundClamp16(x0, iv, -127, 127)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + off + 16),
+                       _mm512_cvtepi32_epi8(RoundClamp16(x1, iv, -127, 127)));
+    }
+  }
+}
+
+constexpr KernelTable kAvx512Table = {
+    Isa::kAvx512, MatMulAvx512,           MatMulQ8Avx512,         RowDotAvx512,
+    AddRowAvx512, QuantizeInt8RowsAvx512, QuantizeInt4RowsAvx512, DowncastAvx512,
+    QuantizeActsAvx512};
 
 }  // namespace
 

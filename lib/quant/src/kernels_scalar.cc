@@ -166,8 +166,10 @@ void AddRowScalar(const WeightView& w, size_t row, float c, float* acc) noexcept
   }
 }
 
-constexpr KernelTable kScalarTable = {Isa::kScalar, MatMulScalar, MatMulQ8Scalar, RowDotScalar,
-                                      AddRowScalar};
+constexpr KernelTable kScalarTable = {
+    Isa::kScalar,           MatMulScalar,  MatMulQ8Scalar,    RowDotScalar,
+    AddRowScalar,           QuantizeInt8RowsScalar, QuantizeInt4RowsScalar, DowncastScalar,
+    QuantizeActsScalar};
 
 }  // namespace
 

@@ -19,10 +19,9 @@ using internal::kActGroup;
 using internal::kInt4Group;
 using internal::kMxGroup;
 
-namespace {
+using internal::kMinScale;
 
-// §6.2 floor on a scale so that inv = 1/s stays finite for all-zero groups.
-constexpr float kMinScale = 1e-20f;
+namespace {
 
 // max |x_i| in f32; NaNs are skipped (a > am is false), as the reference does.
 inline float AbsMax(const float* x, size_t n) {
@@ -80,8 +79,10 @@ size_t WeightView::scale_count() const {
 
 float E8m0ToF32(uint8_t s) noexcept { return std::bit_cast<float>(uint32_t{s} << 23); }
 
-void QuantizeInt8Rows(const float* x, size_t rows, size_t cols, int8_t* q,
-                      float* scales) noexcept {
+namespace internal {
+
+void QuantizeInt8RowsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
+                            float* scales) noexcept {
   std::vector<int> v(cols);
   for (size_t r = 0; r < rows; ++r) {
     scales[r] = QuantizeSpan(x + r * cols, cols, 127.0f, -127, 127, v.data());
@@ -98,9 +99,8 @@ inline void PackInt4Group(const int* v, uint8_t* out) {
 }
 }  // namespace
 
-void QuantizeInt4G64Rows(const float* x, size_t rows, size_t cols, uint8_t* packed,
-                         float* scales) noexcept {
-  K3_CHECK(cols % kInt4Group == 0);
+void QuantizeInt4RowsScalar(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                            float* scales) noexcept {
   const size_t groups = cols / kInt4Group;
   int v[kInt4Group];
   for (size_t r = 0; r < rows; ++r) {
@@ -112,9 +112,8 @@ void QuantizeInt4G64Rows(const float* x, size_t rows, size_t cols, uint8_t* pack
   }
 }
 
-void DowncastInt8ToInt4G64(const int8_t* q8, const float* s8, size_t rows, size_t cols,
-                           uint8_t* packed, float* scales) noexcept {
-  K3_CHECK(cols % kInt4Group == 0);
+void DowncastScalar(const int8_t* q8, const float* s8, size_t rows, size_t cols, uint8_t* packed,
+                    float* scales) noexcept {
   const size_t groups = cols / kInt4Group;
   int v[kInt4Group];
   for (size_t r = 0; r < rows; ++r) {
@@ -134,6 +133,8 @@ void DowncastInt8ToInt4G64(const int8_t* q8, const float* s8, size_t rows, size_
     }
   }
 }
+
+}  // namespace internal
 
 void DequantizeRow(const WeightView& w, size_t row, float* out) noexcept {
   const size_t n = w.cols;
@@ -167,22 +168,22 @@ void DequantizeRow(const WeightView& w, size_t row, float* out) noexcept {
   }
 }
 
-void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexcept {
-  K3_CHECK(cols % kActGroup == 0);
+namespace internal {
+
+void QuantizeActsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
+                        float* scales) noexcept {
   const size_t groups = cols / kActGroup;
-  out->batch = batch;
-  out->cols = cols;
-  if (out->q.size() < batch * cols) out->q.resize(batch * cols);
-  if (out->scales.size() < batch * groups) out->scales.resize(batch * groups);
   int v[kActGroup];
-  for (size_t b = 0; b < batch; ++b) {
+  for (size_t b = 0; b < rows; ++b) {
     for (size_t g = 0; g < groups; ++g) {
       const size_t off = b * cols + g * kActGroup;
-      out->scales[b * groups + g] = QuantizeSpan(x + off, kActGroup, 127.0f, -127, 127, v);
-      for (size_t i = 0; i < kActGroup; ++i) out->q[off + i] = static_cast<int8_t>(v[i]);
+      scales[b * groups + g] = QuantizeSpan(x + off, kActGroup, 127.0f, -127, 127, v);
+      for (size_t i = 0; i < kActGroup; ++i) q[off + i] = static_cast<int8_t>(v[i]);
     }
   }
 }
+
+}  // namespace internal
 
 namespace {
 
@@ -239,6 +240,48 @@ float RowDot(const WeightView& w, size_t row, const float* x) noexcept {
 
 void AddRow(const WeightView& w, size_t row, float c, float* acc) noexcept {
   internal::ActiveKernels().add_row(w, row, c, acc);
+}
+
+// Quantizers: rows are independent, so the thread split cannot change a byte.
+void QuantizeInt8Rows(const float* x, size_t rows, size_t cols, int8_t* q,
+                      float* scales) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  ForRowRanges(rows, rows * cols * 4, [&](size_t r0, size_t r1) {
+    k.quantize_int8_rows(x + r0 * cols, r1 - r0, cols, q + r0 * cols, scales + r0);
+  });
+}
+
+void QuantizeInt4G64Rows(const float* x, size_t rows, size_t cols, uint8_t* packed,
+                         float* scales) noexcept {
+  K3_CHECK(cols % kInt4Group == 0);
+  const internal::KernelTable& k = internal::ActiveKernels();
+  const size_t groups = cols / kInt4Group;
+  ForRowRanges(rows, rows * cols * 4, [&](size_t r0, size_t r1) {
+    k.quantize_int4_rows(x + r0 * cols, r1 - r0, cols, packed + r0 * (cols / 2),
+                         scales + r0 * groups);
+  });
+}
+
+void DowncastInt8ToInt4G64(const int8_t* q8, const float* s8, size_t rows, size_t cols,
+                           uint8_t* packed, float* scales) noexcept {
+  K3_CHECK(cols % kInt4Group == 0);
+  const internal::KernelTable& k = internal::ActiveKernels();
+  const size_t groups = cols / kInt4Group;
+  ForRowRanges(rows, rows * cols * 4, [&](size_t r0, size_t r1) {
+    k.downcast_int8_to_int4(q8 + r0 * cols, s8 + r0, r1 - r0, cols, packed + r0 * (cols / 2),
+                            scales + r0 * groups);
+  });
+}
+
+void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexcept {
+  K3_CHECK(cols % kActGroup == 0);
+  const size_t groups = cols / kActGroup;
+  out->batch = batch;
+  out->cols = cols;
+  if (out->q.size() < batch * cols) out->q.resize(batch * cols);
+  if (out->scales.size() < batch * groups) out->scales.resize(batch * groups);
+  // Per token the work is small; one thread (no parallel region) is fastest.
+  internal::ActiveKernels().quantize_acts(x, batch, cols, out->q.data(), out->scales.data());
 }
 
 }  // namespace k3::quant

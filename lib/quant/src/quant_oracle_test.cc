@@ -88,15 +88,19 @@ void SpecInt4(const std::vector<float>& x, size_t rows, size_t cols, std::vector
 
 }  // namespace
 
-TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights") {
+TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights, every ISA") {
+  const Isa saved = ActiveIsa();
   int int8_tensors = 0, int4_tensors = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  if (!IsaSupported(isa)) continue;
+  SetIsaForTesting(isa);
   for (const std::string& path : Shards()) {
     SafetensorsFile f = SafetensorsFile::OpenOrThrow(path);
     for (const TensorInfo& t : f.tensors()) {
       if (t.dtype != DType::kBF16 || t.shape.size() != 2) continue;
       const size_t rows = size_t(t.shape[0]), cols = size_t(t.shape[1]);
       std::vector<float> x = Bf16Rows(f, t);
-      INFO(t.name << " [" << rows << "x" << cols << "]");
+      INFO(t.name << " [" << rows << "x" << cols << "] " << IsaName(isa));
 
       std::vector<int8_t> q_ref, q(rows * cols);
       std::vector<float> s_ref, s(rows);
@@ -138,6 +142,8 @@ TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights") 
       CHECK(std::memcmp(ds.data(), ds_ref.data(), ds.size() * 4) == 0);
     }
   }
+  }
+  SetIsaForTesting(saved);
   MESSAGE("oracle tensors checked: int8 " << int8_tensors << ", int4 " << int4_tensors);
   CHECK(int8_tensors >= 20);
   CHECK(int4_tensors >= 10);

@@ -640,3 +640,77 @@ TEST_CASE("K3_FORCE_ISA names and CPUID") {
   if (!IsaSupported(Isa::kAvx512)) CHECK_THROWS(SetIsaForTesting(Isa::kAvx512));
   MESSAGE("ISAs on this machine: " << SupportedIsas().size() << ", active " << IsaName(ActiveIsa()));
 }
+
+TEST_CASE("quantizers produce identical bytes on every ISA (ties, NaN, inf, zeros, subnormals)") {
+  IsaGuard guard;
+  std::mt19937 rng(31);
+  const size_t rows = 9, cols = 448;  // 7 int4 groups, 14 act groups, 28 zmm chunks
+  std::vector<float> x = RandomVec(rows * cols, rng, 3.0f);
+  // Row 0: absmax 127 -> s = 1, so k + 0.5 are exact ties (round half to even).
+  for (size_t i = 0; i < cols; ++i) x[i] = float(int(i % 254) - 127) + 0.5f;  // |x| <= 126.5
+  x[0] = 127.0f;
+  // Row 1: absmax 7 in every int4 group -> ties at k + 0.5 for int4 too.
+  for (size_t i = 0; i < cols; ++i) x[cols + i] = (i % 64 == 0) ? 7.0f : float(int(i % 15) - 7) * 0.5f;
+  // Row 2: zeros and a negative zero; row 3: subnormals only; row 4: NaN and inf.
+  for (size_t i = 0; i < cols; ++i) x[2 * cols + i] = (i % 3 == 0) ? -0.0f : 0.0f;
+  for (size_t i = 0; i < cols; ++i) x[3 * cols + i] = float(int(i % 7) - 3) * 1e-41f;
+  x[4 * cols + 5] = std::nanf("");
+  x[4 * cols + 70] = INFINITY;
+  x[4 * cols + 200] = -INFINITY;
+  x[4 * cols + 300] = std::nanf("");
+  // Row 5: huge values (x*inv stays within +-qmax by construction).
+  for (size_t i = 0; i < cols; ++i) x[5 * cols + i] = float(int(i % 11) - 5) * 6e37f;
+
+  struct Out {
+    std::vector<int8_t> q8;
+    std::vector<float> s8;
+    std::vector<uint8_t> p4, d4;
+    std::vector<float> s4, ds4;
+    ActsQ8 acts;
+  };
+  auto run = [&](Isa isa) {
+    SetIsaForTesting(isa);
+    Out o;
+    o.q8.resize(rows * cols);
+    o.s8.resize(rows);
+    o.p4.resize(rows * cols / 2);
+    o.s4.resize(rows * cols / 64);
+    o.d4.resize(rows * cols / 2);
+    o.ds4.resize(rows * cols / 64);
+    QuantizeInt8Rows(x.data(), rows, cols, o.q8.data(), o.s8.data());
+    QuantizeInt4G64Rows(x.data(), rows, cols, o.p4.data(), o.s4.data());
+    DowncastInt8ToInt4G64(o.q8.data(), o.s8.data(), rows, cols, o.d4.data(), o.ds4.data());
+    QuantizeActs(x.data(), rows, cols, &o.acts);
+    return o;
+  };
+  const Out ref = run(Isa::kScalar);
+  CHECK(ref.q8[0] == 127);
+  CHECK(ref.q8[1] == -126);  // -125.5 -> -126 (even)
+  CHECK(ref.q8[2] == -124);  // -124.5 -> -124 (even)
+  for (Isa isa : SupportedIsas()) {
+    const Out o = run(isa);
+    INFO("ISA " << IsaName(isa));
+    CHECK(o.q8 == ref.q8);
+    CHECK(std::memcmp(o.s8.data(), ref.s8.data(), rows * 4) == 0);
+    CHECK(o.p4 == ref.p4);
+    CHECK(std::memcmp(o.s4.data(), ref.s4.data(), o.s4.size() * 4) == 0);
+    CHECK(o.d4 == ref.d4);
+    CHECK(std::memcmp(o.ds4.data(), ref.ds4.data(), o.ds4.size() * 4) == 0);
+    CHECK(o.acts.q == ref.acts.q);
+    CHECK(std::memcmp(o.acts.scales.data(), ref.acts.scales.data(), o.acts.scales.size() * 4) == 0);
+  }
+  // Odd row lengths for the int8 row quantizer (masked tails).
+  for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{100}}) {
+    std::vector<float> xs = RandomVec(3 * n, rng);
+    std::vector<int8_t> qa(3 * n), qb(3 * n);
+    float sa[3], sb[3];
+    SetIsaForTesting(Isa::kScalar);
+    QuantizeInt8Rows(xs.data(), 3, n, qa.data(), sa);
+    for (Isa isa : SupportedIsas()) {
+      SetIsaForTesting(isa);
+      QuantizeInt8Rows(xs.data(), 3, n, qb.data(), sb);
+      CHECK(qa == qb);
+      CHECK(std::memcmp(sa, sb, sizeof sa) == 0);
+    }
+  }
+}
