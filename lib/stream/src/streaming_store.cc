@@ -77,7 +77,18 @@ CachePlan PlanCache(const ModelConfig& config, const StreamOptions& options,
     // the cache. Resident weights are already out of MemAvailable.
     budget = 0.88 * static_cast<double>(available_bytes) - options.reserve_bytes;
   }
-  const double slots = std::floor(std::max(0.0, budget) / per_slot_all_layers);
+  double slots = std::floor(std::max(0.0, budget) / per_slot_all_layers);
+  if (p.from_env && available_bytes > 0) {
+    // RAM guard (spec §8.2): an explicit budget is only ever lowered to what
+    // the machine can hold, so a typo cannot push the box into swap/OOM.
+    const double fits = std::floor(
+        std::max(0.0, 0.88 * static_cast<double>(available_bytes) - options.reserve_bytes) /
+        per_slot_all_layers);
+    if (fits < slots) {
+      slots = fits;
+      p.lowered = true;
+    }
+  }
   p.slots_per_layer = std::clamp<int64_t>(
       slots > 1e12 ? config.num_experts : static_cast<int64_t>(slots), 1, config.num_experts);
   p.cache_bytes = static_cast<uint64_t>(p.slots_per_layer) * static_cast<uint64_t>(p.moe_layers) *
@@ -156,6 +167,11 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
                             static_cast<double>(plan_.slot_bytes) * static_cast<double>(plan_.moe_layers)) {
     LogOnce(&kFloorKey, LogLevel::kWarn,
             "expert cache: K3_EXPERT_GB below one slot per MoE layer; using the floor of 1 slot");
+  }
+  if (plan_.lowered) {
+    Log(LogLevel::kWarn,
+        "expert cache: K3_EXPERT_GB exceeds what MemAvailable allows; lowered to %lld slot(s)/layer",
+        static_cast<long long>(plan_.slots_per_layer));
   }
   if (options_.log_projection) {
     const double working = static_cast<double>(options_.window) *

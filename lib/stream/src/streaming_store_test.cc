@@ -274,6 +274,11 @@ TEST_CASE("cache plan: floor of one slot, ceiling of every expert, sized from th
   CHECK(p.slots_per_layer == 5);
   CHECK_FALSE(p.from_env);
   CHECK(p.cache_bytes == static_cast<uint64_t>(5 * one));
+  o.budget_bytes = one * 10;  // explicit, but the machine holds only 5: lowered
+  p = PlanCache(c, o, 1000, static_cast<uint64_t>(one * 5 / 0.88) + 10);
+  CHECK(p.slots_per_layer == 5);
+  CHECK(p.lowered);
+  o.budget_bytes = -1;
   o.reserve_bytes = 1e18;  // nothing left: still one slot
   CHECK(PlanCache(c, o, 0, 1ull << 40).slots_per_layer == 1);
 }

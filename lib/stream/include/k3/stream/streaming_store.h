@@ -105,6 +105,7 @@ struct CachePlan {
   uint64_t resident_bytes = 0;  // process peak RSS when sized
   uint64_t available_bytes = 0; // MemAvailable when sized
   bool from_env = false;        // budget given (else sized from the machine)
+  bool lowered = false;         // the given budget exceeded the machine: lowered
 };
 
 class StreamingExpertStore final : public model::ExpertStore {
