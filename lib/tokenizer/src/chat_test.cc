@@ -270,3 +270,28 @@ TEST_CASE("stream parser: truncated tool call and json block") {
   CHECK(p.calls[0].arguments_json == "{}");
   CHECK_FALSE(p.warnings.empty());
 }
+
+TEST_CASE("stream parser survives random id sequences") {
+  // Any model output, however broken: no throw, valid UTF-8 out, no markers.
+  uint32_t state = 12345;
+  auto next = [&] { state = state * 1103515245u + 12345u; return state >> 8; };
+  const uint32_t vocab = Tiny().vocab_size();
+  for (int round = 0; round < 300; ++round) {
+    std::vector<TokenId> ids;
+    int len = int(next() % 64);
+    for (int i = 0; i < len; ++i) {
+      // Bias towards the structural markers so tags actually form.
+      uint32_t r = next() % 10;
+      ids.push_back(r < 3 ? TokenId(2050 + next() % 4) : TokenId(next() % vocab));
+    }
+    for (auto start : {ChatStreamParser::Start::kThink, ChatStreamParser::Start::kResponse,
+                       ChatStreamParser::Start::kMessage}) {
+      Parsed p;
+      CHECK_NOTHROW(p = Parse(ids, start));
+      CHECK(IsValidUtf8(p.reasoning));
+      CHECK(IsValidUtf8(p.content));
+      CHECK(p.streamed_reasoning == p.reasoning);
+      CHECK(p.streamed_content == p.content);
+    }
+  }
+}

@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -90,6 +91,23 @@ TEST_CASE("heap merge path alone is id-exact on every oracle case") {
     CHECK(Tiny().Encode(c.text, c.allow_special) == c.ids);
   }
   k3::tok::internal::SetHeapBpeThresholdForTest(128);
+}
+
+TEST_CASE("one tokenizer serves several threads") {
+  auto cases = LoadCases();
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep) {
+        for (const Case& c : cases) {
+          if (Tiny().Encode(c.text, c.allow_special) != c.ids) ++failures[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int f : failures) CHECK(f == 0);
 }
 
 TEST_CASE("special text: ordinary vs allowed") {
