@@ -274,3 +274,26 @@ TEST_CASE("IDOT (int8 activations) end-to-end top-1 agreement is reported") {
     CHECK(agree >= 0);
   }
 }
+
+TEST_CASE("K3_LAYERS truncation: the first layers still match the reference") {
+  LoadOptions lo = Bits(32, 32, 32);
+  lo.max_layers = 3;
+  auto model = Model::LoadOrThrow(kTiny, lo);
+  CHECK(model->config().num_hidden_layers == 3);
+  std::vector<int32_t> prompt = JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
+  const size_t T = prompt.size(), D = 128;
+  std::vector<float> trace(T * 3 * D);
+  Session s(*model, Run(false, 32));
+  ForwardOutputs out;
+  out.trace = trace.data();
+  s.Forward(prompt, out);
+  std::vector<float> g = ReadF32File(kOracle + "/k3-tiny.golden/hidden.f32");
+  for (size_t l = 0; l < 3; ++l) {
+    std::vector<float> mine, gold;
+    for (size_t t = 0; t < T; ++t) {
+      mine.insert(mine.end(), trace.begin() + (t * 3 + l) * D, trace.begin() + (t * 3 + l + 1) * D);
+      gold.insert(gold.end(), g.begin() + (t * 8 + l) * D, g.begin() + (t * 8 + l + 1) * D);
+    }
+    CHECK(RelL2(mine.data(), gold.data(), mine.size()) <= 1e-4);
+  }
+}

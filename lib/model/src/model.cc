@@ -73,6 +73,13 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
   std::unique_ptr<Model> m(new Model());
   m->snapshot_ = std::make_unique<Snapshot>(Snapshot::OpenOrThrow(dir, snapshot_options));
   m->config_ = ModelConfig::ParseOrThrow(m->snapshot_->config_json(), JoinPath(dir, "config.json"));
+  if (options.max_layers > 0 && options.max_layers < m->config_.num_hidden_layers) {
+    // Truncated stack (K3_LAYERS): the AttnRes block count follows from the new depth.
+    ModelConfig& c = m->config_;
+    c.num_hidden_layers = options.max_layers;
+    c.is_kda.resize(static_cast<size_t>(c.num_hidden_layers));
+    c.first_k_dense_replace = std::min(c.first_k_dense_replace, c.num_hidden_layers);
+  }
   m->weights_ = LoadWeightsOrThrow(*m->snapshot_, m->config_, options);
   // Expert cache: an even share of the budget per MoE layer (spec §8.2).
   SimpleExpertStore::Options so;

@@ -31,6 +31,10 @@ LoadOptions LoadOptions::FromEnv() {
   o.mmap = GetEnvBool("K3_MMAP", false);
   o.threads = static_cast<int>(GetEnvInt("K3_LOAD_THREADS", 0));
   o.expert_cache_bytes = GetEnvDouble("K3_EXPERT_GB", 8.0) * 1e9;
+  o.max_layers = GetEnvInt("K3_LAYERS", 0);
+  if (o.max_layers < 0) {
+    throw Error(ErrorCode::kInvalidArgument, "must be >= 0", {}, Error::kNoOffset, "K3_LAYERS");
+  }
   for (auto [name, v] : {std::pair{"K3_BITS", o.bits}, std::pair{"K3_MLA_BITS", o.mla_bits},
                          std::pair{"K3_HEAD_BITS", o.head_bits}}) {
     if (v < 1 || v > 64) {

@@ -7,7 +7,9 @@
 // so one Model serves one Session at a time. Session owns the per-sequence
 // state (KDA recurrent state and conv windows, MLA latent cache, position).
 // Neither is thread-safe; kernels parallelise internally (OpenMP).
-// Failures throw k3::Error (bad ids, capacity, I/O from the expert store).
+// Failures throw k3::Error (bad ids, I/O from the expert store). Bad ids are
+// refused before any state moves; after any other failure inside Forward()
+// the session state is unspecified: Reset() it.
 #pragma once
 
 #include <cstdint>

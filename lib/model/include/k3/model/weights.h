@@ -21,7 +21,7 @@
 namespace k3::model {
 
 // Load-time choices. FromEnv() reads K3_BITS, K3_MLA_BITS, K3_HEAD_BITS,
-// K3_MMAP, K3_LOAD_THREADS and K3_EXPERT_GB; tests build the struct directly.
+// K3_MMAP, K3_LOAD_THREADS, K3_EXPERT_GB and K3_LAYERS; tests build the struct directly.
 struct LoadOptions {
   int bits = 4;        // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
   int mla_bits = 8;    // MLA q_a, q_b, kv_a, kv_b, o, g
@@ -35,6 +35,9 @@ struct LoadOptions {
   // Routed-expert cache budget (K3_EXPERT_GB, decimal GB): slots per MoE layer =
   // floor(bytes / (slot bytes x MoE layers)), clamped to [1, num_experts].
   double expert_cache_bytes = 8e9;
+  // K3_LAYERS: run only the first N layers (0 = all). Validation on partial
+  // snapshots; the head is still used when model.norm.weight exists.
+  int64_t max_layers = 0;
 
   static LoadOptions FromEnv();
 };
@@ -69,7 +72,6 @@ class Matrix {
   bool mapped_ = false;
 };
 
-// Pre-multiplied AttnRes score weight: w_norm ⊙ w_proj (§5.2).
 struct KdaWeights {
   Matrix q, k, v, g, o;                      // quantized (bits)
   std::vector<float> q_conv, k_conv, v_conv;  // [P][K], tap 0 = oldest
@@ -101,7 +103,8 @@ struct LayerWeights {
   bool is_kda = true;
   bool is_moe = false;
   std::vector<float> input_norm, post_norm;
-  std::vector<float> attn_sw, mlp_sw;  // AttnRes score weights
+  // AttnRes score weights, pre-multiplied at load: res_norm ⊙ res_proj (§5.2).
+  std::vector<float> attn_sw, mlp_sw;
   KdaWeights kda;
   MlaWeights mla;
   MlpWeights dense;
