@@ -12,6 +12,7 @@
 
 #include "k3/core/file.h"
 #include "k3/model/model.h"
+#include "k3/quant/isa.h"
 
 using namespace k3;
 using namespace k3::model;
@@ -244,21 +245,34 @@ TEST_CASE("int4 weights (K3_BITS=4, MLA/head 8, f32 activations) match k3-tiny.i
   CHECK(r.greedy == greedy);
 }
 
-TEST_CASE("chunked prefill is bit-identical to token-at-a-time") {
-  for (int bits : {32, 4}) {
-    for (bool idot : {false, true}) {
-      auto model = Model::LoadOrThrow(kTiny, Bits(bits, bits == 32 ? 32 : 8, bits == 32 ? 32 : 8));
-      std::vector<int32_t> prompt = JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
-      RunResult one = RunPrompt(*model, Run(idot, 1), prompt, 4);
-      for (int chunk : {32, 7, 3}) {
-        RunResult many = RunPrompt(*model, Run(idot, chunk), prompt, 4);
-        INFO("bits " << bits << " idot " << idot << " chunk " << chunk);
-        CHECK(std::memcmp(one.logits.data(), many.logits.data(), one.logits.size() * 4) == 0);
-        CHECK(std::memcmp(one.trace.data(), many.trace.data(), one.trace.size() * 4) == 0);
-        CHECK(one.greedy == many.greedy);
+TEST_CASE("chunked prefill is bit-identical to token-at-a-time, on every ISA this CPU runs") {
+  const quant::Isa saved = quant::ActiveIsa();
+  for (quant::Isa isa : {quant::Isa::kScalar, quant::Isa::kAvx2, quant::Isa::kAvx512}) {
+    if (!quant::IsaSupported(isa)) continue;
+    quant::SetIsaForTesting(isa);
+    for (int bits : {32, 4}) {
+      for (bool idot : {false, true}) {
+        auto model = Model::LoadOrThrow(kTiny, Bits(bits, bits == 32 ? 32 : 8, bits == 32 ? 32 : 8));
+        std::vector<int32_t> prompt = JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
+        RunResult one = RunPrompt(*model, Run(idot, 1), prompt, 4);
+        for (int chunk : {32, 7, 3}) {
+          RunResult many = RunPrompt(*model, Run(idot, chunk), prompt, 4);
+          INFO("isa " << quant::IsaName(isa) << " bits " << bits << " idot " << idot << " chunk "
+                      << chunk);
+          CHECK(std::memcmp(one.logits.data(), many.logits.data(), one.logits.size() * 4) == 0);
+          CHECK(std::memcmp(one.trace.data(), many.trace.data(), one.trace.size() * 4) == 0);
+          CHECK(one.greedy == many.greedy);
+        }
+        if (bits == 32 && !idot) {
+          // Every ISA's f32 path matches the reference, not just the default one.
+          std::vector<float> g = ReadF32File(kOracle + "/k3-tiny.golden/logits.f32");
+          INFO("isa " << quant::IsaName(isa));
+          CHECK(RelL2(one.logits.data(), g.data(), g.size()) <= 1e-4);
+        }
       }
     }
   }
+  quant::SetIsaForTesting(saved);
 }
 
 TEST_CASE("IDOT (int8 activations) end-to-end top-1 agreement is reported") {
