@@ -283,3 +283,22 @@ TEST_CASE("out-of-vocabulary ids are refused") {
   ErrorText([&] { s.Forward(bad, {}); }, &code);
   CHECK(code == ErrorCode::kInvalidArgument);
 }
+
+TEST_CASE("a missing expert is fatal only when touched, and then names the tensor") {
+  const std::string dir = TempDir("noexpert");
+  const std::string missing = "model.layers.1.block_sparse_moe.experts.3.w2.weight_scale";
+  BuildContainer(dir, {8, 8, 8, missing, ""});
+  auto m = Model::LoadOrThrow(dir, Bits(8, 8, 8, false));  // loads: experts are lazy
+  CHECK_FALSE(m->experts().table().present(1, 3));
+  CHECK(m->experts().table().present(1, 4));
+  ErrorCode code{};
+  std::string what = ErrorText([&] { m->experts().Acquire(1, 3); }, &code);
+  CHECK(code == ErrorCode::kNotFound);
+  CHECK(what.find(missing) != std::string::npos);
+  // The oracle prompt routes layer 1 through expert 3, so the forward pass fails cleanly too.
+  Session s(*m, RunOptions{});
+  what = ErrorText([&] { s.Forward(kPrompt, {}); }, &code);
+  CHECK(code == ErrorCode::kNotFound);
+  CHECK(what.find("experts.3.") != std::string::npos);
+  fs::remove_all(dir);
+}
