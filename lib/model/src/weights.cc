@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include <omp.h>
+
 #include "k3/core/error.h"
 #include "k3/core/log.h"
 #include "k3/core/numeric.h"
@@ -124,7 +126,11 @@ class WeightLoader {
     std::atomic<size_t> next{0};
     std::exception_ptr error;
     std::mutex error_mu;
+    // The quantizers split rows over OpenMP threads themselves; give each loader
+    // thread its share of the CPUs so N loaders do not start N full teams.
+    const int omp_per_worker = std::max(1, NumOnlineCpus() / threads);
     auto worker = [&] {
+      omp_set_num_threads(omp_per_worker);
       for (;;) {
         size_t i = next.fetch_add(1);
         if (i >= order.size()) return;
@@ -143,7 +149,9 @@ class WeightLoader {
     };
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+    const int saved_omp = omp_get_max_threads();  // the calling thread's setting outlives the load
     worker();
+    omp_set_num_threads(saved_omp);
     for (auto& t : pool) t.join();
     if (error) std::rethrow_exception(error);
   }
