@@ -38,6 +38,7 @@ struct IoArgs {
   int queue_depth = 8;
   int fio_runtime_s = 5;
   bool no_fio = false;
+  double fio_gbps = 0;  // with --no-fio: the drive figure for the decode floor
   bool no_drop = false;
   bool no_decode = false;
   int decode_tokens = 6;
@@ -237,8 +238,8 @@ void RunIo(const IoArgs& a) {
     j.Field("cold", can_drop);
     j.Field("queue_depth", static_cast<int64_t>(a.queue_depth));
     // Shared machines: the load says how much the CPU numbers can be trusted.
-    std::string load = ReadFileOrThrow("/proc/loadavg", 4096);
-    while (!load.empty() && load.back() == '\n') load.pop_back();
+    std::string load;
+    std::getline(std::ifstream("/proc/loadavg"), load);
     j.Field("loadavg", load);
     j.Field("online_cpus", static_cast<int64_t>(NumOnlineCpus()));
     Print(j);
@@ -296,6 +297,7 @@ void RunIo(const IoArgs& a) {
     }
   }
   if (!fio_reps.empty()) fio_rand = Median(fio_reps);
+  if (a.no_fio && a.fio_gbps > 0) fio_rand = a.fio_gbps * 1e9;
   for (size_t vi = 0; vi < std::size(variants); ++vi) {
     const Variant& v = variants[vi];
     const std::vector<double>& g = gbps[vi];
@@ -322,61 +324,67 @@ void RunIo(const IoArgs& a) {
   model::LoadOptions lo = model::LoadOptions::FromEnv();
   lo.progress = false;
   auto m = model::Model::LoadOrThrow(a.model_dir, lo);
-  stream::StreamOptions so = stream::StreamOptions::FromEnv();
-  so.budget_bytes = a.decode_budget_gb * 1e9;
-  so.queue_depth = a.queue_depth;
-  auto store_owner = std::make_unique<stream::StreamingExpertStore>(m->snapshot(), m->config(), so);
-  stream::StreamingExpertStore& store = *store_owner;
-  m->SetExpertStore(std::move(store_owner));
-  model::RunOptions ro = model::RunOptions::FromEnv();
-  model::Session s(*m, ro, 1 + a.decode_tokens);
-  std::vector<float> last(static_cast<size_t>(c.vocab_size));
-  model::ForwardOutputs out;
-  out.logits_last = last.data();
-  int32_t id = 1;
-  s.Forward(std::span<const int32_t>(&id, 1), out);  // warm-up step (not timed)
-  std::vector<double> spt;
-  uint64_t bytes = 0;
-  for (int i = 0; i < a.decode_tokens; ++i) {
-    id = model::Sampler::Argmax(last);
-    const uint64_t b0 = store.stream_stats().total.bytes_read;
-    const double t0 = NowSeconds();
-    s.Forward(std::span<const int32_t>(&id, 1), out);
-    spt.push_back(NowSeconds() - t0);
-    bytes += store.stream_stats().total.bytes_read - b0;
+  // Pipe on (reads of expert j+1.. overlap expert j's compute) and off (each
+  // block read before it is computed): the difference is the hidden I/O.
+  for (bool pipe : {true, false}) {
+    stream::StreamOptions so = stream::StreamOptions::FromEnv();
+    so.pipe = pipe;
+    so.budget_bytes = a.decode_budget_gb * 1e9;
+    so.queue_depth = a.queue_depth;
+    auto store_owner = std::make_unique<stream::StreamingExpertStore>(m->snapshot(), m->config(), so);
+    stream::StreamingExpertStore& store = *store_owner;
+    m->SetExpertStore(std::move(store_owner));
+    model::RunOptions ro = model::RunOptions::FromEnv();
+    model::Session s(*m, ro, 1 + a.decode_tokens);
+    std::vector<float> last(static_cast<size_t>(c.vocab_size));
+    model::ForwardOutputs out;
+    out.logits_last = last.data();
+    int32_t id = 1;
+    s.Forward(std::span<const int32_t>(&id, 1), out);  // warm-up step (not timed)
+    std::vector<double> spt;
+    uint64_t bytes = 0;
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      id = model::Sampler::Argmax(last);
+      const uint64_t b0 = store.stream_stats().total.bytes_read;
+      const double t0 = NowSeconds();
+      s.Forward(std::span<const int32_t>(&id, 1), out);
+      spt.push_back(NowSeconds() - t0);
+      bytes += store.stream_stats().total.bytes_read - b0;
+    }
+    const stream::StreamStats& st = store.stream_stats();
+    const double bytes_per_token = static_cast<double>(bytes) / a.decode_tokens;
+    const double resident = static_cast<double>(m->weights().resident_bytes);
+    const double floor_s =
+        (fio_rand > 0 ? bytes_per_token / fio_rand : 0) + resident / mem_bw;
+    JsonWriter j = Line(ctx, "decode");
+    j.Field("budget_gb", a.decode_budget_gb);
+    j.Field("slots_per_layer", store.plan().slots_per_layer);
+    j.Field("backend", std::string(store.backend())).Field("direct", store.direct());
+    j.Field("tokens", static_cast<int64_t>(a.decode_tokens));
+    j.Field("s_per_token_median", Median(spt));
+    j.Field("expert_bytes_per_token", bytes_per_token);
+    j.Field("resident_bytes", static_cast<uint64_t>(resident));
+    j.Field("mem_bw_gbps", mem_bw / 1e9);
+    j.Field("hit_rate", static_cast<double>(st.total.hits) /
+                            static_cast<double>(std::max<uint64_t>(1, st.total.hits + st.total.misses)));
+    // Per timed token: time the MoE waited on reads (un-hidden I/O) and spent
+    // computing experts; the I/O part of the floor for comparison.
+    double wait = 0, compute = 0;
+    for (size_t i = st.steps.size() - static_cast<size_t>(a.decode_tokens); i < st.steps.size(); ++i) {
+      wait += st.steps[i].io_wait_s;
+      compute += st.steps[i].compute_s;
+    }
+    j.Field("io_wait_s_per_token", wait / a.decode_tokens);
+    j.Field("expert_compute_s_per_token", compute / a.decode_tokens);
+    if (fio_rand > 0) j.Field("io_floor_s_per_token", bytes_per_token / fio_rand);
+    if (fio_rand > 0) {
+      j.Field("floor_s_per_token", floor_s);
+      j.Field("ratio_vs_floor", Median(spt) / floor_s);
+    }
+    j.Field("idot", ro.idot);
+    j.Field("pipe", pipe);
+    Print(j);
   }
-  const stream::StreamStats& st = store.stream_stats();
-  const double bytes_per_token = static_cast<double>(bytes) / a.decode_tokens;
-  const double resident = static_cast<double>(m->weights().resident_bytes);
-  const double floor_s =
-      (fio_rand > 0 ? bytes_per_token / fio_rand : 0) + resident / mem_bw;
-  JsonWriter j = Line(ctx, "decode");
-  j.Field("budget_gb", a.decode_budget_gb);
-  j.Field("slots_per_layer", store.plan().slots_per_layer);
-  j.Field("backend", std::string(store.backend())).Field("direct", store.direct());
-  j.Field("tokens", static_cast<int64_t>(a.decode_tokens));
-  j.Field("s_per_token_median", Median(spt));
-  j.Field("expert_bytes_per_token", bytes_per_token);
-  j.Field("resident_bytes", static_cast<uint64_t>(resident));
-  j.Field("mem_bw_gbps", mem_bw / 1e9);
-  j.Field("hit_rate", static_cast<double>(st.total.hits) /
-                          static_cast<double>(std::max<uint64_t>(1, st.total.hits + st.total.misses)));
-  // Per timed token: time the MoE waited on reads (un-hidden I/O) and spent
-  // computing experts; the I/O part of the floor for comparison.
-  double wait = 0, compute = 0;
-  for (size_t i = st.steps.size() - static_cast<size_t>(a.decode_tokens); i < st.steps.size(); ++i) {
-    wait += st.steps[i].io_wait_s;
-    compute += st.steps[i].compute_s;
-  }
-  j.Field("io_wait_s_per_token", wait / a.decode_tokens);
-  j.Field("expert_compute_s_per_token", compute / a.decode_tokens);
-  if (fio_rand > 0) j.Field("io_floor_s_per_token", bytes_per_token / fio_rand);
-  if (fio_rand > 0) {
-    j.Field("floor_s_per_token", floor_s);
-    j.Field("ratio_vs_floor", Median(spt) / floor_s);
-  }
-  j.Field("idot", ro.idot);
-  Print(j);
 }
 
 void SetupIo(CLI::App& root) {
@@ -389,6 +397,7 @@ void SetupIo(CLI::App& root) {
   cmd->add_option("--qd", a->queue_depth, "reads in flight (ours and fio's; default 8)");
   cmd->add_option("--fio-runtime", a->fio_runtime_s, "seconds per fio job (default 5)");
   cmd->add_flag("--no-fio", a->no_fio, "skip the fio baseline");
+  cmd->add_option("--fio-gbps", a->fio_gbps, "with --no-fio: a drive GB/s measured elsewhere");
   cmd->add_flag("--no-drop", a->no_drop, "do not drop the page cache between reps");
   cmd->add_flag("--no-decode", a->no_decode, "skip the decode measurement");
   cmd->add_option("--decode-tokens", a->decode_tokens, "timed decode steps (default 6)");
