@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -589,4 +590,31 @@ TEST_CASE("shards may live in extra directories, searched by basename") {
   opt.extra_dirs = {other};
   Snapshot s = Snapshot::OpenOrThrow(f.dir, opt);
   CHECK(s.FindOrThrow("z").file->path() == to);
+}
+
+TEST_CASE("lookups survive copies and moves of headers and snapshots") {
+  // Name lookups view the names stored in the tensor list; copies must rebuild
+  // them and moves must keep them valid.
+  std::string dir = TempDir();
+  std::optional<SafetensorsHeader> copy;
+  {
+    SafetensorsFile f = OpenBytes(dir, Assemble(BaseHeader(), Data(kBaseData)));
+    copy = f.header();
+  }
+  REQUIRE(copy->Find("b") != nullptr);
+  CHECK(copy->Find("b")->nbytes() == 5);
+  SafetensorsHeader moved = std::move(*copy);
+  copy.reset();
+  REQUIRE(moved.Find("c") != nullptr);
+  CHECK(moved.Find("c")->dtype == DType::kBF16);
+
+  DirFixture fx = MakeValidDir();
+  std::optional<Snapshot> a(Snapshot::OpenOrThrow(fx.dir));
+  Snapshot b = std::move(*a);
+  a.reset();
+  auto z = b.FindOrThrow("z");
+  CHECK(z.info->name == "z");
+  CHECK(b.FindExact(std::string("y")).has_value());
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(fx.dir);
 }

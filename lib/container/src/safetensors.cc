@@ -173,11 +173,35 @@ SafetensorsHeader SafetensorsHeader::ParseOrThrow(std::string_view json, uint64_
             std::to_string(data_bytes - expect) + " bytes of trailing data after the last tensor");
   }
 
-  h.by_name_.reserve(h.tensors_.size());
-  for (size_t i = 0; i < h.tensors_.size(); ++i) {
-    K3_CHECK(h.by_name_.emplace(h.tensors_[i].name, i).second);  // unique by construction
-  }
+  h.IndexNames();
   return h;
+}
+
+void SafetensorsHeader::IndexNames() {
+  by_name_.clear();
+  by_name_.reserve(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    K3_CHECK(by_name_.emplace(tensors_[i].name, i).second);  // unique by construction
+  }
+}
+
+SafetensorsHeader::SafetensorsHeader(const SafetensorsHeader& o)
+    : tensors_(o.tensors_),
+      metadata_(o.metadata_),
+      header_bytes_(o.header_bytes_),
+      data_bytes_(o.data_bytes_) {
+  IndexNames();
+}
+
+SafetensorsHeader& SafetensorsHeader::operator=(const SafetensorsHeader& o) {
+  if (this != &o) {
+    tensors_ = o.tensors_;
+    metadata_ = o.metadata_;
+    header_bytes_ = o.header_bytes_;
+    data_bytes_ = o.data_bytes_;
+    IndexNames();
+  }
+  return *this;
 }
 
 const TensorInfo* SafetensorsHeader::Find(std::string_view name) const {

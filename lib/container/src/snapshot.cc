@@ -3,6 +3,8 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <unordered_set>
+
 #include <simdjson.h>
 
 #include "k3/core/error.h"
@@ -71,12 +73,16 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
   s.dir_ = dir;
   s.config_json_ = ReadFileOrThrow(JoinPath(dir, "config.json"), kMaxConfigBytes);
 
+  // The index is validated against the shard headers while its parsed document is
+  // alive, so its ~500k names (real model) are views, not copies: opening the
+  // real snapshot costs two hash maps of views instead of a million allocations.
   std::vector<std::string> shard_names;
   std::string index_path = JoinPath(dir, "model.safetensors.index.json");
+  simdjson::dom::parser parser;
+  std::unordered_map<std::string_view, std::string_view> index_map;  // tensor -> shard
   if (PathExists(index_path)) {
     s.has_index_ = true;
     std::string text = ReadFileOrThrow(index_path, kMaxIndexBytes);
-    simdjson::dom::parser parser;
     simdjson::dom::element doc;
     if (auto err = parser.parse(text).get(doc); err) {
       throw Error(ErrorCode::kCorrupt,
@@ -89,6 +95,8 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
     }
     uint64_t total;
     if (!doc["metadata"]["total_size"].get_uint64().get(total)) s.index_total_size_ = total;
+    index_map.reserve(wm.size());
+    std::unordered_set<std::string_view> distinct_shards;
     for (auto kv : wm) {
       std::string_view shard;
       if (kv.value.get_string().get(shard)) {
@@ -100,18 +108,17 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
                     "shard name '" + std::string(shard) + "' is not a plain file name in the model directory",
                     index_path, Error::kNoOffset, std::string(kv.key));
       }
-      if (!s.index_map_.emplace(std::string(kv.key), std::string(shard)).second) {
+      if (!index_map.emplace(kv.key, shard).second) {
         throw Error(ErrorCode::kCorrupt, "tensor listed twice in weight_map", index_path,
                     Error::kNoOffset, std::string(kv.key));
       }
-      shard_names.emplace_back(shard);
+      if (distinct_shards.insert(shard).second) shard_names.emplace_back(shard);
     }
-    if (s.index_map_.empty()) {
+    if (index_map.empty()) {
       // Almost certainly a broken download or writer; refusing beats a model with no weights.
       throw Error(ErrorCode::kCorrupt, "index weight_map maps no tensors", index_path);
     }
     std::sort(shard_names.begin(), shard_names.end());
-    shard_names.erase(std::unique(shard_names.begin(), shard_names.end()), shard_names.end());
   } else {
     shard_names = ListSafetensors(dir);
     if (shard_names.empty()) {
@@ -134,31 +141,35 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
   s.by_name_.reserve(total);
   for (size_t i = 0; i < s.shards_.size(); ++i) {
     const SafetensorsFile& f = s.shards_[i];
-    const std::string base = BaseName(f.path());
+    // shards_[i] was opened for shard_names[i] (possibly found in an extra dir).
+    const std::string_view base = shard_names[i];
     for (const auto& t : f.tensors()) {
       if (s.has_index_) {
-        auto it = s.index_map_.find(t.name);
-        if (it == s.index_map_.end()) {
+        auto it = index_map.find(t.name);
+        if (it == index_map.end()) {
           throw Error(ErrorCode::kCorrupt, "tensor is in the shard but not in the index", f.path(),
                       static_cast<int64_t>(f.AbsoluteOffset(t)), t.name);
         }
         if (it->second != base) {
-          throw Error(ErrorCode::kCorrupt, "index maps this tensor to " + it->second, f.path(),
-                      static_cast<int64_t>(f.AbsoluteOffset(t)), t.name);
+          throw Error(ErrorCode::kCorrupt, "index maps this tensor to " + std::string(it->second),
+                      f.path(), static_cast<int64_t>(f.AbsoluteOffset(t)), t.name);
         }
       }
+      // Keys view t.name, which lives as long as shards_ (never reallocated after this).
       TensorRef ref{&f, &t, i, f.AbsoluteOffset(t)};
-      if (!s.by_name_.emplace(t.name, ref).second) {
+      if (!s.by_name_.emplace(std::string_view(t.name), ref).second) {
         throw Error(ErrorCode::kCorrupt, "tensor name appears in two shards", f.path(),
                     static_cast<int64_t>(ref.offset), t.name);
       }
     }
   }
-  if (s.has_index_ && s.index_map_.size() != s.by_name_.size()) {
-    for (const auto& [name, shard] : s.index_map_) {
+  // Every shard tensor is in the index (checked above), so equal sizes mean equal sets.
+  if (s.has_index_ && index_map.size() != s.by_name_.size()) {
+    for (const auto& [name, shard] : index_map) {
       if (!s.by_name_.count(name)) {
-        throw Error(ErrorCode::kCorrupt, "index maps this tensor to " + shard + " but it is not there",
-                    JoinPath(dir, shard), Error::kNoOffset, name);
+        throw Error(ErrorCode::kCorrupt,
+                    "index maps this tensor to " + std::string(shard) + " but it is not there",
+                    JoinPath(dir, std::string(shard)), Error::kNoOffset, std::string(name));
       }
     }
   }
@@ -173,7 +184,7 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
 }
 
 std::optional<TensorRef> Snapshot::FindExact(std::string_view full_name) const {
-  auto it = by_name_.find(std::string(full_name));
+  auto it = by_name_.find(full_name);
   if (it == by_name_.end()) return std::nullopt;
   return it->second;
 }
@@ -184,13 +195,12 @@ std::optional<TensorRef> Snapshot::Find(std::string_view name) const {
 
 TensorRef Snapshot::FindOrThrow(std::string_view name) const {
   if (auto r = Find(name)) return *r;
+  // No need to consult the index here: opening proved it maps exactly these tensors.
   std::string full = prefix_ + std::string(name);
-  auto it = index_map_.find(full);
-  if (it != index_map_.end()) {
-    throw Error(ErrorCode::kNotFound, "tensor missing (the index says shard " + it->second + ")",
-                JoinPath(dir_, it->second), Error::kNoOffset, full);
-  }
-  throw Error(ErrorCode::kNotFound, "tensor missing from the model", dir_, Error::kNoOffset, full);
+  throw Error(ErrorCode::kNotFound,
+              has_index_ ? "tensor missing from the model (and from its index)"
+                         : "tensor missing from the model",
+              dir_, Error::kNoOffset, full);
 }
 
 TensorRef Snapshot::FindCheckedOrThrow(std::string_view name, const std::vector<DType>& dtypes,

@@ -52,7 +52,15 @@ class SafetensorsHeader {
   // nullptr if absent.
   const TensorInfo* Find(std::string_view name) const;
 
+  SafetensorsHeader() = default;
+  // by_name_ views the names in tensors_, so copies rebuild it; moves keep the buffer.
+  SafetensorsHeader(const SafetensorsHeader& o);
+  SafetensorsHeader& operator=(const SafetensorsHeader& o);
+  SafetensorsHeader(SafetensorsHeader&&) noexcept = default;
+  SafetensorsHeader& operator=(SafetensorsHeader&&) noexcept = default;
+
  private:
+  void IndexNames();
   std::vector<TensorInfo> tensors_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::unordered_map<std::string_view, size_t> by_name_;

@@ -74,8 +74,9 @@ class Snapshot {
   bool has_index_ = false;
   std::optional<uint64_t> index_total_size_;
   std::vector<SafetensorsFile> shards_;
-  std::unordered_map<std::string, TensorRef> by_name_;
-  std::unordered_map<std::string, std::string> index_map_;  // tensor -> shard basename
+  // Keys view TensorInfo::name inside shards_, which is never reallocated after
+  // opening (moving a Snapshot moves the vector's buffer, not its elements).
+  std::unordered_map<std::string_view, TensorRef> by_name_;
 };
 
 // Path of `basename` in `dir` or the first extra dir holding it; empty if none.
