@@ -39,6 +39,7 @@ struct RepackBenchArgs {
 
 struct Measured {
   double seconds = 0;
+  double cpu_s = 0;  // user + system time of the child
   uint64_t peak_rss = 0;
 };
 
@@ -71,6 +72,8 @@ Measured RunChild(const std::vector<std::string>& argv) {
   Measured m;
   m.seconds = NowSeconds() - t0;
   m.peak_rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  m.cpu_s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+            ru.ru_stime.tv_usec * 1e-6;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string cmd;
     for (const auto& a : argv) cmd += a + " ";
@@ -96,6 +99,15 @@ uint64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
+// 1-minute load average: these VMs are shared, so every step records how busy
+// the machine was while it ran.
+double LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double l = 0;
+  f >> l;
+  return l;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -118,6 +130,7 @@ void RunRepackBench(const RepackBenchArgs& a) {
   for (int run = 0; run < a.runs; ++run) {
     RunChild({"/bin/rm", "-rf", out, copy});
     DropCaches(a.drop_caches);
+    const double load_before = LoadAverage();
     Measured r = RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json"});
     out_bytes = TreeBytes(out);
     DropCaches(a.drop_caches);
@@ -138,7 +151,10 @@ void RunRepackBench(const RepackBenchArgs& a) {
     w.BeginObject().Field("bench", "repack").Field("run", int64_t{run});
     w.Field("repack_s", r.seconds).Field("cp_s", c.seconds).Field("cp_sync_s", c.seconds + s.seconds);
     w.Field("verify_full_s", v.seconds).Field("cat_both_s", k.seconds);
+    w.Field("repack_cpu_s", r.cpu_s).Field("cp_cpu_s", c.cpu_s);
+    w.Field("verify_cpu_s", v.cpu_s).Field("cat_cpu_s", k.cpu_s);
     w.Field("repack_peak_rss", r.peak_rss).Field("verify_peak_rss", v.peak_rss);
+    w.Field("load_avg_before", load_before).Field("load_avg_after", LoadAverage());
     Print(w);
   }
   if (!a.keep) RunChild({"/bin/rm", "-rf", out, copy});

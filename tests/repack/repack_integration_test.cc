@@ -78,16 +78,29 @@ std::string Bytes(const k3::SafetensorsFile& f, const k3::TensorInfo& t) {
 
 bool IsExpert(const std::string& n) { return n.find(".block_sparse_moe.experts.") != std::string::npos; }
 
-// Checks a finished container made with `bits` from the tiny snapshot, byte for byte.
-void CheckContainer(const std::string& dst, int bits) {
-  k3::Snapshot src = k3::Snapshot::OpenOrThrow(TinySnapshot());
-  // Shards 1..9 of 9 (10 and 11 are vision-only and dropped).
+// The source shard with the same number as output shard `out_name`.
+std::string SourceShardFor(const std::string& src_dir, const std::string& out_name) {
+  const std::string prefix = out_name.substr(0, 11);  // "model-XXXXX"
+  for (const auto& n : ListDir(src_dir)) {
+    if (n.starts_with(prefix + "-of-") && n.ends_with(".safetensors")) return src_dir + "/" + n;
+  }
+  return {};
+}
+
+struct ContainerCounts {
+  size_t quantized = 0, experts = 0, passthrough = 0;
+};
+
+// Checks a finished container made with `bits` from `src_dir`, byte for byte, against
+// the source and the independent quantizer. With bits == 8 every quantized class is
+// int8; with 4 the MLA/head classes are recognised by name (tiny's MLA layers 3, 6, 7).
+ContainerCounts CheckContainer(const std::string& dst, int bits,
+                               const std::string& src_dir = TinySnapshot()) {
   std::vector<std::string> shards;
   for (const auto& n : ListDir(dst)) {
     if (n.starts_with("model-") && n.ends_with(".safetensors")) shards.push_back(n);
   }
-  REQUIRE(shards.size() == 9);
-  for (int i = 1; i <= 9; ++i) CHECK(shards[i - 1] == "model-0000" + std::to_string(i) + "-of-000009.safetensors");
+  REQUIRE(!shards.empty());
   size_t quantized = 0, experts = 0, passthrough = 0;
   uint64_t total = 0;
   for (const auto& name : shards) {
@@ -95,8 +108,9 @@ void CheckContainer(const std::string& dst, int bits) {
     CHECK(out.header().metadata().empty());
     CHECK((8 + out.header().header_bytes()) % 8 == 0);
     // Source shard with the same number; expected order.
-    const std::string src_name = "model-0000" + name.substr(10, 1) + "-of-000011.safetensors";
-    k3::SafetensorsFile in = k3::SafetensorsFile::OpenOrThrow(TinySnapshot() + "/" + src_name);
+    const std::string src_path = SourceShardFor(src_dir, name);
+    REQUIRE(!src_path.empty());
+    k3::SafetensorsFile in = k3::SafetensorsFile::OpenOrThrow(src_path);
     std::vector<std::string> want_order;
     std::vector<std::pair<std::tuple<long, int, int>, std::string>> ex;
     for (const auto& t : in.tensors()) {
@@ -171,12 +185,24 @@ void CheckContainer(const std::string& dst, int bits) {
       CHECK_MESSAGE(Bytes(out, *qs) == want_s, t.name);
     }
   }
-  CHECK(quantized == 82);
-  CHECK(experts == 7 * 16 * 6);
   CHECK(passthrough > 0);
   // The index: every tensor, total_size = sum of tensor bytes.
   std::string index = ReadAll(dst + "/model.safetensors.index.json");
   CHECK(index.find("\"total_size\": " + std::to_string(total) + "\n") != std::string::npos);
+  return {quantized, experts, passthrough};
+}
+
+void CheckTinyContainer(const std::string& dst, int bits) {
+  std::vector<std::string> shards;
+  for (const auto& n : ListDir(dst)) {
+    if (n.starts_with("model-") && n.ends_with(".safetensors")) shards.push_back(n);
+  }
+  // Shards 1..9 of 9 (10 and 11 are vision-only and dropped).
+  REQUIRE(shards.size() == 9);
+  for (int i = 1; i <= 9; ++i) CHECK(shards[i - 1] == "model-0000" + std::to_string(i) + "-of-000009.safetensors");
+  ContainerCounts c = CheckContainer(dst, bits);
+  CHECK(c.quantized == 82);
+  CHECK(c.experts == 7 * 16 * 6);
 }
 
 // The reference: one uninterrupted run (made once per process).
@@ -245,7 +271,7 @@ std::string Copy(const std::string& from, const std::string& to) {
 
 TEST_CASE("repack k3-tiny --bits 8: layout and bytes match an independent §6.2 implementation") {
   const std::string& ref = ReferenceDir();
-  CheckContainer(ref, 8);
+  CheckTinyContainer(ref, 8);
   CHECK(Run({Bin("k3-verify"), ref}) == 0);
   CHECK(Run({Bin("k3-verify"), ref, "--full", "--source", TinySnapshot()}) == 0);
   if (Exists("/usr/bin/xxhsum")) {
@@ -261,13 +287,17 @@ TEST_CASE("repack k3-tiny --bits 8: layout and bytes match an independent §6.2 
 TEST_CASE("repack k3-tiny --bits 4: int4-g64 where the row length allows, MLA and head stay int8") {
   TempDir d;
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--bits", "4", "--threads", "2"}) == 0);
-  CheckContainer(d / "out", 4);
+  CheckTinyContainer(d / "out", 4);
   CHECK(Run({Bin("k3-verify"), d / "out", "--full", "--source", TinySnapshot()}) == 0);
 }
 
 TEST_CASE("same output whatever the block size and thread count") {
   TempDir d;
-  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1"}) == 0);
+  std::string log = d / "log";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1",
+               "--verify-full", "--json"}, {.log = log}) == 0);
+  // Layer shards hold 16 experts x 6528 bytes, all re-read and compared.
+  CHECK(ReadAll(log).find("\"expert_bytes_verified\":104448,") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
 }
 
@@ -299,6 +329,21 @@ TEST_CASE("resume validates outputs; other parameters are refused; --force start
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--force"}) == 0);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+}
+
+TEST_CASE("a tensor in two shards aborts the index rebuild and leaves the old index") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  const std::string index = ReadAll(out + "/model.safetensors.index.json");
+  // A second copy of shard 1 under another valid name (as if two conversions mixed).
+  REQUIRE(std::system(("cp '" + out + "/model-00001-of-000009.safetensors' '" + out +
+                       "/model-00010-of-000009.safetensors'").c_str()) == 0);
+  std::string log = d / "log";
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}, {.log = log}) == 4);
+  CHECK(ReadAll(log).find("duplicate tensor in model-00001-of-000009.safetensors and model-00010") !=
+        std::string::npos);
+  CHECK(ReadAll(out + "/model.safetensors.index.json") == index);
+  CHECK(Run({Bin("k3-verify"), out}) != 0);
 }
 
 TEST_CASE("truncated or corrupt source: clear error, non-zero exit, DST untouched") {
@@ -557,4 +602,19 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   // The same file is also re-derived by k3-verify --full under the same limit.
   o.log = d / "vlog";
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}, o) != 139);
+}
+
+TEST_CASE("k3-fixture small snapshot (multi-layer, ~270 MB): --bits 8 bytes vs the independent quantizer, verify --full [slow]") {
+  TempDir d("k3small");
+  const std::string src = d / "src";
+  REQUIRE(Run({Bin("k3-fixture"), "--preset", "small", "--out", src, "-q"}) == 0);
+  const std::string out = d / "out";
+  REQUIRE(Run({Bin("k3-repack"), src, out}) == 0);
+  ContainerCounts c = CheckContainer(out, 8, src);
+  CHECK(c.quantized > 0);
+  CHECK(c.experts > 0);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
+  if (Exists("/usr/bin/xxhsum")) {
+    CHECK(std::system(("cd '" + out + "' && /usr/bin/xxhsum -H2 -c --quiet checksums.xxh128").c_str()) == 0);
+  }
 }

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -64,6 +66,55 @@ struct Segment {
   uint64_t dst_len = 0;
   uint64_t row0 = 0, rows = 0;
 };
+
+// Heap block aligned for O_DIRECT; contents uninitialised. Grows, never shrinks.
+class AlignedBuffer {
+ public:
+  static constexpr size_t kAlign = 4096;
+  void Reserve(size_t n) {
+    if (n <= cap_) return;
+    size_t cap = (n + kAlign - 1) / kAlign * kAlign;
+    void* mem = std::aligned_alloc(kAlign, cap);
+    if (!mem) throw Error(ErrorCode::kIo, "out of memory for a " + std::to_string(cap) + "-byte block");
+    p_.reset(static_cast<std::byte*>(mem));
+    cap_ = cap;
+  }
+  std::byte* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> p_;
+  size_t cap_ = 0;
+};
+
+// O_DIRECT read of [off, off+len) through the aligned superset of the range.
+// Returns false (nothing thrown) when the filesystem refuses direct I/O, so the
+// caller can fall back to buffered reads; throws on real I/O errors.
+bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const std::string& path,
+                size_t* skip) {
+  const uint64_t a0 = off / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
+  const uint64_t a1 = (off + len + AlignedBuffer::kAlign - 1) / AlignedBuffer::kAlign *
+                      AlignedBuffer::kAlign;
+  buf->Reserve(a1 - a0);
+  uint64_t done = 0;
+  while (a0 + done < off + len) {
+    ssize_t n = ::pread(fd, buf->data() + done, a1 - a0 - done, static_cast<off_t>(a0 + done));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINVAL && done == 0) return false;
+      ThrowErrno(errno, "pread (O_DIRECT)", path, static_cast<int64_t>(a0 + done));
+    }
+    if (n == 0) {
+      throw Error(ErrorCode::kTruncated, "file ends before the tensor data", path,
+                  static_cast<int64_t>(a0 + done));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  *skip = static_cast<size_t>(off - a0);
+  return true;
+}
 
 bool ParseInt(std::string_view s, int64_t* out) {
   if (s.empty()) return false;
@@ -382,17 +433,24 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
   AtomicFileWriter out(final_path);
-  ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
   const std::vector<Segment> segs = Segments(p, opt_.block_bytes);
+
+  // Source reads bypass the page cache (O_DIRECT) unless K3_DIRECT=0 or the
+  // filesystem refuses: every byte is read once, so caching it only costs a copy
+  // and evicts what the rest of the machine needs.
+  UniqueFd direct_fd;
+  if (GetEnvBool("K3_DIRECT", true)) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
+  if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
 
   struct Block {
     size_t seg = SIZE_MAX;  // SIZE_MAX: end of stream
-    std::vector<std::byte> bytes;
+    AlignedBuffer bytes;
+    size_t skip = 0;            // the segment's bytes start here in `bytes`
     std::vector<float> floats;  // a tensor's scales
-    int pool = -1;               // 0 = read pool, 1 = output pool, -1 none
+    int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
   };
-  BoundedQueue<std::vector<std::byte>> pools[2] = {BoundedQueue<std::vector<std::byte>>(kPipelineDepth),
-                                                   BoundedQueue<std::vector<std::byte>>(kPipelineDepth)};
+  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(kPipelineDepth),
+                                          BoundedQueue<AlignedBuffer>(kPipelineDepth)};
   for (auto& pool : pools) {
     for (size_t i = 0; i < kPipelineDepth; ++i) pool.Push({});
   }
@@ -420,8 +478,19 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         if (s.kind != Segment::kScales) {
           if (!pools[0].Pop(&b.bytes)) return;
           b.pool = 0;
-          if (b.bytes.size() < s.src_len) b.bytes.resize(s.src_len);
-          PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p.src->path());
+          if (direct_fd.valid() &&
+              !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len, p.src->path(), &b.skip)) {
+            LogOnce(&kPipelineDepth, LogLevel::kInfo,
+                    "%s: O_DIRECT refused by the filesystem; reading through the page cache",
+                    p.src->path().c_str());
+            direct_fd.Reset();
+          }
+          if (!direct_fd.valid()) {
+            b.bytes.Reserve(s.src_len);
+            b.skip = 0;
+            PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off,
+                      p.src->path());
+          }
         }
         if (!read_q.Push(std::move(b))) return;
       }
@@ -446,7 +515,8 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         const Segment& s = segs[b.seg];
         std::span<const std::byte> bytes =
             s.kind == Segment::kScales ? std::as_bytes(std::span(b.floats))
-                                       : std::span<const std::byte>(b.bytes.data(), s.dst_len);
+                                       : std::span<const std::byte>(b.bytes.data() + b.skip,
+                                                                    s.dst_len);
         K3_CHECK(bytes.size() == s.dst_len);
         hasher.Update(bytes);
         out.Write(bytes);
@@ -476,9 +546,9 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         o.seg = b.seg;
         if (!pools[1].Pop(&o.bytes)) break;
         o.pool = 1;
-        if (o.bytes.size() < s.dst_len) o.bytes.resize(s.dst_len);
+        o.bytes.Reserve(s.dst_len);
         if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
-        QuantizeBlock(it.src->dtype, b.bytes.data(), s.rows, it.cols, it.qshape, o.bytes.data(),
+        QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
                       scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(),
                       threads_);
         pools[0].Push(std::move(b.bytes));

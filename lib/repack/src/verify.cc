@@ -518,7 +518,11 @@ void Verifier::CheckChecksums() {
     if (PathExists(Path(std::string(n)))) files.emplace_back(n);
   }
   std::set<std::string> listed;
-  for (const auto& [name, hex] : manifest) listed.insert(name);
+  for (const auto& [name, hex] : manifest) {
+    listed.insert(name);
+    // Whatever else the manifest lists is checked too.
+    if (std::find(files.begin(), files.end(), name) == files.end()) files.push_back(name);
+  }
   for (const auto& f : files) {
     if (have_manifest && !listed.count(f) && PathExists(Path(f))) {
       Add(ErrorCode::kNotFound, mpath, f, -1, "file is not in the checksum manifest");
