@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -202,12 +203,17 @@ struct Timing {
   double secs_per_matrix = 0;
   double mem_gbps = 0;
   double ratio = 0;
-  double cpu_util = 0;  // process CPU time / (wall time x threads)
+  double cpu_util = 0;        // process CPU time / (wall time x threads)
+  double base_secs = 0;       // interleaved baseline pass (sgemm), median
+  double vs_base = 0;         // median of per-repetition baseline_time / kernel_time
+  double base_cpu_util = 0;
 };
 
+// A baseline pass run before every kernel pass of a batched configuration.
+using BaselineFn = std::function<void()>;
+
 void Emit(const Options& opt, const Context& ctx, const std::string& kernel, const Shape& s,
-          size_t batch, int threads, const char* isa, const Timing& tm, size_t bytes,
-          double sgemm_gmacs, int copies) {
+          size_t batch, int threads, const char* isa, const Timing& tm, size_t bytes, int copies) {
   const double secs_per_matrix = tm.secs_per_matrix;
   const double mem_gbps = tm.mem_gbps;
   const double gbps = double(bytes) / secs_per_matrix / 1e9;
@@ -231,7 +237,11 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
       .Field("ms_per_matrix", secs_per_matrix * 1e3)
       .Field("copies", int64_t(copies))
       .Field("reps", int64_t(opt.reps));
-  if (sgemm_gmacs > 0) j.Field("vs_sgemm", gmacs / sgemm_gmacs);
+  if (tm.vs_base > 0) {
+    j.Field("vs_sgemm", tm.vs_base)
+        .Field("sgemm_gmacs", double(s.rows) * s.cols * batch / tm.base_secs / 1e9)
+        .Field("sgemm_cpu_util", tm.base_cpu_util);
+  }
   j.Field("git", ctx.sha).Field("cpu", ctx.cpu).EndObject();
   if (opt.json) {
     std::printf("%s\n", j.str().c_str());
@@ -240,7 +250,7 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
         "%-16s %-13s %6zux%-6zu b%-3zu t%d %-8s %6.2f GB/s mem %5.2f ratio %.2f %6.1f GMAC/s cpu %.2f",
         kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, mem_gbps, ratio, gmacs,
         tm.cpu_util);
-    if (sgemm_gmacs > 0) std::printf("  vs sgemm %.2fx", gmacs / sgemm_gmacs);
+    if (tm.vs_base > 0) std::printf("  vs sgemm %.2fx", tm.vs_base);
     std::printf("\n");
   }
   std::fflush(stdout);
@@ -250,18 +260,32 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
 // streaming-read pass over it precedes every kernel pass (see Timing).
 template <typename Fn>
 Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
-                  const std::vector<uint64_t>* mem, Fn&& run_copy) {
+                  const std::vector<uint64_t>* mem, Fn&& run_copy,
+                  const BaselineFn& baseline = nullptr) {
   for (int c = 0; c < copies; ++c) run_copy(c);  // warm: page-ins, code, scratch
-  std::vector<double> secs, mem_gbps, ratios, util;
+  if (baseline) baseline();
+  std::vector<double> secs, mem_gbps, ratios, util, base_secs, vs_base, base_util;
   for (int r = 0; r < reps; ++r) {
     double mem_secs = 0;
     if (mem) mem_secs = StreamReadPass(*mem, threads);
+    if (baseline) {
+      const double bc0 = ProcessCpuSeconds();
+      const double bt0 = NowSeconds();
+      baseline();
+      const double bw = NowSeconds() - bt0;
+      base_secs.push_back(bw);
+      base_util.push_back((ProcessCpuSeconds() - bc0) / (bw * threads));
+      // OpenBLAS's idle workers spin for ~0.1 s after a call; let them park so
+      // they do not steal a core from the kernel pass.
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    }
     const double c0 = ProcessCpuSeconds();
     const double t0 = NowSeconds();
     for (int c = 0; c < copies; ++c) run_copy(c);
     const double wall = NowSeconds() - t0;
     util.push_back((ProcessCpuSeconds() - c0) / (wall * threads));
     secs.push_back(wall / copies);
+    if (baseline) vs_base.push_back(base_secs.back() / (wall / copies));
     if (mem) {
       const double mg = double(mem->size() * 8) / mem_secs / 1e9;
       mem_gbps.push_back(mg);
@@ -271,6 +295,11 @@ Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
   Timing t;
   t.secs_per_matrix = Median(secs);
   t.cpu_util = Median(util);
+  if (baseline) {
+    t.base_secs = Median(base_secs);
+    t.vs_base = Median(vs_base);
+    t.base_cpu_util = Median(base_util);
+  }
   if (mem) {
     t.mem_gbps = Median(mem_gbps);
     t.ratio = Median(ratios);
@@ -279,22 +308,24 @@ Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
 }
 
 #ifdef K3_HAVE_OPENBLAS
-double SgemmGmacs(const Options& opt, const Shape& s, size_t batch, int threads,
-                  Timing* tm_out) {
-  Matrix w = MakeMatrix(WeightFormat::kF32, s.rows, s.cols, 99);
-  std::vector<float> x(batch * s.cols, 0.01f), y(batch * s.rows);
-  openblas_set_num_threads(threads);
-  const float* wf = reinterpret_cast<const float*>(w.data.data());
-  Timing tm = TimeConfig(opt.reps, 1, threads, 0, nullptr, [&](int) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(batch), int(s.rows), int(s.cols), 1.0f,
-                x.data(), int(s.cols), wf, int(s.cols), 0.0f, y.data(), int(s.rows));
-  });
-  *tm_out = tm;
-  // OpenBLAS's idle workers spin for a while after a call; let them park so they
-  // do not steal a core from the next measurement.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  return double(s.rows) * s.cols * batch / tm.secs_per_matrix / 1e9;
-}
+// y[batch, rows] = x[batch, cols] . W^T with f32 weights: the same product as the
+// kernels, as a well-tuned BLAS computes it.
+struct SgemmBaseline {
+  Matrix w;
+  std::vector<float> x, y;
+  size_t batch;
+  SgemmBaseline(const Shape& s, size_t b)
+      : w(MakeMatrix(WeightFormat::kF32, s.rows, s.cols, 99)),
+        x(b * s.cols, 0.01f),
+        y(b * s.rows),
+        batch(b) {}
+  void Run(int threads) {
+    openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(batch), int(w.rows), int(w.cols), 1.0f,
+                x.data(), int(w.cols), reinterpret_cast<const float*>(w.data.data()), int(w.cols),
+                0.0f, y.data(), int(w.rows));
+  }
+};
 #endif
 
 void RunKernels(const Options& opt) {
@@ -374,35 +405,45 @@ void RunKernels(const Options& opt) {
       std::vector<float> y(batch * s.rows);
       ActsQ8 xq;
       quant::QuantizeActs(x.data(), batch, s.cols, &xq);
+#ifdef K3_HAVE_OPENBLAS
+      std::unique_ptr<SgemmBaseline> sgemm;
+      if (batch > 1 && opt.sgemm) sgemm = std::make_unique<SgemmBaseline>(s, batch);
+#endif
       for (int t : opt.threads) {
         omp_set_num_threads(t);
-        double sgemm_gmacs = 0;
+        // Batched kernels are timed with an sgemm pass before each repetition, so
+        // vs_sgemm compares the two under the same machine load.
+        BaselineFn baseline;
 #ifdef K3_HAVE_OPENBLAS
-        if (batch > 1 && opt.sgemm) {
-          Timing tm;
-          sgemm_gmacs = SgemmGmacs(opt, s, batch, t, &tm);
-          tm.mem_gbps = ctx.mem_gbps[t];
-          Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", tm, s.rows * s.cols * 4, 0, 1);
-        }
+        if (sgemm) baseline = [&sgemm, t] { sgemm->Run(t); };
 #endif
+        bool sgemm_reported = false;
         for (Isa isa : isas) {
           quant::SetIsaForTesting(isa);
           // Decode is a bandwidth question (interleaved streaming reads); batched
           // runs are compute-bound and compare with sgemm instead.
           const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
           const size_t pass_bytes = bytes * size_t(copies);
-          Timing tm = TimeConfig(opt.reps, copies, t, pass_bytes, mem, [&](int c) {
-            quant::MatMul(mats[c].View(), x.data(), batch, y.data());
-          });
+          Timing tm = TimeConfig(
+              opt.reps, copies, t, pass_bytes, mem,
+              [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); }, baseline);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
+          if (baseline && !sgemm_reported) {
+            Timing st;
+            st.secs_per_matrix = tm.base_secs;
+            st.mem_gbps = ctx.mem_gbps[t];
+            st.cpu_util = tm.base_cpu_util;
+            Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4, 1);
+            sgemm_reported = true;
+          }
           Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), tm, bytes, sgemm_gmacs, copies);
-          tm = TimeConfig(opt.reps, copies, t, pass_bytes, mem, [&](int c) {
-            quant::MatMulQ8(mats[c].View(), xq, y.data());
-          });
+               quant::IsaName(isa), tm, bytes, copies);
+          tm = TimeConfig(
+              opt.reps, copies, t, pass_bytes, mem,
+              [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
           Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), tm, bytes, sgemm_gmacs, copies);
+               quant::IsaName(isa), tm, bytes, copies);
         }
       }
     }
