@@ -1,6 +1,7 @@
 // k3-bench tokenizer: single-thread encode throughput of k3's tokenizer on a
 // corpus file, with an optional baseline command (tiktoken's npm/WASM build, run
-// by scripts/bench-tokenizer.sh) measured in the same run, and their ratio.
+// by scripts/bench-tokenizer.sh) measured in the same run, interleaved run by
+// run, and the ratio of the medians.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -85,14 +86,17 @@ void RunTokenizerBench(const TokenizerBenchArgs& args) {
   std::string text = ReadFileOrThrow(args.corpus, 1ull << 31);
   if (args.runs < 1) throw Error(ErrorCode::kInvalidArgument, "--runs must be >= 1");
 
-  // Baseline first, so both see the same (warm) machine state order each run.
-  std::string baseline_json;
-  if (!args.baseline_cmd.empty()) baseline_json = RunBaseline(args.baseline_cmd);
-
+  // The baseline is run once per timed run, interleaved with ours, so that load
+  // from other processes on a shared machine hits both sides alike.
   std::vector<tok::TokenId> ids = tok.Encode(text, args.allow_special);  // warm-up
   size_t tokens = ids.size();
-  std::vector<double> times;
+  std::vector<double> times, base_times;
+  std::string baseline_json;
   for (int r = 0; r < args.runs; ++r) {
+    if (!args.baseline_cmd.empty()) {
+      baseline_json = RunBaseline(args.baseline_cmd);
+      base_times.push_back(NumberField(baseline_json, "median_s"));
+    }
     double t0 = NowSeconds();
     ids = tok.Encode(text, args.allow_special);
     times.push_back(NowSeconds() - t0);
@@ -117,9 +121,11 @@ void RunTokenizerBench(const TokenizerBenchArgs& args) {
   j.Field("tok_per_s", double(tokens) / med);
   j.Field("ids_hash", uint64_t(ids_hash));
   if (!baseline_json.empty()) {
-    double base_s = NumberField(baseline_json, "median_s");
+    double base_s = MedianOf(base_times);
     double base_tokens = NumberField(baseline_json, "tokens");
-    j.Key("baseline").Raw(baseline_json);
+    j.Key("baseline").Raw(baseline_json);  // the last run's line
+    j.Field("baseline_median_s", base_s);
+    j.Field("baseline_mb_per_s", double(text.size()) / base_s / 1e6);
     double base_hash = NumberField(baseline_json, "ids_hash");
     j.Field("same_ids", uint64_t(base_tokens) == tokens && uint64_t(base_hash) == ids_hash);
     j.Field("ratio_vs_baseline", base_s / med);
@@ -135,7 +141,8 @@ void SetupTokenizerBench(CLI::App& root) {
   cmd->add_option("--corpus", args->corpus, "text file to encode")->required();
   cmd->add_option("--runs", args->runs, "timed runs; the median is reported (default 7)");
   cmd->add_option("--baseline-cmd", args->baseline_cmd,
-                  "shell command timing the baseline; last stdout line: JSON with median_s and tokens");
+                  "shell command timing one baseline run (called once per run); last stdout line: "
+                  "JSON with median_s, tokens and ids_hash");
   cmd->add_flag("--allow-special", args->allow_special, "encode with special tokens allowed");
   cmd->callback([args] { RunTokenizerBench(*args); });
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tokenizer throughput: k3 vs OpenAI's tiktoken (npm package, Rust compiled to
 # WASM) on the same vocabulary, pattern and text, one thread each, in one run.
-# Prints k3-bench's JSON line (median of RUNS, ratio_vs_baseline, same_ids).
+# Prints k3-bench's JSON line (median of RUNS, ratio_vs_baseline, same_ids); the
+# baseline process runs once per timed run, interleaved with k3's runs.
 #
 #   scripts/bench-tokenizer.sh [MODEL_DIR] [CORPUS_MB] [RUNS]
 #
@@ -115,4 +116,4 @@ JS
 pin=()
 command -v taskset >/dev/null && pin=(taskset -c 0)
 "${pin[@]}" "$bench_bin" tokenizer "$model" --corpus "$work/corpus.txt" --runs "$runs" \
-  --baseline-cmd "${pin[*]} node '$work/tiktoken_bench.cjs' '$model' '$work/corpus.txt' '$runs' '$root/tests/data/oracle/tokenizer/cases.json'"
+  --baseline-cmd "${pin[*]} node '$work/tiktoken_bench.cjs' '$model' '$work/corpus.txt' 1 '$root/tests/data/oracle/tokenizer/cases.json'"
