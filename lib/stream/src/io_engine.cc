@@ -147,10 +147,14 @@ class UringEngine final : public Engine {
     while (load->pending.load(std::memory_order_acquire) > 0) {
       Pump();
       K3_CHECK(in_flight_ > 0);  // a pending load has queued or in-flight requests
-      io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
-      if (rc == -EINTR || rc == -EAGAIN) continue;
-      if (rc < 0) ThrowErrno(-rc, "io_uring_wait_cqe");
+      // submit_and_wait, not wait_cqe: SQEs a partial submit left in the ring
+      // go in now instead of being waited on forever.
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) {
+        ReapAll();
+        continue;
+      }
+      if (rc < 0) ThrowErrno(-rc, "io_uring_submit_and_wait");
       ReapAll();
     }
   }
