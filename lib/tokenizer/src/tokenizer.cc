@@ -192,7 +192,14 @@ inline uint32_t NextCodePoint(const unsigned char* s, size_t& i) {
   return c;
 }
 
+// An id, or the first of a list of ids (configs may list several EOS ids; the
+// first is the one the model was trained to stop with).
 std::optional<TokenId> IdFromJson(simdjson::dom::element el) {
+  simdjson::dom::array list;
+  if (el.get_array().get(list) == simdjson::SUCCESS) {
+    if (list.size() == 0) return std::nullopt;
+    el = list.at(0).value_unsafe();
+  }
   int64_t v;
   if (el.get_int64().get(v) == simdjson::SUCCESS && v >= 0 && v <= INT32_MAX) return TokenId(v);
   return std::nullopt;

@@ -296,6 +296,13 @@ TEST_CASE("loader rejects broken vocabularies") {
   CHECK(t.SpecialId("<|reserved_token_2048|>") == 2048u);
   CHECK_FALSE(t.bos_id().has_value());
   CHECK_THROWS_AS(Tokenizer::FromStringsOrThrow(full, "not json"), k3::Error);
+  // config.json ids win over tokenizer_config names; a list of EOS ids gives its first.
+  std::string tcfg = R"({"added_tokens_decoder":{"2049":{"content":"[EOS]"}},"eos_token":"[EOS]",)"
+                     R"("model_max_length":1000000000000000019884624838656})";
+  CHECK(Tokenizer::FromStringsOrThrow(full, tcfg).eos_id() == 2049u);
+  CHECK(Tokenizer::FromStringsOrThrow(full, tcfg, R"({"text_config":{"eos_token_id":[2050,2049]}})").eos_id() ==
+        2050u);
+  CHECK_THROWS_AS(Tokenizer::FromStringsOrThrow(full, tcfg, R"({"eos_token_id":99999})"), k3::Error);
 }
 
 TEST_CASE("repository copy of the oracle matches ../shared/oracle when present") {
