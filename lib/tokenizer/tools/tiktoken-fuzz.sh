@@ -23,8 +23,14 @@ const [model, casesFile, n, seed0, out] = process.argv.slice(2);
 const lines = fs.readFileSync(path.join(model, "tiktoken.model"), "utf8").split("\n").filter(Boolean);
 const tokens = [];
 for (const l of lines) { const [b64, rank] = l.split(" "); tokens[+rank] = b64; }
-const specials = {};
-for (let k = 0; k < 256; k++) specials[`<|reserved_token_${tokens.length + k}|>`] = tokens.length + k;
+const cfg = JSON.parse(fs.readFileSync(path.join(model, "tokenizer_config.json")));
+const specials = {}, names = [];
+for (let k = 0; k < 256; k++) {
+  const id = tokens.length + k, e = (cfg.added_tokens_decoder || {})[String(id)];
+  const name = e ? e.content : `<|reserved_token_${id}|>`;
+  specials[name] = id;
+  names.push(name);
+}
 const enc = new Tiktoken("! 0 " + tokens.join(" "), specials, JSON.parse(fs.readFileSync(casesFile)).pat_str);
 let s = +seed0 >>> 0;
 const rnd = () => { s = (Math.imul(s, 1103515245) + 12345) >>> 0; return s / 4294967296; };
@@ -48,6 +54,18 @@ for (let i = 0; i < +n; i++) {
     t += String.fromCodePoint(c);
   }
   outLines.push(JSON.stringify({ text: t, ids: Array.from(enc.encode_ordinary(t)) }));
+}
+// Special-token text, with specials allowed (tiktoken encode(text, "all")) and not.
+const bits = ["hello", " ", "<|", "|>", "[", "]", "<|open", "open|>", "\n", "中文", "'s", "BOS", "<", "|", "x"];
+for (let i = 0; i < Math.ceil(+n / 5); i++) {
+  let t = "";
+  const len = 1 + Math.floor(rnd() * 12);
+  for (let k = 0; k < len; k++) {
+    t += rnd() < 0.3 ? names[Math.floor(rnd() * (rnd() < 0.5 ? 24 : 256))] : bits[Math.floor(rnd() * bits.length)];
+  }
+  const allow = rnd() < 0.5;
+  outLines.push(JSON.stringify({ text: t, allow_special: allow,
+    ids: Array.from(allow ? enc.encode(t, "all") : enc.encode_ordinary(t)) }));
 }
 fs.writeFileSync(out, outLines.join("\n") + "\n");
 JS
