@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Differential check against tiktoken itself: random strings drawn from all of
 # Unicode (ASCII-heavy, with CJK, marks, emoji, new scripts and contractions) are
-# encoded by tiktoken 1.0.22 (npm) with the k3-tiny vocabulary, then
-# tokenizer_test compares k3's ids with every one of them.
+# encoded by tiktoken 1.0.22 (npm) with the k3-tiny vocabulary, plus COUNT/5
+# strings dense with special-token names (encoded with and without specials
+# allowed); then tokenizer_test compares k3's ids with every one of them.
 #
 #   lib/tokenizer/tools/tiktoken-fuzz.sh [COUNT] [SEED]      (BUILD_DIR, default build)
 set -euo pipefail
