@@ -311,3 +311,26 @@ TEST_CASE("K3_LAYERS truncation: the first layers still match the reference") {
     CHECK(RelL2(mine.data(), gold.data(), mine.size()) <= 1e-4);
   }
 }
+
+TEST_CASE("prefix reuse: feeding the tail to a kept session equals a fresh full prefill") {
+  auto model = Model::LoadOrThrow(kTiny, Bits(32, 32, 32));
+  std::vector<int32_t> prompt = JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
+  const size_t V = static_cast<size_t>(model->config().vocab_size);
+  std::vector<float> fresh(V), reused(V);
+  Session a(*model, Run(false, 32));
+  ForwardOutputs oa;
+  oa.logits_last = fresh.data();
+  a.Forward(prompt, oa);
+  Session b(*model, Run(false, 32));
+  std::span<const int32_t> all(prompt);
+  b.Forward(all.first(12), {});
+  CHECK(b.history() == std::vector<int32_t>(prompt.begin(), prompt.begin() + 12));
+  ForwardOutputs ob;
+  ob.logits_last = reused.data();
+  b.Forward(all.subspan(12), ob);
+  CHECK(b.history() == prompt);
+  CHECK(std::memcmp(fresh.data(), reused.data(), V * 4) == 0);
+  b.Reset();
+  CHECK(b.history().empty());
+  CHECK(b.position() == 0);
+}

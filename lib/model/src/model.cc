@@ -191,6 +191,7 @@ void Session::Reset() {
     }
   }
   pos_ = 0;
+  history_.clear();
   routing_.clear();
 }
 
@@ -220,6 +221,7 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
   for (int64_t t0 = 0; t0 < total; t0 += options_.chunk) {
     const int64_t n = std::min<int64_t>(options_.chunk, total - t0);
     ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
+    history_.insert(history_.end(), ids.begin() + t0, ids.begin() + t0 + n);
   }
 }
 

@@ -95,6 +95,11 @@ class Session {
   // Forgets everything (position 0).
   void Reset();
   int64_t position() const { return pos_; }
+  // The ids fed so far, one per position. A caller that wants prefix reuse
+  // (spec §5.10) keeps the session when a new prompt starts with all of them
+  // and feeds only the tail; KDA state cannot be rolled back, so anything
+  // else needs Reset().
+  const std::vector<int32_t>& history() const { return history_; }
   const RunOptions& options() const { return options_; }
 
   // When enabled, every MoE routing decision is appended here.
@@ -113,6 +118,7 @@ class Session {
   Model& model_;
   RunOptions options_;
   int64_t pos_ = 0;
+  std::vector<int32_t> history_;
   bool record_routing_ = false;
   std::vector<RoutingRecord> routing_;
   std::unique_ptr<Impl> impl_;
