@@ -221,6 +221,9 @@ struct Tokenizer::Impl {
   uint32_t num_ranks = 0;
   RankTable ranks;
   uint32_t byte_rank[256];
+  // Rank of every two-byte string (kNoRank if none): the first round of merges
+  // looks up every adjacent byte pair, so this skips hashing for all of them.
+  std::vector<uint32_t> pair_rank;
   std::unordered_map<std::string, TokenId> special_ids;  // content -> id
   // Specials grouped by first byte, longest first, for the allow_special scan.
   std::vector<TokenId> specials_by_byte[256];
@@ -272,7 +275,7 @@ struct Tokenizer::Impl {
     uint32_t rank[kHeapBpeMinBytes + 1];
     size_t m = n;  // number of parts
     for (size_t i = 0; i <= n; ++i) start[i] = uint32_t(i);
-    for (size_t i = 0; i + 1 < n; ++i) rank[i] = ranks.Find(p + i, 2);
+    for (size_t i = 0; i + 1 < n; ++i) rank[i] = pair_rank[(uint32_t(p[i]) << 8) | p[i + 1]];
     rank[n - 1] = kNoRank;
     for (;;) {
       uint32_t best = kNoRank;
@@ -286,12 +289,12 @@ struct Tokenizer::Impl {
       for (size_t k = bi + 1; k + 1 < m; ++k) rank[k] = rank[k + 1];
       --m;
       start[m] = uint32_t(n);
-      auto pair_rank = [&](size_t i) -> uint32_t {
+      auto merged_rank = [&](size_t i) -> uint32_t {
         if (i + 1 >= m) return kNoRank;
         return ranks.Find(p + start[i], start[i + 2] - start[i]);
       };
-      rank[bi] = pair_rank(bi);
-      if (bi > 0) rank[bi - 1] = pair_rank(bi - 1);
+      rank[bi] = merged_rank(bi);
+      if (bi > 0) rank[bi - 1] = merged_rank(bi - 1);
     }
     for (size_t i = 0; i < m; ++i) {
       uint32_t r = ranks.Find(p + start[i], start[i + 1] - start[i]);
@@ -319,7 +322,7 @@ struct Tokenizer::Impl {
     std::vector<Entry> heap;
     heap.reserve(n);
     for (uint32_t i = 0; i < n; ++i) {
-      pair[i] = compute(i);
+      pair[i] = i + 1 < n ? pair_rank[(uint32_t(p[i]) << 8) | p[i + 1]] : kNoRank;
       if (pair[i] != kNoRank) heap.push_back({pair[i], i});
     }
     std::greater<Entry> cmp;
@@ -677,6 +680,11 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
   // The arena grew: rebuild the table's view of it (same offsets).
   t.ranks.Build(t.arena, std::vector<std::pair<uint32_t, uint32_t>>(t.spans.begin(),
                                                                     t.spans.begin() + t.num_ranks));
+  t.pair_rank.assign(65536, kNoRank);
+  for (uint32_t pair = 0; pair < 65536; ++pair) {
+    unsigned char two[2] = {static_cast<unsigned char>(pair >> 8), static_cast<unsigned char>(pair & 0xFF)};
+    t.pair_rank[pair] = t.ranks.Find(two, 2);
+  }
   for (uint32_t k = 0; k < kNumSpecialTokens; ++k) {
     unsigned char first = static_cast<unsigned char>(names[k][0]);
     t.specials_by_byte[first].push_back(t.num_ranks + k);
