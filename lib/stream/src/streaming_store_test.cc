@@ -8,6 +8,7 @@
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -70,13 +71,14 @@ LoadOptions F32() {
 }
 
 // Prompt logits at every position, then `ngen` greedy decode steps' logits.
-std::vector<float> Run(Model& model, int chunk, int ngen = 4) {
+std::vector<float> Run(Model& model, int chunk, int ngen = 4, float topp = 0.0f) {
   const std::vector<int32_t> prompt = PromptIds();
   const size_t V = static_cast<size_t>(model.config().vocab_size);
   std::vector<float> all(prompt.size() * V), last(V);
   RunOptions ro;
   ro.idot = false;
   ro.chunk = chunk;
+  ro.topp = topp;
   Session s(model, ro, static_cast<int64_t>(prompt.size()) + ngen);
   ForwardOutputs out;
   out.logits_all = all.data();
@@ -254,6 +256,26 @@ TEST_CASE("streaming store: K3_DIRS split (shards in two directories)") {
     CHECK(SameBits(Run(*model, 32), Baseline()));
     CHECK(store.stream_stats().total.misses > 0);
   }
+}
+
+TEST_CASE("K3_TOPP: the routing tail is never read; off (or p >= 1) changes no bit") {
+  auto model = Model::LoadOrThrow(kTiny, F32());
+  StreamOptions o = Quiet();
+  o.budget_bytes = 0;
+  StreamingExpertStore& full = Install(*model, o);
+  CHECK(SameBits(Run(*model, 32, 4, 1.0f), Baseline()));
+  const uint64_t unique_full = full.stream_stats().total.unique_experts;
+  StreamingExpertStore& cut = Install(*model, o);
+  std::vector<float> got = Run(*model, 32, 4, 0.5f);
+  const uint64_t unique_cut = cut.stream_stats().total.unique_experts;
+  MESSAGE("unique experts per run: top-k " << unique_full << ", K3_TOPP=0.5 " << unique_cut);
+  CHECK(unique_cut < unique_full);
+  CHECK(cut.stream_stats().total.bytes_read < full.stream_stats().total.bytes_read);
+  CHECK_FALSE(SameBits(got, Baseline()));
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); }));
+  // The same cut through the simple store: the store never changes the math.
+  auto simple = Model::LoadOrThrow(kTiny, F32());
+  CHECK(SameBits(Run(*simple, 32, 4, 0.5f), got));
 }
 
 TEST_CASE("cache plan: floor of one slot, ceiling of every expert, sized from the machine") {
