@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "command.h"
@@ -44,6 +45,19 @@ class InterruptScope {
  private:
   struct sigaction old_ = {};
 };
+
+// Model text may contain raw control bytes (ESC sequences could restyle or
+// rewrite the user's terminal); on a TTY keep only newline and tab of C0 and DEL.
+std::string TerminalSafe(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7F) continue;
+    out += c;
+  }
+  return out;
+}
 
 struct ChatArgs {
   std::string model_dir, prompt, system, effort;
@@ -103,13 +117,17 @@ class ChatSession {
     tok::ChatStreamParser parser(tokenizer_, options_.thinking ? tok::ChatStreamParser::Start::kThink
                                                                : tok::ChatStreamParser::Start::kResponse);
     bool in_reasoning = false, printed_answer = false;
+    auto write = [&](const std::string& text) {
+      std::string safe = color_ ? TerminalSafe(text) : text;
+      std::fwrite(safe.data(), 1, safe.size(), stdout);
+    };
     auto show = [&](const tok::ChatDelta& d) {
       if (!d.reasoning.empty()) {
         if (!in_reasoning) {
           std::fputs(color_ ? "\x1b[2m" : "[think] ", stdout);
           in_reasoning = true;
         }
-        std::fwrite(d.reasoning.data(), 1, d.reasoning.size(), stdout);
+        write(d.reasoning);
       }
       if (!d.content.empty()) {
         if (in_reasoning) {
@@ -118,7 +136,7 @@ class ChatSession {
         }
         if (!printed_answer && !color_) std::fputs("[response] ", stdout);
         printed_answer = true;
-        std::fwrite(d.content.data(), 1, d.content.size(), stdout);
+        write(d.content);
       }
       std::fflush(stdout);
     };
