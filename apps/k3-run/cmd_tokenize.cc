@@ -1,5 +1,6 @@
 // k3-run tokenize / detokenize: the checkpoint's own tokenizer from the command
 // line (text -> ids, ids -> text), for checking prompts and outputs by hand.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -54,7 +55,20 @@ void RunTokenize(const TokenizeArgs& args) {
     throw Error(ErrorCode::kInvalidArgument, "give exactly one of --text and --text-file");
   }
   tok::Tokenizer tokenizer = tok::Tokenizer::LoadDirOrThrow(args.model_dir);
-  std::string text = args.has_text ? args.text : ReadFileOrThrow(args.text_file, kMaxTextFileBytes);
+  std::string text;
+  if (args.has_text) {
+    text = args.text;
+  } else if (args.text_file == "-") {
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) {
+      text.append(buf, n);
+      if (text.size() > kMaxTextFileBytes) throw Error(ErrorCode::kInvalidArgument, "stdin text over 1 GiB");
+    }
+    if (std::ferror(stdin)) ThrowErrno(errno, "reading stdin");
+  } else {
+    text = ReadFileOrThrow(args.text_file, kMaxTextFileBytes);
+  }
   std::vector<tok::TokenId> ids = tokenizer.Encode(text, args.allow_special);
   if (args.json) {
     JsonWriter j;
@@ -95,7 +109,7 @@ void SetupTokenize(CLI::App& root) {
       ->required();
   cmd->add_option_function<std::string>(
       "--text", [args](const std::string& t) { args->text = t; args->has_text = true; }, "text to encode");
-  cmd->add_option("--text-file", args->text_file, "file whose bytes are encoded");
+  cmd->add_option("--text-file", args->text_file, "file whose bytes are encoded ('-': stdin)");
   cmd->add_flag("--allow-special", args->allow_special,
                 "special-token text (<|open|>, [BOS], ...) becomes its id; default: plain text");
   cmd->add_flag("--json", args->json, "print {\"ids\":[...]}");
