@@ -95,9 +95,9 @@ void RunGenerate(const GenerateArgs& args) {
   if (ids.empty()) throw Error(ErrorCode::kInvalidArgument, "empty prompt");
   for (int32_t id : ids) {
     if (id >= c.vocab_size) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                      std::to_string(c.vocab_size) + ")");
+      throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                   " outside the vocabulary [0, " +
+                                                   std::to_string(c.vocab_size) + ")");
     }
   }
   if (!m->weights().has_head && (args.ngen > 0 || !args.logits_path.empty())) {
@@ -200,27 +200,30 @@ void RunGenerate(const GenerateArgs& args) {
     for (int32_t id : generated) line += (line.empty() ? "" : ",") + std::to_string(id);
     std::printf("%s\n", line.c_str());
   }
-  std::fprintf(stderr,
-               "k3-run: load %.2f s | prefill %zu tok, %.2f tok/s | decode %d steps, %.4f s/token | "
-               "experts read %s, hit rate %.1f%% | peak RSS %s\n",
-               m->load_seconds(), T, prefill_tps, decode_steps, decode_spt,
-               FormatBytes(es.bytes_read).c_str(), 100.0 * es.hit_rate(),
-               FormatBytes(PeakRssBytes()).c_str());
+  std::fprintf(
+      stderr,
+      "k3-run: load %.2f s | prefill %zu tok, %.2f tok/s | decode %d steps, %.4f s/token | "
+      "experts read %s, hit rate %.1f%% | peak RSS %s\n",
+      m->load_seconds(), T, prefill_tps, decode_steps, decode_spt,
+      FormatBytes(es.bytes_read).c_str(), 100.0 * es.hit_rate(),
+      FormatBytes(PeakRssBytes()).c_str());
 }
 
 void SetupGenerate(CLI::App& root) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = root.add_subcommand(
-      "generate", "Prefill a prompt and generate tokens (greedy by default)");
+  CLI::App* cmd =
+      root.add_subcommand("generate", "Prefill a prompt and generate tokens (greedy by default)");
   cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container directory")->required();
   cmd->add_option("PROMPT", args->prompt, "prompt text (BOS is prepended)");
   cmd->add_option("--ids", args->ids_csv, "prompt as token ids, e.g. 1,2,3 (no BOS added)");
-  cmd->add_option("--ngen", args->ngen, "tokens to generate (default 32)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ngen", args->ngen, "tokens to generate (default 32)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", args->temperature, "temperature; <= 0 is greedy (default 0)");
   cmd->add_option("--top-p", args->top_p, "nucleus mass in (0, 1] (default 1)");
   cmd->add_option("--seed", args->seed, "sampling seed (default 1)");
   cmd->add_option("--logits", args->logits_path, "write f32 LE [T][vocab] prompt logits here");
-  cmd->add_option("--trace", args->trace_path, "write f32 LE [T][layers][hidden] layer outputs here");
+  cmd->add_option("--trace", args->trace_path,
+                  "write f32 LE [T][layers][hidden] layer outputs here");
   cmd->add_flag("--json", args->json, "print one JSON object with ids and stats at the end");
   cmd->add_flag("--no-bos", args->no_bos, "do not prepend BOS to a text PROMPT");
   cmd->callback([args] { RunGenerate(*args); });

@@ -6,6 +6,7 @@
 // the k3-repack rules of spec §7.1-§7.3 (classification, U8 + `.qs` F32
 // sidecar, experts by id), quantizing with lib/quant like k3-repack does.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,7 +14,6 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "k3/container/safetensors.h"
@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kTiny = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
-const std::vector<int32_t> kPrompt = {2048, 2051, 765,  1888, 786, 2053, 788,  2033, 691,  295,
-                                      278,  603,  1682, 2052, 763, 2053, 2051, 2014, 428,  2053};
+const std::vector<int32_t> kPrompt = {2048, 2051, 765,  1888, 786, 2053, 788,  2033, 691, 295,
+                                      278,  603,  1682, 2052, 763, 2053, 2051, 2014, 428, 2053};
 
 enum class Class { kDrop, kExpert, kBits, kMla, kHead, kPass };
 
@@ -75,7 +75,7 @@ int ExpertId(const std::string& n) {
 
 struct BuildOptions {
   int bits = 8, mla_bits = 8, head_bits = 8;
-  std::string drop;  // a tensor to leave out (error tests)
+  std::string drop;     // a tensor to leave out (error tests)
   std::string reshape;  // a passthrough BF16 matrix whose shape is written transposed
 };
 
@@ -96,7 +96,8 @@ void BuildContainer(const std::string& dst, const BuildOptions& bo) {
     std::vector<size_t> others;
     const auto& ts = f.tensors();
     for (size_t i = 0; i < ts.size(); ++i) {
-      std::string n = ts[i].name.starts_with(prefix) ? ts[i].name.substr(prefix.size()) : ts[i].name;
+      std::string n =
+          ts[i].name.starts_with(prefix) ? ts[i].name.substr(prefix.size()) : ts[i].name;
       Class k = Classify(n, c);
       if (k == Class::kDrop || n == bo.drop) continue;
       if (k == Class::kExpert) {
@@ -227,7 +228,7 @@ TEST_CASE("container int8 with K3_BITS=4 set downcasts; without it keeps int8; m
   {
     auto m = Model::LoadOrThrow(dir, Bits(4, 8, 8, true));
     const LayerWeights& l0 = m->weights().layers[0];
-    CHECK(l0.kda.q.format() == quant::WeightFormat::kInt4G64);   // class bits: downcast
+    CHECK(l0.kda.q.format() == quant::WeightFormat::kInt4G64);  // class bits: downcast
     CHECK(l0.dense.down.format() == quant::WeightFormat::kInt4G64);
     CHECK(m->weights().layers[3].mla.q_a.format() == quant::WeightFormat::kInt8);  // mla: kept
     CHECK(m->weights().lm_head.format() == quant::WeightFormat::kInt8);
@@ -245,7 +246,8 @@ TEST_CASE("container int8 with K3_BITS=4 set downcasts; without it keeps int8; m
 
 TEST_CASE("K3_MMAP=1 refuses a snapshot that needs conversion, naming the tensor") {
   ErrorCode code{};
-  std::string what = ErrorText([&] { Model::LoadOrThrow(kTiny, Bits(4, 8, 8, true, true)); }, &code);
+  std::string what =
+      ErrorText([&] { Model::LoadOrThrow(kTiny, Bits(4, 8, 8, true, true)); }, &code);
   CHECK(code == ErrorCode::kUnsupported);
   CHECK(what.find("K3_MMAP=1") != std::string::npos);
   CHECK(what.find("BF16") != std::string::npos);

@@ -1,6 +1,8 @@
 // ExpertTable / SimpleExpertStore on the oracle fixture: the slot holds exactly
 // the six tensors' bytes, DiskOrder reproduces the shard's (shuffled) on-disk
 // expert order, the LRU counts hits and misses as documented.
+#include "k3/model/expert_store.h"
+
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
@@ -12,7 +14,6 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/file.h"
 #include "k3/model/config.h"
-#include "k3/model/expert_store.h"
 
 using namespace k3;
 using namespace k3::model;

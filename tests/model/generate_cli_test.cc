@@ -2,12 +2,12 @@
 // --logits and --trace dumps compared with Moonshot's goldens, and the
 // chunk size not changing a byte of the dumps.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "k3/core/file.h"
@@ -18,7 +18,8 @@ namespace {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kRun = std::string(K3_BINARY_DIR) + "/bin/k3-run";
-const char* kIds = "2048,2051,765,1888,786,2053,788,2033,691,295,278,603,1682,2052,763,2053,2051,2014,428,2053";
+const char* kIds =
+    "2048,2051,765,1888,786,2053,788,2033,691,295,278,603,1682,2052,763,2053,2051,2014,428,2053";
 
 std::vector<float> F32(const std::string& path) {
   std::string b = ReadFileOrThrow(path, 1 << 26);
@@ -45,10 +46,11 @@ std::string Tmp(const std::string& tag) {
 TEST_CASE("k3-run generate reproduces the oracle (f32 weights, f32 activations)") {
   for (int chunk : {32, 1}) {
     const std::string tag = std::to_string(chunk);
-    std::string cmd = "K3_LOG=warn K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0 K3_CHUNK=" +
-                      tag + " " + kRun + " generate " + kOracle + "/k3-tiny --ids " + kIds +
-                      " --ngen 16 --json --logits " + Tmp(tag + ".logits") + " --trace " +
-                      Tmp(tag + ".trace") + " > " + Tmp(tag + ".json") + " 2> " + Tmp(tag + ".err");
+    std::string cmd =
+        "K3_LOG=warn K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0 K3_CHUNK=" + tag + " " +
+        kRun + " generate " + kOracle + "/k3-tiny --ids " + kIds + " --ngen 16 --json --logits " +
+        Tmp(tag + ".logits") + " --trace " + Tmp(tag + ".trace") + " > " + Tmp(tag + ".json") +
+        " 2> " + Tmp(tag + ".err");
     REQUIRE(std::system(cmd.c_str()) == 0);
     std::string json = ReadFileOrThrow(Tmp(tag + ".json"), 1 << 20);
     CHECK(json.find("\"generated_ids\":[860,2302,84,2171,594,74,1683,1439,2176,1046,942,231,1259,"

@@ -252,8 +252,10 @@ TEST_CASE("chunked prefill is bit-identical to token-at-a-time, on every ISA thi
     quant::SetIsaForTesting(isa);
     for (int bits : {32, 4}) {
       for (bool idot : {false, true}) {
-        auto model = Model::LoadOrThrow(kTiny, Bits(bits, bits == 32 ? 32 : 8, bits == 32 ? 32 : 8));
-        std::vector<int32_t> prompt = JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
+        auto model =
+            Model::LoadOrThrow(kTiny, Bits(bits, bits == 32 ? 32 : 8, bits == 32 ? 32 : 8));
+        std::vector<int32_t> prompt =
+            JsonIds(kOracle + "/k3-tiny.golden/greedy.json", "prompt_ids");
         RunResult one = RunPrompt(*model, Run(idot, 1), prompt, 4);
         for (int chunk : {32, 7, 3}) {
           RunResult many = RunPrompt(*model, Run(idot, chunk), prompt, 4);

@@ -56,9 +56,11 @@ double CheckIdot(const quant::WeightView& w, size_t batch, uint64_t seed) {
         quant_err += std::fabs(wrow[i]) * sc / 2;
         mag += std::fabs(wrow[i]) * (std::fabs(x[b * cols + i]) + sc);
       }
-      const double bound = quant_err * (1 + 1e-5) + 2.0 * static_cast<double>(cols) * u * mag + 1e-30;
+      const double bound =
+          quant_err * (1 + 1e-5) + 2.0 * static_cast<double>(cols) * u * mag + 1e-30;
       const double err = std::fabs(static_cast<double>(y8[b * rows + o]) - y32[b * rows + o]);
-      CHECK_MESSAGE(err <= bound, "row " << o << " batch " << b << " err " << err << " bound " << bound);
+      CHECK_MESSAGE(err <= bound,
+                    "row " << o << " batch " << b << " err " << err << " bound " << bound);
       worst = std::max(worst, err / bound);
     }
   }
@@ -85,11 +87,11 @@ TEST_CASE("int8 / int4 resident matrices: MatMulQ8 within the derived bound of M
       ++checked;
     };
     for (const LayerWeights& L : m->weights().layers) {
-      for (const Matrix* mat : {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.g, &L.kda.o, &L.mla.q_a,
-                                &L.mla.q_b, &L.mla.kv_a, &L.mla.kv_b, &L.mla.o, &L.mla.g,
-                                &L.dense.gate, &L.dense.up, &L.dense.down, &L.moe.latent_down,
-                                &L.moe.latent_up, &L.moe.shared.gate, &L.moe.shared.up,
-                                &L.moe.shared.down}) {
+      for (const Matrix* mat :
+           {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.g, &L.kda.o, &L.mla.q_a, &L.mla.q_b, &L.mla.kv_a,
+            &L.mla.kv_b, &L.mla.o, &L.mla.g, &L.dense.gate, &L.dense.up, &L.dense.down,
+            &L.moe.latent_down, &L.moe.latent_up, &L.moe.shared.gate, &L.moe.shared.up,
+            &L.moe.shared.down}) {
         check(*mat);
       }
     }

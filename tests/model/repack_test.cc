@@ -2,18 +2,19 @@
 // bit-identical logits from the container, from its K3_MMAP mapping and from the
 // snapshot quantized at load, and match the int8/int4 oracle goldens with f32
 // activations (issue 5: "from the snapshot and from a container").
+#include "k3/repack/repack.h"
+
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "k3/core/file.h"
 #include "k3/model/model.h"
-#include "k3/repack/repack.h"
 
 using namespace k3;
 using namespace k3::model;
@@ -23,8 +24,8 @@ namespace {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
-const std::vector<int32_t> kPrompt = {2048, 2051, 765,  1888, 786, 2053, 788,  2033, 691,  295,
-                                      278,  603,  1682, 2052, 763, 2053, 2051, 2014, 428,  2053};
+const std::vector<int32_t> kPrompt = {2048, 2051, 765,  1888, 786, 2053, 788,  2033, 691, 295,
+                                      278,  603,  1682, 2052, 763, 2053, 2051, 2014, 428, 2053};
 
 std::vector<float> Logits(const std::string& dir, LoadOptions lo, bool idot) {
   lo.progress = false;
@@ -52,10 +53,10 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& g) {
 
 TEST_CASE("k3-repack container == snapshot == mmap, and matches the quantized goldens") {
   for (int bits : {8, 4}) {
-    const std::string dst = (fs::temp_directory_path() /
-                             ("k3_model_repack_" + std::to_string(::getpid()) + "_" +
-                              std::to_string(bits)))
-                                .string();
+    const std::string dst =
+        (fs::temp_directory_path() /
+         ("k3_model_repack_" + std::to_string(::getpid()) + "_" + std::to_string(bits)))
+            .string();
     fs::remove_all(dst);
     repack::RepackOptions ro;
     ro.src = kTiny;
@@ -82,7 +83,8 @@ TEST_CASE("k3-repack container == snapshot == mmap, and matches the quantized go
       CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
       CHECK(std::memcmp(b.data(), c.data(), b.size() * 4) == 0);
       if (!idot) {
-        std::string golden = kOracle + (bits == 8 ? "/k3-tiny.int8.golden" : "/k3-tiny.int4.golden");
+        std::string golden =
+            kOracle + (bits == 8 ? "/k3-tiny.int8.golden" : "/k3-tiny.int4.golden");
         std::string bytes = ReadFileOrThrow(golden + "/logits.f32", 1 << 24);
         std::vector<float> g(bytes.size() / 4);
         std::memcpy(g.data(), bytes.data(), bytes.size());

@@ -8,6 +8,7 @@
 // per-position history instead of conv windows, non-absorbed MLA (k = W_UK c,
 // v = W_UV c per position), experts dequantized with ldexp.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +17,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "k3/container/safetensors.h"
@@ -52,8 +52,8 @@ std::string ConfigJson(const Shape& s) {
 "activation_situ_linear_beta":25.0,"rms_norm_eps":1e-5,"linear_attn_config":{"num_heads":%d,
 "head_dim":%d,"short_conv_kernel_size":%d,"gate_lower_bound":-5.0,"kda_layers":[%s]}}})",
                 s.hidden, s.layers, s.vocab, s.first_dense, s.inter, s.mla_heads, s.q_lora,
-                s.kv_lora, s.nope, s.rope, s.vh, s.experts, s.topk, s.moe_inter, s.latent,
-                s.shared, s.block, s.kda_heads, s.kda_hd, s.conv, kl.c_str());
+                s.kv_lora, s.nope, s.rope, s.vh, s.experts, s.topk, s.moe_inter, s.latent, s.shared,
+                s.block, s.kda_heads, s.kda_hd, s.conv, kl.c_str());
   return buf;
 }
 
@@ -260,8 +260,8 @@ class Reference {
     const int D = s_.hidden, L = s_.layers;
     Vec emb = T("model.embed_tokens.weight");
     std::vector<std::vector<Vec>> hist_q(L), hist_k(L), hist_v(L);  // pre-conv inputs per position
-    std::vector<std::vector<Vec>> state(L);                       // KDA: per head hd x hd
-    std::vector<std::vector<Vec>> lat(L), rope(L);                // MLA cache
+    std::vector<std::vector<Vec>> state(L);                         // KDA: per head hd x hd
+    std::vector<std::vector<Vec>> lat(L), rope(L);                  // MLA cache
     for (size_t t = 0; t < ids.size(); ++t) {
       Vec h(emb.begin() + ids[t] * D, emb.begin() + (ids[t] + 1) * D);
       std::vector<Vec> blocks;
@@ -271,14 +271,16 @@ class Reference {
         if (!blocks.empty()) {
           auto e = blocks;
           e.push_back(p);
-          h = Mix(e, T(pre + "self_attention_res_norm.weight"), T(pre + "self_attention_res_proj.weight"));
+          h = Mix(e, T(pre + "self_attention_res_norm.weight"),
+                  T(pre + "self_attention_res_proj.weight"));
         }
         bool snap = i % s_.block == 0;
         if (snap) blocks.push_back(p);
         Vec x = RmsNorm(h, T(pre + "input_layernorm.weight"), 1e-5);
-        bool kda = std::find(s_.kda_layers.begin(), s_.kda_layers.end(), i + 1) != s_.kda_layers.end();
-        Vec a = kda ? Kda(i, x, hist_q[i], hist_k[i], hist_v[i], state[i])
-                    : Mla(i, x, lat[i], rope[i]);
+        bool kda =
+            std::find(s_.kda_layers.begin(), s_.kda_layers.end(), i + 1) != s_.kda_layers.end();
+        Vec a =
+            kda ? Kda(i, x, hist_q[i], hist_k[i], hist_v[i], state[i]) : Mla(i, x, lat[i], rope[i]);
         if (snap) {
           p = a;
         } else {
@@ -294,8 +296,9 @@ class Reference {
       }
       auto e = blocks;
       e.push_back(h);
-      Vec y = RmsNorm(Mix(e, T("model.output_attn_res_norm.weight"), T("model.output_attn_res_proj.weight")),
-                      T("model.norm.weight"), 1e-5);
+      Vec y = RmsNorm(
+          Mix(e, T("model.output_attn_res_norm.weight"), T("model.output_attn_res_proj.weight")),
+          T("model.norm.weight"), 1e-5);
       Vec lg = Mv(T("lm_head.weight"), y);
       logits->insert(logits->end(), lg.begin(), lg.end());
     }
@@ -336,7 +339,8 @@ class Reference {
     Vec out(P);
     for (int h = 0; h < H; ++h) {
       double sq = 0, sk = 0;
-      for (int j = 0; j < hd; ++j) sq += q[h * hd + j] * q[h * hd + j], sk += k[h * hd + j] * k[h * hd + j];
+      for (int j = 0; j < hd; ++j)
+        sq += q[h * hd + j] * q[h * hd + j], sk += k[h * hd + j] * k[h * hd + j];
       Vec qn(hd), kn(hd), vv(hd), alpha(hd);
       for (int j = 0; j < hd; ++j) {
         qn[j] = q[h * hd + j] / std::sqrt(sq + 1e-6) / std::sqrt(static_cast<double>(hd));
@@ -348,16 +352,19 @@ class Reference {
       Vec& M = S[h];
       // S = (I - beta k k^T) Diag(alpha) S + beta k v^T, o = S^T q.
       Vec decayed(hd * hd);
-      for (int r = 0; r < hd; ++r) for (int c = 0; c < hd; ++c) decayed[r * hd + c] = alpha[r] * M[r * hd + c];
+      for (int r = 0; r < hd; ++r)
+        for (int c = 0; c < hd; ++c) decayed[r * hd + c] = alpha[r] * M[r * hd + c];
       Vec kS(hd, 0.0);
-      for (int c = 0; c < hd; ++c) for (int r = 0; r < hd; ++r) kS[c] += kn[r] * decayed[r * hd + c];
+      for (int c = 0; c < hd; ++c)
+        for (int r = 0; r < hd; ++r) kS[c] += kn[r] * decayed[r * hd + c];
       for (int r = 0; r < hd; ++r) {
         for (int c = 0; c < hd; ++c) {
           M[r * hd + c] = decayed[r * hd + c] - beta * kn[r] * kS[c] + beta * kn[r] * vv[c];
         }
       }
       Vec o(hd, 0.0);
-      for (int c = 0; c < hd; ++c) for (int r = 0; r < hd; ++r) o[c] += M[r * hd + c] * qn[r];
+      for (int c = 0; c < hd; ++c)
+        for (int r = 0; r < hd; ++r) o[c] += M[r * hd + c] * qn[r];
       Vec on = RmsNorm(o, onorm, 1e-5);
       for (int c = 0; c < hd; ++c) out[h * hd + c] = on[c] * Sig(g[h * hd + c]);
     }
@@ -370,7 +377,8 @@ class Reference {
     Vec qa = RmsNorm(Mv(T(at + "q_a_proj.weight"), x), T(at + "q_a_layernorm.weight"), 1e-6);
     Vec q = Mv(T(at + "q_b_proj.weight"), qa);
     Vec ckv = Mv(T(at + "kv_a_proj_with_mqa.weight"), x);
-    lat.push_back(RmsNorm(Vec(ckv.begin(), ckv.begin() + kvl), T(at + "kv_a_layernorm.weight"), 1e-6));
+    lat.push_back(
+        RmsNorm(Vec(ckv.begin(), ckv.begin() + kvl), T(at + "kv_a_layernorm.weight"), 1e-6));
     rope.push_back(Vec(ckv.begin() + kvl, ckv.end()));
     Vec kvb = T(at + "kv_b_proj.weight");
     Vec g = Mv(T(at + "g_proj.weight"), x);
@@ -390,7 +398,8 @@ class Reference {
         score.push_back(s / std::sqrt(static_cast<double>(nope + rp)));
         Vec v(vh, 0.0);
         for (int d = 0; d < vh; ++d) {
-          for (int c = 0; c < kvl; ++c) v[d] += kvb[(h * (nope + vh) + nope + d) * kvl + c] * lat[j][c];
+          for (int c = 0; c < kvl; ++c)
+            v[d] += kvb[(h * (nope + vh) + nope + d) * kvl + c] * lat[j][c];
         }
         vals.push_back(v);
       }
@@ -431,7 +440,8 @@ class Reference {
       const double w = Sig(lg[e]) / wsum;
       for (int j = 0; j < s_.latent; ++j) u[j] += w * y[j];
     }
-    Vec out = Mv(T(mp + "routed_expert_up_proj.weight"), RmsNorm(u, T(mp + "routed_expert_norm.weight"), 1e-5));
+    Vec out = Mv(T(mp + "routed_expert_up_proj.weight"),
+                 RmsNorm(u, T(mp + "routed_expert_norm.weight"), 1e-5));
     if (s_.shared > 0) {
       Vec sh = Mlp(mp + "shared_experts.", x);
       for (int d = 0; d < s_.hidden; ++d) out[d] += sh[d];
@@ -461,7 +471,8 @@ void CheckShape(const Shape& s, uint64_t seed) {
   auto m = Model::LoadOrThrow(dir, lo);
   std::vector<int32_t> ids;
   std::mt19937 rng(static_cast<uint32_t>(seed));
-  for (int i = 0; i < 9; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab)));
+  for (int i = 0; i < 9; ++i)
+    ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab)));
   const size_t T = ids.size(), V = static_cast<size_t>(s.vocab), D = static_cast<size_t>(s.hidden),
                L = static_cast<size_t>(s.layers);
 
@@ -485,14 +496,16 @@ void CheckShape(const Shape& s, uint64_t seed) {
       Vec b;
       for (size_t t = 0; t < T; ++t) {
         a.insert(a.end(), trace.begin() + (t * L + l) * D, trace.begin() + (t * L + l + 1) * D);
-        b.insert(b.end(), ref_trace.begin() + (t * L + l) * D, ref_trace.begin() + (t * L + l + 1) * D);
+        b.insert(b.end(), ref_trace.begin() + (t * L + l) * D,
+                 ref_trace.begin() + (t * L + l + 1) * D);
       }
       double e = RelL2(a.data(), b.data(), a.size());
       INFO("layer " << l << " rel-L2 " << e);
       CHECK(e <= 1e-4);
     }
     double el = RelL2(logits.data(), ref_logits.data(), logits.size());
-    MESSAGE("shape seed " << seed << " chunk " << chunk << ": logits rel-L2 vs f64 reference " << el);
+    MESSAGE("shape seed " << seed << " chunk " << chunk << ": logits rel-L2 vs f64 reference "
+                          << el);
     CHECK(el <= 1e-4);
     if (chunked_logits.empty()) {
       chunked_logits = logits;
@@ -517,17 +530,51 @@ void CheckShape(const Shape& s, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("other shapes: engine == naive f64 reference (no shared experts, no rope, odd widths)") {
-  Shape s{.hidden = 96, .layers = 5, .vocab = 300, .first_dense = 2, .inter = 80,
-          .mla_heads = 3, .q_lora = 48, .kv_lora = 40, .nope = 12, .rope = 0, .vh = 20,
-          .experts = 6, .topk = 6, .moe_inter = 32, .latent = 96, .shared = 0,
-          .block = 2, .kda_heads = 3, .kda_hd = 20, .conv = 3, .kda_layers = {1, 3, 4}};
+  Shape s{.hidden = 96,
+          .layers = 5,
+          .vocab = 300,
+          .first_dense = 2,
+          .inter = 80,
+          .mla_heads = 3,
+          .q_lora = 48,
+          .kv_lora = 40,
+          .nope = 12,
+          .rope = 0,
+          .vh = 20,
+          .experts = 6,
+          .topk = 6,
+          .moe_inter = 32,
+          .latent = 96,
+          .shared = 0,
+          .block = 2,
+          .kda_heads = 3,
+          .kda_hd = 20,
+          .conv = 3,
+          .kda_layers = {1, 3, 4}};
   CheckShape(s, 11);
 }
 
 TEST_CASE("other shapes: no dense layer, one AttnRes block, conv kernel 1, shared expert") {
-  Shape s{.hidden = 64, .layers = 4, .vocab = 200, .first_dense = 0, .inter = 64,
-          .mla_heads = 2, .q_lora = 32, .kv_lora = 32, .nope = 8, .rope = 6, .vh = 10,
-          .experts = 8, .topk = 3, .moe_inter = 64, .latent = 32, .shared = 1,
-          .block = 5, .kda_heads = 2, .kda_hd = 16, .conv = 1, .kda_layers = {2, 4, 9}};
+  Shape s{.hidden = 64,
+          .layers = 4,
+          .vocab = 200,
+          .first_dense = 0,
+          .inter = 64,
+          .mla_heads = 2,
+          .q_lora = 32,
+          .kv_lora = 32,
+          .nope = 8,
+          .rope = 6,
+          .vh = 10,
+          .experts = 8,
+          .topk = 3,
+          .moe_inter = 64,
+          .latent = 32,
+          .shared = 1,
+          .block = 5,
+          .kda_heads = 2,
+          .kda_hd = 16,
+          .conv = 1,
+          .kda_layers = {2, 4, 9}};
   CheckShape(s, 12);
 }

@@ -79,8 +79,8 @@ ModelConfig ModelConfig::ParseOrThrow(std::string_view json, const std::string& 
   simdjson::padded_string padded(json.data(), json.size());
   simdjson::dom::element root;
   if (auto err = parser.parse(padded).get(root); err) {
-    throw Error(ErrorCode::kCorrupt, std::string("config is not valid JSON: ") +
-                                         simdjson::error_message(err), path);
+    throw Error(ErrorCode::kCorrupt,
+                std::string("config is not valid JSON: ") + simdjson::error_message(err), path);
   }
   if (!root.is_object()) throw Error(ErrorCode::kCorrupt, "config is not a JSON object", path);
   simdjson::dom::element tc = root;
@@ -138,7 +138,8 @@ ModelConfig ModelConfig::ParseOrThrow(std::string_view json, const std::string& 
   Range(r, "qk_rope_head_dim", c.qk_rope_head_dim, 0, 1024);
   Range(r, "v_head_dim", c.v_head_dim, 1, 1024);
   Range(r, "num_experts", c.num_experts, 1, 4096);
-  Range(r, "num_experts_per_token", c.num_experts_per_token, 1, std::min<int64_t>(64, c.num_experts));
+  Range(r, "num_experts_per_token", c.num_experts_per_token, 1,
+        std::min<int64_t>(64, c.num_experts));
   Range(r, "moe_intermediate_size", c.moe_intermediate_size, 32, int64_t{1} << 20);
   if (c.moe_intermediate_size % 32) r.Fail("moe_intermediate_size", "must be a multiple of 32");
   Range(r, "routed_expert_hidden_size", c.routed_expert_hidden_size, 32, int64_t{1} << 20);

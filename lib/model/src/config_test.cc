@@ -1,3 +1,5 @@
+#include "k3/model/config.h"
+
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -5,7 +7,6 @@
 
 #include "k3/core/error.h"
 #include "k3/core/file.h"
-#include "k3/model/config.h"
 
 using namespace k3;
 
@@ -40,8 +41,8 @@ TEST_CASE("config errors name the key") {
 }
 
 TEST_CASE("a config without bos/eos ids parses (no BOS, no EOS)") {
-  std::string text = ReadFileOrThrow(std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny/config.json",
-                                     1 << 20);
+  std::string text =
+      ReadFileOrThrow(std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny/config.json", 1 << 20);
   // Drop every bos/eos key, top level and text_config.
   for (const char* key : {"\"bos_token_id\": 2048,", "\"eos_token_id\": 2050,"}) {
     for (size_t p; (p = text.find(key)) != std::string::npos;) text.erase(p, std::strlen(key));

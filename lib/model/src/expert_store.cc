@@ -10,7 +10,7 @@ namespace k3::model {
 namespace {
 
 constexpr const char* kPartSuffix[kExpertParts] = {
-    "w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+    "w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
     "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale",
 };
 

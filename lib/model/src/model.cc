@@ -101,8 +101,8 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
 // Per-sequence state and scratch.
 struct Session::Impl {
   struct KdaState {
-    std::vector<float> s;                 // [H][hd][hd], row = key dim, column = value dim
-    std::vector<float> wq, wk, wv;        // conv windows [P][K], oldest first
+    std::vector<float> s;           // [H][hd][hd], row = key dim, column = value dim
+    std::vector<float> wq, wk, wv;  // conv windows [P][K], oldest first
   };
   struct MlaCache {
     std::vector<float> latent;  // [cap][kv_lora], normalised
@@ -145,8 +145,8 @@ void Mix(const float* const* entries, size_t n, const float* w, size_t d, float 
       dot += static_cast<double>(e[i]) * static_cast<double>(w[i]);
       ss += static_cast<double>(e[i]) * static_cast<double>(e[i]);
     }
-    scores[j] = static_cast<float>(dot / std::sqrt(ss / static_cast<double>(d) +
-                                                   static_cast<double>(eps)));
+    scores[j] =
+        static_cast<float>(dot / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   }
   quant::Softmax(scores, n);
   for (size_t i = 0; i < d; ++i) out[i] = scores[0] * entries[0][i];
@@ -202,9 +202,9 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
   // Refuse bad ids before any state moves, so a failed call leaves the session as it was.
   for (int32_t id : ids) {
     if (id < 0 || id >= c.vocab_size) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                      std::to_string(c.vocab_size) + ")");
+      throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                   " outside the vocabulary [0, " +
+                                                   std::to_string(c.vocab_size) + ")");
     }
   }
   // Grow the MLA caches (position-major, so growth is a prefix copy).
@@ -480,7 +480,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       const float* qn = qv.data() + t * H * qh + hh * qh;
       const float* qr = qn + nope;
       std::fill(qabs.begin(), qabs.end(), 0.0f);
-      for (size_t d = 0; d < nope; ++d) quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qabs.data());
+      for (size_t d = 0; d < nope; ++d)
+        quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qabs.data());
       score.resize(nt);
       for (size_t j = 0; j < nt; ++j) {
         const float* lc = mc.latent.data() + j * kvl;
@@ -500,8 +501,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       float* ct = ctx.data() + t * H * vh + hh * vh;
       const float* gt = gv.data() + t * H * vh + hh * vh;
       for (size_t d = 0; d < vh; ++d) {
-        ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data()) *
-                quant::Sigmoid(gt[d]);
+        ct[d] =
+            quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data()) * quant::Sigmoid(gt[d]);
       }
     }
   }
@@ -556,7 +557,8 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
         }
       }
       if (best < 0) {
-        LogOnce(&kMaxChunk, LogLevel::kWarn, "router: no finite candidate; falling back to id order");
+        LogOnce(&kMaxChunk, LogLevel::kWarn,
+                "router: no finite candidate; falling back to id order");
         for (size_t e = 0; e < E; ++e) {
           if (!taken[e]) {
             best = static_cast<int64_t>(e);

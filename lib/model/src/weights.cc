@@ -1,13 +1,13 @@
 #include "k3/model/weights.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <exception>
 #include <mutex>
 #include <thread>
-
-#include <omp.h>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
@@ -60,11 +60,14 @@ Matrix Matrix::F32(size_t rows, size_t cols, std::vector<float> values) {
 
 uint64_t Matrix::resident_bytes() const {
   switch (view_.format) {
-    case quant::WeightFormat::kF32: return 4ull * view_.rows * view_.cols;
-    case quant::WeightFormat::kInt8: return view_.rows * view_.cols + 4ull * view_.rows;
+    case quant::WeightFormat::kF32:
+      return 4ull * view_.rows * view_.cols;
+    case quant::WeightFormat::kInt8:
+      return view_.rows * view_.cols + 4ull * view_.rows;
     case quant::WeightFormat::kInt4G64:
       return view_.rows * view_.cols / 2 + 4ull * view_.rows * (view_.cols / 64);
-    case quant::WeightFormat::kMxfp4: return view_.rows * view_.cols / 2 + view_.rows * view_.cols / 32;
+    case quant::WeightFormat::kMxfp4:
+      return view_.rows * view_.cols / 2 + view_.rows * view_.cols / 32;
   }
   return 0;
 }
@@ -74,9 +77,9 @@ EmbeddingTable::EmbeddingTable(TensorRef ref, int64_t vocab, int64_t hidden)
 
 void EmbeddingTable::RowOrThrow(int64_t id, float* out) const {
   if (id < 0 || id >= vocab_) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                    std::to_string(vocab_) + ")");
+    throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                 " outside the vocabulary [0, " +
+                                                 std::to_string(vocab_) + ")");
   }
   const size_t esize = DTypeSize(ref_.info->dtype);
   const size_t row_bytes = esize * static_cast<size_t>(hidden_);
@@ -166,9 +169,10 @@ class WeightLoader {
     if (done >= total_elems_ && reported_done_) return;
     last_progress_ = now;
     reported_done_ = done >= total_elems_;
-    K3_LOG_INFO("loading weights: %.0f%% of %zu matrices (%.2f G elements)",
-                100.0 * static_cast<double>(done) / static_cast<double>(std::max<size_t>(1, total_elems_)),
-                jobs_.size(), static_cast<double>(total_elems_) * 1e-9);
+    K3_LOG_INFO(
+        "loading weights: %.0f%% of %zu matrices (%.2f G elements)",
+        100.0 * static_cast<double>(done) / static_cast<double>(std::max<size_t>(1, total_elems_)),
+        jobs_.size(), static_cast<double>(total_elems_) * 1e-9);
   }
 
   void RunJob(const Job& job) {
@@ -187,8 +191,8 @@ class WeightLoader {
     const std::string qs_name = job.name + ".qs";
     auto qs = snap_.Find(qs_name);
     if (!qs) {
-      throw Error(ErrorCode::kCorrupt, "U8 matrix without its '.qs' scale sidecar",
-                  r.file->path(), static_cast<int64_t>(r.offset), r.info->name);
+      throw Error(ErrorCode::kCorrupt, "U8 matrix without its '.qs' scale sidecar", r.file->path(),
+                  static_cast<int64_t>(r.offset), r.info->name);
     }
     const uint64_t nbytes = r.info->nbytes();
     const uint64_t qn = qs->info->numel();
@@ -205,8 +209,8 @@ class WeightLoader {
                       std::to_string(rows) + ", " + std::to_string(cols) + "]",
                   r.file->path(), static_cast<int64_t>(r.offset), r.info->name);
     }
-    const bool downcast = fmt == quant::WeightFormat::kInt8 && opt_.bits_explicit &&
-                          job.bits <= 4 && cols % 64 == 0;
+    const bool downcast =
+        fmt == quant::WeightFormat::kInt8 && opt_.bits_explicit && job.bits <= 4 && cols % 64 == 0;
     Matrix& m = *job.out;
     m.view_.rows = rows;
     m.view_.cols = cols;
@@ -218,8 +222,8 @@ class WeightLoader {
                     r.file->path(), static_cast<int64_t>(r.offset), r.info->name);
       }
       if (qs->info->dtype != DType::kF32) {
-        throw Error(ErrorCode::kUnsupported, "K3_MMAP=1 needs F32 '.qs' scales",
-                    qs->file->path(), static_cast<int64_t>(qs->offset), qs->info->name);
+        throw Error(ErrorCode::kUnsupported, "K3_MMAP=1 needs F32 '.qs' scales", qs->file->path(),
+                    static_cast<int64_t>(qs->offset), qs->info->name);
       }
       if (qs->offset % 4 != 0) {
         throw Error(ErrorCode::kUnsupported, "K3_MMAP=1: '.qs' scales are not 4-byte aligned",
@@ -253,9 +257,8 @@ class WeightLoader {
 
   // BF16/F16/F32 source: converted in row blocks and quantized per the class bits.
   void LoadFloat(const Job& job) {
-    TensorRef r = snap_.FindCheckedOrThrow(job.name, kFloatDTypes,
-                                           {static_cast<int64_t>(job.rows),
-                                            static_cast<int64_t>(job.cols)});
+    TensorRef r = snap_.FindCheckedOrThrow(
+        job.name, kFloatDTypes, {static_cast<int64_t>(job.rows), static_cast<int64_t>(job.cols)});
     if (opt_.mmap && !job.always_f32) {
       throw Error(ErrorCode::kUnsupported,
                   std::string("K3_MMAP=1 maps only a fully prepared container; this matrix is ") +
@@ -298,7 +301,8 @@ class WeightLoader {
       PreadFull(r.file->fd(), raw, r.offset + uint64_t{r0} * cols * esize, r.file->path());
       ConvertToF32(r.info->dtype, raw, {dst, n * cols});
       if (fmt == quant::WeightFormat::kInt8) {
-        quant::QuantizeInt8Rows(dst, n, cols, reinterpret_cast<int8_t*>(m.bytes_.data()) + r0 * cols,
+        quant::QuantizeInt8Rows(dst, n, cols,
+                                reinterpret_cast<int8_t*>(m.bytes_.data()) + r0 * cols,
                                 m.scales_.data() + r0);
       } else if (fmt == quant::WeightFormat::kInt4G64) {
         quant::QuantizeInt4G64Rows(dst, n, cols, m.bytes_.data() + r0 * cols / 2,
@@ -377,8 +381,8 @@ ModelWeights LoadWeightsOrThrow(const Snapshot& snap, const ModelConfig& c,
     L.post_norm = ReadVector(snap, pre + "post_attention_layernorm.weight", c.hidden_size);
     L.attn_sw = ScoreWeight(snap, pre + "self_attention_res_norm.weight",
                             pre + "self_attention_res_proj.weight", c.hidden_size);
-    L.mlp_sw = ScoreWeight(snap, pre + "mlp_res_norm.weight", pre + "mlp_res_proj.weight",
-                           c.hidden_size);
+    L.mlp_sw =
+        ScoreWeight(snap, pre + "mlp_res_norm.weight", pre + "mlp_res_proj.weight", c.hidden_size);
     const std::string at = pre + "self_attn.";
     if (L.is_kda) {
       KdaWeights& k = L.kda;
@@ -411,10 +415,10 @@ ModelWeights LoadWeightsOrThrow(const Snapshot& snap, const ModelConfig& c,
       MlaWeights& m = L.mla;
       loader.Add(at + "q_a_proj.weight", ql, d, opt.mla_bits, &m.q_a);
       loader.Add(at + "q_b_proj.weight", mh * qh, ql, opt.mla_bits, &m.q_b);
-      loader.Add(at + "kv_a_proj_with_mqa.weight", kvl + static_cast<size_t>(c.qk_rope_head_dim),
-                 d, opt.mla_bits, &m.kv_a);
-      loader.Add(at + "kv_b_proj.weight",
-                 mh * (static_cast<size_t>(c.qk_nope_head_dim) + vh), kvl, opt.mla_bits, &m.kv_b);
+      loader.Add(at + "kv_a_proj_with_mqa.weight", kvl + static_cast<size_t>(c.qk_rope_head_dim), d,
+                 opt.mla_bits, &m.kv_a);
+      loader.Add(at + "kv_b_proj.weight", mh * (static_cast<size_t>(c.qk_nope_head_dim) + vh), kvl,
+                 opt.mla_bits, &m.kv_b);
       loader.Add(at + "o_proj.weight", d, mh * vh, opt.mla_bits, &m.o);
       loader.Add(at + "g_proj.weight", mh * vh, d, opt.mla_bits, &m.g);
       m.q_a_norm = ReadVector(snap, at + "q_a_layernorm.weight", static_cast<int64_t>(ql));
@@ -455,11 +459,13 @@ ModelWeights LoadWeightsOrThrow(const Snapshot& snap, const ModelConfig& c,
 
   auto add = [&](const Matrix& m) { w.resident_bytes += m.resident_bytes(); };
   for (const LayerWeights& L : w.layers) {
-    for (const Matrix* m : {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.g, &L.kda.o, &L.kda.f_a,
-                            &L.kda.f_b, &L.kda.b, &L.mla.q_a, &L.mla.q_b, &L.mla.kv_a,
-                            &L.mla.kv_b, &L.mla.o, &L.mla.g, &L.dense.gate, &L.dense.up,
-                            &L.dense.down, &L.moe.router, &L.moe.latent_down, &L.moe.latent_up,
-                            &L.moe.shared.gate, &L.moe.shared.up, &L.moe.shared.down}) {
+    for (const Matrix* m :
+         {&L.kda.q,           &L.kda.k,         &L.kda.v,           &L.kda.g,
+          &L.kda.o,           &L.kda.f_a,       &L.kda.f_b,         &L.kda.b,
+          &L.mla.q_a,         &L.mla.q_b,       &L.mla.kv_a,        &L.mla.kv_b,
+          &L.mla.o,           &L.mla.g,         &L.dense.gate,      &L.dense.up,
+          &L.dense.down,      &L.moe.router,    &L.moe.latent_down, &L.moe.latent_up,
+          &L.moe.shared.gate, &L.moe.shared.up, &L.moe.shared.down}) {
       add(*m);
     }
   }
@@ -467,12 +473,12 @@ ModelWeights LoadWeightsOrThrow(const Snapshot& snap, const ModelConfig& c,
   w.quantized_matrices = loader.quantized_matrices_;
   w.container_matrices = loader.container_matrices_;
   if (opt.progress) {
-    K3_LOG_INFO("weights: %s resident, %lld quantized at load, %lld taken from the container%s, "
-                "%.2f s",
-                FormatBytes(w.resident_bytes).c_str(),
-                static_cast<long long>(w.quantized_matrices),
-                static_cast<long long>(w.container_matrices), opt.mmap ? " (mapped)" : "",
-                NowSeconds() - t0);
+    K3_LOG_INFO(
+        "weights: %s resident, %lld quantized at load, %lld taken from the container%s, "
+        "%.2f s",
+        FormatBytes(w.resident_bytes).c_str(), static_cast<long long>(w.quantized_matrices),
+        static_cast<long long>(w.container_matrices), opt.mmap ? " (mapped)" : "",
+        NowSeconds() - t0);
   }
   return w;
 }

@@ -144,9 +144,7 @@ class ExpertStore {
 
   virtual const ExpertTable& table() const = 0;
   // Sort key for a layer's union: ascending (file, offset of w1p).
-  DiskKey DiskOrder(int64_t layer, int64_t expert) const {
-    return table().disk_key(layer, expert);
-  }
+  DiskKey DiskOrder(int64_t layer, int64_t expert) const { return table().disk_key(layer, expert); }
   // `experts` = the unique experts this pass will Acquire, in that order.
   virtual void BeginLayer(int64_t layer, std::span<const int32_t> experts) = 0;
   // Blocks until the expert is resident; the view stays valid until Release().

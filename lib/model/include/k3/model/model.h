@@ -67,10 +67,10 @@ class Model {
 
 // Optional outputs of one Forward() call, all row-major f32; null = not wanted.
 struct ForwardOutputs {
-  float* logits_all = nullptr;   // [T][vocab]: logits at every fed position
-  float* logits_last = nullptr;  // [vocab]: logits at the last fed position
-  float* trace = nullptr;        // [T][layers][hidden]: h after each layer (oracle hidden.f32)
-  float* final_hidden = nullptr; // [T][hidden]: lm_head input (oracle final.f32)
+  float* logits_all = nullptr;    // [T][vocab]: logits at every fed position
+  float* logits_last = nullptr;   // [vocab]: logits at the last fed position
+  float* trace = nullptr;         // [T][layers][hidden]: h after each layer (oracle hidden.f32)
+  float* final_hidden = nullptr;  // [T][hidden]: lm_head input (oracle final.f32)
 };
 
 // Router decisions of one MoE layer for one token (for tests and stats).

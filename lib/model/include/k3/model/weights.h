@@ -23,15 +23,15 @@ namespace k3::model {
 // Load-time choices. FromEnv() reads K3_BITS, K3_MLA_BITS, K3_HEAD_BITS,
 // K3_MMAP, K3_LOAD_THREADS, K3_EXPERT_GB and K3_LAYERS; tests build the struct directly.
 struct LoadOptions {
-  int bits = 4;        // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
-  int mla_bits = 8;    // MLA q_a, q_b, kv_a, kv_b, o, g
-  int head_bits = 8;   // lm_head
+  int bits = 4;       // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
+  int mla_bits = 8;   // MLA q_a, q_b, kv_a, kv_b, o, g
+  int head_bits = 8;  // lm_head
   // True when the user set K3_BITS explicitly: allows the int8 -> int4-g64
   // downcast of container matrices whose class resolves to <= 4 bits (§6.7).
   bool bits_explicit = false;
-  bool mmap = false;         // map prepared container matrices instead of copying
-  int threads = 0;           // loader threads; 0 = min(online CPUs, 8)
-  bool progress = true;      // log progress lines while quantizing
+  bool mmap = false;     // map prepared container matrices instead of copying
+  int threads = 0;       // loader threads; 0 = min(online CPUs, 8)
+  bool progress = true;  // log progress lines while quantizing
   // Routed-expert cache budget (K3_EXPERT_GB, decimal GB): slots per MoE layer =
   // floor(bytes / (slot bytes x MoE layers)), clamped to [1, num_experts].
   double expert_cache_bytes = 8e9;
@@ -73,12 +73,12 @@ class Matrix {
 };
 
 struct KdaWeights {
-  Matrix q, k, v, g, o;                      // quantized (bits)
+  Matrix q, k, v, g, o;                       // quantized (bits)
   std::vector<float> q_conv, k_conv, v_conv;  // [P][K], tap 0 = oldest
-  Matrix f_a, f_b, b;                        // f32
-  std::vector<float> dt_bias;                // [P]
-  std::vector<float> a;                      // [H] = expf(A_log[h])
-  std::vector<float> o_norm;                 // [hd]
+  Matrix f_a, f_b, b;                         // f32
+  std::vector<float> dt_bias;                 // [P]
+  std::vector<float> a;                       // [H] = expf(A_log[h])
+  std::vector<float> o_norm;                  // [hd]
 };
 
 struct MlaWeights {
@@ -92,11 +92,11 @@ struct MlpWeights {  // dense MLP or fused shared experts
 };
 
 struct MoeWeights {
-  Matrix router;                     // f32 [E, D]
-  std::vector<float> score_bias;     // [E]
-  Matrix latent_down, latent_up;     // quantized (bits)
-  std::vector<float> latent_norm;    // [LT]
-  MlpWeights shared;                 // empty when num_shared_experts == 0
+  Matrix router;                   // f32 [E, D]
+  std::vector<float> score_bias;   // [E]
+  Matrix latent_down, latent_up;   // quantized (bits)
+  std::vector<float> latent_norm;  // [LT]
+  MlpWeights shared;               // empty when num_shared_experts == 0
 };
 
 struct LayerWeights {
