@@ -618,3 +618,11 @@ TEST_CASE("lookups survive copies and moves of headers and snapshots") {
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(fx.dir);
 }
+
+TEST_CASE("an empty tensor inside another tensor's bytes is an overlap") {
+  std::string dir = TempDir();
+  std::string h = Tensors({Entry("a", "U8", "[8]", 0, 8), Entry("e", "U8", "[0]", 4, 4)});
+  ExpectRefused(dir, {"empty tensor inside another", Assemble(h, Data(8)), ErrorCode::kCorrupt, "e",
+                      -2, "overlaps"});
+  std::filesystem::remove_all(dir);
+}
