@@ -456,26 +456,20 @@ struct Tokenizer::Impl {
   void EncodeKimi(std::string_view text, bool allow_special, std::vector<TokenId>& out) const {
     auto* s = reinterpret_cast<const unsigned char*>(text.data());
     size_t n = text.size(), i = 0;
-    size_t slice_start = 0, slice_chars = 0;  // current 400K slice
-    size_t piece_start = 0;                    // current sub-slice within it
-    size_t run_len = 0;
+    size_t slice_chars = 0;  // code points in the current 400K slice
+    size_t piece_start = 0;  // start of the piece not yet encoded
+    size_t run_len = 0;      // length of the current whitespace / non-whitespace run
     bool run_is_space = false;
-    bool first = true;
     while (i < n) {
       if (slice_chars == kMaxEncodeChars) {
         EncodeChunk(text.substr(piece_start, i - piece_start), allow_special, out);
-        slice_start = piece_start = i;
+        piece_start = i;
         slice_chars = 0;
-        first = true;
       }
       size_t at = i;
       bool space = PythonIsSpace(NextCodePoint(s, i));
-      if (first) {
-        run_is_space = space;
-        run_len = 1;
-        first = false;
-      } else if (space != run_is_space) {
-        run_is_space = space;
+      if (slice_chars == 0 || space != run_is_space) {
+        run_is_space = space;  // a slice starts a fresh run, as in Kimi's code
         run_len = 1;
       } else if (++run_len > kMaxRunChars) {
         EncodeChunk(text.substr(piece_start, at - piece_start), allow_special, out);
@@ -484,7 +478,6 @@ struct Tokenizer::Impl {
       }
       ++slice_chars;
     }
-    (void)slice_start;
     EncodeChunk(text.substr(piece_start), allow_special, out);
   }
 };

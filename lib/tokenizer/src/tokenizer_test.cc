@@ -245,6 +245,19 @@ TEST_CASE("Kimi's wrapper cuts runs longer than 25,000 characters") {
   CHECK(l == l1);
 }
 
+TEST_CASE("Kimi's wrapper slices at 400,000 code points, not bytes") {
+  const Tokenizer& tok = Tiny();
+  std::string unit = "\xC3\xA9 ";  // "é ": two code points, three bytes
+  std::string head, text;
+  for (int i = 0; i < 200000; ++i) head += unit;  // exactly 400,000 code points
+  text = head + unit;
+  auto want = tok.EncodeOrdinary(head);
+  auto tail = tok.EncodeOrdinary(unit);
+  want.insert(want.end(), tail.begin(), tail.end());
+  CHECK(tok.EncodeOrdinary(text) == want);
+  CHECK(tok.Decode(want) == text);
+}
+
 TEST_CASE("invalid UTF-8 is encoded as U+FFFD") {
   const Tokenizer& tok = Tiny();
   CHECK(tok.EncodeOrdinary("a\xFF" "b") == tok.EncodeOrdinary("a\xEF\xBF\xBD" "b"));
