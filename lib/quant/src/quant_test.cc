@@ -384,13 +384,18 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   IsaGuard guard;
   std::mt19937 rng(14);
   const int saved_threads = omp_get_max_threads();
-  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
-                           WeightFormat::kMxfp4}) {
-    const size_t rows = 70, cols = 448, batch = 37;
+  struct Case { WeightFormat fmt; size_t cols; };
+  // 448 = whole 64-column chunks; 96/160 end in a half chunk (MXFP4/int8 only).
+  for (Case cs : {Case{WeightFormat::kF32, 448}, Case{WeightFormat::kInt8, 448},
+                  Case{WeightFormat::kInt4G64, 448}, Case{WeightFormat::kMxfp4, 448},
+                  Case{WeightFormat::kMxfp4, 96}, Case{WeightFormat::kInt8, 160},
+                  Case{WeightFormat::kF32, 101}}) {
+    const WeightFormat fmt = cs.fmt;
+    const size_t rows = 70, cols = cs.cols, batch = 37;
     Mat m = RandomMat(fmt, rows, cols, rng);
     std::vector<float> x = RandomVec(batch * cols, rng);
     ActsQ8 a_all;
-    QuantizeActs(x.data(), batch, cols, &a_all);
+    if (fmt != WeightFormat::kF32) QuantizeActs(x.data(), batch, cols, &a_all);
     for (Isa isa : SupportedIsas()) {
       SetIsaForTesting(isa);
       omp_set_num_threads(2);
