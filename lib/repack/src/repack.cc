@@ -25,6 +25,7 @@
 #include "k3/quant/quant.h"
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
+#include "direct_io.h"
 #include "queue.h"
 #include "transform.h"
 
@@ -66,55 +67,6 @@ struct Segment {
   uint64_t dst_len = 0;
   uint64_t row0 = 0, rows = 0;
 };
-
-// Heap block aligned for O_DIRECT; contents uninitialised. Grows, never shrinks.
-class AlignedBuffer {
- public:
-  static constexpr size_t kAlign = 4096;
-  void Reserve(size_t n) {
-    if (n <= cap_) return;
-    size_t cap = (n + kAlign - 1) / kAlign * kAlign;
-    void* mem = std::aligned_alloc(kAlign, cap);
-    if (!mem) throw Error(ErrorCode::kIo, "out of memory for a " + std::to_string(cap) + "-byte block");
-    p_.reset(static_cast<std::byte*>(mem));
-    cap_ = cap;
-  }
-  std::byte* data() const { return p_.get(); }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> p_;
-  size_t cap_ = 0;
-};
-
-// O_DIRECT read of [off, off+len) through the aligned superset of the range.
-// Returns false (nothing thrown) when the filesystem refuses direct I/O, so the
-// caller can fall back to buffered reads; throws on real I/O errors.
-bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const std::string& path,
-                size_t* skip) {
-  const uint64_t a0 = off / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
-  const uint64_t a1 = (off + len + AlignedBuffer::kAlign - 1) / AlignedBuffer::kAlign *
-                      AlignedBuffer::kAlign;
-  buf->Reserve(a1 - a0);
-  uint64_t done = 0;
-  while (a0 + done < off + len) {
-    ssize_t n = ::pread(fd, buf->data() + done, a1 - a0 - done, static_cast<off_t>(a0 + done));
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      if (errno == EINVAL && done == 0) return false;
-      ThrowErrno(errno, "pread (O_DIRECT)", path, static_cast<int64_t>(a0 + done));
-    }
-    if (n == 0) {
-      throw Error(ErrorCode::kTruncated, "file ends before the tensor data", path,
-                  static_cast<int64_t>(a0 + done));
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  *skip = static_cast<size_t>(off - a0);
-  return true;
-}
 
 bool ParseInt(std::string_view s, int64_t* out) {
   if (s.empty()) return false;
@@ -501,17 +453,22 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   });
 
   Xxh128 hasher;
+  // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
+  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes);
   std::thread writer([&] {
     try {
       uint8_t len[8];
       for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(p.header.size() >> (8 * i));
       hasher.Update(std::as_bytes(std::span(len)));
       hasher.Update(std::as_bytes(std::span(p.header.data(), p.header.size())));
-      out.Write(std::as_bytes(std::span(len)));
-      out.Write(p.header);
+      sink.Append(reinterpret_cast<const std::byte*>(len), 8);
+      sink.Append(reinterpret_cast<const std::byte*>(p.header.data()), p.header.size());
       Block b;
       while (write_q.Pop(&b)) {
-        if (b.seg == SIZE_MAX) return;
+        if (b.seg == SIZE_MAX) {
+          sink.Finish();
+          return;
+        }
         const Segment& s = segs[b.seg];
         std::span<const std::byte> bytes =
             s.kind == Segment::kScales ? std::as_bytes(std::span(b.floats))
@@ -519,7 +476,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
                                                                     s.dst_len);
         K3_CHECK(bytes.size() == s.dst_len);
         hasher.Update(bytes);
-        out.Write(bytes);
+        sink.Append(bytes.data(), bytes.size());
         CrashPoint("repack-block-written");
         src_written += s.src_len;
         if (b.pool >= 0) pools[b.pool].Push(std::move(b.bytes));
@@ -579,9 +536,9 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   writer.join();
   if (err) std::rethrow_exception(err);
 
-  if (out.bytes_written() != p.file_bytes) {
+  if (sink.bytes() != p.file_bytes || FileSizeOrThrow(out.fd(), out.temp_path()) != p.file_bytes) {
     throw Error(ErrorCode::kInternal,
-                "wrote " + std::to_string(out.bytes_written()) + " bytes, planned " +
+                "wrote " + std::to_string(sink.bytes()) + " bytes, planned " +
                     std::to_string(p.file_bytes),
                 out.temp_path());
   }

@@ -22,6 +22,7 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/classify.h"
 #include "k3/repack/container.h"
+#include "direct_io.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -362,19 +363,26 @@ std::string Verifier::StreamShard(size_t s) {
   const std::string path = f.path();
   const uint64_t block = opt_.block_bytes;
   Xxh128 h;
-  std::vector<std::byte> buf(block), src_buf;
+  // Both trees are read once, bypassing the page cache where the filesystem allows.
+  DirectReader dst_reader(path, f.fd());
+  std::map<std::string, std::unique_ptr<DirectReader>> src_readers;
+  auto src_read = [&](const TensorRef& r, uint64_t off, size_t n) {
+    auto& rd = src_readers[r.file->path()];
+    if (!rd) rd = std::make_unique<DirectReader>(r.file->path(), r.file->fd());
+    return rd->Read(off, n);
+  };
+  const std::byte* buf = nullptr;  // the block last read from the container file
   std::vector<std::byte> expect_q;
   std::vector<float> scratch;
   // Re-derived scales of quantized tensors, waiting for their .qs entry.
   std::unordered_map<std::string, std::vector<float>> pending_scales;
   auto read = [&](uint64_t off, size_t n) {
-    if (buf.size() < n) buf.resize(n);
-    PreadFull(f.fd(), std::span(buf.data(), n), off, path);
-    h.Update(std::span(buf.data(), n));
+    buf = dst_reader.Read(off, n);
+    h.Update(std::span(buf, n));
     std::lock_guard<std::mutex> lock(mu_);
     report_.bytes_hashed += n;
   };
-  uint64_t src_read = 0, expert_cmp = 0;
+  uint64_t src_read_bytes = 0, expert_cmp = 0;
   size_t rederived = 0, passthrough = 0;
   read(0, f.header().data_offset());
   for (const TensorInfo& t : f.tensors()) {
@@ -404,15 +412,14 @@ std::string Verifier::StreamShard(size_t s) {
       for (uint64_t r = 0; r < rows; r += rows_per) {
         const uint64_t n = std::min(rows_per, rows - r);
         read(at + r * q_row, n * q_row);
-        src_buf.resize(n * src_row);
-        PreadFull(src->file->fd(), src_buf, src->offset + r * src_row, src->file->path());
-        src_read += n * src_row;
+        const std::byte* src_bytes = src_read(*src, src->offset + r * src_row, n * src_row);
+        src_read_bytes += n * src_row;
         expect_q.resize(n * q_row);
         scratch.resize(n * cols);
-        QuantizeBlock(src->info->dtype, src_buf.data(), n, cols, qshape, expect_q.data(),
+        QuantizeBlock(src->info->dtype, src_bytes, n, cols, qshape, expect_q.data(),
                       scales.data() + r * qshape.scales_per_row(cols), scratch.data(),
                       inner_threads_);
-        if (std::memcmp(expect_q.data(), buf.data(), n * q_row) != 0) {
+        if (std::memcmp(expect_q.data(), buf, n * q_row) != 0) {
           for (uint64_t k = 0; k < n * q_row; ++k) {
             if (expect_q[k] != buf[k]) {
               if (bad++ == 0) first_bad = at + r * q_row + k;
@@ -437,7 +444,7 @@ std::string Verifier::StreamShard(size_t s) {
         const size_t n = static_cast<size_t>(std::min(block, t.nbytes() - off));
         read(at + off, n);
         if (want_bytes.size() == t.nbytes() &&
-            std::memcmp(want_bytes.data() + off, buf.data(), n) != 0) {
+            std::memcmp(want_bytes.data() + off, buf, n) != 0) {
           for (size_t k = 0; k < n; ++k) {
             if (want_bytes[off + k] != buf[k] && bad++ == 0) first_bad = at + off + k;
           }
@@ -467,12 +474,11 @@ std::string Verifier::StreamShard(size_t s) {
       const size_t n = static_cast<size_t>(std::min(block, t.nbytes() - off));
       read(at + off, n);
       if (!cmp_bytes) continue;
-      src_buf.resize(n);
-      PreadFull(src->file->fd(), src_buf, src->offset + off, src->file->path());
-      src_read += n;
-      if (std::memcmp(src_buf.data(), buf.data(), n) != 0) {
+      const std::byte* src_bytes = src_read(*src, src->offset + off, n);
+      src_read_bytes += n;
+      if (std::memcmp(src_bytes, buf, n) != 0) {
         for (size_t k = 0; k < n; ++k) {
-          if (src_buf[k] != buf[k] && bad++ == 0) first_bad = at + off + k;
+          if (src_bytes[k] != buf[k] && bad++ == 0) first_bad = at + off + k;
         }
       }
     }
@@ -490,7 +496,7 @@ std::string Verifier::StreamShard(size_t s) {
     Add(ErrorCode::kNotFound, path, name, -1, "scale sidecar not found after its tensor");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  report_.source_bytes_read += src_read;
+  report_.source_bytes_read += src_read_bytes;
   report_.expert_bytes_compared += expert_cmp;
   report_.quantized_tensors_rederived += rederived;
   report_.passthrough_tensors_compared += passthrough;
