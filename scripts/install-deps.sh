@@ -8,7 +8,7 @@ PACKAGES=(
   libcli11-dev libsimdjson-dev libxxhash-dev xxhash liburing-dev
   libvulkan-dev libvulkan-volk-dev glslc mesa-vulkan-drivers
   doctest-dev libpcre2-dev libopenblas-dev
-  clang libclang-rt-14-dev fio
+  clang libclang-rt-14-dev libomp-dev fio
 )
 
 missing=()
