@@ -8,10 +8,13 @@
 // widened with vpmovzxbd (8 bytes -> 8 lanes: low nibbles = even columns, high =
 // odd), and the activations are re-laid out once per call to match.
 //
-// IDOT path: one ymm = one 32-column activation group. Plain AVX2 has no u8xs8
-// dot into int32 without saturation risk for int8 weights, so it uses the sign
-// trick: maddubs(|w|, sign(xq, w)) (|w|·|xq| <= 127·127, pair sums < 2^15), then
-// madd with ones -> 8 exact int32 lanes.
+// IDOT path: one ymm = one 32-column activation group; maddubs (u8 x s8 pairs to
+// saturating int16) then madd with ones gives 8 int32 lanes. int4/MXFP4 weights
+// are biased to unsigned bytes (nibble = v+8; a table gives 2v+12), so the pair
+// sums stay below 2^15 (24*127*2), and the activation-only term -B*Σxq is added
+// per lane from a table built once per call. int8 weights would overflow int16
+// with a +128 bias, so they use the sign trick maddubs(|w|, sign(xq, w))
+// (|w|·|xq| <= 127*127). Every lane is exact either way.
 #include <immintrin.h>
 
 #include <bit>
@@ -28,7 +31,8 @@ struct Scratch {
   std::vector<float> xp;      // f32 path: activations in kernel layout
   std::vector<float> wrow;    // f32 path: decoded row
   std::vector<float> gscale;  // per-group factors of the row
-  std::vector<int8_t> wq;     // IDOT: signed weight bytes of one row
+  std::vector<int8_t> wq;     // IDOT: weight bytes of one row (as Q8Direct gives them)
+  std::vector<int32_t> corr;  // IDOT: -B*Σxq per 4-column lane [batch][groups][8]
 };
 
 Scratch& Tls() {
@@ -299,16 +303,40 @@ inline __m256i WeightBytes32(const uint8_t* row, size_t c) {
   }
 }
 
+// int4/MXFP4 weights as unsigned bytes w + B (B = 8 / 12) for maddubs.
+template <WeightFormat F>
+inline __m256i WeightBytesU32(const uint8_t* row, size_t c) {
+  const __m256i nib =
+      NibblesToBytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+  if constexpr (F == WeightFormat::kInt4G64) {
+    return nib;
+  } else {
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return _mm256_shuffle_epi8(lut, nib);
+  }
+}
+
+template <WeightFormat F>
+constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : 12;
+
 template <WeightFormat F>
 const uint8_t* RowBytes(const WeightView& w, size_t o) {
   const size_t stride = F == WeightFormat::kInt8 ? w.cols : w.cols / 2;
   return static_cast<const uint8_t*>(w.data) + o * stride;
 }
 
+// Signed bytes for int8, biased unsigned bytes for int4/MXFP4.
 template <WeightFormat F>
 struct Q8Direct {
   const uint8_t* row;
-  __m256i Group(size_t g) const { return WeightBytes32<F>(row, g * 32); }
+  __m256i Group(size_t g) const {
+    if constexpr (F == WeightFormat::kInt8) {
+      return WeightBytes32<F>(row, g * 32);
+    } else {
+      return WeightBytesU32<F>(row, g * 32);
+    }
+  }
 };
 
 struct Q8Buffered {
@@ -334,17 +362,39 @@ const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
   return gs;
 }
 
-template <bool kInt8, typename Src>
-float DotQ8(const Src& w, const float* gs, const int8_t* xq, const float* xs,
+// -B*(sum of each lane's 4 activations) for every 32-column group of every row.
+const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
+  const size_t groups = x.cols / kActGroup;
+  int32_t* out = Grow(s.corr, x.batch * groups * 8);
+  const __m256i b = _mm256_set1_epi8(static_cast<char>(bias));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t i = 0; i < x.batch * groups; ++i) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * 32));
+    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(b, v), ones);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * 8),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), sum));
+  }
+  return out;
+}
+
+template <WeightFormat F, typename Src>
+float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr, const float* xs,
             size_t groups) noexcept {
+  constexpr bool kInt8 = F == WeightFormat::kInt8;
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                  _mm256_setzero_ps()};
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t g = 0; g < groups; ++g) {
     const __m256i wv = w.Group(g);
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
-    const __m256i d = _mm256_madd_epi16(pairs, ones);
+    __m256i d;
+    if constexpr (kInt8) {
+      d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv)),
+                            ones);
+    } else {
+      d = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8)));
+    }
     const float f = kInt8 ? xs[g] : gs[g] * xs[g];
     a[g & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), a[g & 3]);
   }
@@ -357,12 +407,13 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
+  const int32_t* corr = kI8 ? nullptr : ActCorrections(x, kBias<F>, s);
   for (size_t o = r0; o < r1; ++o) {
     const float* gs = GroupScalesQ8(w, o, s);
     const float rs = kI8 ? w.scales[o] : 1.0f;
     if (x.batch == 1) {
-      const float d =
-          DotQ8<kI8>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), x.scales.data(), groups);
+      const float d = DotQ8<F>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), corr,
+                               x.scales.data(), groups);
       y[o] = kI8 ? d * rs : d;
       continue;
     }
@@ -372,8 +423,9 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + g * 32), src.Group(g));
     }
     for (size_t b = 0; b < x.batch; ++b) {
-      const float d = DotQ8<kI8>(Q8Buffered{wq}, gs, x.q.data() + b * n,
-                                 x.scales.data() + b * groups, groups);
+      const float d = DotQ8<F>(Q8Buffered{wq}, gs, x.q.data() + b * n,
+                               kI8 ? nullptr : corr + b * groups * 8,
+                               x.scales.data() + b * groups, groups);
       y[b * w.rows + o] = kI8 ? d * rs : d;
     }
   }
