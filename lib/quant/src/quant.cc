@@ -189,14 +189,17 @@ namespace {
 
 // Below this many multiply-adds a parallel region costs more than it saves.
 constexpr size_t kMinParallelMacs = size_t{1} << 16;
-// Thread ranges start on multiples of this, so neighbours never share a cache
-// line of y for batch 1 (16 floats) and SIMD kernels see aligned row groups.
+// Chunks start on multiples of this, so neighbours never share a cache line of
+// y for batch 1 (16 floats) and SIMD kernels see aligned row groups.
 constexpr size_t kRowAlign = 16;
+// Chunks per thread: enough that a thread which loses its core for a while (a
+// shared VM, a P/E-core hybrid) has its later chunks taken by the others, few
+// enough that per-chunk set-up (activation re-layout, correction tables) stays
+// around 1 % and each chunk is a long sequential stream for the prefetcher.
+constexpr size_t kChunksPerThread = 8;
 
-// One contiguous row range per thread: the kernels amortise per-call set-up (x
-// re-layout, scale tables) over the whole range, and the hardware prefetcher
-// sees one sequential stream per core. Which rows a thread gets never changes
-// a result (each element is computed independently).
+// Row chunks handed out dynamically. Which thread computes a row never changes a
+// result: every element is computed independently by the same routine.
 template <typename Fn>
 void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
   const int max_threads = omp_get_max_threads();
@@ -205,14 +208,13 @@ void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
     fn(size_t{0}, rows);
     return;
   }
-#pragma omp parallel num_threads(max_threads)
-  {
-    const size_t nt = static_cast<size_t>(omp_get_num_threads());
-    const size_t t = static_cast<size_t>(omp_get_thread_num());
-    const size_t units = (rows + kRowAlign - 1) / kRowAlign;
-    const size_t r0 = std::min(rows, units * t / nt * kRowAlign);
-    const size_t r1 = std::min(rows, units * (t + 1) / nt * kRowAlign);
-    if (r0 < r1) fn(r0, r1);
+  const size_t target = rows / (size_t(max_threads) * kChunksPerThread);
+  const size_t chunk = std::max(kRowAlign, (target + kRowAlign - 1) / kRowAlign * kRowAlign);
+  const size_t chunks = (rows + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(max_threads)
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t r0 = c * chunk;
+    fn(r0, std::min(rows, r0 + chunk));
   }
 }
 
