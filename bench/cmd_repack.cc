@@ -77,7 +77,8 @@ Measured RunChild(const std::vector<std::string>& argv) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string cmd;
     for (const auto& a : argv) cmd += a + " ";
-    throw Error(ErrorCode::kIo, "benchmark step failed (status " + std::to_string(status) + "): " + cmd);
+    throw Error(ErrorCode::kIo,
+                "benchmark step failed (status " + std::to_string(status) + "): " + cmd);
   }
   return m;
 }
@@ -123,7 +124,8 @@ void RunRepackBench(const RepackBenchArgs& a) {
   const std::string bin = SelfDir();
   const std::string out = JoinPath(a.work, "repack-out");
   const std::string copy = JoinPath(a.work, "cp-out");
-  if (!IsDirectory(a.work)) throw Error(ErrorCode::kNotFound, "--work must be an existing directory", a.work);
+  if (!IsDirectory(a.work))
+    throw Error(ErrorCode::kNotFound, "--work must be an existing directory", a.work);
   const uint64_t src_bytes = TreeBytes(a.src);
   std::vector<double> repack_s, cp_s, cp_sync_s, verify_s, cat_s;
   uint64_t repack_rss = 0, verify_rss = 0, out_bytes = 0;
@@ -131,7 +133,8 @@ void RunRepackBench(const RepackBenchArgs& a) {
     RunChild({"/bin/rm", "-rf", out, copy});
     DropCaches(a.drop_caches);
     const double load_before = LoadAverage();
-    Measured r = RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json"});
+    Measured r =
+        RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json"});
     out_bytes = TreeBytes(out);
     DropCaches(a.drop_caches);
     Measured c = RunChild({"/bin/cp", "-r", a.src, copy});
@@ -149,7 +152,9 @@ void RunRepackBench(const RepackBenchArgs& a) {
     verify_rss = std::max(verify_rss, v.peak_rss);
     JsonWriter w;
     w.BeginObject().Field("bench", "repack").Field("run", int64_t{run});
-    w.Field("repack_s", r.seconds).Field("cp_s", c.seconds).Field("cp_sync_s", c.seconds + s.seconds);
+    w.Field("repack_s", r.seconds)
+        .Field("cp_s", c.seconds)
+        .Field("cp_sync_s", c.seconds + s.seconds);
     w.Field("verify_full_s", v.seconds).Field("cat_both_s", k.seconds);
     w.Field("repack_cpu_s", r.cpu_s).Field("cp_cpu_s", c.cpu_s);
     w.Field("verify_cpu_s", v.cpu_s).Field("cat_cpu_s", k.cpu_s);
@@ -163,7 +168,9 @@ void RunRepackBench(const RepackBenchArgs& a) {
   const double vs = Median(verify_s), ks = Median(cat_s);
   JsonWriter w;
   w.BeginObject().Field("bench", "repack").Field("summary", true);
-  w.Field("runs", int64_t{a.runs}).Field("drop_caches", a.drop_caches).Field("bits", int64_t{a.bits});
+  w.Field("runs", int64_t{a.runs})
+      .Field("drop_caches", a.drop_caches)
+      .Field("bits", int64_t{a.bits});
   w.Field("threads", int64_t{NumOnlineCpus()});
   w.Field("src_bytes", src_bytes).Field("out_bytes", out_bytes);
   w.Field("repack_gbps", src_bytes / rs / gb);
@@ -182,7 +189,8 @@ void SetupRepackBench(CLI::App& root) {
   auto args = std::make_shared<RepackBenchArgs>();
   CLI::App* cmd = root.add_subcommand(
       "repack", "k3-repack vs cp and k3-verify --full vs cat, same source, same disk, same run");
-  cmd->add_option("--src", args->src, "HF snapshot (e.g. k3-fixture --preset real-layer)")->required();
+  cmd->add_option("--src", args->src, "HF snapshot (e.g. k3-fixture --preset real-layer)")
+      ->required();
   cmd->add_option("--work", args->work, "scratch directory on the disk under test")->required();
   cmd->add_option("--runs", args->runs, "runs (median reported)")->default_val(3);
   cmd->add_option("--bits", args->bits, "k3-repack --bits")->default_val(8);

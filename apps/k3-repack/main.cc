@@ -17,12 +17,18 @@ using k3::repack::RepackEvent;
 
 const char* KindName(RepackEvent::Kind k) {
   switch (k) {
-    case RepackEvent::Kind::kStart: return "start";
-    case RepackEvent::Kind::kShardSkipped: return "shard_skipped";
-    case RepackEvent::Kind::kShardStart: return "shard_start";
-    case RepackEvent::Kind::kProgress: return "progress";
-    case RepackEvent::Kind::kShardDone: return "shard_done";
-    case RepackEvent::Kind::kSummary: return "summary";
+    case RepackEvent::Kind::kStart:
+      return "start";
+    case RepackEvent::Kind::kShardSkipped:
+      return "shard_skipped";
+    case RepackEvent::Kind::kShardStart:
+      return "shard_start";
+    case RepackEvent::Kind::kProgress:
+      return "progress";
+    case RepackEvent::Kind::kShardDone:
+      return "shard_done";
+    case RepackEvent::Kind::kSummary:
+      return "summary";
   }
   return "?";
 }
@@ -86,9 +92,11 @@ void PrintJson(const RepackEvent& e) {
 void PrintHuman(const RepackEvent& e, bool tty) {
   switch (e.kind) {
     case RepackEvent::Kind::kStart:
-      std::fprintf(stderr, "k3-repack: %zu shard(s) selected, %zu to convert (%s to read, %s to write, %s free)\n",
-                   e.shards_selected, e.shards_todo, k3::FormatBytes(e.bytes_todo).c_str(),
-                   k3::FormatBytes(e.out_bytes_planned).c_str(), k3::FormatBytes(e.free_bytes).c_str());
+      std::fprintf(
+          stderr,
+          "k3-repack: %zu shard(s) selected, %zu to convert (%s to read, %s to write, %s free)\n",
+          e.shards_selected, e.shards_todo, k3::FormatBytes(e.bytes_todo).c_str(),
+          k3::FormatBytes(e.out_bytes_planned).c_str(), k3::FormatBytes(e.free_bytes).c_str());
       break;
     case RepackEvent::Kind::kShardSkipped:
       std::fprintf(stderr, "  %s: already complete, kept\n", e.shard.c_str());
@@ -98,7 +106,10 @@ void PrintHuman(const RepackEvent& e, bool tty) {
     case RepackEvent::Kind::kProgress:
       if (tty) {
         double rate = Rate(e);
-        double eta = rate > 0 ? static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done)) / (rate * 1e9) : 0;
+        double eta =
+            rate > 0 ? static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done)) /
+                           (rate * 1e9)
+                     : 0;
         std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %.0f s   ", e.shard.c_str(),
                      k3::FormatBytes(e.bytes_done).c_str(), k3::FormatBytes(e.bytes_todo).c_str(),
                      rate, eta);
@@ -137,7 +148,8 @@ int main(int argc, char** argv) {
   app.add_option("--mla-bits", mla_bits, "bits for MLA projections (default max(bits, 8))");
   app.add_option("--head-bits", head_bits, "bits for lm_head (default max(bits, 8))");
   app.add_option("--shards", shards, "source shard numbers to convert, e.g. 1,2,5-9");
-  app.add_option("--worker", worker, "I/N: convert every N-th selected shard starting at I (0-based)");
+  app.add_option("--worker", worker,
+                 "I/N: convert every N-th selected shard starting at I (0-based)");
   app.add_flag("--verify-full", opt.verify_full, "compare every expert byte with the source");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
   app.add_flag("--json", json, "one JSON event per line on stdout");
@@ -157,8 +169,10 @@ int main(int argc, char** argv) {
     opt.block_bytes = block_mib << 20;
     opt.space_check = !no_space_check;
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
-      if (json) PrintJson(e);
-      else PrintHuman(e, tty);
+      if (json)
+        PrintJson(e);
+      else
+        PrintHuman(e, tty);
     });
     return 0;
   } catch (const k3::Error& e) {

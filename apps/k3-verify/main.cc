@@ -10,8 +10,9 @@
 #include "k3/repack/verify.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"k3-verify: check a k3 container (structure, index, tensors, checksums; --full: "
-               "against the source)"};
+  CLI::App app{
+      "k3-verify: check a k3 container (structure, index, tensors, checksums; --full: "
+      "against the source)"};
   k3::repack::VerifyOptions opt;
   bool json = false;
   app.add_option("DST", opt.dst, "container directory")->required();
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
         std::printf("PROBLEM %s\n", p.ToString().c_str());
       }
     }
-    const double gbps = r.seconds > 0 ? (r.bytes_hashed + r.source_bytes_read) / r.seconds / 1e9 : 0;
+    const double gbps =
+        r.seconds > 0 ? (r.bytes_hashed + r.source_bytes_read) / r.seconds / 1e9 : 0;
     if (json) {
       k3::JsonWriter w;
       w.BeginObject();
@@ -65,9 +67,10 @@ int main(int argc, char** argv) {
       std::printf("%s: %zu shard(s), %zu tensors, %zu files hashed (%s)", r.ok() ? "OK" : "FAILED",
                   r.shards, r.tensors, r.files_hashed, k3::FormatBytes(r.bytes_hashed).c_str());
       if (opt.full) {
-        std::printf(", %s of experts compared, %zu quantized tensors re-derived, %zu others compared",
-                    k3::FormatBytes(r.expert_bytes_compared).c_str(), r.quantized_tensors_rederived,
-                    r.passthrough_tensors_compared);
+        std::printf(
+            ", %s of experts compared, %zu quantized tensors re-derived, %zu others compared",
+            k3::FormatBytes(r.expert_bytes_compared).c_str(), r.quantized_tensors_rederived,
+            r.passthrough_tensors_compared);
       }
       std::printf(", %.2f s, %.2f GB/s; %zu problem(s)\n", r.seconds, gbps, r.problems.size());
     }

@@ -20,12 +20,15 @@
 
 namespace k3test {
 
-inline std::string Bin(const std::string& name) { return std::string(K3_BINARY_DIR) + "/bin/" + name; }
+inline std::string Bin(const std::string& name) {
+  return std::string(K3_BINARY_DIR) + "/bin/" + name;
+}
 inline std::string TinySnapshot() { return std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny"; }
 
 inline void RemoveTree(const std::string& p) {
   std::string cmd = "rm -rf '" + p + "'";
-  if (std::system(cmd.c_str()) != 0) {}
+  if (std::system(cmd.c_str()) != 0) {
+  }
 }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents at scope exit.
@@ -50,9 +53,9 @@ class TempDir {
 };
 
 struct SpawnOptions {
-  std::vector<std::string> env;         // extra "K=V"
-  std::string log;                      // stdout+stderr go here ("" = /dev/null)
-  std::function<void()> pre_exec;       // runs in the child (rlimits, signals)
+  std::vector<std::string> env;    // extra "K=V"
+  std::string log;                 // stdout+stderr go here ("" = /dev/null)
+  std::function<void()> pre_exec;  // runs in the child (rlimits, signals)
 };
 
 inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = {}) {
@@ -75,7 +78,8 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o =
 // Exit status, or 128 + signal number.
 inline int Wait(pid_t pid) {
   int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
   return -1;
@@ -123,8 +127,10 @@ inline std::string TreeDiff(const std::map<std::string, std::string>& want,
   std::string d;
   for (const auto& [n, c] : want) {
     auto it = got.find(n);
-    if (it == got.end()) d += "missing " + n + "; ";
-    else if (it->second != c) d += "differs " + n + "; ";
+    if (it == got.end())
+      d += "missing " + n + "; ";
+    else if (it->second != c)
+      d += "differs " + n + "; ";
   }
   for (const auto& [n, c] : got) {
     if (!want.count(n)) d += "extra " + n + "; ";

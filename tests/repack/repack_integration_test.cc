@@ -76,7 +76,9 @@ std::string Bytes(const k3::SafetensorsFile& f, const k3::TensorInfo& t) {
   return b;
 }
 
-bool IsExpert(const std::string& n) { return n.find(".block_sparse_moe.experts.") != std::string::npos; }
+bool IsExpert(const std::string& n) {
+  return n.find(".block_sparse_moe.experts.") != std::string::npos;
+}
 
 // The source shard with the same number as output shard `out_name`.
 std::string SourceShardFor(const std::string& src_dir, const std::string& out_name) {
@@ -141,8 +143,10 @@ ContainerCounts CheckContainer(const std::string& dst, int bits,
       const k3::TensorInfo* qs = out.Find(t.name + ".qs");
       if (!qs) {
         CHECK_MESSAGE(Bytes(out, t) == Bytes(in, *s), t.name);
-        if (IsExpert(t.name)) ++experts;
-        else ++passthrough;
+        if (IsExpert(t.name))
+          ++experts;
+        else
+          ++passthrough;
         continue;
       }
       ++quantized;
@@ -199,7 +203,8 @@ void CheckTinyContainer(const std::string& dst, int bits) {
   }
   // Shards 1..9 of 9 (10 and 11 are vision-only and dropped).
   REQUIRE(shards.size() == 9);
-  for (int i = 1; i <= 9; ++i) CHECK(shards[i - 1] == "model-0000" + std::to_string(i) + "-of-000009.safetensors");
+  for (int i = 1; i <= 9; ++i)
+    CHECK(shards[i - 1] == "model-0000" + std::to_string(i) + "-of-000009.safetensors");
   ContainerCounts c = CheckContainer(dst, bits);
   CHECK(c.quantized == 82);
   CHECK(c.experts == 7 * 16 * 6);
@@ -279,7 +284,8 @@ TEST_CASE("repack k3-tiny --bits 8: layout and bytes match an independent §6.2 
     CHECK_MESSAGE(std::system(cmd.c_str()) == 0, "xxhsum -H2 -c failed");
   }
   auto t = ReadTree(ref);
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model"}) {
+  for (const char* f :
+       {"config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model"}) {
     CHECK_MESSAGE(t[f] == ReadAll(TinySnapshot() + "/" + f), f);
   }
 }
@@ -295,7 +301,8 @@ TEST_CASE("same output whatever the block size and thread count") {
   TempDir d;
   std::string log = d / "log";
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1",
-               "--verify-full", "--json"}, {.log = log}) == 0);
+               "--verify-full", "--json"},
+              {.log = log}) == 0);
   // Layer shards hold 16 experts x 6528 bytes, all re-read and compared.
   CHECK(ReadAll(log).find("\"expert_bytes_verified\":104448,") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
@@ -316,9 +323,12 @@ TEST_CASE("resume validates outputs; other parameters are refused; --force start
   std::string log = d / "log";
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json"}, {.log = log}) == 0);
   std::string l = ReadAll(log);
-  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") != std::string::npos);
-  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00005-of-000009.safetensors\"") != std::string::npos);
-  CHECK(l.find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\"") != std::string::npos);
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00005-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(l.find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\"") !=
+        std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
   // Other parameters: refused (exit 7), nothing touched.
   auto before = ReadTree(out);
@@ -337,11 +347,13 @@ TEST_CASE("a tensor in two shards aborts the index rebuild and leaves the old in
   const std::string index = ReadAll(out + "/model.safetensors.index.json");
   // A second copy of shard 1 under another valid name (as if two conversions mixed).
   REQUIRE(std::system(("cp '" + out + "/model-00001-of-000009.safetensors' '" + out +
-                       "/model-00010-of-000009.safetensors'").c_str()) == 0);
+                       "/model-00010-of-000009.safetensors'")
+                          .c_str()) == 0);
   std::string log = d / "log";
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}, {.log = log}) == 4);
-  CHECK(ReadAll(log).find("duplicate tensor in model-00001-of-000009.safetensors and model-00010") !=
-        std::string::npos);
+  CHECK(
+      ReadAll(log).find("duplicate tensor in model-00001-of-000009.safetensors and model-00010") !=
+      std::string::npos);
   CHECK(ReadAll(out + "/model.safetensors.index.json") == index);
   CHECK(Run({Bin("k3-verify"), out}) != 0);
 }
@@ -355,7 +367,8 @@ TEST_CASE("truncated or corrupt source: clear error, non-zero exit, DST untouche
   };
   const std::string shard = "/model-00004-of-000011.safetensors";
   std::vector<Case> cases = {
-      {"truncated shard", [&](const std::string& s) { REQUIRE(::truncate((s + shard).c_str(), 300000) == 0); }},
+      {"truncated shard",
+       [&](const std::string& s) { REQUIRE(::truncate((s + shard).c_str(), 300000) == 0); }},
       {"shard missing", [&](const std::string& s) { REQUIRE(::unlink((s + shard).c_str()) == 0); }},
       {"header not JSON",
        [&](const std::string& s) {
@@ -369,12 +382,14 @@ TEST_CASE("truncated or corrupt source: clear error, non-zero exit, DST untouche
          c[5] = '\x7f';
          std::ofstream(s + shard, std::ios::binary) << c;
        }},
-      {"trailing garbage", [&](const std::string& s) { std::ofstream(s + shard, std::ios::app) << "xx"; }},
+      {"trailing garbage",
+       [&](const std::string& s) { std::ofstream(s + shard, std::ios::app) << "xx"; }},
       {"index names a tensor the shard lacks",
        [&](const std::string& s) {
          std::string p = s + "/model.safetensors.index.json";
          std::string c = ReadAll(p);
-         c.insert(c.find("\"weight_map\": {") + 15, "\"ghost\": \"model-00001-of-000011.safetensors\",");
+         c.insert(c.find("\"weight_map\": {") + 15,
+                  "\"ghost\": \"model-00001-of-000011.safetensors\",");
          std::ofstream(p, std::ios::binary) << c;
        }},
   };
@@ -405,10 +420,11 @@ TEST_CASE("named crash points: nothing partial under a final name; rerun is byte
   // before/after-rename count every atomic publish (fingerprint, metadata, shards,
   // manifest, index); the repack-* points sit inside the shard and index paths.
   const std::vector<std::string> points = {
-      "before-rename:1", "before-rename:6", "after-rename:6", "before-rename:12",
-      "after-rename:9",  "repack-block-written:3", "repack-shard-written:4",
-      "repack-shard-committed:2", "repack-checksums-update:5", "repack-index-built:1",
-      "repack-index-written:1", "repack-checksums-update:10", "after-rename:24"};
+      "before-rename:1",        "before-rename:6",          "after-rename:6",
+      "before-rename:12",       "after-rename:9",           "repack-block-written:3",
+      "repack-shard-written:4", "repack-shard-committed:2", "repack-checksums-update:5",
+      "repack-index-built:1",   "repack-index-written:1",   "repack-checksums-update:10",
+      "after-rename:24"};
   for (const auto& p : points) {
     CAPTURE(p);
     TempDir d;
@@ -470,7 +486,8 @@ TEST_CASE("four concurrent disjoint passes into one DST: complete, valid, identi
   }
 }
 
-TEST_CASE("disk full: clean error, nothing partial published, rerun after freeing space completes") {
+TEST_CASE(
+    "disk full: clean error, nothing partial published, rerun after freeing space completes") {
   const auto ref = ReadTree(ReferenceDir());
   TempDir d;
   const std::string mnt = d / "mnt";
@@ -522,13 +539,15 @@ TEST_CASE("k3-verify reports every problem with file, tensor and offset") {
   REQUIRE(::unlink((out + "/model-00007-of-000009.safetensors").c_str()) == 0);
   std::ofstream(out + "/config.json", std::ios::app) << " ";
   std::string log = d / "log";
-  int rc = Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot(), "--json"}, {.log = log});
+  int rc =
+      Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot(), "--json"}, {.log = log});
   CHECK(rc != 0);
   std::string l = ReadAll(log);
   CHECK(l.find("\"offset\":" + std::to_string(flip)) != std::string::npos);
   CHECK(l.find("experts.") != std::string::npos);
   CHECK(l.find("container incomplete: 8 of 9") != std::string::npos);
-  CHECK(l.find("config.json\",\"tensor\":\"\",\"offset\":-1,\"detail\":\"XXH3-128") != std::string::npos);
+  CHECK(l.find("config.json\",\"tensor\":\"\",\"offset\":-1,\"detail\":\"XXH3-128") !=
+        std::string::npos);
   CHECK(l.find("\"ok\":false") != std::string::npos);
   // Without a source the flipped expert byte is still caught by its checksum.
   std::string log2 = d / "log2";
@@ -550,7 +569,8 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
     std::vector<k3::PlannedTensor> plan = {
         {"language_model.model.norm.weight", k3::DType::kBF16, {128}},
         {"language_model.lm_head.weight", k3::DType::kBF16, {rows, cols}},
-        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed", k3::DType::kU8,
+        {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed",
+         k3::DType::kU8,
          {ex_rows, ex_cols}},
     };
     k3::SafetensorsWriter w(src + "/model-00001-of-000001.safetensors", plan);
@@ -565,7 +585,8 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
         int64_t k = std::min<int64_t>(n, buf.size());
         for (int64_t i = 0; i < k; ++i) {
           uint32_t r = next();
-          buf[i] = static_cast<uint16_t>(((r >> 16) & 0x8000u) | ((118u + (r >> 28)) << 7) | (r & 0x7fu));
+          buf[i] = static_cast<uint16_t>(((r >> 16) & 0x8000u) | ((118u + (r >> 28)) << 7) |
+                                         (r & 0x7fu));
         }
         w.Write(std::as_bytes(std::span(buf.data(), k)));
         n -= k;
@@ -597,14 +618,17 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   size_t at = l.find("\"peak_rss_bytes\":");
   REQUIRE(at != std::string::npos);
   uint64_t rss = std::stoull(l.substr(at + 17));
-  MESSAGE("peak RSS " << rss / (1 << 20) << " MiB for a " << (rows * cols * 2) / (1 << 20) << " MiB matrix");
+  MESSAGE("peak RSS " << rss / (1 << 20) << " MiB for a " << (rows * cols * 2) / (1 << 20)
+                      << " MiB matrix");
   CHECK(rss < (1ull << 30));
   // The same file is also re-derived by k3-verify --full under the same limit.
   o.log = d / "vlog";
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}, o) != 139);
 }
 
-TEST_CASE("k3-fixture small snapshot (multi-layer, ~270 MB): --bits 8 bytes vs the independent quantizer, verify --full [slow]") {
+TEST_CASE(
+    "k3-fixture small snapshot (multi-layer, ~270 MB): --bits 8 bytes vs the independent "
+    "quantizer, verify --full [slow]") {
   TempDir d("k3small");
   const std::string src = d / "src";
   REQUIRE(Run({Bin("k3-fixture"), "--preset", "small", "--out", src, "-q"}) == 0);
@@ -615,6 +639,8 @@ TEST_CASE("k3-fixture small snapshot (multi-layer, ~270 MB): --bits 8 bytes vs t
   CHECK(c.experts > 0);
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
   if (Exists("/usr/bin/xxhsum")) {
-    CHECK(std::system(("cd '" + out + "' && /usr/bin/xxhsum -H2 -c --quiet checksums.xxh128").c_str()) == 0);
+    CHECK(std::system(
+              ("cd '" + out + "' && /usr/bin/xxhsum -H2 -c --quiet checksums.xxh128").c_str()) ==
+          0);
   }
 }

@@ -30,12 +30,18 @@ std::vector<std::string_view> SplitDots(std::string_view s) {
 
 std::string_view TensorRoleName(TensorRole role) {
   switch (role) {
-    case TensorRole::kDrop: return "drop";
-    case TensorRole::kExpert: return "expert";
-    case TensorRole::kQuantBits: return "bits";
-    case TensorRole::kQuantMla: return "mla";
-    case TensorRole::kQuantHead: return "head";
-    case TensorRole::kPassthrough: return "passthrough";
+    case TensorRole::kDrop:
+      return "drop";
+    case TensorRole::kExpert:
+      return "expert";
+    case TensorRole::kQuantBits:
+      return "bits";
+    case TensorRole::kQuantMla:
+      return "mla";
+    case TensorRole::kQuantHead:
+      return "head";
+    case TensorRole::kPassthrough:
+      return "passthrough";
   }
   return "?";
 }
@@ -101,21 +107,31 @@ std::optional<ExpertKey> ParseExpertName(std::string_view full_name) {
   if (parts.size() != 3) return std::nullopt;
   ExpertKey key;
   if (!ParseInt(parts[0], &key.expert) || key.expert < 0) return std::nullopt;
-  if (parts[1] == "w1") key.matrix = 1;
-  else if (parts[1] == "w2") key.matrix = 2;
-  else if (parts[1] == "w3") key.matrix = 3;
-  else return std::nullopt;
-  if (parts[2] == "weight_packed") key.scale = false;
-  else if (parts[2] == "weight_scale") key.scale = true;
-  else return std::nullopt;
+  if (parts[1] == "w1")
+    key.matrix = 1;
+  else if (parts[1] == "w2")
+    key.matrix = 2;
+  else if (parts[1] == "w3")
+    key.matrix = 3;
+  else
+    return std::nullopt;
+  if (parts[2] == "weight_packed")
+    key.scale = false;
+  else if (parts[2] == "weight_scale")
+    key.scale = true;
+  else
+    return std::nullopt;
   return key;
 }
 
 int QuantBits::For(TensorRole role) const {
   switch (role) {
-    case TensorRole::kQuantMla: return mla_bits;
-    case TensorRole::kQuantHead: return head_bits;
-    default: return bits;
+    case TensorRole::kQuantMla:
+      return mla_bits;
+    case TensorRole::kQuantHead:
+      return head_bits;
+    default:
+      return bits;
   }
 }
 

@@ -1,11 +1,11 @@
 #include "k3/repack/container.h"
 
 #include <dirent.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <charconv>
 #include <map>
-#include <simdjson.h>
 
 #include "k3/container/safetensors.h"
 #include "k3/core/error.h"
@@ -82,10 +82,10 @@ std::string BuildIndexJson(const std::string& dir, IndexSummary* summary) {
     for (const auto& t : f.tensors()) {
       auto [it, inserted] = weight_map.emplace(t.name, name);
       if (!inserted) {
-        throw Error(ErrorCode::kCorrupt,
-                    "duplicate tensor in " + it->second + " and " + name +
-                        "; the index was left unchanged",
-                    JoinPath(dir, name), static_cast<int64_t>(f.AbsoluteOffset(t)), t.name);
+        throw Error(
+            ErrorCode::kCorrupt,
+            "duplicate tensor in " + it->second + " and " + name + "; the index was left unchanged",
+            JoinPath(dir, name), static_cast<int64_t>(f.AbsoluteOffset(t)), t.name);
       }
       total += t.nbytes();
     }

@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -21,7 +21,8 @@ void AlignedBuffer::Reserve(size_t n) {
   if (n <= cap_) return;
   size_t cap = (n + kAlign - 1) / kAlign * kAlign;
   void* mem = std::aligned_alloc(kAlign, cap);
-  if (!mem) throw Error(ErrorCode::kIo, "out of memory for a " + std::to_string(cap) + "-byte block");
+  if (!mem)
+    throw Error(ErrorCode::kIo, "out of memory for a " + std::to_string(cap) + "-byte block");
   p_.reset(static_cast<std::byte*>(mem));
   cap_ = cap;
 }

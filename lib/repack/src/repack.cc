@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "direct_io.h"
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
 #include "k3/core/error.h"
@@ -25,7 +26,6 @@
 #include "k3/quant/quant.h"
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
-#include "direct_io.h"
 #include "queue.h"
 #include "transform.h"
 
@@ -53,9 +53,9 @@ struct ShardPlan {
   std::string out_name;
   std::vector<Item> items;
   std::vector<PlannedTensor> out;
-  std::string header;        // JSON header bytes (padded)
-  uint64_t src_bytes = 0;    // bytes of kept source tensors
-  uint64_t file_bytes = 0;   // 8 + header + data
+  std::string header;       // JSON header bytes (padded)
+  uint64_t src_bytes = 0;   // bytes of kept source tensors
+  uint64_t file_bytes = 0;  // 8 + header + data
   uint64_t expert_bytes = 0;
 };
 
@@ -102,8 +102,7 @@ ShardPlan PlanShard(const SafetensorsFile& src, int64_t number, int64_t total,
       continue;
     }
     if (IsQuantized(it.role)) {
-      if (!IsFloatReadable(t.dtype) || t.shape.size() != 2 || t.shape[0] == 0 ||
-          t.shape[1] == 0) {
+      if (!IsFloatReadable(t.dtype) || t.shape.size() != 2 || t.shape[0] == 0 || t.shape[1] == 0) {
         throw Error(ErrorCode::kUnsupported,
                     "class '" + std::string(TensorRoleName(it.role)) +
                         "' must be quantized but it is " + std::string(DTypeName(t.dtype)) + " " +
@@ -244,9 +243,9 @@ uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_
   uint64_t dst_off = data_at;
   uint64_t compared = 0;
   for (const auto& it : p.items) {
-    const uint64_t out_bytes = it.op == Op::kCopy
-                                   ? it.src->nbytes()
-                                   : p.out[it.out_index].nbytes() + p.out[it.out_index + 1].nbytes();
+    const uint64_t out_bytes =
+        it.op == Op::kCopy ? it.src->nbytes()
+                           : p.out[it.out_index].nbytes() + p.out[it.out_index + 1].nbytes();
     if (it.role == TensorRole::kExpert) {
       const uint64_t src_at = p.src->AbsoluteOffset(*it.src);
       for (uint64_t off = 0; off < out_bytes; off += block_bytes) {
@@ -328,8 +327,8 @@ void Runner::RemoveForForce() {
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
     std::string base = name.substr(0, name.find(".tmp."));
-    bool ours = ParseShardName(base).has_value() || base == kIndexName ||
-                base == kChecksumsName || base == kFingerprintName;
+    bool ours = ParseShardName(base).has_value() || base == kIndexName || base == kChecksumsName ||
+                base == kFingerprintName;
     for (auto m : kMetadataFiles) ours = ours || base == m;
     if (ours) victims.push_back(name);
   }
@@ -430,8 +429,8 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         if (s.kind != Segment::kScales) {
           if (!pools[0].Pop(&b.bytes)) return;
           b.pool = 0;
-          if (direct_fd.valid() &&
-              !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len, p.src->path(), &b.skip)) {
+          if (direct_fd.valid() && !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len,
+                                               p.src->path(), &b.skip)) {
             LogOnce(&kPipelineDepth, LogLevel::kInfo,
                     "%s: O_DIRECT refused by the filesystem; reading through the page cache",
                     p.src->path().c_str());
@@ -440,8 +439,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
           if (!direct_fd.valid()) {
             b.bytes.Reserve(s.src_len);
             b.skip = 0;
-            PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off,
-                      p.src->path());
+            PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p.src->path());
           }
         }
         if (!read_q.Push(std::move(b))) return;
@@ -471,9 +469,9 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         }
         const Segment& s = segs[b.seg];
         std::span<const std::byte> bytes =
-            s.kind == Segment::kScales ? std::as_bytes(std::span(b.floats))
-                                       : std::span<const std::byte>(b.bytes.data() + b.skip,
-                                                                    s.dst_len);
+            s.kind == Segment::kScales
+                ? std::as_bytes(std::span(b.floats))
+                : std::span<const std::byte>(b.bytes.data() + b.skip, s.dst_len);
         K3_CHECK(bytes.size() == s.dst_len);
         hasher.Update(bytes);
         sink.Append(bytes.data(), bytes.size());
@@ -505,9 +503,9 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         o.pool = 1;
         o.bytes.Reserve(s.dst_len);
         if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
-        QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
-                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(),
-                      threads_);
+        QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape,
+                      o.bytes.data(), scales.data() + s.row0 * it.qshape.scales_per_row(it.cols),
+                      scratch.data(), threads_);
         pools[0].Push(std::move(b.bytes));
         if (!write_q.Push(std::move(o))) break;
       } else if (s.kind == Segment::kScales) {
@@ -537,10 +535,10 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   if (err) std::rethrow_exception(err);
 
   if (sink.bytes() != p.file_bytes || FileSizeOrThrow(out.fd(), out.temp_path()) != p.file_bytes) {
-    throw Error(ErrorCode::kInternal,
-                "wrote " + std::to_string(sink.bytes()) + " bytes, planned " +
-                    std::to_string(p.file_bytes),
-                out.temp_path());
+    throw Error(
+        ErrorCode::kInternal,
+        "wrote " + std::to_string(sink.bytes()) + " bytes, planned " + std::to_string(p.file_bytes),
+        out.temp_path());
   }
   CrashPoint("repack-shard-written");
   FsyncOrThrow(out.fd(), out.temp_path());
@@ -591,7 +589,8 @@ RepackEvent Runner::Run() {
   // --- Pre-flight: nothing below writes until the source, the plan, the
   // fingerprint and the free space have all been checked.
   Snapshot snap = Snapshot::OpenOrThrow(opt_.src);  // every shard of the index, validated
-  ModelConfig config = ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
+  ModelConfig config =
+      ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
 
   struct Src {
     int64_t number;
@@ -610,8 +609,8 @@ RepackEvent Runner::Run() {
             [](const Src& a, const Src& b) { return a.number < b.number; });
   for (size_t i = 1; i < sources.size(); ++i) {
     if (sources[i].number == sources[i - 1].number) {
-      throw Error(ErrorCode::kCorrupt, "two source shards share number " +
-                                           std::to_string(sources[i].number),
+      throw Error(ErrorCode::kCorrupt,
+                  "two source shards share number " + std::to_string(sources[i].number),
                   sources[i].file->path());
     }
   }
@@ -625,15 +624,15 @@ RepackEvent Runner::Run() {
       }
     }
   }
-  if (kept.empty()) throw Error(ErrorCode::kNotFound, "no text-model tensors in the source", opt_.src);
+  if (kept.empty())
+    throw Error(ErrorCode::kNotFound, "no text-model tensors in the source", opt_.src);
   const int64_t out_total = static_cast<int64_t>(kept.size());
 
   Fingerprint fp;
   fp.bits = opt_.bits;
   fp.output_shards = out_total;
   std::string index_path = JoinPath(opt_.src, "model.safetensors.index.json");
-  fp.source_index_xxh128 =
-      PathExists(index_path) ? HashFileXxh128(index_path) : std::string();
+  fp.source_index_xxh128 = PathExists(index_path) ? HashFileXxh128(index_path) : std::string();
   for (const auto& s : sources) {
     const auto& f = *s.file;
     std::vector<std::byte> head(f.header().data_offset());
@@ -669,9 +668,10 @@ RepackEvent Runner::Run() {
                 [](const Src* a, const Src* b) { return a->number < b->number; });
     }
     for (size_t i = 0; i < chosen.size(); ++i) {
-      if (static_cast<int>(i % static_cast<size_t>(opt_.worker_count)) != opt_.worker_index) continue;
-      selected.push_back(PlanShard(*chosen[i]->file, chosen[i]->number, out_total, config.is_kda,
-                                   opt_.bits));
+      if (static_cast<int>(i % static_cast<size_t>(opt_.worker_count)) != opt_.worker_index)
+        continue;
+      selected.push_back(
+          PlanShard(*chosen[i]->file, chosen[i]->number, out_total, config.is_kda, opt_.bits));
     }
   }
 
@@ -689,9 +689,10 @@ RepackEvent Runner::Run() {
       }
       if (why.empty()) why = "fingerprint differs";
       if (!opt_.force) {
-        throw Error(ErrorCode::kExists,
-                    why + "; rerun with the same parameters to resume, or add --force to start over",
-                    fp_path);
+        throw Error(
+            ErrorCode::kExists,
+            why + "; rerun with the same parameters to resume, or add --force to start over",
+            fp_path);
       }
       force_clean = true;
     }
@@ -743,8 +744,8 @@ RepackEvent Runner::Run() {
   if (opt_.space_check && need > totals_.free_bytes) {
     throw Error(ErrorCode::kNoSpace,
                 "the plan needs " + FormatBytes(need) + " but only " +
-                    FormatBytes(totals_.free_bytes) + " is free: " +
-                    FormatBytes(need - totals_.free_bytes) + " missing",
+                    FormatBytes(totals_.free_bytes) +
+                    " is free: " + FormatBytes(need - totals_.free_bytes) + " missing",
                 opt_.dst);
   }
 

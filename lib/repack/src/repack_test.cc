@@ -1,6 +1,8 @@
 // Unit tests of lib/repack's pure parts: §7.1 classification, expert order keys,
 // shard names, --shards / --worker parsing, the xxh128 manifest format (checked
 // against a digest printed by the real xxhsum 0.8.1), and the fingerprint.
+#include "k3/repack/repack.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
@@ -10,7 +12,6 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/classify.h"
 #include "k3/repack/container.h"
-#include "k3/repack/repack.h"
 
 using namespace k3::repack;
 
@@ -48,11 +49,12 @@ TEST_CASE("classification follows spec §7.1, first matching rule") {
                         "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
     CHECK(c(std::string("model.layers.1.") + n) == TensorRole::kQuantBits);
   }
-  for (const char* n : {"model.layers.1.block_sparse_moe.gate.weight",
-                        "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
-                        "model.layers.1.block_sparse_moe.routed_expert_norm.weight",
-                        "model.embed_tokens.weight", "model.norm.weight",
-                        "model.layers.0.mlp_res_proj.weight", "model.output_attn_res_norm.weight"}) {
+  for (const char* n :
+       {"model.layers.1.block_sparse_moe.gate.weight",
+        "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+        "model.layers.1.block_sparse_moe.routed_expert_norm.weight", "model.embed_tokens.weight",
+        "model.norm.weight", "model.layers.0.mlp_res_proj.weight",
+        "model.output_attn_res_norm.weight"}) {
     CHECK(c(n) == TensorRole::kPassthrough);
   }
 }
@@ -111,7 +113,8 @@ TEST_CASE("XXH3-128 digests in xxhsum's canonical form; manifest round trip") {
   h.Update(std::as_bytes(std::span(hello.data() + 2, 4)));
   CHECK(h.HexDigest() == "6bba86c7e069f56d5a10b435f1c8e49c");
   ChecksumManifest m = {{"b.json", std::string(32, 'a')}, {"a.bin", std::string(32, '0')}};
-  CHECK(RenderChecksumManifest(m) == std::string(32, '0') + "  a.bin\n" + std::string(32, 'a') + "  b.json\n");
+  CHECK(RenderChecksumManifest(m) ==
+        std::string(32, '0') + "  a.bin\n" + std::string(32, 'a') + "  b.json\n");
 }
 
 TEST_CASE("fingerprint: deterministic text, round trip, differences named") {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <omp.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,9 +11,9 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <simdjson.h>
 #include <unordered_map>
 
+#include "direct_io.h"
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
 #include "k3/core/file.h"
@@ -22,7 +23,6 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/classify.h"
 #include "k3/repack/container.h"
-#include "direct_io.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -67,8 +67,12 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
   auto f = [&](std::string n, std::vector<int64_t> s, bool at_least = false) {
     e.push_back({std::move(n), Want::kFloat, std::move(s), at_least});
   };
-  auto q = [&](std::string n, int64_t o, int64_t i) { e.push_back({std::move(n), Want::kQuant, {o, i}}); };
-  auto x = [&](std::string n, int64_t o, int64_t i) { e.push_back({std::move(n), Want::kExpert, {o, i}}); };
+  auto q = [&](std::string n, int64_t o, int64_t i) {
+    e.push_back({std::move(n), Want::kQuant, {o, i}});
+  };
+  auto x = [&](std::string n, int64_t o, int64_t i) {
+    e.push_back({std::move(n), Want::kExpert, {o, i}});
+  };
   f("model.embed_tokens.weight", {c.vocab_size, d});
   f("model.norm.weight", {d});
   f("model.output_attn_res_norm.weight", {d});
@@ -263,9 +267,9 @@ void Verifier::CheckModel() {
         Add(ErrorCode::kUnsupported, file, full, off,
             "dtype " + std::string(DTypeName(t.dtype)) + ", expected BF16/F16/F32");
       }
-      bool shape_ok = e.at_least ? t.numel() >= Numel(e.shape)
-                                 : (e.shape.size() == 1 ? t.numel() == Numel(e.shape)
-                                                        : t.shape == e.shape);
+      bool shape_ok =
+          e.at_least ? t.numel() >= Numel(e.shape)
+                     : (e.shape.size() == 1 ? t.numel() == Numel(e.shape) : t.shape == e.shape);
       if (!shape_ok) {
         Add(ErrorCode::kCorrupt, file, full, off,
             "shape " + ShapeStr(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
@@ -285,7 +289,8 @@ void Verifier::CheckModel() {
     const int64_t o = e.shape[0], i = e.shape[1];
     if (t.dtype != DType::kU8) {
       Add(ErrorCode::kCorrupt, file, full, off,
-          "dtype " + std::string(DTypeName(t.dtype)) + ": a container stores this matrix quantized (U8 + .qs)");
+          "dtype " + std::string(DTypeName(t.dtype)) +
+              ": a container stores this matrix quantized (U8 + .qs)");
       continue;
     }
     const Located* s = find(e.name + ".qs");
@@ -304,10 +309,9 @@ void Verifier::CheckModel() {
     }
     if (!int8 && !int4) {
       Add(ErrorCode::kCorrupt, file, full, off,
-          "U8 " + ShapeStr(t.shape) + " with .qs " + ShapeStr(st.shape) +
-              " is neither int8 [" + std::to_string(o) + "," + std::to_string(i) + "]+[" +
-              std::to_string(o) + "] nor int4-g64 for a [" + std::to_string(o) + "," +
-              std::to_string(i) + "] matrix");
+          "U8 " + ShapeStr(t.shape) + " with .qs " + ShapeStr(st.shape) + " is neither int8 [" +
+              std::to_string(o) + "," + std::to_string(i) + "]+[" + std::to_string(o) +
+              "] nor int4-g64 for a [" + std::to_string(o) + "," + std::to_string(i) + "] matrix");
       continue;
     }
     if (fingerprint_) {
@@ -316,7 +320,8 @@ void Verifier::CheckModel() {
       if (want4 != int4) {
         Add(ErrorCode::kCorrupt, file, full, off,
             std::string("stored as ") + (int4 ? "int4-g64" : "int8") + " but the fingerprint's " +
-                std::string(TensorRoleName(role)) + " bits ask for " + (want4 ? "int4-g64" : "int8"));
+                std::string(TensorRoleName(role)) + " bits ask for " +
+                (want4 ? "int4-g64" : "int8"));
       }
     }
   }
@@ -327,7 +332,8 @@ void Verifier::CheckModel() {
       if (base == by_name_.end() || base->second.info->dtype != DType::kU8 ||
           base->second.shard != loc.shard) {
         auto [file, off] = where(loc);
-        Add(ErrorCode::kCorrupt, file, name, off, "scale sidecar without its U8 tensor in the same shard");
+        Add(ErrorCode::kCorrupt, file, name, off,
+            "scale sidecar without its U8 tensor in the same shard");
       }
     }
   }
@@ -401,7 +407,8 @@ std::string Verifier::StreamShard(size_t s) {
           qs->numel() != rows * qshape.scales_per_row(cols)) {
         Add(ErrorCode::kCorrupt, path, t.name, static_cast<int64_t>(at),
             "byte counts do not fit the source matrix " + ShapeStr(src->info->shape));
-        for (uint64_t off = 0; off < t.nbytes(); off += block) read(at + off, std::min(block, t.nbytes() - off));
+        for (uint64_t off = 0; off < t.nbytes(); off += block)
+          read(at + off, std::min(block, t.nbytes() - off));
         continue;
       }
       const uint64_t src_row = cols * DTypeSize(src->info->dtype);
@@ -429,7 +436,8 @@ std::string Verifier::StreamShard(size_t s) {
       }
       if (bad) {
         Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
-            std::to_string(bad) + " quantized byte(s) differ from the source re-quantized (§6.2); first shown");
+            std::to_string(bad) +
+                " quantized byte(s) differ from the source re-quantized (§6.2); first shown");
       }
       pending_scales[t.name + ".qs"] = std::move(scales);
       ++rederived;
@@ -443,8 +451,7 @@ std::string Verifier::StreamShard(size_t s) {
       for (uint64_t off = 0; off < t.nbytes(); off += block) {
         const size_t n = static_cast<size_t>(std::min(block, t.nbytes() - off));
         read(at + off, n);
-        if (want_bytes.size() == t.nbytes() &&
-            std::memcmp(want_bytes.data() + off, buf, n) != 0) {
+        if (want_bytes.size() == t.nbytes() && std::memcmp(want_bytes.data() + off, buf, n) != 0) {
           for (size_t k = 0; k < n; ++k) {
             if (want_bytes[off + k] != buf[k] && bad++ == 0) first_bad = at + off + k;
           }
@@ -452,14 +459,16 @@ std::string Verifier::StreamShard(size_t s) {
       }
       if (bad) {
         Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
-            std::to_string(bad) + " scale byte(s) differ from the source re-quantized; first shown");
+            std::to_string(bad) +
+                " scale byte(s) differ from the source re-quantized; first shown");
       }
       continue;
     }
     // Everything else is copied: compare with the source bytes when there are any.
     const bool compare = source_ && !t.name.ends_with(".qs");
     if (compare && !src) {
-      Add(ErrorCode::kNotFound, path, t.name, static_cast<int64_t>(at), "not in the source snapshot");
+      Add(ErrorCode::kNotFound, path, t.name, static_cast<int64_t>(at),
+          "not in the source snapshot");
     }
     if (compare && src && src->info->nbytes() != t.nbytes()) {
       Add(ErrorCode::kCorrupt, path, t.name, static_cast<int64_t>(at),
@@ -483,8 +492,10 @@ std::string Verifier::StreamShard(size_t s) {
       }
     }
     if (cmp_bytes) {
-      if (expert) expert_cmp += t.nbytes();
-      else ++passthrough;
+      if (expert)
+        expert_cmp += t.nbytes();
+      else
+        ++passthrough;
     }
     if (bad) {
       Add(ErrorCode::kChecksumMismatch, path, t.name, static_cast<int64_t>(first_bad),
@@ -536,7 +547,8 @@ void Verifier::CheckChecksums() {
   }
   for (const auto& [name, hex] : manifest) {
     if (!PathExists(Path(name))) {
-      Add(ErrorCode::kNotFound, Path(name), {}, -1, "listed in " + std::string(kChecksumsName) + " but missing");
+      Add(ErrorCode::kNotFound, Path(name), {}, -1,
+          "listed in " + std::string(kChecksumsName) + " but missing");
     }
   }
   // Hash (and, with a source, compare) every file; shards in parallel.
@@ -574,7 +586,8 @@ void Verifier::CheckChecksums() {
     if (it == manifest.end() || digests[k].empty()) continue;
     if (it->second != digests[k]) {
       Add(ErrorCode::kChecksumMismatch, Path(to_hash[k]), {}, -1,
-          "XXH3-128 is " + digests[k] + " but " + std::string(kChecksumsName) + " says " + it->second);
+          "XXH3-128 is " + digests[k] + " but " + std::string(kChecksumsName) + " says " +
+              it->second);
     }
   }
 }
@@ -602,14 +615,16 @@ VerifyReport Verifier::Run() {
   shard_names_ = ListShardFiles(opt_.dst);
   shards_.resize(shard_names_.size());
   report_.shards = shard_names_.size();
-  if (shard_names_.empty()) Add(ErrorCode::kNotFound, opt_.dst, {}, -1, "no model-*-of-*.safetensors shards");
+  if (shard_names_.empty())
+    Add(ErrorCode::kNotFound, opt_.dst, {}, -1, "no model-*-of-*.safetensors shards");
   int64_t of_total = -1;
   for (size_t s = 0; s < shard_names_.size(); ++s) {
     auto sn = ParseShardName(shard_names_[s]);
     if (of_total < 0) of_total = sn->total;
     if (sn->total != of_total) {
       Add(ErrorCode::kCorrupt, Path(shard_names_[s]), {}, -1,
-          "'-of-" + std::to_string(sn->total) + "' differs from the other shards' " + std::to_string(of_total));
+          "'-of-" + std::to_string(sn->total) + "' differs from the other shards' " +
+              std::to_string(of_total));
     }
     try {
       shards_[s].emplace(SafetensorsFile::OpenOrThrow(Path(shard_names_[s])));

@@ -19,8 +19,8 @@ inline constexpr std::string_view kLockName = ".k3-repack.lock";
 
 // Non-weight files a runtime needs, copied verbatim when the source has them.
 inline constexpr std::string_view kMetadataFiles[] = {
-    "config.json",  "generation_config.json", "tokenizer_config.json",
-    "tiktoken.model", "tokenizer.json",       "encoding_k3.py",
+    "config.json",    "generation_config.json", "tokenizer_config.json",
+    "tiktoken.model", "tokenizer.json",         "encoding_k3.py",
 };
 
 // "model-00003-of-000094.safetensors" -> {3, 94}. Digits: 5 and 6 as released,
@@ -70,7 +70,7 @@ class ContainerLock {
 // host converting the same snapshot with the same flags writes the same bytes.
 struct Fingerprint {
   QuantBits bits;
-  int64_t output_shards = 0;       // NNNNNN
+  int64_t output_shards = 0;        // NNNNNN
   std::string source_index_xxh128;  // hash of the source index file ("" if none)
   struct SourceShard {
     std::string name;

@@ -24,10 +24,10 @@ struct RepackOptions {
   std::vector<int64_t> shards;  // source shard numbers; empty = all
   int worker_index = 0;         // --worker I/N: this pass takes every N-th selected shard
   int worker_count = 1;
-  bool verify_full = false;     // re-read every expert byte of src and dst and compare
-  int threads = 0;              // quantization threads; 0 = all online CPUs
-  bool force = false;           // discard a DST made with other parameters / source
-  bool space_check = true;      // false: skip the free-space pre-flight (statvfs lies on some NAS)
+  bool verify_full = false;  // re-read every expert byte of src and dst and compare
+  int threads = 0;           // quantization threads; 0 = all online CPUs
+  bool force = false;        // discard a DST made with other parameters / source
+  bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
   uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
 };
 
@@ -41,8 +41,8 @@ void ValidateBits(const QuantBits& bits);
 struct RepackEvent {
   enum class Kind { kStart, kShardSkipped, kShardStart, kProgress, kShardDone, kSummary };
   Kind kind = Kind::kStart;
-  std::string shard;            // output shard file name (shard events)
-  std::string detail;           // skip reason, etc.
+  std::string shard;             // output shard file name (shard events)
+  std::string detail;            // skip reason, etc.
   uint64_t shard_src_bytes = 0;  // source bytes of this shard (its kept tensors)
   uint64_t shard_out_bytes = 0;  // output file size
   std::string shard_xxh128;

@@ -17,7 +17,7 @@ struct VerifyOptions {
   std::string dst;
   std::string source;  // HF snapshot; needed for full
   bool full = false;
-  int threads = 0;     // files verified in parallel; 0 = online CPUs
+  int threads = 0;  // files verified in parallel; 0 = online CPUs
   uint64_t block_bytes = 16u << 20;
 };
 
