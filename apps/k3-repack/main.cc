@@ -105,14 +105,16 @@ void PrintHuman(const RepackEvent& e, bool tty) {
       break;
     case RepackEvent::Kind::kProgress:
       if (tty) {
+        // No ETA until something has moved: a rate of zero predicts nothing.
         double rate = Rate(e);
-        double eta =
-            rate > 0 ? static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done)) /
-                           (rate * 1e9)
-                     : 0;
-        std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %.0f s   ", e.shard.c_str(),
+        std::string eta = "--";
+        if (rate > 0 && e.bytes_done > 0) {
+          double left = static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done));
+          eta = std::to_string(static_cast<long long>(left / (rate * 1e9) + 0.5)) + " s";
+        }
+        std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %s   ", e.shard.c_str(),
                      k3::FormatBytes(e.bytes_done).c_str(), k3::FormatBytes(e.bytes_todo).c_str(),
-                     rate, eta);
+                     rate, eta.c_str());
       }
       break;
     case RepackEvent::Kind::kShardDone:
