@@ -270,8 +270,11 @@ void RunIo(const IoArgs& a) {
     const char* name;
     bool uring, direct, pipe;
     int reps;
+    uint64_t chunk = 0;  // read pieces (K3_READ_CHUNK_MB); 0: whole experts
+    int qd_scale = 1;    // pieces in flight = qd x this (same bytes in flight)
   };
   const Variant variants[] = {{"uring_direct", true, true, true, a.reps},
+                              {"uring_direct_chunk4m_2xqd", true, true, true, a.reps, 4u << 20, 2},
                               {"pread_pool_direct", false, true, true, a.reps},
                               {"uring_buffered", true, false, true, std::max(1, a.reps / 2)}};
   std::vector<std::vector<double>> gbps(std::size(variants));
@@ -290,8 +293,9 @@ void RunIo(const IoArgs& a) {
       o.uring = v.uring;
       o.direct = v.direct;
       o.pipe = v.pipe;
-      o.queue_depth = a.queue_depth;
+      o.queue_depth = a.queue_depth * v.qd_scale;
       o.load_threads = a.queue_depth;
+      o.read_chunk_bytes = v.chunk;
       results[vi] = ReadPattern(snap, c, o, a.tokens, a.seed + static_cast<uint64_t>(rep));
       gbps[vi].push_back(results[vi].gbps);
     }
@@ -326,7 +330,7 @@ void RunIo(const IoArgs& a) {
   auto m = model::Model::LoadOrThrow(a.model_dir, lo);
   // Pipe on (reads of expert j+1.. overlap expert j's compute) and off (each
   // block read before it is computed): the difference is the hidden I/O.
-  // Interleaved rounds (off, on, off, on) with untimed warm-up steps that
+  // Interleaved rounds (off, on, chunked, off, on, chunked) with untimed warm-up steps that
   // fill the cache, so neither side gets the first-touch page faults of fresh
   // buffers or a drive/CPU phase of its own.
   struct DecodeAcc {
@@ -337,17 +341,27 @@ void RunIo(const IoArgs& a) {
     std::string backend;
     bool direct = false;
   };
-  DecodeAcc acc[2];
+  struct DecodeConfig {
+    const char* name;
+    bool pipe;
+    uint64_t chunk;
+    int qd_scale;
+  };
+  const DecodeConfig configs[] = {{"pipe_off", false, 0, 1},
+                                  {"pipe_on", true, 0, 1},
+                                  {"pipe_on_chunk4m_2xqd", true, 4u << 20, 2}};
+  DecodeAcc acc[std::size(configs)];
   const model::RunOptions ro = model::RunOptions::FromEnv();
   constexpr int kWarmup = 3;
   for (int round = 0; round < 2; ++round) {
-    for (bool pipe : {false, true}) {
-      DecodeAcc& d = acc[pipe ? 1 : 0];
+    for (size_t ci = 0; ci < std::size(configs); ++ci) {
+      DecodeAcc& d = acc[ci];
       stream::StreamOptions so = stream::StreamOptions::FromEnv();
-      so.pipe = pipe;
+      so.pipe = configs[ci].pipe;
+      so.read_chunk_bytes = configs[ci].chunk;
       so.budget_bytes = a.decode_budget_gb * 1e9;
-      so.queue_depth = a.queue_depth;
-      so.log_projection = round == 0 && !pipe;
+      so.queue_depth = a.queue_depth * configs[ci].qd_scale;
+      so.log_projection = round == 0 && ci == 0;
       auto owner = std::make_unique<stream::StreamingExpertStore>(m->snapshot(), m->config(), so);
       stream::StreamingExpertStore& store = *owner;
       m->SetExpertStore(std::move(owner));
@@ -381,13 +395,16 @@ void RunIo(const IoArgs& a) {
     }
   }
   const double resident = static_cast<double>(m->weights().resident_bytes);
-  for (bool pipe : {true, false}) {
-    const DecodeAcc& d = acc[pipe ? 1 : 0];
+  for (size_t ci = 0; ci < std::size(configs); ++ci) {
+    const DecodeAcc& d = acc[ci];
+    const bool pipe = configs[ci].pipe;
     const double n = static_cast<double>(d.spt.size());
     const double bytes_per_token = static_cast<double>(d.bytes) / n;
     const double floor_s = (fio_rand > 0 ? bytes_per_token / fio_rand : 0) + resident / mem_bw;
     JsonWriter j = Line(ctx, "decode");
-    j.Field("pipe", pipe);
+    j.Field("config", configs[ci].name).Field("pipe", pipe);
+    j.Field("read_chunk_bytes", configs[ci].chunk);
+    j.Field("queue_depth", static_cast<int64_t>(a.queue_depth * configs[ci].qd_scale));
     j.Field("budget_gb", a.decode_budget_gb);
     j.Field("slots_per_layer", d.slots);
     j.Field("backend", d.backend).Field("direct", d.direct);

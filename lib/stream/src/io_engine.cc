@@ -22,8 +22,12 @@ constexpr char kDirectRefusedKey = 0;
 constexpr char kNoThreadsKey = 0;
 
 void StoreError(Load* load, Error e) {
-  // Only the first failure of an expert is reported; the store rethrows it.
-  if (!load->error) load->error.emplace(std::move(e));
+  // One failure per expert is reported: the one nearest the start of the
+  // slot (pieces complete in any order; the lowest offset is where a
+  // truncated file really ends). Pool threads may race here.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!load->error || e.offset() < load->error->offset()) load->error.emplace(std::move(e));
 }
 
 }  // namespace

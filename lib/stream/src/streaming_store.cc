@@ -55,6 +55,8 @@ StreamOptions StreamOptions::FromEnv() {
   o.load_threads = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_LOAD_THREADS", 4), 1, 16));
   o.queue_depth = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_QD", 8), 1, 64));
   o.window = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_WINDOW", 32), 1, 4096));
+  const double chunk_mb = GetEnvDouble("K3_READ_CHUNK_MB", 0.0);
+  o.read_chunk_bytes = chunk_mb > 0 ? static_cast<uint64_t>(chunk_mb * 1048576.0) : 0;
   return o;
 }
 
@@ -123,6 +125,7 @@ struct StreamingExpertStore::Impl {
   std::vector<std::vector<CacheSlot>> cache;  // per layer
   std::vector<BufferPtr> free_bufs;
   size_t buf_bytes = 0;
+  uint64_t read_chunk_bytes = 0;
   uint64_t clock = 0;
 
   // The current pass.
@@ -211,6 +214,7 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
     m.files.files.push_back(std::move(f));
   }
   m.buf_bytes = static_cast<size_t>(RoundUp(table_.slot_bytes() + 2 * kDirectAlign, kDirectAlign));
+  m.read_chunk_bytes = options_.read_chunk_bytes;
   m.cache.resize(static_cast<size_t>(config.num_hidden_layers));
   m.pass_idx.assign(static_cast<size_t>(config.num_experts), -1);
 
@@ -257,21 +261,30 @@ namespace {
 // Builds the read requests of one miss into `buf`; returns the data offset.
 size_t PlanReads(const model::ExpertTable& table, detail::FileTable& files,
                  const std::unordered_map<int, uint32_t>& file_of_fd, int64_t layer,
-                 int64_t expert, std::byte* buf, Load* load) {
+                 int64_t expert, std::byte* buf, uint64_t chunk_bytes, Load* load) {
   const uint64_t slot = table.slot_bytes();
   size_t data_off = 0;
+  // Pieces stay 4 KiB multiples so O_DIRECT offsets and addresses stay aligned.
+  const uint64_t piece_max =
+      chunk_bytes > 0 ? std::max(kDirectAlign, chunk_bytes / kDirectAlign * kDirectAlign)
+                      : UINT64_MAX;
   auto add = [&](uint32_t file, bool direct, uint64_t offset, uint64_t len, std::byte* dst) {
-    ReadReq r;
-    r.load = load;
-    r.file = file;
-    r.direct = direct;
-    r.offset = offset;
-    r.len = len;
-    r.dst = dst;
-    load->reqs.push_back(r);
     load->bytes += len;
+    for (uint64_t done = 0; done < len;) {
+      const uint64_t n = std::min(piece_max, len - done);
+      ReadReq r;
+      r.load = load;
+      r.file = file;
+      r.direct = direct;
+      r.offset = offset + done;
+      r.len = n;
+      r.dst = dst + done;
+      load->reqs.push_back(r);
+      done += n;
+    }
   };
-  load->reqs.reserve(model::kExpertParts + 1);
+  load->reqs.reserve(model::kExpertParts + 1 +
+                     (chunk_bytes > 0 ? slot / piece_max + model::kExpertParts : 0));
   if (table.contiguous(layer, expert)) {
     const uint32_t fi = table.disk_key(layer, expert).file_idx;
     const FileEntry& f = *files.files[fi];
@@ -313,7 +326,8 @@ void SubmitUntil(Impl& m, const model::ExpertTable& table, size_t until) {
     pe.buf = m.TakeBuffer();
     pe.load = std::make_unique<Load>();
     pe.data_off =
-        PlanReads(table, m.files, m.file_of_fd, m.layer, pe.expert, pe.buf.get(), pe.load.get());
+        PlanReads(table, m.files, m.file_of_fd, m.layer, pe.expert, pe.buf.get(),
+                  m.read_chunk_bytes, pe.load.get());
     if (m.first_submit == 0) m.first_submit = NowSeconds();
     pe.submitted = true;
     ++m.outstanding;

@@ -190,6 +190,16 @@ TEST_CASE("streaming store: bit-identical logits for every backend, mode and bud
       variants.push_back({"window/threads", o});
     }
   }
+  for (bool uring : {true, false}) {
+    for (bool direct : {true, false}) {
+      StreamOptions o = Quiet();
+      o.uring = uring;
+      o.direct = direct;
+      o.read_chunk_bytes = 4096;  // a 6,528-byte slot in 2-3 pieces
+      o.budget_bytes = one_slot;
+      variants.push_back({"read chunks", o});
+    }
+  }
   for (const Variant& v : variants) {
     for (int chunk : {32, 5, 1}) {
       StreamingExpertStore& store = Install(*model, v.o);
@@ -453,12 +463,14 @@ TEST_CASE("fault injection: EIO and endless EAGAIN are k3::Errors naming file an
 
 TEST_CASE("a shard truncated after load: kTruncated naming the shard and offset") {
   for (bool uring : {true, false}) {
-    for (bool direct : {true, false}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool direct = mode != 1;
       TempModel tm("trunc");
       auto model = Model::LoadOrThrow(tm.dir.string(), F32());
       StreamOptions o = Quiet();
       o.uring = uring;
       o.direct = direct;
+      o.read_chunk_bytes = mode == 2 ? 4096 : 0;  // pieces past the cut fail too
       o.budget_bytes = 0;
       StreamingExpertStore& store = Install(*model, o);
       // Cut layer 3's expert shard just after its first expert's first byte.
@@ -469,7 +481,7 @@ TEST_CASE("a shard truncated after load: kTruncated naming the shard and offset"
         first = std::min(first, t.offset(3, e, ExpertPart::kW1p));
       }
       REQUIRE(::truncate(victim.c_str(), static_cast<off_t>(first + 100)) == 0);
-      INFO("uring " << uring << " direct " << direct);
+      INFO("uring " << uring << " mode " << mode);
       try {
         Run(*model, 32);
         FAIL("reading a truncated shard must fail");

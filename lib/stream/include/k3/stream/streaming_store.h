@@ -66,11 +66,15 @@ struct StreamOptions {
   int load_threads = 4;          // K3_LOAD_THREADS: pread pool size (1..16)
   int queue_depth = 8;           // K3_QD: io_uring reads in flight (1..64)
   int window = 32;               // K3_WINDOW: miss buffers outstanding per pass (>= 1)
+  // K3_READ_CHUNK_MB: split each expert read into pieces of this size (4 KiB
+  // multiple) so that, with several reads in flight, experts complete in
+  // submission order and the first one is ready sooner. 0: one read each.
+  uint64_t read_chunk_bytes = 0;
   bool log_projection = true;    // print the cache projection at construction
   IoFaultHook* fault_hook = nullptr;  // borrowed; tests only
 
   // Reads K3_EXPERT_GB, K3_DIRECT, K3_URING, K3_PIPE, K3_LOAD_THREADS, K3_QD,
-  // K3_WINDOW. Malformed values throw kInvalidArgument.
+  // K3_WINDOW, K3_READ_CHUNK_MB. Malformed values throw kInvalidArgument.
   static StreamOptions FromEnv();
 };
 
