@@ -14,3 +14,15 @@ echo "== k3-fixture: check the embedded tiny snapshot"
 echo "== k3-fixture: generate a K3-shaped tiny snapshot from scratch (own weights and tokenizer) and check it"
 "$BIN/k3-fixture" --preset tiny --out "$OUT/fixture-tiny" --seed 1 --force -q
 "$BIN/k3-fixture" check "$OUT/fixture-tiny"
+echo "== k3-repack: convert the snapshot into an int8 container (experts byte-identical, id-ordered)"
+rm -rf "$OUT/container"
+"$BIN/k3-repack" "$MODEL" "$OUT/container" --bits 8
+echo "== k3-verify: structure, index, checksums, and every byte against the source"
+"$BIN/k3-verify" "$OUT/container" --full --source "$MODEL"
+echo "== xxhsum: the container's checksums verify without k3 at all"
+(cd "$OUT/container" && xxhsum -H2 -c checksums.xxh128 | tail -n 3)
+echo "== k3-run generate: 16 greedy tokens from the container, streamed as text"
+"$BIN/k3-run" generate "$OUT/container" "Hello, K3! 你好" --ngen 16
+echo "== k3-run render + chat: one XTML chat turn on the container"
+"$BIN/k3-run" chat "$OUT/container" "What is 2+2?" --max-tokens 24 --temp 0
+echo "== done: outputs in $OUT"

@@ -200,6 +200,7 @@ void RunGenerate(const GenerateArgs& args) {
     for (int32_t id : generated) line += (line.empty() ? "" : ",") + std::to_string(id);
     std::printf("%s\n", line.c_str());
   }
+  std::fflush(stdout);  // the text must land before the stats line on a shared terminal
   std::fprintf(
       stderr,
       "k3-run: load %.2f s | prefill %zu tok, %.2f tok/s | decode %d steps, %.4f s/token | "
