@@ -15,11 +15,14 @@
 // IDOT path (§6.5): weights are biased to unsigned bytes so vpdpbusd can multiply
 // them with the signed activations; the activation-only correction -B*Σxq is
 // formed once per call and is the dpbusd's start value, so every lane's int32 is
-// exact. One zmm covers 64 columns = two activation groups (lanes 0-7, 8-15).
+// exact. int8: one zmm covers 64 columns = two activation groups (lanes 0-7,
+// 8-15). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
+// re-laid out once per call so that 128-bit lane L is group L of the step.
 #include <immintrin.h>
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -34,6 +37,9 @@ struct Scratch {
   std::vector<float> gscale;   // per-group factor of the row
   std::vector<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
   std::vector<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
+  std::vector<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
+  std::vector<float> xse;      // nibble IDOT: activation factors, 4 lanes per group
+  std::vector<float> wgs;      // nibble IDOT: decoded weight factors of R rows
 };
 
 Scratch& Tls() {
@@ -470,6 +476,220 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   for (; o < r1; ++o) RowBlockQ8<F, 1>(w, x, corr, o, y, s);
 }
 
+// ---------------------------------------------------------------------------
+// Nibble IDOT (int4-g64, MXFP4): 128 columns per step from one 64-byte load.
+// Low nibbles (even columns) and high nibbles (odd columns) are split with
+// and/shift, MXFP4 codes go through a 16-entry byte LUT (doubled code + 12), and
+// the in-lane vpunpck{l,h}bw put them back in pairs: in 128-bit lane L the "lo"
+// vector holds columns 32L..32L+15 of the step and the "hi" vector 32L+16..32L+31.
+// The activations are stored in that layout once per call (NibActs), so the
+// weights need no cross-lane shuffle; both dpbusd's accumulate into one int32
+// vector whose lane L holds only activation group L of the step (exact, as the
+// bias correction is its start value), and one factor vector f = gs*xs (each
+// group's factor in its 4 lanes) scales it. Per element the operations are fixed:
+// a = fma(cvt(d_t), f_t, a) over the steps in column order, then one reduction,
+// whether the row is decoded on the fly (batch 1) or from a buffer (batched).
+
+constexpr size_t kStep = 128;
+
+struct NibActs {
+  const int8_t* xq;     // [batch][steps*128], zero padded
+  const int32_t* corr;  // [batch][steps*16]
+  const float* xse;     // [batch][steps*16]: xs_g (x0.5 for MXFP4's doubled codes) x4
+  size_t steps;
+};
+
+template <WeightFormat F>
+NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
+  constexpr int kB = F == WeightFormat::kInt4G64 ? 8 : 12;
+  const float mult = F == WeightFormat::kMxfp4 ? 0.5f : 1.0f;
+  const size_t n = x.cols;
+  const size_t groups = n / kActGroup;
+  const size_t steps = (n + kStep - 1) / kStep;
+  int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
+  int32_t* corr = Grow(s.corr, x.batch * steps * 16);
+  float* xse = Grow(s.xse, x.batch * steps * 16);
+  const __m512i b = _mm512_set1_epi8(static_cast<char>(kB));
+  for (size_t r = 0; r < x.batch; ++r) {
+    const int8_t* q = x.q.data() + r * n;
+    const float* xs = x.scales.data() + r * groups;
+    int8_t* dq = xq + r * steps * kStep;
+    for (size_t t = 0; t < steps; ++t) {
+      int8_t* d = dq + t * kStep;
+      for (size_t l = 0; l < 4; ++l) {
+        const size_t g = t * 4 + l;
+        if (g < groups) {
+          std::memcpy(d + 16 * l, q + g * kActGroup, 16);
+          std::memcpy(d + 64 + 16 * l, q + g * kActGroup + 16, 16);
+        } else {
+          std::memset(d + 16 * l, 0, 16);
+          std::memset(d + 64 + 16 * l, 0, 16);
+        }
+        const float f = g < groups ? xs[g] * mult : 0.0f;
+        for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 16 + 4 * l + m] = f;
+      }
+      const __m512i xa = _mm512_loadu_si512(d);
+      const __m512i xb = _mm512_loadu_si512(d + 64);
+      const __m512i sum =
+          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), b, xa), b, xb);
+      _mm512_storeu_si512(corr + (r * steps + t) * 16,
+                          _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    }
+  }
+  return {xq, corr, xse, steps};
+}
+
+// Row o decoded step by step straight from the stored bytes and factors.
+template <WeightFormat F>
+struct NibDirect {
+  const uint8_t* row;    // cols/2 bytes
+  const void* factors;   // MXFP4: E8M0 [cols/32]; int4: f32 [cols/64]
+  size_t bytes;          // cols/2
+  size_t groups;         // factor count
+
+  void Step(size_t t, __m512i* wa, __m512i* wb, __m512* gs) const {
+    const size_t off = t * 64;
+    const bool full = off + 64 <= bytes;
+    const __m512i raw =
+        full ? _mm512_loadu_si512(row + off)
+             : _mm512_maskz_loadu_epi8((1ull << (bytes - off)) - 1, row + off);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512i lo = _mm512_and_si512(raw, nib);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    if constexpr (F == WeightFormat::kMxfp4) {
+      const __m512i lut = _mm512_broadcast_i32x4(
+          _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+      lo = _mm512_shuffle_epi8(lut, lo);
+      hi = _mm512_shuffle_epi8(lut, hi);
+    }
+    *wa = _mm512_unpacklo_epi8(lo, hi);
+    *wb = _mm512_unpackhi_epi8(lo, hi);
+    if constexpr (F == WeightFormat::kMxfp4) {
+      const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 4;
+      uint32_t e4 = 0;
+      if (full) {
+        std::memcpy(&e4, e, 4);
+      } else {
+        std::memcpy(&e4, e, groups - t * 4);
+      }
+      // Lane 4L+m <- E8M0 byte L, as the f32 bit pattern s<<23.
+      const __m512i sel = _mm512_setr_epi32(
+          int(0x80808000), int(0x80808000), int(0x80808000), int(0x80808000),
+          int(0x80808001), int(0x80808001), int(0x80808001), int(0x80808001),
+          int(0x80808002), int(0x80808002), int(0x80808002), int(0x80808002),
+          int(0x80808003), int(0x80808003), int(0x80808003), int(0x80808003));
+      const __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(e4)), sel);
+      *gs = _mm512_castsi512_ps(_mm512_slli_epi32(v, 23));
+    } else {
+      const float* sc = static_cast<const float*>(factors) + t * 2;
+      float s2[2] = {sc[0], 0.0f};
+      if (full) s2[1] = sc[1];
+      double d2;
+      std::memcpy(&d2, s2, 8);
+      const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+      *gs = _mm512_permutevar_ps(_mm512_castpd_ps(_mm512_set1_pd(d2)), sel);
+    }
+  }
+};
+
+template <WeightFormat F>
+NibDirect<F> NibRow(const WeightView& w, size_t o) {
+  const size_t n = w.cols;
+  if constexpr (F == WeightFormat::kMxfp4) {
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup};
+  } else {
+    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group};
+  }
+}
+
+// A row decoded once (lo|hi bytes per step, factor vector per step).
+struct NibBuffered {
+  const uint8_t* wb;
+  const float* gs;
+  void Step(size_t t, __m512i* a, __m512i* b, __m512* g) const {
+    *a = _mm512_loadu_si512(wb + t * kStep);
+    *b = _mm512_loadu_si512(wb + t * kStep + 64);
+    *g = _mm512_loadu_ps(gs + t * 16);
+  }
+};
+
+template <int R, typename Src>
+void DotNibRows(const Src* w, const NibActs& x, size_t b, float* out) noexcept {
+  __m512 a[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+  const int8_t* xq = x.xq + b * x.steps * kStep;
+  const int32_t* corr = x.corr + b * x.steps * 16;
+  const float* xse = x.xse + b * x.steps * 16;
+  for (size_t t = 0; t < x.steps; ++t) {
+    const __m512i xa = _mm512_loadu_si512(xq + t * kStep);
+    const __m512i xb = _mm512_loadu_si512(xq + t * kStep + 64);
+    const __m512i cv = _mm512_loadu_si512(corr + t * 16);
+    const __m512 xs = _mm512_loadu_ps(xse + t * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512i wa, wb;
+      __m512 gs;
+      w[r].Step(t, &wa, &wb, &gs);
+      const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, wa, xa), wb, xb);
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(gs, xs), a[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+}
+
+template <WeightFormat F, int R>
+void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
+                 Scratch& s) noexcept {
+  const size_t steps = x.steps;
+  uint8_t* wbuf = Grow(s.wu, R * steps * kStep);
+  float* gbuf = Grow(s.wgs, R * steps * 16);
+  NibBuffered src[R];
+  for (int r = 0; r < R; ++r) {
+    const NibDirect<F> d = NibRow<F>(w, o + r);
+    uint8_t* wr = wbuf + r * steps * kStep;
+    float* gr = gbuf + r * steps * 16;
+    for (size_t t = 0; t < steps; ++t) {
+      __m512i a, b;
+      __m512 g;
+      d.Step(t, &a, &b, &g);
+      _mm512_storeu_si512(wr + t * kStep, a);
+      _mm512_storeu_si512(wr + t * kStep + 64, b);
+      _mm512_storeu_ps(gr + t * 16, g);
+    }
+    src[r] = NibBuffered{wr, gr};
+  }
+  for (size_t b = 0; b < batch; ++b) {
+    float d[R];
+    DotNibRows<R>(src, x, b, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
+  }
+}
+
+template <WeightFormat F>
+void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                   Scratch& s) noexcept {
+  const NibActs acts = PrepareNibActs<F>(x, s);
+  if (x.batch == 1) {
+    for (size_t o = r0; o < r1; ++o) {
+      const NibDirect<F> src[1] = {NibRow<F>(w, o)};
+      DotNibRows<1>(src, acts, 0, y + o);
+    }
+    return;
+  }
+  size_t o = r0;
+  for (; o + kRowBlock <= r1; o += kRowBlock) NibRowBlock<F, kRowBlock>(w, acts, x.batch, o, y, s);
+  for (; o < r1; ++o) NibRowBlock<F, 1>(w, acts, x.batch, o, y, s);
+}
+
+// K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
+// (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
+bool LegacyNib() {
+  static const bool legacy = std::getenv("K3_QUANT_NIBBLE64") != nullptr;
+  return legacy;
+}
+
 void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
                     size_t r1) noexcept {
   Scratch& s = Tls();
@@ -477,9 +697,11 @@ void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
     case WeightFormat::kInt8:
       return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
     case WeightFormat::kInt4G64:
-      return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+      return MatMulNibImpl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
     case WeightFormat::kMxfp4:
-      return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+      return MatMulNibImpl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
     case WeightFormat::kF32:
       return;
   }
