@@ -31,11 +31,11 @@ size_t Utf8SeqLen(std::string_view s, size_t i) {
 
 }  // namespace
 
-void AppendJsonString(std::string& out, std::string_view s) {
+void AppendJsonString(std::string& out, std::string_view s, InvalidUtf8 invalid) {
   out += '"';
   for (size_t i = 0; i < s.size();) {
     auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80) {
+    if (c >= 0x80 && invalid == InvalidUtf8::kReplace) {
       size_t n = Utf8SeqLen(s, i);
       if (n == 0) {
         out += "\\ufffd";

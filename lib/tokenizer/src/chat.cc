@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "k3/core/error.h"
+#include "k3/core/json_writer.h"
 
 namespace k3::tok {
 namespace {
@@ -79,29 +80,10 @@ void AppendPythonFloat(std::string& out, double v) {
   }
 }
 
-// A JSON string literal, non-ASCII kept as UTF-8 (ensure_ascii=False).
+// A JSON string literal, non-ASCII kept as UTF-8 byte for byte
+// (ensure_ascii=False); the goldens expect invalid bytes passed through too.
 void AppendJsonText(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          out += b;
-        } else {
-          out += char(c);
-        }
-    }
-  }
-  out += '"';
+  AppendJsonString(out, s, InvalidUtf8::kPassThrough);
 }
 
 // sort_keys: the encoder deep-sorts tool schemas; compact: "," and ":" separators

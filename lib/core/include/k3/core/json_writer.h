@@ -9,9 +9,17 @@
 
 namespace k3 {
 
-// Appends `s` to `out` as a JSON string literal (quotes included). Bytes that are
-// not valid UTF-8 are written as \ufffd escapes so output is always valid JSON.
-void AppendJsonString(std::string& out, std::string_view s);
+// What AppendJsonString does with bytes >= 0x80 that are not valid UTF-8.
+enum class InvalidUtf8 {
+  kReplace,      // write \ufffd, so the output is always valid JSON
+  kPassThrough,  // copy the bytes as they are (Python's ensure_ascii=False)
+};
+
+// Appends `s` to `out` as a JSON string literal (quotes included). Control bytes
+// are escaped; non-ASCII is kept as UTF-8. By default, bytes that are not valid
+// UTF-8 are written as \ufffd escapes so output is always valid JSON.
+void AppendJsonString(std::string& out, std::string_view s,
+                      InvalidUtf8 invalid = InvalidUtf8::kReplace);
 
 class JsonWriter {
  public:
