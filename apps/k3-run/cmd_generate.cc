@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -33,26 +34,6 @@ struct GenerateArgs {
   bool no_bos = false;
 };
 
-std::vector<int32_t> ParseIds(const std::string& csv) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < csv.size()) {
-    size_t j = csv.find_first_of(", ", i);
-    if (j == std::string::npos) j = csv.size();
-    std::string part = csv.substr(i, j - i);
-    if (!part.empty()) {
-      char* end = nullptr;
-      long long v = std::strtoll(part.c_str(), &end, 10);
-      if (end == part.c_str() || *end != '\0' || v < 0 || v > INT32_MAX) {
-        throw Error(ErrorCode::kInvalidArgument, "--ids: '" + part + "' is not a token id");
-      }
-      ids.push_back(static_cast<int32_t>(v));
-    }
-    i = j + 1;
-  }
-  return ids;
-}
-
 void WriteFloats(const std::string& path, const std::vector<float>& v) {
   AtomicFileWriter w(path);
   w.Write(std::as_bytes(std::span(v)));
@@ -79,7 +60,7 @@ void RunGenerate(const GenerateArgs& args) {
     if (!args.prompt.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "give either PROMPT or --ids, not both");
     }
-    ids = ParseIds(args.ids_csv);
+    ids = ParseIdList(args.ids_csv);
   } else {
     if (!tokenizer) {
       throw Error(ErrorCode::kNotFound,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -29,26 +30,6 @@ struct DetokenizeArgs {
   std::string model_dir, ids_csv;
   bool json = false;
 };
-
-std::vector<tok::TokenId> ParseIdList(const std::string& csv) {
-  std::vector<tok::TokenId> ids;
-  size_t i = 0;
-  while (i < csv.size()) {
-    size_t j = csv.find_first_of(", ", i);
-    if (j == std::string::npos) j = csv.size();
-    std::string part = csv.substr(i, j - i);
-    if (!part.empty()) {
-      char* end = nullptr;
-      long long v = std::strtoll(part.c_str(), &end, 10);
-      if (end == part.c_str() || *end != '\0' || v < 0 || v > INT32_MAX) {
-        throw Error(ErrorCode::kInvalidArgument, "--ids: '" + part + "' is not a token id");
-      }
-      ids.push_back(static_cast<tok::TokenId>(v));
-    }
-    i = j + 1;
-  }
-  return ids;
-}
 
 void RunTokenize(const TokenizeArgs& args) {
   if (args.has_text == !args.text_file.empty()) {
@@ -88,7 +69,9 @@ void RunTokenize(const TokenizeArgs& args) {
 
 void RunDetokenize(const DetokenizeArgs& args) {
   tok::Tokenizer tokenizer = tok::Tokenizer::LoadDirOrThrow(args.model_dir);
-  std::string bytes = tokenizer.Decode(ParseIdList(args.ids_csv));
+  std::vector<int32_t> parsed = ParseIdList(args.ids_csv);
+  std::vector<tok::TokenId> ids(parsed.begin(), parsed.end());
+  std::string bytes = tokenizer.Decode(ids);
   if (args.json) {
     JsonWriter j;
     j.BeginObject().Field("text", tok::SanitizeUtf8(bytes));
