@@ -37,6 +37,18 @@ uint64_t NumelOf(const std::vector<int64_t>& shape, bool* overflow) {
 
 }  // namespace
 
+std::string ShapeString(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+uint64_t ShapeNumel(std::span<const int64_t> shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 uint64_t TensorInfo::numel() const {
   bool overflow;
   return NumelOf(shape, &overflow);

@@ -39,18 +39,6 @@ int VerifyReport::ExitCode() const { return ok() ? 0 : ExitCodeFor(problems.fron
 
 namespace {
 
-std::string ShapeStr(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-uint64_t Numel(const std::vector<int64_t>& s) {
-  uint64_t n = 1;
-  for (auto d : s) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
 enum class Want : uint8_t { kFloat, kQuant, kExpert };
 
 struct Expected {
@@ -268,20 +256,20 @@ void Verifier::CheckModel() {
             "dtype " + std::string(DTypeName(t.dtype)) + ", expected BF16/F16/F32");
       }
       bool shape_ok =
-          e.at_least ? t.numel() >= Numel(e.shape)
-                     : (e.shape.size() == 1 ? t.numel() == Numel(e.shape) : t.shape == e.shape);
+          e.at_least ? t.numel() >= ShapeNumel(e.shape)
+                     : (e.shape.size() == 1 ? t.numel() == ShapeNumel(e.shape) : t.shape == e.shape);
       if (!shape_ok) {
         Add(ErrorCode::kCorrupt, file, full, off,
-            "shape " + ShapeStr(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
-                ShapeStr(e.shape));
+            "shape " + ShapeString(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
+                ShapeString(e.shape));
       }
       continue;
     }
     if (e.want == Want::kExpert) {
       if (t.dtype != DType::kU8 || t.shape != e.shape) {
         Add(ErrorCode::kCorrupt, file, full, off,
-            std::string(DTypeName(t.dtype)) + " " + ShapeStr(t.shape) + ", expected U8 " +
-                ShapeStr(e.shape));
+            std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape) + ", expected U8 " +
+                ShapeString(e.shape));
       }
       continue;
     }
@@ -309,7 +297,7 @@ void Verifier::CheckModel() {
     }
     if (!int8 && !int4) {
       Add(ErrorCode::kCorrupt, file, full, off,
-          "U8 " + ShapeStr(t.shape) + " with .qs " + ShapeStr(st.shape) + " is neither int8 [" +
+          "U8 " + ShapeString(t.shape) + " with .qs " + ShapeString(st.shape) + " is neither int8 [" +
               std::to_string(o) + "," + std::to_string(i) + "]+[" + std::to_string(o) +
               "] nor int4-g64 for a [" + std::to_string(o) + "," + std::to_string(i) + "] matrix");
       continue;
@@ -406,7 +394,7 @@ std::string Verifier::StreamShard(size_t s) {
       if (t.nbytes() != rows * qshape.q_row_bytes(cols) ||
           qs->numel() != rows * qshape.scales_per_row(cols)) {
         Add(ErrorCode::kCorrupt, path, t.name, static_cast<int64_t>(at),
-            "byte counts do not fit the source matrix " + ShapeStr(src->info->shape));
+            "byte counts do not fit the source matrix " + ShapeString(src->info->shape));
         for (uint64_t off = 0; off < t.nbytes(); off += block)
           read(at + off, std::min(block, t.nbytes() - off));
         continue;

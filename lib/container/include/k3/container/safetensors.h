@@ -25,6 +25,12 @@ namespace k3 {
 
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// A shape as reports and error messages print it: "[a,b,c]" ("[]" for a scalar).
+std::string ShapeString(std::span<const int64_t> shape);
+
+// Product of the dims, wrapping on overflow: for shapes already validated.
+uint64_t ShapeNumel(std::span<const int64_t> shape);
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kU8;
