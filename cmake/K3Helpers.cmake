@@ -15,11 +15,12 @@ endfunction()
 # k3_add_test(NAME SOURCES ... DEPS ... LABELS ...)
 # A doctest executable registered with ctest. Test data is found through
 # K3_TEST_DATA_DIR (the repository copy) and K3_SHARED_ORACLE_DIR (../shared,
-# present only in the developers' workspace and CI).
+# present only in the developers' workspace and CI). Every test can include
+# k3_test_support.h (tests/support).
 function(k3_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE k3_doctest_main ${ARG_DEPS})
+  target_link_libraries(${name} PRIVATE k3_doctest_main k3_test_support ${ARG_DEPS})
   target_compile_definitions(${name} PRIVATE
     K3_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
     K3_SHARED_ORACLE_DIR="${PROJECT_SOURCE_DIR}/../shared/oracle"

@@ -8,16 +8,12 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
+#include "k3_test_support.h"
 
 using namespace k3;
 
 namespace {
-std::string TempDir() {
-  char tmpl[] = "/tmp/k3_container_test_XXXXXX";
-  char* d = mkdtemp(tmpl);
-  REQUIRE(d != nullptr);
-  return d;
-}
+std::string TempDir() { return test::MakeTempDir("k3_container_test"); }
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
 }  // namespace
 

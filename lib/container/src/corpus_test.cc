@@ -17,17 +17,13 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
+#include "k3_test_support.h"
 
 using namespace k3;
 
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/k3_corpus_test_XXXXXX";
-  char* d = mkdtemp(tmpl);
-  REQUIRE(d != nullptr);
-  return d;
-}
+std::string TempDir() { return test::MakeTempDir("k3_corpus_test"); }
 
 // Raw file bytes: u64 LE length, header text, data section.
 std::string Assemble(std::string_view header, std::string_view data) {

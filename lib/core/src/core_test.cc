@@ -11,16 +11,12 @@
 #include "k3/core/json_writer.h"
 #include "k3/core/numeric.h"
 #include "k3/core/sys.h"
+#include "k3_test_support.h"
 
 using namespace k3;
 
 namespace {
-std::string TempDir() {
-  char tmpl[] = "/tmp/k3_core_test_XXXXXX";
-  char* d = mkdtemp(tmpl);
-  REQUIRE(d != nullptr);
-  return d;
-}
+std::string TempDir() { return test::MakeTempDir("k3_core_test"); }
 }  // namespace
 
 TEST_CASE("Error formats path, offset, object and code") {

@@ -22,8 +22,10 @@
 #include "k3/core/file.h"
 #include "k3/model/model.h"
 #include "k3/stream/streaming_store.h"
+#include "k3_test_support.h"
 
 using namespace k3;
+using k3::test::ReadF32File;
 using namespace k3::model;
 using namespace k3::stream;
 namespace fs = std::filesystem;
@@ -32,13 +34,6 @@ namespace {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
-
-std::vector<float> ReadF32File(const std::string& path) {
-  std::string bytes = ReadFileOrThrow(path, 1ull << 30);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
 
 std::vector<int32_t> PromptIds() {
   std::string text = ReadFileOrThrow(kOracle + "/k3-tiny.golden/greedy.json", 1 << 20);
