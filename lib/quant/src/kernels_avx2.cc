@@ -19,6 +19,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct Scratch {
   std::vector<float> gscale;  // per-group factors of the row
   std::vector<int8_t> wq;     // IDOT: weight bytes of one row (as Q8Direct gives them)
   std::vector<int32_t> corr;  // IDOT: -B*Σxq per 4-column lane [batch][groups][8]
+  std::vector<int8_t> xn;     // nibble IDOT: activations in step layout [batch][steps*64]
+  std::vector<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
+  std::vector<float> wgs;     // nibble IDOT: decoded weight factors of one row
 };
 
 Scratch& Tls() {
@@ -431,15 +435,197 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   }
 }
 
+// ---------------------------------------------------------------------------
+// Nibble IDOT (int4-g64, MXFP4): 64 columns (two groups) per step from one
+// 32-byte load. Low/high nibbles are split with and/shift (MXFP4 through the
+// byte LUT) and re-paired by the in-lane vpunpck{l,h}bw: "lo" holds columns
+// 0-15 of group 0 | 0-15 of group 1, "hi" columns 16-31 of each. The activations
+// are stored in that layout once per call, so nothing crosses 128-bit lanes; the
+// two maddubs results are added as int16 (|sum| <= 4*24*127 < 2^15, exact) and one
+// madd gives int32 lanes 0-3 = group 0, 4-7 = group 1, scaled by one factor
+// vector f = gs*xs. Per element: a[t&1] = fma(cvt(d_t), f_t, a[t&1]) over the
+// steps in order, then a fixed reduction, decoded on the fly or from a buffer.
+
+constexpr size_t kStep = 64;
+
+struct NibActs {
+  const int8_t* xq;     // [batch][steps*64], zero padded
+  const int32_t* corr;  // [batch][steps*8]
+  const float* xse;     // [batch][steps*8]: xs_g (x0.5 for MXFP4's doubled codes) x4
+  size_t steps;
+};
+
+template <WeightFormat F>
+NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
+  const float mult = F == WeightFormat::kMxfp4 ? 0.5f : 1.0f;
+  const size_t n = x.cols;
+  const size_t groups = n / kActGroup;
+  const size_t steps = (n + kStep - 1) / kStep;
+  int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
+  int32_t* corr = Grow(s.corr, x.batch * steps * 8);
+  float* xse = Grow(s.xse, x.batch * steps * 8);
+  const __m256i b = _mm256_set1_epi8(static_cast<char>(kBias<F>));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t r = 0; r < x.batch; ++r) {
+    const int8_t* q = x.q.data() + r * n;
+    const float* xs = x.scales.data() + r * groups;
+    for (size_t t = 0; t < steps; ++t) {
+      int8_t* d = xq + (r * steps + t) * kStep;
+      for (size_t l = 0; l < 2; ++l) {
+        const size_t g = t * 2 + l;
+        if (g < groups) {
+          std::memcpy(d + 16 * l, q + g * kActGroup, 16);
+          std::memcpy(d + 32 + 16 * l, q + g * kActGroup + 16, 16);
+        } else {
+          std::memset(d + 16 * l, 0, 16);
+          std::memset(d + 32 + 16 * l, 0, 16);
+        }
+        const float f = g < groups ? xs[g] * mult : 0.0f;
+        for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 8 + 4 * l + m] = f;
+      }
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 32));
+      const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(b, xa), _mm256_maddubs_epi16(b, xb));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(corr + (r * steps + t) * 8),
+                          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(p, ones)));
+    }
+  }
+  return {xq, corr, xse, steps};
+}
+
+// Row o decoded step by step straight from the stored bytes and factors.
+template <WeightFormat F>
+struct NibDirect {
+  const uint8_t* row;   // cols/2 bytes
+  const void* factors;  // MXFP4: E8M0 [cols/32]; int4: f32 [cols/64]
+  size_t bytes;         // cols/2
+
+  void Step(size_t t, __m256i* wa, __m256i* wb, __m256* gs) const {
+    const size_t off = t * 32;
+    const bool full = off + 32 <= bytes;
+    __m256i raw;
+    if (full) {
+      raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + off));
+    } else {
+      alignas(32) uint8_t tmp[32] = {};
+      std::memcpy(tmp, row + off, bytes - off);
+      raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+    }
+    const __m256i nib = _mm256_set1_epi8(15);
+    __m256i lo = _mm256_and_si256(raw, nib);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+    if constexpr (F == WeightFormat::kMxfp4) {
+      const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4,
+                                           0, 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6,
+                                           4, 0);
+      lo = _mm256_shuffle_epi8(lut, lo);
+      hi = _mm256_shuffle_epi8(lut, hi);
+    }
+    *wa = _mm256_unpacklo_epi8(lo, hi);
+    *wb = _mm256_unpackhi_epi8(lo, hi);
+    if constexpr (F == WeightFormat::kMxfp4) {
+      const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 2;
+      uint16_t e2 = e[0];
+      if (full) std::memcpy(&e2, e, 2);
+      // Lanes 0-3 <- E8M0 byte 0, lanes 4-7 <- byte 1, as the f32 bit pattern s<<23.
+      const __m256i sel = _mm256_setr_epi32(
+          int(0x80808000), int(0x80808000), int(0x80808000), int(0x80808000),
+          int(0x80808001), int(0x80808001), int(0x80808001), int(0x80808001));
+      const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi16(static_cast<short>(e2)), sel);
+      *gs = _mm256_castsi256_ps(_mm256_slli_epi32(v, 23));
+    } else {
+      *gs = _mm256_set1_ps(static_cast<const float*>(factors)[t]);
+    }
+  }
+};
+
+template <WeightFormat F>
+NibDirect<F> NibRow(const WeightView& w, size_t o) {
+  const size_t n = w.cols;
+  if constexpr (F == WeightFormat::kMxfp4) {
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2};
+  } else {
+    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2};
+  }
+}
+
+// A row decoded once (lo|hi bytes per step, factor vector per step).
+struct NibBuffered {
+  const int8_t* wb;
+  const float* gs;
+  void Step(size_t t, __m256i* a, __m256i* b, __m256* g) const {
+    *a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * kStep));
+    *b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * kStep + 32));
+    *g = _mm256_loadu_ps(gs + t * 8);
+  }
+};
+
+template <typename Src>
+float DotNib(const Src& w, const NibActs& x, size_t b) noexcept {
+  __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int8_t* xq = x.xq + b * x.steps * kStep;
+  const int32_t* corr = x.corr + b * x.steps * 8;
+  const float* xse = x.xse + b * x.steps * 8;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t t = 0; t < x.steps; ++t) {
+    __m256i wa, wb;
+    __m256 gs;
+    w.Step(t, &wa, &wb, &gs);
+    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep));
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep + 32));
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(wa, xa), _mm256_maddubs_epi16(wb, xb));
+    const __m256i d = _mm256_add_epi32(
+        _mm256_madd_epi16(p, ones),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + t * 8)));
+    const __m256 f = _mm256_mul_ps(gs, _mm256_loadu_ps(xse + t * 8));
+    a[t & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), f, a[t & 1]);
+  }
+  return Hsum(_mm256_add_ps(a[0], a[1]));
+}
+
+template <WeightFormat F>
+void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                   Scratch& s) noexcept {
+  const NibActs acts = PrepareNibActs<F>(x, s);
+  if (x.batch == 1) {
+    for (size_t o = r0; o < r1; ++o) y[o] = DotNib(NibRow<F>(w, o), acts, 0);
+    return;
+  }
+  const size_t steps = acts.steps;
+  int8_t* wbuf = Grow(s.wq, steps * kStep);
+  float* gbuf = Grow(s.wgs, steps * 8);
+  for (size_t o = r0; o < r1; ++o) {
+    const NibDirect<F> d = NibRow<F>(w, o);
+    for (size_t t = 0; t < steps; ++t) {
+      __m256i a, b;
+      __m256 g;
+      d.Step(t, &a, &b, &g);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep), a);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep + 32), b);
+      _mm256_storeu_ps(gbuf + t * 8, g);
+    }
+    for (size_t b = 0; b < x.batch; ++b) y[b * w.rows + o] = DotNib(NibBuffered{wbuf, gbuf}, acts, b);
+  }
+}
+
+// K3_QUANT_NIBBLE64=1 selects the previous per-group int4/MXFP4 IDOT kernel
+// (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
+bool LegacyNib() {
+  static const bool legacy = std::getenv("K3_QUANT_NIBBLE64") != nullptr;
+  return legacy;
+}
+
 void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1) noexcept {
   Scratch& s = Tls();
   switch (w.format) {
     case WeightFormat::kInt8:
       return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
     case WeightFormat::kInt4G64:
-      return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
+      return MatMulNibImpl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
     case WeightFormat::kMxfp4:
-      return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
+      return MatMulNibImpl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
     case WeightFormat::kF32:
       return;
   }
