@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "k3/core/file.h"
+#include "k3_test_support.h"
 
 using namespace k3;
+using k3::test::RelL2;
 
 namespace {
 
@@ -26,15 +28,6 @@ std::vector<float> F32(const std::string& path) {
   std::vector<float> v(b.size() / 4);
   std::memcpy(v.data(), b.data(), v.size() * 4);
   return v;
-}
-
-double RelL2(const std::vector<float>& a, const std::vector<float>& g) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    num += (static_cast<double>(a[i]) - g[i]) * (static_cast<double>(a[i]) - g[i]);
-    den += static_cast<double>(g[i]) * g[i];
-  }
-  return std::sqrt(num / den);
 }
 
 std::string Tmp(const std::string& tag) {

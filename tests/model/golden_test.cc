@@ -16,6 +16,7 @@
 #include "k3_test_support.h"
 
 using namespace k3;
+using k3::test::RelL2;
 using k3::test::ReadF32File;
 using namespace k3::model;
 
@@ -38,16 +39,6 @@ std::vector<int32_t> JsonIds(const std::string& path, const char* key) {
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
-}
-
-double RelL2(const float* a, const float* golden, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double d = static_cast<double>(a[i]) - golden[i];
-    num += d * d;
-    den += static_cast<double>(golden[i]) * golden[i];
-  }
-  return std::sqrt(num / den);
 }
 
 struct RunResult {

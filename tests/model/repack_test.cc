@@ -15,8 +15,10 @@
 
 #include "k3/core/file.h"
 #include "k3/model/model.h"
+#include "k3_test_support.h"
 
 using namespace k3;
+using k3::test::RelL2;
 using namespace k3::model;
 namespace fs = std::filesystem;
 
@@ -38,15 +40,6 @@ std::vector<float> Logits(const std::string& dir, LoadOptions lo, bool idot) {
   out.logits_all = logits.data();
   s.Forward(kPrompt, out);
   return logits;
-}
-
-double RelL2(const std::vector<float>& a, const std::vector<float>& g) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - g[i]) * (static_cast<double>(a[i]) - g[i]);
-    den += static_cast<double>(g[i]) * g[i];
-  }
-  return std::sqrt(num / den);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "k3_test_support.h"
 
 using namespace k3;
+using k3::test::RelL2;
 using k3::test::ReadF32File;
 using namespace k3::model;
 using namespace k3::stream;
@@ -45,16 +46,6 @@ std::vector<int32_t> PromptIds() {
   std::vector<int32_t> ids;
   for (auto v : arr) ids.push_back(static_cast<int32_t>(int64_t(v.get_int64().value_unsafe())));
   return ids;
-}
-
-double RelL2(const std::vector<float>& a, const std::vector<float>& g) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - g[i];
-    num += d * d;
-    den += static_cast<double>(g[i]) * g[i];
-  }
-  return std::sqrt(num / den);
 }
 
 LoadOptions F32() {
