@@ -40,6 +40,7 @@ struct Scratch {
   std::vector<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
   std::vector<float> xse;      // nibble IDOT: activation factors, 4 lanes per group
   std::vector<float> wgs;      // nibble IDOT: decoded weight factors of R rows
+  std::vector<float> xsg;      // nibble IDOT: activation factors, once per group
 };
 
 Scratch& Tls() {
@@ -496,7 +497,9 @@ struct NibActs {
   const int8_t* xq;     // [batch][steps*128], zero padded
   const int32_t* corr;  // [batch][steps*16]
   const float* xse;     // [batch][steps*16]: xs_g (x0.5 for MXFP4's doubled codes) x4
+  const float* xsg;     // [batch][xsg_stride]: the same factors once per group
   size_t steps;
+  size_t xsg_stride;    // steps*4 rounded up to 16
 };
 
 template <WeightFormat F>
@@ -509,6 +512,8 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
   int32_t* corr = Grow(s.corr, x.batch * steps * 16);
   float* xse = Grow(s.xse, x.batch * steps * 16);
+  const size_t xsg_stride = (steps * 4 + 15) / 16 * 16;
+  float* xsg = Grow(s.xsg, x.batch * xsg_stride);
   const __m512i b = _mm512_set1_epi8(static_cast<char>(kB));
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
@@ -527,6 +532,7 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
         }
         const float f = g < groups ? xs[g] * mult : 0.0f;
         for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 16 + 4 * l + m] = f;
+        xsg[r * xsg_stride + g] = f;
       }
       const __m512i xa = _mm512_loadu_si512(d);
       const __m512i xb = _mm512_loadu_si512(d + 64);
@@ -535,8 +541,9 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       _mm512_storeu_si512(corr + (r * steps + t) * 16,
                           _mm512_sub_epi32(_mm512_setzero_si512(), sum));
     }
+    for (size_t g = steps * 4; g < xsg_stride; ++g) xsg[r * xsg_stride + g] = 0.0f;
   }
-  return {xq, corr, xse, steps};
+  return {xq, corr, xse, xsg, steps, xsg_stride};
 }
 
 // Row o decoded step by step straight from the stored bytes and factors.
@@ -548,6 +555,11 @@ struct NibDirect {
   size_t groups;         // factor count
 
   void Step(size_t t, __m512i* wa, __m512i* wb, __m512* gs) const {
+    Weights(t, wa, wb);
+    *gs = Factors(t);
+  }
+
+  void Weights(size_t t, __m512i* wa, __m512i* wb) const {
     const size_t off = t * 64;
     const bool full = off + 64 <= bytes;
     const __m512i raw =
@@ -564,6 +576,10 @@ struct NibDirect {
     }
     *wa = _mm512_unpacklo_epi8(lo, hi);
     *wb = _mm512_unpackhi_epi8(lo, hi);
+  }
+
+  __m512 Factors(size_t t) const {
+    const bool full = t * 64 + 64 <= bytes;
     if constexpr (F == WeightFormat::kMxfp4) {
       const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 4;
       uint32_t e4 = 0;
@@ -579,7 +595,7 @@ struct NibDirect {
           int(0x80808002), int(0x80808002), int(0x80808002), int(0x80808002),
           int(0x80808003), int(0x80808003), int(0x80808003), int(0x80808003));
       const __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(e4)), sel);
-      *gs = _mm512_castsi512_ps(_mm512_slli_epi32(v, 23));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(v, 23));
     } else {
       const float* sc = static_cast<const float*>(factors) + t * 2;
       float s2[2] = {sc[0], 0.0f};
@@ -587,7 +603,7 @@ struct NibDirect {
       double d2;
       std::memcpy(&d2, s2, 8);
       const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-      *gs = _mm512_permutevar_ps(_mm512_castpd_ps(_mm512_set1_pd(d2)), sel);
+      return _mm512_permutevar_ps(_mm512_castpd_ps(_mm512_set1_pd(d2)), sel);
     }
   }
 };
@@ -639,6 +655,36 @@ void DotNibRows(const Src* w, const NibActs& x, size_t b, float* out) noexcept {
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
 }
 
+// Batch-1 MXFP4: the factors of 16 groups come from one vpmovzxbd of their
+// E8M0 bytes and one multiply, and each step's f is a lane permute of that. The
+// values are those of DotNibRows (gs bits and xs*0.5 are the same, IEEE multiply
+// is lane-wise), so batch 1 and batched still agree bit for bit.
+float DotNibMx1(const NibDirect<WeightFormat::kMxfp4>& w, const NibActs& x) noexcept {
+  __m512 a = _mm512_setzero_ps();
+  const uint8_t* e = static_cast<const uint8_t*>(w.factors);
+  const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (size_t t0 = 0; t0 < x.steps; t0 += 4) {
+    const size_t g0 = t0 * 4;
+    const size_t ng = w.groups - g0 >= 16 ? 16 : w.groups - g0;
+    const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
+    const __m512 f16 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(eb, 23)),
+                                     _mm512_loadu_ps(x.xsg + g0));
+    const size_t t1 = t0 + 4 < x.steps ? t0 + 4 : x.steps;
+    for (size_t t = t0; t < t1; ++t) {
+      __m512i wa, wb;
+      w.Weights(t, &wa, &wb);
+      const __m512i xa = _mm512_loadu_si512(x.xq + t * kStep);
+      const __m512i xb = _mm512_loadu_si512(x.xq + t * kStep + 64);
+      const __m512i cv = _mm512_loadu_si512(x.corr + t * 16);
+      const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, wa, xa), wb, xb);
+      const __m512 f = _mm512_permutexvar_ps(
+          _mm512_add_epi32(base, _mm512_set1_epi32(static_cast<int>(4 * (t - t0)))), f16);
+      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), f, a);
+    }
+  }
+  return _mm512_reduce_add_ps(a);
+}
+
 template <WeightFormat F, int R>
 void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
                  Scratch& s) noexcept {
@@ -674,7 +720,11 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
   if (x.batch == 1) {
     for (size_t o = r0; o < r1; ++o) {
       const NibDirect<F> src[1] = {NibRow<F>(w, o)};
-      DotNibRows<1>(src, acts, 0, y + o);
+      if constexpr (F == WeightFormat::kMxfp4) {
+        y[o] = DotNibMx1(src[0], acts);
+      } else {
+        DotNibRows<1>(src, acts, 0, y + o);
+      }
     }
     return;
   }
