@@ -9,6 +9,7 @@
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
 #include "k3/core/sys.h"
+#include "k3/quant/isa.h"
 #include "k3/repack/repack.h"
 
 namespace {
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
 
   const bool tty = ::isatty(2);
   try {
+    k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
     opt.bits.mla_bits = mla_bits > 0 ? mla_bits : std::max(opt.bits.bits, 8);
     opt.bits.head_bits = head_bits > 0 ? head_bits : std::max(opt.bits.bits, 8);
     if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);

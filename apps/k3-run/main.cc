@@ -1,8 +1,15 @@
 // k3-run: Kimi K3 inference — generate, chat, serve, tokenize, render.
 // Subcommands live in cmd_*.cc and register themselves (command.h).
+#include <cstdlib>
+
 #include "command.h"
+#include "k3/quant/isa.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-run: run Moonshot's Kimi K3 from an HF snapshot or a k3 container"};
-  return k3::cli::RunRegisteredCommands<k3::run::CommandTag>(app, "k3-run", argc, argv);
+  // Only a forced ISA is checked up front: the tokenizer commands never touch a
+  // kernel and should not log the kernel choice.
+  return k3::cli::RunRegisteredCommands<k3::run::CommandTag>(app, "k3-run", argc, argv, [] {
+    if (std::getenv("K3_FORCE_ISA") != nullptr) k3::quant::ActiveIsa();
+  });
 }

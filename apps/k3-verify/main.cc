@@ -7,6 +7,7 @@
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
 #include "k3/core/sys.h"
+#include "k3/quant/isa.h"
 #include "k3/repack/verify.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-check
     k3::repack::VerifyReport r = k3::repack::VerifyContainer(opt);
     for (const auto& p : r.problems) {
       if (json) {

@@ -36,14 +36,18 @@ struct CommandRegistrar {
 };
 
 // Adds every setup registered under `Tag` to `app`, requires exactly one
-// subcommand, parses and runs it. Returns the process exit code: CLI11's for
-// parse errors, ExitCodeFor(code) for k3::Error, 1 for other exceptions; errors
-// are printed as "<tool>: error: <what>".
+// subcommand, runs `preflight` (if any: start-up checks such as a valid
+// K3_FORCE_ISA, so they fail as clean errors rather than later in a kernel),
+// then parses and runs it. Returns the process exit code: CLI11's for parse
+// errors, ExitCodeFor(code) for k3::Error, 1 for other exceptions; errors are
+// printed as "<tool>: error: <what>".
 template <typename Tag>
-int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv) {
+int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv,
+                          const std::function<void()>& preflight = {}) {
   app.require_subcommand(1);
   for (auto& setup : CommandRegistry<Tag>()) setup(app);
   try {
+    if (preflight) preflight();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
