@@ -386,9 +386,12 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   const int saved_threads = omp_get_max_threads();
   struct Case { WeightFormat fmt; size_t cols; };
   // 448 = whole 64-column chunks; 96/160 end in a half chunk (MXFP4/int8 only).
+  // 608 (19 groups) / 704: several 128-column steps and 16-group factor blocks,
+  // ending in a partial step (the nibble IDOT kernels' tails).
   for (Case cs : {Case{WeightFormat::kF32, 448}, Case{WeightFormat::kInt8, 448},
                   Case{WeightFormat::kInt4G64, 448}, Case{WeightFormat::kMxfp4, 448},
                   Case{WeightFormat::kMxfp4, 96}, Case{WeightFormat::kInt8, 160},
+                  Case{WeightFormat::kMxfp4, 608}, Case{WeightFormat::kInt4G64, 704},
                   Case{WeightFormat::kF32, 101}}) {
     const WeightFormat fmt = cs.fmt;
     const size_t rows = 70, cols = cs.cols, batch = 37;
