@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -56,28 +57,6 @@ std::string ShellOut(const std::string& cmd) {
     pclose(p);
   }
   return out;
-}
-
-std::string Revision() {
-  std::string s = ShellOut(std::string("git -C '") + K3_SOURCE_DIR +
-                           "' rev-parse --short=12 HEAD 2>/dev/null");
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  return s.empty() ? "unknown" : s;
-}
-
-std::string Cpu() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // Empties the page cache so every rep reads from the drive (needs root; a
@@ -207,7 +186,7 @@ ReadResult ReadPattern(const Snapshot& snap, const ModelConfig& c, stream::Strea
 }
 
 void RunIo(const IoArgs& a) {
-  Context ctx{Revision(), Cpu(), a.model_dir};
+  Context ctx{SourceRevision(), CpuModel(), a.model_dir};
   Snapshot snap = Snapshot::OpenOrThrow(a.model_dir);
   const ModelConfig c = ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(a.model_dir, "config.json"));
   const uint64_t slot = model::ExpertTable::SlotBytesFor(c);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
@@ -52,35 +53,6 @@ struct Options {
   bool quick = false;
   bool sgemm = true;
 };
-
-std::string GitSha() {
-  std::string cmd = std::string("git -C '") + K3_SOURCE_DIR + "' rev-parse --short=12 HEAD 2>/dev/null";
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[64];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
-std::string CpuName() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto pos = line.find(':');
-      if (pos != std::string::npos) return line.substr(pos + 2);
-    }
-  }
-  return "unknown";
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Plain streaming read: one pass summing 64-bit words, split across `threads`
 // like the kernels split rows. Returns seconds.
@@ -329,7 +301,7 @@ struct SgemmBaseline {
 #endif
 
 void RunKernels(const Options& opt) {
-  Context ctx{GitSha(), CpuName(), {}};
+  Context ctx{SourceRevision(), CpuModel(), {}};
   std::vector<Isa> isas;
   for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (opt.isas.find(quant::IsaName(i)) != std::string::npos && quant::IsaSupported(i)) {

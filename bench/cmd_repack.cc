@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -107,11 +108,6 @@ double LoadAverage() {
   double l = 0;
   f >> l;
   return l;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 void Print(JsonWriter& w) {

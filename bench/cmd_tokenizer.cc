@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -26,35 +27,6 @@ struct TokenizerBenchArgs {
   std::string baseline_cmd;
   bool allow_special = false;
 };
-
-std::string SourceRevision() {
-  std::string cmd = std::string("git -C '") + K3_SOURCE_DIR + "' rev-parse --short=12 HEAD 2>/dev/null";
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[64];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
-std::string CpuModel() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto pos = line.find(':');
-      if (pos != std::string::npos) return line.substr(pos + 2);
-    }
-  }
-  return "unknown";
-}
-
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Runs the baseline; its last stdout line must be a JSON object holding
 // "median_s" and "tokens". Returns that line.
@@ -101,7 +73,7 @@ void RunTokenizerBench(const TokenizerBenchArgs& args) {
     ids = tok.Encode(text, args.allow_special);
     times.push_back(NowSeconds() - t0);
   }
-  double med = MedianOf(times);
+  double med = Median(times);
   // Order-sensitive checksum of the ids, computed the same way by the baseline
   // script, so the ratio is only reported for identical output.
   uint32_t ids_hash = 0;
@@ -121,7 +93,7 @@ void RunTokenizerBench(const TokenizerBenchArgs& args) {
   j.Field("tok_per_s", double(tokens) / med);
   j.Field("ids_hash", uint64_t(ids_hash));
   if (!baseline_json.empty()) {
-    double base_s = MedianOf(base_times);
+    double base_s = Median(base_times);
     double base_tokens = NumberField(baseline_json, "tokens");
     j.Key("baseline").Raw(baseline_json);  // the last run's line
     j.Field("baseline_median_s", base_s);
