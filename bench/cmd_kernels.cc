@@ -95,24 +95,7 @@ double ProcessCpuSeconds() {
 
 // One matrix's storage, filled with realistic bytes (MXFP4 scale bytes 112..122
 // as real checkpoints hold).
-struct Matrix {
-  WeightFormat fmt;
-  size_t rows, cols;
-  std::vector<uint8_t> data;
-  std::vector<float> scales;
-  std::vector<uint8_t> e8m0;
-  WeightView View() const {
-    WeightView w;
-    w.format = fmt;
-    w.rows = rows;
-    w.cols = cols;
-    w.data = data.data();
-    w.scales = scales.empty() ? nullptr : scales.data();
-    w.e8m0 = e8m0.empty() ? nullptr : e8m0.data();
-    return w;
-  }
-  size_t Bytes() const { return data.size() + scales.size() * 4 + e8m0.size(); }
-};
+using Matrix = quant::OwnedWeight;
 
 Matrix MakeMatrix(WeightFormat fmt, size_t rows, size_t cols, uint32_t seed) {
   Matrix m{fmt, rows, cols, {}, {}, {}};
@@ -359,7 +342,7 @@ void RunKernels(const Options& opt) {
     const std::string tag = std::string(FmtName(s.fmt)) + "/" + s.name;
     if (!opt.filter.empty() && tag.find(opt.filter) == std::string::npos) continue;
     Matrix proto = MakeMatrix(s.fmt, s.rows, s.cols, 1);
-    const size_t bytes = proto.Bytes();
+    const size_t bytes = proto.bytes();
     for (size_t batch : opt.batches) {
       const double set_bytes = (batch == 1 ? ws_bytes : opt.batch_ws_mib * 1048576.0);
       const int copies = std::max(1, int(set_bytes / double(bytes) + 0.999));

@@ -286,4 +286,15 @@ void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexce
   internal::ActiveKernels().quantize_acts(x, batch, cols, out->q.data(), out->scales.data());
 }
 
+WeightView OwnedWeight::View() const {
+  WeightView w;
+  w.format = format;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = data.data();
+  w.scales = scales.empty() ? nullptr : scales.data();
+  w.e8m0 = e8m0.empty() ? nullptr : e8m0.data();
+  return w;
+}
+
 }  // namespace k3::quant

@@ -38,23 +38,7 @@ struct IsaGuard {
 };
 
 // An owned matrix in one of the formats, plus its exact dequantised values.
-struct Mat {
-  WeightFormat fmt = WeightFormat::kF32;
-  size_t rows = 0, cols = 0;
-  std::vector<uint8_t> data;
-  std::vector<float> scales;
-  std::vector<uint8_t> e8m0;
-
-  WeightView View() const {
-    WeightView w;
-    w.format = fmt;
-    w.rows = rows;
-    w.cols = cols;
-    w.data = data.data();
-    w.scales = scales.empty() ? nullptr : scales.data();
-    w.e8m0 = e8m0.empty() ? nullptr : e8m0.data();
-    return w;
-  }
+struct Mat : OwnedWeight {
   std::vector<float> Dequant() const {
     std::vector<float> out(rows * cols);
     for (size_t r = 0; r < rows; ++r) DequantizeRow(View(), r, out.data() + r * cols);
@@ -64,7 +48,7 @@ struct Mat {
 
 Mat RandomMat(WeightFormat fmt, size_t rows, size_t cols, std::mt19937& rng) {
   Mat m;
-  m.fmt = fmt;
+  m.format = fmt;
   m.rows = rows;
   m.cols = cols;
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -522,7 +506,7 @@ TEST_CASE("exhaustive MXFP4: every e2m1 code x every usable E8M0 scale, exact on
   for (size_t cols : {size_t{32}, size_t{96}}) {
     const int lo = 3, hi = cols == 32 ? 240 : 128;
     Mat m;
-    m.fmt = WeightFormat::kMxfp4;
+    m.format = WeightFormat::kMxfp4;
     m.cols = cols;
     m.rows = size_t(hi - lo + 1);
     m.data.resize(m.rows * cols / 2);
@@ -548,7 +532,7 @@ TEST_CASE("exhaustive MXFP4: every e2m1 code x every usable E8M0 scale, exact on
 TEST_CASE("exhaustive int4: every nibble, power-of-two group scales, exact on every ISA") {
   IsaGuard guard;
   Mat m;
-  m.fmt = WeightFormat::kInt4G64;
+  m.format = WeightFormat::kInt4G64;
   m.rows = 16;
   m.cols = 192;
   m.data.resize(m.rows * m.cols / 2);
@@ -566,7 +550,7 @@ TEST_CASE("exhaustive int8: every value -127..127, exact on every ISA, odd tails
   IsaGuard guard;
   for (size_t cols : {size_t{32}, size_t{256}, size_t{288}}) {
     Mat m;
-    m.fmt = WeightFormat::kInt8;
+    m.format = WeightFormat::kInt8;
     m.rows = 5;
     m.cols = cols;
     for (size_t r = 0; r < m.rows; ++r) {
@@ -579,14 +563,14 @@ TEST_CASE("exhaustive int8: every value -127..127, exact on every ISA, odd tails
   // f32-activation tails that are not multiples of 8/16 (int8 and f32 only).
   for (size_t cols : {size_t{1}, size_t{7}, size_t{15}, size_t{17}, size_t{63}, size_t{65}}) {
     Mat m;
-    m.fmt = WeightFormat::kInt8;
+    m.format = WeightFormat::kInt8;
     m.rows = 3;
     m.cols = cols;
     for (size_t i = 0; i < 3 * cols; ++i) m.data.push_back(uint8_t(int8_t(int(i * 13 % 255) - 127)));
     m.scales = {0.25f, 1.0f, 2.0f};
     ExpectExactOnAllIsas(m, ExactActs(cols, 8), "int8 tail " + std::to_string(cols));
     Mat f;
-    f.fmt = WeightFormat::kF32;
+    f.format = WeightFormat::kF32;
     f.rows = 2;
     f.cols = cols;
     f.data.resize(2 * cols * 4);

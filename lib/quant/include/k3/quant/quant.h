@@ -54,6 +54,19 @@ struct WeightView {
   size_t scale_count() const;
 };
 
+// Owns the buffers behind one WeightView (tests, benchmarks, conversions).
+struct OwnedWeight {
+  WeightFormat format = WeightFormat::kF32;
+  size_t rows = 0;
+  size_t cols = 0;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<uint8_t> e8m0;
+
+  WeightView View() const;
+  size_t bytes() const { return data.size() + scales.size() * sizeof(float) + e8m0.size(); }
+};
+
 // y[b*rows + o] = sum_i x[b*cols + i] * W[o, i]   (f32 activations; spec §6.3/§6.4)
 void MatMul(const WeightView& w, const float* x, size_t batch, float* y) noexcept;
 
