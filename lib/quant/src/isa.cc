@@ -117,5 +117,21 @@ const KernelTable& ActiveKernels() noexcept {
   }
 }
 
+size_t PrefetchBytes() noexcept {
+  static const size_t d = [] {
+    const char* v = std::getenv("K3_PREFETCH");
+    if (v == nullptr || *v == '\0') return kDefaultPrefetchBytes;
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (*end != '\0' || n > (1ul << 20)) {
+      K3_LOG_WARN("quant: K3_PREFETCH='%s' is not a byte count <= 1048576; using %zu", v,
+                  kDefaultPrefetchBytes);
+      return kDefaultPrefetchBytes;
+    }
+    return static_cast<size_t>(n);
+  }();
+  return d;
+}
+
 }  // namespace internal
 }  // namespace k3::quant

@@ -64,6 +64,18 @@ const KernelTable& Avx512Kernels() noexcept;
 // (kernels are noexcept; apps call ActiveIsa() first to get a k3::Error instead).
 const KernelTable& ActiveKernels() noexcept;
 
+// Software prefetch of weight streams: the SIMD kernels touch the line this many
+// bytes ahead of the one they decode (K3_PREFETCH=bytes, 0 = off). Measured on
+// the 2-vCPU dev VM (docs/PERFORMANCE.md), the hardware prefetchers keep too few
+// lines in flight for one core to reach the memory bandwidth once a kernel does
+// real work per byte; the MXFP4 decode doubled with 2-8 KiB. Prefetching past a
+// matrix end is harmless (prefetches never fault).
+inline constexpr size_t kDefaultPrefetchBytes = 4096;
+size_t PrefetchBytes() noexcept;
+inline void PrefetchLine(const void* p, size_t ahead) {
+  __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+}
+
 // e2m1 code -> value (spec §6.4) and the doubled exact-int8 table the IDOT and
 // SIMD paths use.
 inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,

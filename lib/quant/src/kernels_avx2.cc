@@ -37,6 +37,7 @@ struct Scratch {
   std::vector<int8_t> xn;     // nibble IDOT: activations in step layout [batch][steps*64]
   std::vector<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
   std::vector<float> wgs;     // nibble IDOT: decoded weight factors of one row
+  std::vector<float> xsg;     // nibble IDOT: activation factors, once per group
 };
 
 Scratch& Tls() {
@@ -334,8 +335,10 @@ const uint8_t* RowBytes(const WeightView& w, size_t o) {
 template <WeightFormat F>
 struct Q8Direct {
   const uint8_t* row;
+  size_t pf = 0;  // PrefetchBytes() (int8: one line per two groups)
   __m256i Group(size_t g) const {
     if constexpr (F == WeightFormat::kInt8) {
+      if (pf != 0 && (g & 1) == 0) PrefetchLine(row + g * 32, pf);
       return WeightBytes32<F>(row, g * 32);
     } else {
       return WeightBytesU32<F>(row, g * 32);
@@ -416,13 +419,13 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
     const float* gs = GroupScalesQ8(w, o, s);
     const float rs = kI8 ? w.scales[o] : 1.0f;
     if (x.batch == 1) {
-      const float d = DotQ8<F>(Q8Direct<F>{RowBytes<F>(w, o)}, gs, x.q.data(), corr,
+      const float d = DotQ8<F>(Q8Direct<F>{RowBytes<F>(w, o), PrefetchBytes()}, gs, x.q.data(), corr,
                                x.scales.data(), groups);
       y[o] = kI8 ? d * rs : d;
       continue;
     }
     int8_t* wq = Grow(s.wq, n);
-    const Q8Direct<F> src{RowBytes<F>(w, o)};
+    const Q8Direct<F> src{RowBytes<F>(w, o), PrefetchBytes()};
     for (size_t g = 0; g < groups; ++g) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + g * 32), src.Group(g));
     }
@@ -437,22 +440,27 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 
 // ---------------------------------------------------------------------------
 // Nibble IDOT (int4-g64, MXFP4): 64 columns (two groups) per step from one
-// 32-byte load. Low/high nibbles are split with and/shift (MXFP4 through the
-// byte LUT) and re-paired by the in-lane vpunpck{l,h}bw: "lo" holds columns
-// 0-15 of group 0 | 0-15 of group 1, "hi" columns 16-31 of each. The activations
-// are stored in that layout once per call, so nothing crosses 128-bit lanes; the
-// two maddubs results are added as int16 (|sum| <= 4*24*127 < 2^15, exact) and one
-// madd gives int32 lanes 0-3 = group 0, 4-7 = group 1, scaled by one factor
-// vector f = gs*xs. Per element: a[t&1] = fma(cvt(d_t), f_t, a[t&1]) over the
-// steps in order, then a fixed reduction, decoded on the fly or from a buffer.
+// 32-byte load, with no shuffle across or within lanes on the weights. The low
+// nibbles of the step's 32 bytes are its even columns and the high nibbles its
+// odd ones; 128-bit lane L holds group L of the step. The activations are stored
+// once per call in that layout ("xe": the even columns of each group, "xo": the
+// odd ones), so `and`/shift (MXFP4 then a byte LUT) gives bytes that maddubs
+// pairs directly with xe and xo. The two maddubs results are added as int16
+// (|sum| <= 4*24*127 < 2^15, exact) and one madd gives int32 lanes 0-3 = group 0
+// (8 columns each), 4-7 = group 1, scaled by one factor vector f = gs*xs.
+// Per element: even steps accumulate into a0, odd ones into a1,
+// a = fma(cvt(d_t), f_t, a) in step order, then a0+a1 and a fixed reduction,
+// whether the row is decoded on the fly (batch 1) or from a buffer (batched).
 
 constexpr size_t kStep = 64;
 
 struct NibActs {
-  const int8_t* xq;     // [batch][steps*64], zero padded
+  const int8_t* xq;     // [batch][steps*64]: per step xe (32 bytes) then xo, zero padded
   const int32_t* corr;  // [batch][steps*8]
   const float* xse;     // [batch][steps*8]: xs_g (x0.5 for MXFP4's doubled codes) x4
+  const float* xsg;     // [batch][xsg_stride]: the same factors once per group
   size_t steps;
+  size_t xsg_stride;    // steps*2 rounded up to 8
 };
 
 template <WeightFormat F>
@@ -461,11 +469,14 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   const size_t n = x.cols;
   const size_t groups = n / kActGroup;
   const size_t steps = (n + kStep - 1) / kStep;
+  const size_t xsg_stride = (steps * 2 + 7) / 8 * 8;
   int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
   int32_t* corr = Grow(s.corr, x.batch * steps * 8);
   float* xse = Grow(s.xse, x.batch * steps * 8);
+  float* xsg = Grow(s.xsg, x.batch * xsg_stride);
   const __m256i b = _mm256_set1_epi8(static_cast<char>(kBias<F>));
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
     const float* xs = x.scales.data() + r * groups;
@@ -473,15 +484,21 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       int8_t* d = xq + (r * steps + t) * kStep;
       for (size_t l = 0; l < 2; ++l) {
         const size_t g = t * 2 + l;
+        __m128i e = _mm_setzero_si128(), o = _mm_setzero_si128();
         if (g < groups) {
-          std::memcpy(d + 16 * l, q + g * kActGroup, 16);
-          std::memcpy(d + 32 + 16 * l, q + g * kActGroup + 16, 16);
-        } else {
-          std::memset(d + 16 * l, 0, 16);
-          std::memset(d + 32 + 16 * l, 0, 16);
+          // Each 16-column half: 8 even then 8 odd columns; unpack the halves.
+          const __m128i h0 = _mm_shuffle_epi8(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup)), even_odd);
+          const __m128i h1 = _mm_shuffle_epi8(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup + 16)), even_odd);
+          e = _mm_unpacklo_epi64(h0, h1);
+          o = _mm_unpackhi_epi64(h0, h1);
         }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16 * l), e);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32 + 16 * l), o);
         const float f = g < groups ? xs[g] * mult : 0.0f;
         for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 8 + 4 * l + m] = f;
+        xsg[r * xsg_stride + g] = f;
       }
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
       const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 32));
@@ -489,8 +506,9 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(corr + (r * steps + t) * 8),
                           _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(p, ones)));
     }
+    for (size_t g = steps * 2; g < xsg_stride; ++g) xsg[r * xsg_stride + g] = 0.0f;
   }
-  return {xq, corr, xse, steps};
+  return {xq, corr, xse, xsg, steps, xsg_stride};
 }
 
 // Row o decoded step by step straight from the stored bytes and factors.
@@ -499,12 +517,15 @@ struct NibDirect {
   const uint8_t* row;   // cols/2 bytes
   const void* factors;  // MXFP4: E8M0 [cols/32]; int4: f32 [cols/64]
   size_t bytes;         // cols/2
+  size_t groups;        // factor count
+  size_t pf;            // PrefetchBytes()
 
-  void Step(size_t t, __m256i* wa, __m256i* wb, __m256* gs) const {
+  // Biased weight bytes: even columns (low nibbles) and odd columns (high).
+  void Weights(size_t t, __m256i* we, __m256i* wo) const {
     const size_t off = t * 32;
-    const bool full = off + 32 <= bytes;
+    if (pf != 0) PrefetchLine(row + off, pf);
     __m256i raw;
-    if (full) {
+    if (off + 32 <= bytes) {
       raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + off));
     } else {
       alignas(32) uint8_t tmp[32] = {};
@@ -521,20 +542,19 @@ struct NibDirect {
       lo = _mm256_shuffle_epi8(lut, lo);
       hi = _mm256_shuffle_epi8(lut, hi);
     }
-    *wa = _mm256_unpacklo_epi8(lo, hi);
-    *wb = _mm256_unpackhi_epi8(lo, hi);
+    *we = lo;
+    *wo = hi;
+  }
+
+  // gs per lane: lanes 0-3 group 2t, lanes 4-7 group 2t+1 (0 past the end).
+  __m256 Factors(size_t t) const {
     if constexpr (F == WeightFormat::kMxfp4) {
       const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 2;
-      uint16_t e2 = e[0];
-      if (full) std::memcpy(&e2, e, 2);
-      // Lanes 0-3 <- E8M0 byte 0, lanes 4-7 <- byte 1, as the f32 bit pattern s<<23.
-      const __m256i sel = _mm256_setr_epi32(
-          int(0x80808000), int(0x80808000), int(0x80808000), int(0x80808000),
-          int(0x80808001), int(0x80808001), int(0x80808001), int(0x80808001));
-      const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi16(static_cast<short>(e2)), sel);
-      *gs = _mm256_castsi256_ps(_mm256_slli_epi32(v, 23));
+      const int e0 = e[0], e1 = t * 2 + 1 < groups ? e[1] : 0;
+      const __m256i v = _mm256_setr_epi32(e0, e0, e0, e0, e1, e1, e1, e1);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(v, 23));
     } else {
-      *gs = _mm256_set1_ps(static_cast<const float*>(factors)[t]);
+      return _mm256_set1_ps(static_cast<const float*>(factors)[t]);
     }
   }
 };
@@ -543,44 +563,119 @@ template <WeightFormat F>
 NibDirect<F> NibRow(const WeightView& w, size_t o) {
   const size_t n = w.cols;
   if constexpr (F == WeightFormat::kMxfp4) {
-    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2};
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup, PrefetchBytes()};
   } else {
-    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2};
+    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group,
+            PrefetchBytes()};
   }
 }
 
-// A row decoded once (lo|hi bytes per step, factor vector per step).
+// One step: int32 lanes of the exact group dots, scaled and accumulated.
+inline __m256 NibStep(__m256i we, __m256i wo, const int8_t* xq, const int32_t* corr, __m256 f,
+                      __m256 acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we, xe), _mm256_maddubs_epi16(wo, xo));
+  const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), f, acc);
+}
+
+// A row decoded once: xe|xo-layout bytes and the factor vector of every step.
 struct NibBuffered {
   const int8_t* wb;
   const float* gs;
-  void Step(size_t t, __m256i* a, __m256i* b, __m256* g) const {
-    *a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * kStep));
-    *b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * kStep + 32));
-    *g = _mm256_loadu_ps(gs + t * 8);
-  }
 };
 
-template <typename Src>
-float DotNib(const Src& w, const NibActs& x, size_t b) noexcept {
-  __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+// Batched: each activation row against a decoded row. a0/a1 are named (not
+// a[t & 1]) so they stay in registers; an indexed array lives on the stack and
+// every step would wait on a store-to-load round trip.
+float DotNibBuffered(const NibBuffered& w, const NibActs& x, size_t b) noexcept {
   const int8_t* xq = x.xq + b * x.steps * kStep;
   const int32_t* corr = x.corr + b * x.steps * 8;
   const float* xse = x.xse + b * x.steps * 8;
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (size_t t = 0; t < x.steps; ++t) {
-    __m256i wa, wb;
-    __m256 gs;
-    w.Step(t, &wa, &wb, &gs);
-    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep));
-    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep + 32));
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(wa, xa), _mm256_maddubs_epi16(wb, xb));
-    const __m256i d = _mm256_add_epi32(
-        _mm256_madd_epi16(p, ones),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + t * 8)));
-    const __m256 f = _mm256_mul_ps(gs, _mm256_loadu_ps(xse + t * 8));
-    a[t & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), f, a[t & 1]);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  auto step = [&](size_t t, __m256 acc) {
+    const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep));
+    const __m256i wo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep + 32));
+    const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w.gs + t * 8), _mm256_loadu_ps(xse + t * 8));
+    return NibStep(we, wo, xq + t * kStep, corr + t * 8, f, acc);
+  };
+  size_t t = 0;
+  for (; t + 2 <= x.steps; t += 2) {
+    a0 = step(t, a0);
+    a1 = step(t + 1, a1);
   }
-  return Hsum(_mm256_add_ps(a[0], a[1]));
+  if (t < x.steps) a0 = step(t, a0);
+  return Hsum(_mm256_add_ps(a0, a1));
+}
+
+// Batch 1, decoded on the fly. int4: gs is one broadcast scale per step. MXFP4:
+// the factors of 8 groups (4 steps) come from one vpmovzxbd of their E8M0 bytes
+// and one multiply by xs, and each step's f is a vpermps of that. Each lane's f
+// is gs*xse as in the batched path (IEEE multiply is lane-wise), so batch 1 and
+// batched agree bit for bit.
+template <WeightFormat F>
+float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  if constexpr (F == WeightFormat::kMxfp4) {
+    const uint8_t* e = static_cast<const uint8_t*>(w.factors);
+    const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m256i i1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    const __m256i i2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5);
+    const __m256i i3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
+    auto step = [&](size_t t, __m256 f, __m256 acc) {
+      __m256i we, wo;
+      w.Weights(t, &we, &wo);
+      return NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
+    };
+    size_t t0 = 0;
+    for (; t0 < x.steps; t0 += 4) {
+      const size_t g0 = t0 * 2;
+      __m128i eb;
+      if (g0 + 8 <= w.groups) {
+        eb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + g0));
+      } else {
+        alignas(16) uint8_t tmp[16] = {};
+        std::memcpy(tmp, e + g0, w.groups - g0);
+        eb = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+      }
+      const __m256 f8 =
+          _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(eb), 23)),
+                        _mm256_loadu_ps(x.xsg + g0));
+      if (t0 + 4 <= x.steps) {
+        a0 = step(t0, _mm256_permutevar8x32_ps(f8, i0), a0);
+        a1 = step(t0 + 1, _mm256_permutevar8x32_ps(f8, i1), a1);
+        a0 = step(t0 + 2, _mm256_permutevar8x32_ps(f8, i2), a0);
+        a1 = step(t0 + 3, _mm256_permutevar8x32_ps(f8, i3), a1);
+      } else {
+        const __m256i idx[4] = {i0, i1, i2, i3};
+        for (size_t t = t0; t < x.steps; ++t) {
+          const __m256 f = _mm256_permutevar8x32_ps(f8, idx[t - t0]);
+          if ((t & 1) == 0) {
+            a0 = step(t, f, a0);
+          } else {
+            a1 = step(t, f, a1);
+          }
+        }
+      }
+    }
+  } else {
+    auto step = [&](size_t t, __m256 acc) {
+      __m256i we, wo;
+      w.Weights(t, &we, &wo);
+      const __m256 f = _mm256_mul_ps(w.Factors(t), _mm256_loadu_ps(x.xse + t * 8));
+      return NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
+    };
+    size_t t = 0;
+    for (; t + 2 <= x.steps; t += 2) {
+      a0 = step(t, a0);
+      a1 = step(t + 1, a1);
+    }
+    if (t < x.steps) a0 = step(t, a0);
+  }
+  return Hsum(_mm256_add_ps(a0, a1));
 }
 
 template <WeightFormat F>
@@ -588,7 +683,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
                    Scratch& s) noexcept {
   const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
-    for (size_t o = r0; o < r1; ++o) y[o] = DotNib(NibRow<F>(w, o), acts, 0);
+    for (size_t o = r0; o < r1; ++o) y[o] = DotNibDirect<F>(NibRow<F>(w, o), acts);
     return;
   }
   const size_t steps = acts.steps;
@@ -597,14 +692,15 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
   for (size_t o = r0; o < r1; ++o) {
     const NibDirect<F> d = NibRow<F>(w, o);
     for (size_t t = 0; t < steps; ++t) {
-      __m256i a, b;
-      __m256 g;
-      d.Step(t, &a, &b, &g);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep), a);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep + 32), b);
-      _mm256_storeu_ps(gbuf + t * 8, g);
+      __m256i we, wo;
+      d.Weights(t, &we, &wo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep), we);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep + 32), wo);
+      _mm256_storeu_ps(gbuf + t * 8, d.Factors(t));
     }
-    for (size_t b = 0; b < x.batch; ++b) y[b * w.rows + o] = DotNib(NibBuffered{wbuf, gbuf}, acts, b);
+    for (size_t b = 0; b < x.batch; ++b) {
+      y[b * w.rows + o] = DotNibBuffered(NibBuffered{wbuf, gbuf}, acts, b);
+    }
   }
 }
 

@@ -342,7 +342,11 @@ const uint8_t* RowBytes(const WeightView& w, size_t o) {
 template <WeightFormat F>
 struct Q8Direct {
   const uint8_t* row;
-  __m512i Chunk(size_t k, bool half) const { return WeightBytesU<F>(row, k * 64, half); }
+  size_t pf = 0;  // PrefetchBytes()
+  __m512i Chunk(size_t k, bool half) const {
+    if (pf != 0) PrefetchLine(row + k * (F == WeightFormat::kInt8 ? 64 : 32), pf);
+    return WeightBytesU<F>(row, k * 64, half);
+  }
 };
 
 struct Q8Buffered {
@@ -438,7 +442,7 @@ void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_
   Q8Buffered src[R];
   const float* gs[R];
   for (int r = 0; r < R; ++r) {
-    const Q8Direct<F> d{RowBytes<F>(w, o + r)};
+    const Q8Direct<F> d{RowBytes<F>(w, o + r), PrefetchBytes()};
     uint8_t* wr = wu + r * chunks * 64;
     for (size_t k = 0; k < chunks; ++k) _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
     src[r] = Q8Buffered{wr};
@@ -465,7 +469,7 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
     const float* gs[1] = {gsb};
     for (size_t o = r0; o < r1; ++o) {
       if (!kI8) GroupScalesQ8(w, o, gsb);
-      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o)}};
+      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
       float d;
       DotQ8Rows<kI8, 1>(src, gs, x.q.data(), corr, x.scales.data(), groups, &d);
       y[o] = kI8 ? d * w.scales[o] : d;
@@ -515,6 +519,7 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   const size_t xsg_stride = (steps * 4 + 15) / 16 * 16;
   float* xsg = Grow(s.xsg, x.batch * xsg_stride);
   const __m512i b = _mm512_set1_epi8(static_cast<char>(kB));
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
     const float* xs = x.scales.data() + r * groups;
@@ -523,13 +528,18 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       int8_t* d = dq + t * kStep;
       for (size_t l = 0; l < 4; ++l) {
         const size_t g = t * 4 + l;
+        __m128i e = _mm_setzero_si128(), o = _mm_setzero_si128();
         if (g < groups) {
-          std::memcpy(d + 16 * l, q + g * kActGroup, 16);
-          std::memcpy(d + 64 + 16 * l, q + g * kActGroup + 16, 16);
-        } else {
-          std::memset(d + 16 * l, 0, 16);
-          std::memset(d + 64 + 16 * l, 0, 16);
+          // Each 16-column half: 8 even then 8 odd columns; unpack the halves.
+          const __m128i h0 = _mm_shuffle_epi8(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup)), even_odd);
+          const __m128i h1 = _mm_shuffle_epi8(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup + 16)), even_odd);
+          e = _mm_unpacklo_epi64(h0, h1);
+          o = _mm_unpackhi_epi64(h0, h1);
         }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16 * l), e);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 64 + 16 * l), o);
         const float f = g < groups ? xs[g] * mult : 0.0f;
         for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 16 + 4 * l + m] = f;
         xsg[r * xsg_stride + g] = f;
@@ -553,14 +563,17 @@ struct NibDirect {
   const void* factors;   // MXFP4: E8M0 [cols/32]; int4: f32 [cols/64]
   size_t bytes;          // cols/2
   size_t groups;         // factor count
+  size_t pf;             // PrefetchBytes()
 
   void Step(size_t t, __m512i* wa, __m512i* wb, __m512* gs) const {
     Weights(t, wa, wb);
     *gs = Factors(t);
   }
 
+  // Biased weight bytes: even columns (low nibbles) and odd columns (high).
   void Weights(size_t t, __m512i* wa, __m512i* wb) const {
     const size_t off = t * 64;
+    if (pf != 0) PrefetchLine(row + off, pf);
     const bool full = off + 64 <= bytes;
     const __m512i raw =
         full ? _mm512_loadu_si512(row + off)
@@ -574,8 +587,8 @@ struct NibDirect {
       lo = _mm512_shuffle_epi8(lut, lo);
       hi = _mm512_shuffle_epi8(lut, hi);
     }
-    *wa = _mm512_unpacklo_epi8(lo, hi);
-    *wb = _mm512_unpackhi_epi8(lo, hi);
+    *wa = lo;
+    *wb = hi;
   }
 
   __m512 Factors(size_t t) const {
@@ -612,9 +625,10 @@ template <WeightFormat F>
 NibDirect<F> NibRow(const WeightView& w, size_t o) {
   const size_t n = w.cols;
   if constexpr (F == WeightFormat::kMxfp4) {
-    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup};
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup, PrefetchBytes()};
   } else {
-    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group};
+    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group,
+            PrefetchBytes()};
   }
 }
 
