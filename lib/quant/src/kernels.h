@@ -76,6 +76,23 @@ inline void PrefetchLine(const void* p, size_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
 }
 
+// acc[k & 3] = body(k, acc[k & 3]) for k = 0..count-1 in order, with the four
+// accumulators as named values: an indexed array (a[k & 3]) makes GCC keep them
+// on the stack, and every step then waits on a store-to-load round trip.
+template <typename V, typename Body>
+inline void Accumulate4(size_t count, V& a0, V& a1, V& a2, V& a3, Body&& body) {
+  size_t k = 0;
+  for (; k + 4 <= count; k += 4) {
+    a0 = body(k, a0);
+    a1 = body(k + 1, a1);
+    a2 = body(k + 2, a2);
+    a3 = body(k + 3, a3);
+  }
+  if (k < count) a0 = body(k, a0);
+  if (k + 1 < count) a1 = body(k + 1, a1);
+  if (k + 2 < count) a2 = body(k + 2, a2);
+}
+
 // e2m1 code -> value (spec §6.4) and the doubled exact-int8 table the IDOT and
 // SIMD paths use.
 inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,

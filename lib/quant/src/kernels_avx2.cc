@@ -57,14 +57,14 @@ inline float Hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-inline float Reduce4(const __m256 a[4]) {
-  return Hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+inline float Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  return Hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
 // ---------------------------------------------------------------------------
 // f32-activation path
 
-struct F32Src {
+struct F32Src {  // f32 values (small or in cache: no prefetch)
   const float* w;
   __m256 Load(size_t i) const { return _mm256_loadu_ps(w + i); }
   __m256 LoadTail(size_t i, size_t m) const {
@@ -76,10 +76,12 @@ struct F32Src {
     even = _mm256_loadu_ps(w + c);
     odd = _mm256_loadu_ps(w + c + 8);
   }
+  void Prefetch(size_t) const {}
 };
 
 struct I8Src {
   const int8_t* q;
+  size_t pf = 0;  // PrefetchBytes()
   __m256 Load(size_t i) const {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
@@ -89,12 +91,16 @@ struct I8Src {
     std::memcpy(t, q + i, m);
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t))));
   }
+  void Prefetch(size_t i) const {
+    if (pf != 0) PrefetchLine(q + i, pf);
+  }
 };
 
 // 8 packed bytes (16 columns): lane j holds byte j; low nibble = column 2j.
 template <bool kMx>
 struct NibbleSrc {
   const uint8_t* p;
+  size_t pf = 0;  // PrefetchBytes()
   static __m256 Value(__m256i nib) {
     if constexpr (kMx) {
       // Doubled e2m1 magnitude from bits 0..2, sign from bit 3 (code 8 = -0).
@@ -111,35 +117,32 @@ struct NibbleSrc {
     even = Value(_mm256_and_si256(v, _mm256_set1_epi32(15)));
     odd = Value(_mm256_srli_epi32(v, 4));
   }
+  void Prefetch(size_t c) const {
+    if (pf != 0) PrefetchLine(p + c / 2, pf);
+  }
 };
 
+// 8-column chunk k -> accumulator k & 3.
 template <typename Src>
 float DotPlain(const Src& w, const float* x, size_t n) noexcept {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                 _mm256_setzero_ps()};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), a[0]);
-    a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), w.Load(i + 8), a[1]);
-    a[2] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), w.Load(i + 16), a[2]);
-    a[3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), w.Load(i + 24), a[3]);
-  }
-  int k = 0;
-  for (; i + 8 <= n; ++k, i += 8) a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), a[k]);
-  if (i < n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4((n + 7) / 8, a0, a1, a2, a3, [&](size_t k, __m256 acc) {
+    const size_t i = k * 8;
+    if ((k & 3) == 0) w.Prefetch(i);
+    if (i + 8 <= n) return _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), acc);
     alignas(32) float xt[8] = {};
     std::memcpy(xt, x + i, (n - i) * sizeof(float));
-    a[k] = _mm256_fmadd_ps(_mm256_load_ps(xt), w.LoadTail(i, n - i), a[k]);
-  }
-  return Reduce4(a);
+    return _mm256_fmadd_ps(_mm256_load_ps(xt), w.LoadTail(i, n - i), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // MXFP4, permuted layout: group g = two 16-column blocks.
 template <typename Src>
 float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                 _mm256_setzero_ps()};
-  for (size_t g = 0; g < groups; ++g) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
+    if ((g & 3) == 0) w.Prefetch(g * 32);
     __m256 w0, w1, w2, w3;
     w.Block16(g * 32, w0, w1);
     w.Block16(g * 32 + 16, w2, w3);
@@ -148,17 +151,17 @@ float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) 
                                       _mm256_mul_ps(_mm256_loadu_ps(xg), w0));
     const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3,
                                       _mm256_mul_ps(_mm256_loadu_ps(xg + 16), w2));
-    a[g & 3] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(gs[g]), a[g & 3]);
-  }
-  return Reduce4(a);
+    return _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(gs[g]), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // int4-g64, permuted layout: group g = four 16-column blocks.
 template <typename Src>
 float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                 _mm256_setzero_ps()};
-  for (size_t g = 0; g < groups; ++g) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
+    if ((g & 1) == 0) w.Prefetch(g * 64);
     __m256 p[4];
     for (int b = 0; b < 4; ++b) {
       __m256 we, wo;
@@ -167,9 +170,9 @@ float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) 
       p[b] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wo, _mm256_mul_ps(_mm256_loadu_ps(xb), we));
     }
     const __m256 part = _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3]));
-    a[g & 3] = _mm256_fmadd_ps(part, _mm256_set1_ps(gs[g]), a[g & 3]);
-  }
-  return Reduce4(a);
+    return _mm256_fmadd_ps(part, _mm256_set1_ps(gs[g]), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // Within each 16-column block: the 8 even columns, then the 8 odd ones.
@@ -201,11 +204,12 @@ float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) 
     case WeightFormat::kF32:
       return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
     case WeightFormat::kInt8:
-      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n}, x, n) * w.scales[o];
+      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n, PrefetchBytes()}, x, n) *
+             w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotGroups64(NibbleSrc<false>{packed}, x, gs, n / kInt4Group);
+      return DotGroups64(NibbleSrc<false>{packed, PrefetchBytes()}, x, gs, n / kInt4Group);
     case WeightFormat::kMxfp4:
-      return DotGroups32(NibbleSrc<true>{packed}, x, gs, n / kMxGroup);
+      return DotGroups32(NibbleSrc<true>{packed, PrefetchBytes()}, x, gs, n / kMxGroup);
   }
   return 0.0f;
 }
@@ -388,10 +392,9 @@ template <WeightFormat F, typename Src>
 float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr, const float* xs,
             size_t groups) noexcept {
   constexpr bool kInt8 = F == WeightFormat::kInt8;
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                 _mm256_setzero_ps()};
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (size_t g = 0; g < groups; ++g) {
+  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
     const __m256i wv = w.Group(g);
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
     __m256i d;
@@ -403,9 +406,9 @@ float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8)));
     }
     const float f = kInt8 ? xs[g] : gs[g] * xs[g];
-    a[g & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), a[g & 3]);
-  }
-  return Reduce4(a);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 template <WeightFormat F>
@@ -633,6 +636,7 @@ float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
     size_t t0 = 0;
     for (; t0 < x.steps; t0 += 4) {
       const size_t g0 = t0 * 2;
+      if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
       __m128i eb;
       if (g0 + 8 <= w.groups) {
         eb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + g0));

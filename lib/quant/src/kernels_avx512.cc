@@ -67,7 +67,7 @@ inline float Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // vectors come from -- decoded on the fly (batch 1) or loaded from the row buffer
 // (batch > 1). Decoding is exact, so both give the same vectors and the same
 // floating-point operations run either way.
-struct F32Src {  // f32 values already in the kernel layout
+struct F32Src {  // f32 values already in the kernel layout (small or in cache: no prefetch)
   const float* w;
   __m512 Load(size_t i) const { return _mm512_loadu_ps(w + i); }
   __m512 LoadTail(size_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, w + i); }
@@ -75,16 +75,21 @@ struct F32Src {  // f32 values already in the kernel layout
     even = _mm512_loadu_ps(w + c);
     odd = _mm512_loadu_ps(w + c + 16);
   }
+  void Prefetch(size_t) const {}
 };
 
 struct I8Src {  // int8 row, converted 16 at a time
   const int8_t* q;
+  size_t pf;  // PrefetchBytes()
   __m512 Load(size_t i) const {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
   }
   __m512 LoadTail(size_t i, __mmask16 m) const {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + i)));
+  }
+  void Prefetch(size_t i) const {
+    if (pf != 0) PrefetchLine(q + i, pf);
   }
 };
 
@@ -93,57 +98,56 @@ struct I8Src {  // int8 row, converted 16 at a time
 struct NibbleSrc {
   const uint8_t* p;  // the row's packed bytes
   __m512 lut;        // nibble -> f32 value (doubled e2m1, or v-8 for int4)
+  size_t pf;         // PrefetchBytes()
   void Block32(size_t c, __m512& even, __m512& odd) const {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c / 2)));
     even = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
     odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
   }
+  void Prefetch(size_t c) const {
+    if (pf != 0) PrefetchLine(p + c / 2, pf);
+  }
 };
 
 // Σ x·w over n columns (plain layout): 16-column chunk k -> accumulator k & 3.
 template <typename Src>
 float DotPlain(const Src& w, const float* x, size_t n) noexcept {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                 _mm512_setzero_ps()};
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), w.Load(i), a[0]);
-    a[1] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), w.Load(i + 16), a[1]);
-    a[2] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), w.Load(i + 32), a[2]);
-    a[3] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), w.Load(i + 48), a[3]);
-  }
-  for (int k = 0; i < n; ++k, i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : TailMask16(n - i);
-    a[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), w.LoadTail(i, m), a[k]);
-  }
-  return Reduce4(a[0], a[1], a[2], a[3]);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4((n + 15) / 16, a0, a1, a2, a3, [&](size_t k, __m512 acc) {
+    const size_t i = k * 16;
+    if ((k & 3) == 0) w.Prefetch(i);
+    if (i + 16 <= n) return _mm512_fmadd_ps(_mm512_loadu_ps(x + i), w.Load(i), acc);
+    const __mmask16 m = TailMask16(n - i);
+    return _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), w.LoadTail(i, m), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // MXFP4 over the permuted layout: group g (32 columns) partial
 // p = x_odd*w_odd + x_even*w_even, then acc[g&3] += p * gscale[g].
 template <typename Src>
 float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                 _mm512_setzero_ps()};
-  for (size_t g = 0; g < groups; ++g) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m512 acc) {
+    if ((g & 3) == 0) w.Prefetch(g * 32);
     __m512 we, wo;
     w.Block32(g * 32, we, wo);
     const float* xg = x + g * 32;
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(xg), we);
     p = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), wo, p);
-    a[g & 3] = _mm512_fmadd_ps(p, _mm512_set1_ps(gs[g]), a[g & 3]);
-  }
-  return Reduce4(a[0], a[1], a[2], a[3]);
+    return _mm512_fmadd_ps(p, _mm512_set1_ps(gs[g]), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // int4-g64 over the permuted layout: two 32-column blocks per group, summed
 // pairwise, then scaled.
 template <typename Src>
 float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                 _mm512_setzero_ps()};
-  for (size_t g = 0; g < groups; ++g) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m512 acc) {
+    if ((g & 1) == 0) w.Prefetch(g * 64);
     __m512 w0, w1, w2, w3;
     w.Block32(g * 64, w0, w1);
     w.Block32(g * 64 + 32, w2, w3);
@@ -152,9 +156,9 @@ float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) 
     p0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, p0);
     __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(xg + 32), w2);
     p1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), w3, p1);
-    a[g & 3] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[g]), a[g & 3]);
-  }
-  return Reduce4(a[0], a[1], a[2], a[3]);
+    return _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[g]), acc);
+  });
+  return Reduce4(a0, a1, a2, a3);
 }
 
 // Within each 32-column block: the 16 even columns, then the 16 odd ones.
@@ -207,12 +211,15 @@ float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) 
     case WeightFormat::kF32:
       return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
     case WeightFormat::kInt8:
-      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n}, x, n) * w.scales[o];
+      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n, PrefetchBytes()}, x, n) *
+             w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotGroups64(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4()}, x,
-                         gs, n / kInt4Group);
+      return DotGroups64(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4(),
+                                   PrefetchBytes()},
+                         x, gs, n / kInt4Group);
     case WeightFormat::kMxfp4:
-      return DotGroups32(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2()},
+      return DotGroups32(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2(),
+                                   PrefetchBytes()},
                          x, gs, n / kMxGroup);
   }
   return 0.0f;
@@ -680,6 +687,7 @@ float DotNibMx1(const NibDirect<WeightFormat::kMxfp4>& w, const NibActs& x) noex
   for (size_t t0 = 0; t0 < x.steps; t0 += 4) {
     const size_t g0 = t0 * 4;
     const size_t ng = w.groups - g0 >= 16 ? 16 : w.groups - g0;
+    if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
     const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
     const __m512 f16 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(eb, 23)),
                                      _mm512_loadu_ps(x.xsg + g0));
