@@ -49,7 +49,7 @@ struct Options {
   int reps = 7;
   double ws_mib = 1024;        // decode working set per repetition
   double batch_ws_mib = 96;    // batched working set (compute-bound; caches matter little)
-  std::string isas = "avx512,avx2";
+  std::string isas = "avx512,avx2vnni,avx2";
   std::vector<int> threads = {1, 2};
   std::vector<int> batches = {1, 32};
   std::string filter;
@@ -311,10 +311,15 @@ struct SgemmBaseline {
 void RunKernels(const Options& opt) {
   Context ctx{SourceRevision(), CpuModel(), {}};
   std::vector<Isa> isas;
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (opt.isas.find(quant::IsaName(i)) != std::string::npos && quant::IsaSupported(i)) {
-      isas.push_back(i);
+  for (Isa i : quant::kAllIsas) {
+    bool wanted = false;
+    for (size_t b = 0; b <= opt.isas.size();) {
+      size_t e = opt.isas.find(',', b);
+      if (e == std::string::npos) e = opt.isas.size();
+      wanted |= opt.isas.compare(b, e - b, quant::IsaName(i)) == 0;
+      b = e + 1;
     }
+    if (wanted && quant::IsaSupported(i)) isas.push_back(i);
   }
   if (isas.empty()) throw Error(ErrorCode::kInvalidArgument, "no requested ISA runs on this CPU");
   const Isa startup = quant::ActiveIsa();
@@ -441,7 +446,7 @@ void Setup(CLI::App& root) {
   cmd->add_option("--reps", opt->reps, "timed repetitions (median reported)")->check(CLI::Range(5, 1000));
   cmd->add_option("--ws-mib", opt->ws_mib, "decode working set per repetition, MiB");
   cmd->add_option("--batch-ws-mib", opt->batch_ws_mib, "batched working set per repetition, MiB");
-  cmd->add_option("--isa", opt->isas, "comma list of scalar,avx2,avx512 (unsupported ones skipped)");
+  cmd->add_option("--isa", opt->isas, "comma list of scalar,avx2,avx2vnni,avx512 (unsupported ones skipped)");
   cmd->add_option("--threads", opt->threads, "thread counts")->delimiter(',');
   cmd->add_option("--batch", opt->batches, "batch sizes")->delimiter(',');
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");

@@ -233,7 +233,7 @@ TEST_CASE("int4 weights (K3_BITS=4, MLA/head 8, f32 activations) match k3-tiny.i
 
 TEST_CASE("chunked prefill is bit-identical to token-at-a-time, on every ISA this CPU runs") {
   const quant::Isa saved = quant::ActiveIsa();
-  for (quant::Isa isa : {quant::Isa::kScalar, quant::Isa::kAvx2, quant::Isa::kAvx512}) {
+  for (quant::Isa isa : quant::kAllIsas) {
     if (!quant::IsaSupported(isa)) continue;
     quant::SetIsaForTesting(isa);
     for (int bits : {32, 4}) {

@@ -23,6 +23,8 @@ const internal::KernelTable& TableFor(Isa isa) {
       return internal::Avx512Kernels();
     case Isa::kAvx2:
       return internal::Avx2Kernels();
+    case Isa::kAvx2Vnni:
+      return internal::Avx2VnniKernels();
     case Isa::kScalar:
       break;
   }
@@ -31,16 +33,19 @@ const internal::KernelTable& TableFor(Isa isa) {
 
 Isa ParseIsa(const std::string& s) {
   if (s == "scalar") return Isa::kScalar;
-  if (s == "avx2") return Isa::kAvx2;
-  if (s == "avx512") return Isa::kAvx512;
+  for (Isa i : kAllIsas) {
+    if (s == IsaName(i)) return i;
+  }
   throw Error(ErrorCode::kInvalidArgument,
-              "K3_FORCE_ISA='" + s + "' is not one of scalar, avx2, avx512");
+              "K3_FORCE_ISA='" + s + "' is not one of scalar, avx2, avx2vnni, avx512");
 }
 
 Isa BestIsa() {
-  if (IsaSupported(Isa::kAvx512)) return Isa::kAvx512;
-  if (IsaSupported(Isa::kAvx2)) return Isa::kAvx2;
-  return Isa::kScalar;
+  Isa best = Isa::kScalar;
+  for (Isa i : kAllIsas) {
+    if (IsaSupported(i)) best = i;
+  }
+  return best;
 }
 
 const internal::KernelTable* ChooseOrThrow() {
@@ -74,6 +79,9 @@ bool IsaSupported(Isa isa) {
       return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx2Vnni:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("avxvnni");
     case Isa::kAvx512:
       // VNNI is the point of this tier (IDOT dots); Skylake-X without it uses AVX2.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -89,6 +97,8 @@ const char* IsaName(Isa isa) {
       return "scalar";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvx2Vnni:
+      return "avx2vnni";
     case Isa::kAvx512:
       return "avx512";
   }

@@ -58,6 +58,7 @@ inline constexpr float kMinScale = 1e-20f;
 const KernelTable& ScalarKernels() noexcept;
 // Only call after CPUID says the ISA runs here (IsaSupported).
 const KernelTable& Avx2Kernels() noexcept;
+const KernelTable& Avx2VnniKernels() noexcept;  // kernels_avx2.cc built with AVX-VNNI
 const KernelTable& Avx512Kernels() noexcept;
 
 // The table of ActiveIsa(); aborts with a message if K3_FORCE_ISA is invalid

@@ -80,7 +80,7 @@ struct F32Src {  // f32 values already in the kernel layout (small or in cache: 
 
 struct I8Src {  // int8 row, converted 16 at a time
   const int8_t* q;
-  size_t pf;  // PrefetchBytes()
+  size_t pf = 0;  // PrefetchBytes()
   __m512 Load(size_t i) const {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
@@ -98,7 +98,7 @@ struct I8Src {  // int8 row, converted 16 at a time
 struct NibbleSrc {
   const uint8_t* p;  // the row's packed bytes
   __m512 lut;        // nibble -> f32 value (doubled e2m1, or v-8 for int4)
-  size_t pf;         // PrefetchBytes()
+  size_t pf = 0;     // PrefetchBytes()
   void Block32(size_t c, __m512& even, __m512& odd) const {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c / 2)));

@@ -91,7 +91,7 @@ void SpecInt4(const std::vector<float>& x, size_t rows, size_t cols, std::vector
 TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights, every ISA") {
   const Isa saved = ActiveIsa();
   int int8_tensors = 0, int4_tensors = 0;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : kAllIsas) {
   if (!IsaSupported(isa)) continue;
   SetIsaForTesting(isa);
   for (const std::string& path : Shards()) {
@@ -194,7 +194,7 @@ TEST_CASE("the oracle's MXFP4 experts through every ISA's kernels") {
         bound[o] = (cols + 4) / 16777216.0 * sa + 1e-30;
         bound_q[o] = (cols + 6) / 16777216.0 * qa + 1e-30;
       }
-      for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      for (Isa isa : kAllIsas) {
         if (!IsaSupported(isa)) continue;
         SetIsaForTesting(isa);
         std::vector<float> y(rows), yq(rows);

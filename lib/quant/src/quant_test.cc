@@ -25,7 +25,7 @@ constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
 
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> v;
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa i : kAllIsas) {
     if (IsaSupported(i)) v.push_back(i);
   }
   return v;
@@ -628,9 +628,40 @@ TEST_CASE("zeros and extremes") {
 TEST_CASE("K3_FORCE_ISA names and CPUID") {
   CHECK(IsaSupported(Isa::kScalar));
   CHECK(std::string(IsaName(Isa::kAvx512)) == "avx512");
+  CHECK(std::string(IsaName(Isa::kAvx2Vnni)) == "avx2vnni");
+  if (IsaSupported(Isa::kAvx2Vnni)) CHECK(IsaSupported(Isa::kAvx2));
   CHECK(IsaSupported(ActiveIsa()));
   if (!IsaSupported(Isa::kAvx512)) CHECK_THROWS(SetIsaForTesting(Isa::kAvx512));
   MESSAGE("ISAs on this machine: " << SupportedIsas().size() << ", active " << IsaName(ActiveIsa()));
+}
+
+TEST_CASE("the AVX-VNNI build of the AVX2 kernels gives the AVX2 bits") {
+  // Same source, vpdpbusd in place of maddubs+madd: integer lanes are exact, so
+  // every output must match bit for bit (tails, batch 1 and batched).
+  if (!IsaSupported(Isa::kAvx2Vnni)) {
+    MESSAGE("no AVX-VNNI on this CPU; skipped");
+    return;
+  }
+  IsaGuard guard;
+  std::mt19937 rng(41);
+  for (WeightFormat fmt : {WeightFormat::kInt8, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    for (size_t cols : {size_t{64}, size_t{448}, size_t{3584}}) {
+      const size_t c = fmt == WeightFormat::kMxfp4 && cols == 64 ? 96 : cols;  // odd step count
+      Mat m = RandomMat(fmt, 13, c, rng);
+      for (size_t batch : {size_t{1}, size_t{6}}) {
+        std::vector<float> x = RandomVec(batch * c, rng);
+        ActsQ8 a;
+        QuantizeActs(x.data(), batch, c, &a);
+        std::vector<float> y2(batch * m.rows), yv(batch * m.rows);
+        SetIsaForTesting(Isa::kAvx2);
+        MatMulQ8(m.View(), a, y2.data());
+        SetIsaForTesting(Isa::kAvx2Vnni);
+        MatMulQ8(m.View(), a, yv.data());
+        INFO(FmtName(fmt) << " cols " << c << " b" << batch);
+        CHECK(std::memcmp(y2.data(), yv.data(), y2.size() * 4) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("quantizers produce identical bytes on every ISA (ties, NaN, inf, zeros, subnormals)") {

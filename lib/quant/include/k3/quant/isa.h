@@ -1,10 +1,14 @@
 // Run-time ISA selection for the kernels: chosen once from CPUID, overridable
-// with K3_FORCE_ISA=scalar|avx2|avx512 (an unavailable ISA is an error), logged once.
+// with K3_FORCE_ISA=scalar|avx2|avx2vnni|avx512 (an unavailable ISA is an error),
+// logged once. Preference: avx512 (F/BW/VL + VNNI) > avx2vnni (AVX2 + AVX-VNNI,
+// e.g. Alder Lake and later client cores) > avx2 > scalar.
 #pragma once
 
 namespace k3::quant {
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx2Vnni = 3 };
+// Every ISA, in order of preference from lowest; loop over this, not a hand list.
+inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512};
 
 Isa ActiveIsa();                 // the ISA the dispatched kernels use
 bool IsaSupported(Isa isa);      // what this CPU can run
