@@ -94,6 +94,24 @@ inline void Accumulate4(size_t count, V& a0, V& a1, V& a2, V& a3, Body&& body) {
   if (k + 2 < count) a2 = body(k + 2, a2);
 }
 
+// The same rotation for R rows at once (batched loops that share each
+// activation load between R weight rows): body(k, a[k & 3]) updates the R
+// accumulators of slot k & 3, so every row sees exactly the operations it would
+// alone (R = 1).
+template <int R, typename V, typename Body>
+inline void Accumulate4Rows(size_t count, V (&a)[4][R], Body&& body) {
+  size_t k = 0;
+  for (; k + 4 <= count; k += 4) {
+    body(k, a[0]);
+    body(k + 1, a[1]);
+    body(k + 2, a[2]);
+    body(k + 3, a[3]);
+  }
+  if (k < count) body(k, a[0]);
+  if (k + 1 < count) body(k + 1, a[1]);
+  if (k + 2 < count) body(k + 2, a[2]);
+}
+
 // e2m1 code -> value (spec §6.4) and the doubled exact-int8 table the IDOT and
 // SIMD paths use.
 inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,

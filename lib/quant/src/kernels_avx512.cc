@@ -110,55 +110,115 @@ struct NibbleSrc {
   }
 };
 
+// The dot routines take R weight rows (1 for decode, kF32Rows in the batched
+// loop, where each activation load then feeds R rows); per row the operations
+// are the same whatever R is, so batch 1 and batched agree bit for bit.
+template <int R>
+inline void ZeroAcc(__m512 (&a)[4][R]) {
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[j][r] = _mm512_setzero_ps();
+  }
+}
+
+template <int R>
+inline void ReduceRows(__m512 (&a)[4][R], float* out) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = Reduce4(a[0][r], a[1][r], a[2][r], a[3][r]);
+}
+
 // Σ x·w over n columns (plain layout): 16-column chunk k -> accumulator k & 3.
-template <typename Src>
-float DotPlain(const Src& w, const float* x, size_t n) noexcept {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4((n + 15) / 16, a0, a1, a2, a3, [&](size_t k, __m512 acc) {
+template <int R, typename Src>
+void DotPlainRows(const Src* w, const float* x, size_t n, float* out) noexcept {
+  __m512 a[4][R];
+  ZeroAcc(a);
+  Accumulate4Rows((n + 15) / 16, a, [&](size_t k, __m512* acc) {
     const size_t i = k * 16;
-    if ((k & 3) == 0) w.Prefetch(i);
-    if (i + 16 <= n) return _mm512_fmadd_ps(_mm512_loadu_ps(x + i), w.Load(i), acc);
-    const __mmask16 m = TailMask16(n - i);
-    return _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), w.LoadTail(i, m), acc);
+    if (i + 16 <= n) {
+      const __m512 xv = _mm512_loadu_ps(x + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if ((k & 3) == 0) w[r].Prefetch(i);
+        acc[r] = _mm512_fmadd_ps(xv, w[r].Load(i), acc[r]);
+      }
+    } else {
+      const __mmask16 m = TailMask16(n - i);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(xv, w[r].LoadTail(i, m), acc[r]);
+    }
   });
-  return Reduce4(a0, a1, a2, a3);
+  ReduceRows(a, out);
 }
 
 // MXFP4 over the permuted layout: group g (32 columns) partial
 // p = x_odd*w_odd + x_even*w_even, then acc[g&3] += p * gscale[g].
-template <typename Src>
-float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m512 acc) {
-    if ((g & 3) == 0) w.Prefetch(g * 32);
-    __m512 we, wo;
-    w.Block32(g * 32, we, wo);
+template <int R, typename Src>
+void DotGroups32Rows(const Src* w, const float* x, const float* const* gs, size_t groups,
+                     float* out) noexcept {
+  __m512 a[4][R];
+  ZeroAcc(a);
+  Accumulate4Rows(groups, a, [&](size_t g, __m512* acc) {
     const float* xg = x + g * 32;
-    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(xg), we);
-    p = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), wo, p);
-    return _mm512_fmadd_ps(p, _mm512_set1_ps(gs[g]), acc);
+    const __m512 xe = _mm512_loadu_ps(xg), xo = _mm512_loadu_ps(xg + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if ((g & 3) == 0) w[r].Prefetch(g * 32);
+      __m512 we, wo;
+      w[r].Block32(g * 32, we, wo);
+      __m512 p = _mm512_mul_ps(xe, we);
+      p = _mm512_fmadd_ps(xo, wo, p);
+      acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(gs[r][g]), acc[r]);
+    }
   });
-  return Reduce4(a0, a1, a2, a3);
+  ReduceRows(a, out);
 }
 
 // int4-g64 over the permuted layout: two 32-column blocks per group, summed
 // pairwise, then scaled.
+template <int R, typename Src>
+void DotGroups64Rows(const Src* w, const float* x, const float* const* gs, size_t groups,
+                     float* out) noexcept {
+  __m512 a[4][R];
+  ZeroAcc(a);
+  Accumulate4Rows(groups, a, [&](size_t g, __m512* acc) {
+    const float* xg = x + g * 64;
+    const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+    const __m512 x2 = _mm512_loadu_ps(xg + 32), x3 = _mm512_loadu_ps(xg + 48);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if ((g & 1) == 0) w[r].Prefetch(g * 64);
+      __m512 w0, w1, w2, w3;
+      w[r].Block32(g * 64, w0, w1);
+      w[r].Block32(g * 64 + 32, w2, w3);
+      __m512 p0 = _mm512_mul_ps(x0, w0);
+      p0 = _mm512_fmadd_ps(x1, w1, p0);
+      __m512 p1 = _mm512_mul_ps(x2, w2);
+      p1 = _mm512_fmadd_ps(x3, w3, p1);
+      acc[r] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[r][g]), acc[r]);
+    }
+  });
+  ReduceRows(a, out);
+}
+
+template <typename Src>
+float DotPlain(const Src& w, const float* x, size_t n) noexcept {
+  float out;
+  DotPlainRows<1>(&w, x, n, &out);
+  return out;
+}
+template <typename Src>
+float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
+  float out;
+  DotGroups32Rows<1>(&w, x, &gs, groups, &out);
+  return out;
+}
 template <typename Src>
 float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m512 acc) {
-    if ((g & 1) == 0) w.Prefetch(g * 64);
-    __m512 w0, w1, w2, w3;
-    w.Block32(g * 64, w0, w1);
-    w.Block32(g * 64 + 32, w2, w3);
-    const float* xg = x + g * 64;
-    __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(xg), w0);
-    p0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, p0);
-    __m512 p1 = _mm512_mul_ps(_mm512_loadu_ps(xg + 32), w2);
-    p1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), w3, p1);
-    return _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[g]), acc);
-  });
-  return Reduce4(a0, a1, a2, a3);
+  float out;
+  DotGroups64Rows<1>(&w, x, &gs, groups, &out);
+  return out;
 }
 
 // Within each 32-column block: the 16 even columns, then the 16 odd ones.
@@ -225,37 +285,25 @@ float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) 
   return 0.0f;
 }
 
-// The same from a row decoded once into `buf` (kernel layout).
-float DotBuffered(const WeightView& w, size_t o, const float* buf, const float* gs,
-                  const float* x) noexcept {
-  const size_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return DotPlain(F32Src{buf}, x, n);
-    case WeightFormat::kInt8:
-      return DotPlain(F32Src{buf}, x, n) * w.scales[o];
-    case WeightFormat::kInt4G64:
-      return DotGroups64(F32Src{buf}, x, gs, n / kInt4Group);
-    case WeightFormat::kMxfp4:
-      return DotGroups32(F32Src{buf}, x, gs, n / kMxGroup);
-  }
-  return 0.0f;
-}
-
-// Decodes row o into s.wrow (kernel layout) for the batched loop.
-const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+// Decodes row o into `out` (kernel layout) for the batched loop; f32 rows are
+// used in place.
+const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   const size_t n = w.cols;
   if (w.format == WeightFormat::kF32) return static_cast<const float*>(w.data) + o * n;
-  float* out = Grow(s.wrow, n);
   if (w.format == WeightFormat::kInt8) {
-    const I8Src src{static_cast<const int8_t*>(w.data) + o * n};
+    const I8Src src{static_cast<const int8_t*>(w.data) + o * n, PrefetchBytes()};
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, src.Load(i));
+    for (; i + 16 <= n; i += 16) {
+      if ((i & 63) == 0) src.Prefetch(i);
+      _mm512_storeu_ps(out + i, src.Load(i));
+    }
     if (i < n) _mm512_mask_storeu_ps(out + i, TailMask16(n - i), src.LoadTail(i, TailMask16(n - i)));
     return out;
   }
-  const NibbleSrc src{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutFor(w.format)};
+  const NibbleSrc src{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutFor(w.format),
+                      PrefetchBytes()};
   for (size_t c = 0; c < n; c += 32) {
+    src.Prefetch(c);
     __m512 even, odd;
     src.Block32(c, even, odd);
     _mm512_storeu_ps(out + c, even);
@@ -276,21 +324,62 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
   return xp;
 }
 
+// Batched f32 path: R rows decoded once (kernel layout, group factors), then
+// every activation row against all R at once.
+constexpr int kF32Rows = 4;
+
+template <int R>
+void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
+                 Scratch& s) noexcept {
+  const size_t n = w.cols;
+  const size_t groups = w.format == WeightFormat::kInt4G64 ? n / kInt4Group
+                        : w.format == WeightFormat::kMxfp4 ? n / kMxGroup
+                                                           : 0;
+  float* wbuf = Grow(s.wrow, R * n);
+  float* gbuf = Grow(s.gscale, R * groups + 1);
+  F32Src src[R];
+  const float* gs[R];
+  for (int r = 0; r < R; ++r) {
+    src[r] = F32Src{DecodeRowF32(w, o + r, wbuf + r * n)};
+    gs[r] = gbuf + r * groups;
+    if (w.format == WeightFormat::kInt4G64) {
+      gs[r] = w.scales + (o + r) * groups;
+    } else if (w.format == WeightFormat::kMxfp4) {
+      MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
+    }
+  }
+  for (size_t b = 0; b < batch; ++b) {
+    const float* xb = xl + b * n;
+    float d[R];
+    switch (w.format) {
+      case WeightFormat::kF32:
+      case WeightFormat::kInt8:
+        DotPlainRows<R>(src, xb, n, d);
+        break;
+      case WeightFormat::kInt4G64:
+        DotGroups64Rows<R>(src, xb, gs, groups, d);
+        break;
+      case WeightFormat::kMxfp4:
+        DotGroups32Rows<R>(src, xb, gs, groups, d);
+        break;
+    }
+    for (int r = 0; r < R; ++r) {
+      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d[r] * w.scales[o + r] : d[r];
+    }
+  }
+}
+
 void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                   size_t r1) noexcept {
   Scratch& s = Tls();
   const float* xl = LayoutActs(w, x, batch, s);
-  for (size_t o = r0; o < r1; ++o) {
-    const float* gs = GroupScalesF32(w, o, s);
-    if (batch == 1) {
-      y[o] = DotDirect(w, o, gs, xl);
-      continue;
-    }
-    const float* buf = DecodeRowF32(w, o, s);
-    for (size_t b = 0; b < batch; ++b) {
-      y[b * w.rows + o] = DotBuffered(w, o, buf, gs, xl + b * w.cols);
-    }
+  if (batch == 1) {
+    for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
+    return;
   }
+  size_t o = r0;
+  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<kF32Rows>(w, xl, batch, o, y, s);
+  for (; o < r1; ++o) F32RowBlock<1>(w, xl, batch, o, y, s);
 }
 
 float RowDotAvx512(const WeightView& w, size_t row, const float* x) noexcept {
