@@ -11,11 +11,35 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <vector>
 
 #include "k3/quant/isa.h"
 #include "k3/quant/quant.h"
 
 namespace k3::quant::internal {
+
+// Per-thread scratch buffers of the SIMD kernels are 64-byte aligned: decoded
+// rows and re-laid-out activations are read with full-width loads, and a zmm load
+// that straddles two cache lines costs two (malloc's 16-byte alignment made every
+// one of them straddle).
+template <typename T>
+struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <typename U>
+  CacheAligned(const CacheAligned<U>&) noexcept {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheAligned<U>&) const noexcept {
+    return true;
+  }
+};
+template <typename T>
+using AlignedVec = std::vector<T, CacheAligned<T>>;
 
 struct KernelTable {
   Isa isa;

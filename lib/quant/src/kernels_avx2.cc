@@ -29,15 +29,15 @@ namespace k3::quant::internal {
 namespace {
 
 struct Scratch {
-  std::vector<float> xp;      // f32 path: activations in kernel layout
-  std::vector<float> wrow;    // f32 path: decoded row
-  std::vector<float> gscale;  // per-group factors of the row
-  std::vector<int8_t> wq;     // IDOT: weight bytes of one row (as Q8Direct gives them)
-  std::vector<int32_t> corr;  // IDOT: -B*Σxq per 4-column lane [batch][groups][8]
-  std::vector<int8_t> xn;     // nibble IDOT: activations in step layout [batch][steps*64]
-  std::vector<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
-  std::vector<float> wgs;     // nibble IDOT: decoded weight factors of one row
-  std::vector<float> xsg;     // nibble IDOT: activation factors, once per group
+  AlignedVec<float> xp;      // f32 path: activations in kernel layout
+  AlignedVec<float> wrow;    // f32 path: decoded row
+  AlignedVec<float> gscale;  // per-group factors of the row
+  AlignedVec<int8_t> wq;     // IDOT: weight bytes of one row (as Q8Direct gives them)
+  AlignedVec<int32_t> corr;  // IDOT: -B*Σxq per 4-column lane [batch][groups][8]
+  AlignedVec<int8_t> xn;     // nibble IDOT: activations in step layout [batch][steps*64]
+  AlignedVec<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
+  AlignedVec<float> wgs;     // nibble IDOT: decoded weight factors of one row
+  AlignedVec<float> xsg;     // nibble IDOT: activation factors, once per group
 };
 
 Scratch& Tls() {
@@ -46,7 +46,7 @@ Scratch& Tls() {
 }
 
 template <typename T>
-T* Grow(std::vector<T>& v, size_t n) {
+T* Grow(AlignedVec<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
 }

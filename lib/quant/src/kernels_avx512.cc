@@ -32,15 +32,16 @@ namespace k3::quant::internal {
 namespace {
 
 struct Scratch {
-  std::vector<float> xp;       // f32 path: activations in kernel layout [batch][cols]
-  std::vector<float> wrow;     // f32 path: decoded row
-  std::vector<float> gscale;   // per-group factor of the row
-  std::vector<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
-  std::vector<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
-  std::vector<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
-  std::vector<float> xse;      // nibble IDOT: activation factors, 4 lanes per group
-  std::vector<float> wgs;      // nibble IDOT: decoded weight factors of R rows
-  std::vector<float> xsg;      // nibble IDOT: activation factors, once per group
+  AlignedVec<float> xp;       // f32 path: activations in kernel layout [batch][cols]
+  AlignedVec<float> wrow;     // f32 path: decoded row
+  AlignedVec<float> gscale;   // per-group factor of the row
+  AlignedVec<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
+  AlignedVec<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
+  AlignedVec<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
+  AlignedVec<float> xse;      // nibble IDOT: activation factors, 4 lanes per group
+  AlignedVec<float> wgs;      // nibble IDOT: decoded weight factors of R rows
+  AlignedVec<float> xsg;      // nibble IDOT: activation factors, once per group
+  AlignedVec<float> acc;      // batched f32 path: tile accumulators between column blocks
 };
 
 Scratch& Tls() {
@@ -49,16 +50,13 @@ Scratch& Tls() {
 }
 
 template <typename T>
-T* Grow(std::vector<T>& v, size_t n) {
+T* Grow(AlignedVec<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
 }
 
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
-inline float Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
 
 // ---------------------------------------------------------------------------
 // f32-activation path
@@ -110,115 +108,120 @@ struct NibbleSrc {
   }
 };
 
-// The dot routines take R weight rows (1 for decode, kF32Rows in the batched
-// loop, where each activation load then feeds R rows); per row the operations
-// are the same whatever R is, so batch 1 and batched agree bit for bit.
-template <int R>
-inline void ZeroAcc(__m512 (&a)[4][R]) {
+// f32-activation dot products as R x B tiles: R weight rows against B activation
+// rows. A row is a sequence of units -- 16-column chunks (f32, int8), 32-column
+// MXFP4 groups or 64-column int4 groups -- and unit k of a (row, activation) pair
+// goes to that pair's accumulator slot k & 1; the pair's result is
+// reduce_add(slot0 + slot1). Per pair the operations are the same whatever R and
+// B are and however the columns are blocked (a block's accumulators only go to
+// memory and back, which is exact), so batch 1 (R = B = 1, one block, weights
+// decoded in registers) and batched (decoded rows, 4 x 2 tiles, 1024-column
+// blocks) agree bit for bit.
+enum class Unit { kPlain, kG32, kG64 };
+
+template <Unit U>
+constexpr size_t kUnitCols = U == Unit::kPlain ? 16 : U == Unit::kG32 ? 32 : 64;
+
+template <Unit U, int R, int B, typename Src>
+struct F32Tile {
+  const Src* w;            // R weight rows
+  const float* const* x;   // B activation rows (kernel layout)
+  const float* const* gs;  // R group-factor rows (group units only)
+  size_t n;                // columns (the plain unit's tail)
+
+  void Step(size_t k, __m512 (&a)[R][B]) const {
+    if constexpr (U == Unit::kPlain) {
+      const size_t i = k * 16;
+      if (i + 16 <= n) {
+        __m512 xv[B];
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) a[j][r] = _mm512_setzero_ps();
-  }
-}
-
-template <int R>
-inline void ReduceRows(__m512 (&a)[4][R], float* out) {
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) out[r] = Reduce4(a[0][r], a[1][r], a[2][r], a[3][r]);
-}
-
-// Σ x·w over n columns (plain layout): 16-column chunk k -> accumulator k & 3.
-template <int R, typename Src>
-void DotPlainRows(const Src* w, const float* x, size_t n, float* out) noexcept {
-  __m512 a[4][R];
-  ZeroAcc(a);
-  Accumulate4Rows((n + 15) / 16, a, [&](size_t k, __m512* acc) {
-    const size_t i = k * 16;
-    if (i + 16 <= n) {
-      const __m512 xv = _mm512_loadu_ps(x + i);
-#pragma GCC unroll 8
+        for (int b = 0; b < B; ++b) xv[b] = _mm512_loadu_ps(x[b] + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          if ((k & 3) == 0) w[r].Prefetch(i);
+          const __m512 wv = w[r].Load(i);
+#pragma GCC unroll 4
+          for (int b = 0; b < B; ++b) a[r][b] = _mm512_fmadd_ps(xv[b], wv, a[r][b]);
+        }
+      } else {
+        const __mmask16 m = TailMask16(n - i);
+        __m512 xv[B];
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) xv[b] = _mm512_maskz_loadu_ps(m, x[b] + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512 wv = w[r].LoadTail(i, m);
+#pragma GCC unroll 4
+          for (int b = 0; b < B; ++b) a[r][b] = _mm512_fmadd_ps(xv[b], wv, a[r][b]);
+        }
+      }
+    } else if constexpr (U == Unit::kG32) {
+      // p = x_even*w_even + x_odd*w_odd over the permuted layout, then p * gs.
+      __m512 xe[B], xo[B];
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        xe[b] = _mm512_loadu_ps(x[b] + k * 32);
+        xo[b] = _mm512_loadu_ps(x[b] + k * 32 + 16);
+      }
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        if ((k & 3) == 0) w[r].Prefetch(i);
-        acc[r] = _mm512_fmadd_ps(xv, w[r].Load(i), acc[r]);
+        if ((k & 3) == 0) w[r].Prefetch(k * 32);
+        __m512 we, wo;
+        w[r].Block32(k * 32, we, wo);
+        const __m512 g = _mm512_set1_ps(gs[r][k]);
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          const __m512 p = _mm512_fmadd_ps(xo[b], wo, _mm512_mul_ps(xe[b], we));
+          a[r][b] = _mm512_fmadd_ps(p, g, a[r][b]);
+        }
       }
     } else {
-      const __mmask16 m = TailMask16(n - i);
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(xv, w[r].LoadTail(i, m), acc[r]);
+      // Two 32-column blocks per int4 group, summed pairwise, then scaled.
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        if ((k & 1) == 0) w[r].Prefetch(k * 64);
+        __m512 w0, w1, w2, w3;
+        w[r].Block32(k * 64, w0, w1);
+        w[r].Block32(k * 64 + 32, w2, w3);
+        const __m512 g = _mm512_set1_ps(gs[r][k]);
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          const float* xg = x[b] + k * 64;
+          const __m512 p0 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1,
+                                            _mm512_mul_ps(_mm512_loadu_ps(xg), w0));
+          const __m512 p1 = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 48), w3,
+                                            _mm512_mul_ps(_mm512_loadu_ps(xg + 32), w2));
+          a[r][b] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), g, a[r][b]);
+        }
+      }
     }
-  });
-  ReduceRows(a, out);
+  }
+
+  // Units [k0, k1), k0 even: slot = k & 1.
+  void Run(size_t k0, size_t k1, __m512 (&a)[2][R][B]) const {
+    size_t k = k0;
+    for (; k + 2 <= k1; k += 2) {
+      Step(k, a[0]);
+      Step(k + 1, a[1]);
+    }
+    if (k < k1) Step(k, a[0]);
+  }
+};
+
+template <Unit U>
+size_t UnitCount(size_t n) {
+  return (n + kUnitCols<U> - 1) / kUnitCols<U>;
 }
 
-// MXFP4 over the permuted layout: group g (32 columns) partial
-// p = x_odd*w_odd + x_even*w_even, then acc[g&3] += p * gscale[g].
-template <int R, typename Src>
-void DotGroups32Rows(const Src* w, const float* x, const float* const* gs, size_t groups,
-                     float* out) noexcept {
-  __m512 a[4][R];
-  ZeroAcc(a);
-  Accumulate4Rows(groups, a, [&](size_t g, __m512* acc) {
-    const float* xg = x + g * 32;
-    const __m512 xe = _mm512_loadu_ps(xg), xo = _mm512_loadu_ps(xg + 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      if ((g & 3) == 0) w[r].Prefetch(g * 32);
-      __m512 we, wo;
-      w[r].Block32(g * 32, we, wo);
-      __m512 p = _mm512_mul_ps(xe, we);
-      p = _mm512_fmadd_ps(xo, wo, p);
-      acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(gs[r][g]), acc[r]);
-    }
-  });
-  ReduceRows(a, out);
-}
+inline float ReducePair(__m512 s0, __m512 s1) { return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)); }
 
-// int4-g64 over the permuted layout: two 32-column blocks per group, summed
-// pairwise, then scaled.
-template <int R, typename Src>
-void DotGroups64Rows(const Src* w, const float* x, const float* const* gs, size_t groups,
-                     float* out) noexcept {
-  __m512 a[4][R];
-  ZeroAcc(a);
-  Accumulate4Rows(groups, a, [&](size_t g, __m512* acc) {
-    const float* xg = x + g * 64;
-    const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
-    const __m512 x2 = _mm512_loadu_ps(xg + 32), x3 = _mm512_loadu_ps(xg + 48);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      if ((g & 1) == 0) w[r].Prefetch(g * 64);
-      __m512 w0, w1, w2, w3;
-      w[r].Block32(g * 64, w0, w1);
-      w[r].Block32(g * 64 + 32, w2, w3);
-      __m512 p0 = _mm512_mul_ps(x0, w0);
-      p0 = _mm512_fmadd_ps(x1, w1, p0);
-      __m512 p1 = _mm512_mul_ps(x2, w2);
-      p1 = _mm512_fmadd_ps(x3, w3, p1);
-      acc[r] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(gs[r][g]), acc[r]);
-    }
-  });
-  ReduceRows(a, out);
-}
-
-template <typename Src>
-float DotPlain(const Src& w, const float* x, size_t n) noexcept {
-  float out;
-  DotPlainRows<1>(&w, x, n, &out);
-  return out;
-}
-template <typename Src>
-float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  float out;
-  DotGroups32Rows<1>(&w, x, &gs, groups, &out);
-  return out;
-}
-template <typename Src>
-float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  float out;
-  DotGroups64Rows<1>(&w, x, &gs, groups, &out);
-  return out;
+// One row against one activation row (decode), weights decoded in registers.
+template <Unit U, typename Src>
+float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
+  __m512 a[2][1][1] = {{{_mm512_setzero_ps()}}, {{_mm512_setzero_ps()}}};
+  const F32Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
+  tile.Run(0, UnitCount<U>(n), a);
+  return ReducePair(a[0][0][0], a[1][0][0]);
 }
 
 // Within each 32-column block: the 16 even columns, then the 16 odd ones.
@@ -267,20 +270,20 @@ inline __m512 LutFor(WeightFormat f) { return f == WeightFormat::kMxfp4 ? LutMx2
 // Row o dotted with one (layout-matched) activation row, decoding on the fly.
 float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
   const size_t n = w.cols;
+  const size_t pf = PrefetchBytes();
   switch (w.format) {
     case WeightFormat::kF32:
-      return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
+      return DotF32<Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n}, x, nullptr, n);
     case WeightFormat::kInt8:
-      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n, PrefetchBytes()}, x, n) *
+      return DotF32<Unit::kPlain>(I8Src{static_cast<const int8_t*>(w.data) + o * n, pf}, x,
+                                  nullptr, n) *
              w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotGroups64(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4(),
-                                   PrefetchBytes()},
-                         x, gs, n / kInt4Group);
+      return DotF32<Unit::kG64>(
+          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4(), pf}, x, gs, n);
     case WeightFormat::kMxfp4:
-      return DotGroups32(NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2(),
-                                   PrefetchBytes()},
-                         x, gs, n / kMxGroup);
+      return DotF32<Unit::kG32>(
+          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2(), pf}, x, gs, n);
   }
   return 0.0f;
 }
@@ -316,25 +319,60 @@ bool NeedsPermute(WeightFormat f) {
   return f == WeightFormat::kInt4G64 || f == WeightFormat::kMxfp4;
 }
 
-// Activations in the kernel's layout (the input itself when no change is needed).
+// Activations in the kernel's layout, in the 64-byte aligned scratch (batch 1
+// with no layout change reads the input itself).
 const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
-  if (!NeedsPermute(w.format)) return x;
+  if (!NeedsPermute(w.format)) {
+    if (batch == 1) return x;
+    float* xa = Grow(s.xp, batch * w.cols);
+    std::memcpy(xa, x, batch * w.cols * sizeof(float));
+    return xa;
+  }
   float* xp = Grow(s.xp, batch * w.cols);
   for (size_t b = 0; b < batch; ++b) PermuteEvenOdd32(x + b * w.cols, w.cols, xp + b * w.cols);
   return xp;
 }
 
-// Batched f32 path: R rows decoded once (kernel layout, group factors), then
-// every activation row against all R at once.
+// Batched f32 path: kF32Rows rows decoded once (kernel layout, group factors);
+// then, per block of kF32BlockCols columns, every pair of activation rows runs a
+// kF32Rows x 2 tile whose accumulators live in s.acc between blocks. The block's
+// decoded weights (4 x 4 KiB) stay in L1 while the activation pairs stream by.
 constexpr int kF32Rows = 4;
+// A multiple of every unit, even in units; 256..16384 measured within 10%
+// (the tile is bound by its loads and FMAs, not by the cache).
+constexpr size_t kF32BlockCols = 1024;
 
-template <int R>
+template <Unit U, int R, int B>
+void F32TileBlock(const F32Src* src, const float* const* gs, const float* xl, size_t n, size_t b0,
+                  size_t k0, size_t k1, float* acc) noexcept {
+  __m512 a[2][R][B];
+  const float* x[B];
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    x[b] = xl + (b0 + b) * n;
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) a[j][r][b] = _mm512_loadu_ps(acc + (((b0 + b) * 2 + j) * R + r) * 16);
+    }
+  }
+  const F32Tile<U, R, B, F32Src> tile{src, x, gs, n};
+  tile.Run(k0, k1, a);
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + (((b0 + b) * 2 + j) * R + r) * 16, a[j][r][b]);
+    }
+  }
+}
+
+template <Unit U, int R>
 void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
                  Scratch& s) noexcept {
   const size_t n = w.cols;
-  const size_t groups = w.format == WeightFormat::kInt4G64 ? n / kInt4Group
-                        : w.format == WeightFormat::kMxfp4 ? n / kMxGroup
-                                                           : 0;
+  const size_t groups = U == Unit::kPlain ? 0 : n / kUnitCols<U>;
   float* wbuf = Grow(s.wrow, R * n);
   float* gbuf = Grow(s.gscale, R * groups + 1);
   F32Src src[R];
@@ -342,31 +380,37 @@ void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, f
   for (int r = 0; r < R; ++r) {
     src[r] = F32Src{DecodeRowF32(w, o + r, wbuf + r * n)};
     gs[r] = gbuf + r * groups;
-    if (w.format == WeightFormat::kInt4G64) {
+    if constexpr (U == Unit::kG64) {
       gs[r] = w.scales + (o + r) * groups;
-    } else if (w.format == WeightFormat::kMxfp4) {
+    } else if constexpr (U == Unit::kG32) {
       MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
     }
   }
+  float* acc = Grow(s.acc, batch * 2 * R * 16);
+  std::memset(acc, 0, batch * 2 * R * 16 * sizeof(float));
+  const size_t units = UnitCount<U>(n);
+  const size_t block = kF32BlockCols / kUnitCols<U>;
+  for (size_t k0 = 0; k0 < units; k0 += block) {
+    const size_t k1 = k0 + block < units ? k0 + block : units;
+    size_t b = 0;
+    for (; b + 2 <= batch; b += 2) F32TileBlock<U, R, 2>(src, gs, xl, n, b, k0, k1, acc);
+    if (b < batch) F32TileBlock<U, R, 1>(src, gs, xl, n, b, k0, k1, acc);
+  }
   for (size_t b = 0; b < batch; ++b) {
-    const float* xb = xl + b * n;
-    float d[R];
-    switch (w.format) {
-      case WeightFormat::kF32:
-      case WeightFormat::kInt8:
-        DotPlainRows<R>(src, xb, n, d);
-        break;
-      case WeightFormat::kInt4G64:
-        DotGroups64Rows<R>(src, xb, gs, groups, d);
-        break;
-      case WeightFormat::kMxfp4:
-        DotGroups32Rows<R>(src, xb, gs, groups, d);
-        break;
-    }
     for (int r = 0; r < R; ++r) {
-      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d[r] * w.scales[o + r] : d[r];
+      const float* ab = acc + (b * 2) * R * 16;
+      const float d = ReducePair(_mm512_loadu_ps(ab + r * 16), _mm512_loadu_ps(ab + (R + r) * 16));
+      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
     }
   }
+}
+
+template <Unit U>
+void MatMulF32Batched(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
+                      size_t r1, Scratch& s) noexcept {
+  size_t o = r0;
+  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<U, kF32Rows>(w, xl, batch, o, y, s);
+  for (; o < r1; ++o) F32RowBlock<U, 1>(w, xl, batch, o, y, s);
 }
 
 void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
@@ -377,9 +421,15 @@ void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, s
     for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
     return;
   }
-  size_t o = r0;
-  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<kF32Rows>(w, xl, batch, o, y, s);
-  for (; o < r1; ++o) F32RowBlock<1>(w, xl, batch, o, y, s);
+  switch (w.format) {
+    case WeightFormat::kF32:
+    case WeightFormat::kInt8:
+      return MatMulF32Batched<Unit::kPlain>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kInt4G64:
+      return MatMulF32Batched<Unit::kG64>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kMxfp4:
+      return MatMulF32Batched<Unit::kG32>(w, xl, batch, y, r0, r1, s);
+  }
 }
 
 float RowDotAvx512(const WeightView& w, size_t row, const float* x) noexcept {
