@@ -118,6 +118,26 @@ inline void Accumulate4(size_t count, V& a0, V& a1, V& a2, V& a3, Body&& body) {
   if (k + 2 < count) a2 = body(k + 2, a2);
 }
 
+// acc (k & 1) = body(k, acc) for k = 0..count-1: two named accumulators.
+template <typename V, typename Body>
+inline void Accumulate2(size_t count, V& a0, V& a1, Body&& body) {
+  size_t k = 0;
+  for (; k + 2 <= count; k += 2) {
+    a0 = body(k, a0);
+    a1 = body(k + 1, a1);
+  }
+  if (k < count) a0 = body(k, a0);
+}
+
+// One 32-column activation group split into its 16 even and 16 odd columns (the
+// nibble IDOT layout: low nibbles are even columns, high nibbles odd ones).
+inline void SplitEvenOdd32(const int8_t* q, int8_t* even, int8_t* odd) {
+  for (int j = 0; j < 16; ++j) {
+    even[j] = q[2 * j];
+    odd[j] = q[2 * j + 1];
+  }
+}
+
 // The same rotation for R rows at once (batched loops that share each
 // activation load between R weight rows): body(k, a[k & 3]) updates the R
 // accumulators of slot k & 3, so every row sees exactly the operations it would

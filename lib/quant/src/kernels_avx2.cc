@@ -489,7 +489,6 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   float* xsg = Grow(s.xsg, x.batch * xsg_stride);
   const __m256i b = _mm256_set1_epi8(static_cast<char>(kBias<F>));
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
     const float* xs = x.scales.data() + r * groups;
@@ -497,18 +496,12 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       int8_t* d = xq + (r * steps + t) * kStep;
       for (size_t l = 0; l < 2; ++l) {
         const size_t g = t * 2 + l;
-        __m128i e = _mm_setzero_si128(), o = _mm_setzero_si128();
         if (g < groups) {
-          // Each 16-column half: 8 even then 8 odd columns; unpack the halves.
-          const __m128i h0 = _mm_shuffle_epi8(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup)), even_odd);
-          const __m128i h1 = _mm_shuffle_epi8(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup + 16)), even_odd);
-          e = _mm_unpacklo_epi64(h0, h1);
-          o = _mm_unpackhi_epi64(h0, h1);
+          SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 32 + 16 * l);
+        } else {
+          std::memset(d + 16 * l, 0, 16);
+          std::memset(d + 32 + 16 * l, 0, 16);
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16 * l), e);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32 + 16 * l), o);
         const float f = g < groups ? xs[g] * mult : 0.0f;
         for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 8 + 4 * l + m] = f;
         xsg[r * xsg_stride + g] = f;
@@ -613,18 +606,12 @@ float DotNibBuffered(const NibBuffered& w, const NibActs& x, size_t b) noexcept 
   const int32_t* corr = x.corr + b * x.steps * 8;
   const float* xse = x.xse + b * x.steps * 8;
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  auto step = [&](size_t t, __m256 acc) {
+  Accumulate2(x.steps, a0, a1, [&](size_t t, __m256 acc) {
     const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep));
     const __m256i wo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep + 32));
     const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w.gs + t * 8), _mm256_loadu_ps(xse + t * 8));
     return NibStep(we, wo, xq + t * kStep, corr + t * 8, f, acc);
-  };
-  size_t t = 0;
-  for (; t + 2 <= x.steps; t += 2) {
-    a0 = step(t, a0);
-    a1 = step(t + 1, a1);
-  }
-  if (t < x.steps) a0 = step(t, a0);
+  });
   return Hsum(_mm256_add_ps(a0, a1));
 }
 
@@ -680,18 +667,12 @@ float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
       }
     }
   } else {
-    auto step = [&](size_t t, __m256 acc) {
+    Accumulate2(x.steps, a0, a1, [&](size_t t, __m256 acc) {
       __m256i we, wo;
       w.Weights(t, &we, &wo);
       const __m256 f = _mm256_mul_ps(w.Factors(t), _mm256_loadu_ps(x.xse + t * 8));
       return NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
-    };
-    size_t t = 0;
-    for (; t + 2 <= x.steps; t += 2) {
-      a0 = step(t, a0);
-      a1 = step(t + 1, a1);
-    }
-    if (t < x.steps) a0 = step(t, a0);
+    });
   }
   return Hsum(_mm256_add_ps(a0, a1));
 }

@@ -665,7 +665,6 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   const size_t xsg_stride = (steps * 4 + 15) / 16 * 16;
   float* xsg = Grow(s.xsg, x.batch * xsg_stride);
   const __m512i b = _mm512_set1_epi8(static_cast<char>(kB));
-  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
     const float* xs = x.scales.data() + r * groups;
@@ -674,18 +673,12 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       int8_t* d = dq + t * kStep;
       for (size_t l = 0; l < 4; ++l) {
         const size_t g = t * 4 + l;
-        __m128i e = _mm_setzero_si128(), o = _mm_setzero_si128();
         if (g < groups) {
-          // Each 16-column half: 8 even then 8 odd columns; unpack the halves.
-          const __m128i h0 = _mm_shuffle_epi8(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup)), even_odd);
-          const __m128i h1 = _mm_shuffle_epi8(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * kActGroup + 16)), even_odd);
-          e = _mm_unpacklo_epi64(h0, h1);
-          o = _mm_unpackhi_epi64(h0, h1);
+          SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 64 + 16 * l);
+        } else {
+          std::memset(d + 16 * l, 0, 16);
+          std::memset(d + 64 + 16 * l, 0, 16);
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16 * l), e);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 64 + 16 * l), o);
         const float f = g < groups ? xs[g] * mult : 0.0f;
         for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 16 + 4 * l + m] = f;
         xsg[r * xsg_stride + g] = f;
