@@ -38,6 +38,7 @@ struct Scratch {
   AlignedVec<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
   AlignedVec<float> wgs;     // nibble IDOT: decoded weight factors of one row
   AlignedVec<float> xsg;     // nibble IDOT: activation factors, once per group
+  AlignedVec<float> acc;     // batched f32 path: tile accumulators between column blocks
 };
 
 Scratch& Tls() {
@@ -122,57 +123,148 @@ struct NibbleSrc {
   }
 };
 
-// 8-column chunk k -> accumulator k & 3.
-template <typename Src>
-float DotPlain(const Src& w, const float* x, size_t n) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4((n + 7) / 8, a0, a1, a2, a3, [&](size_t k, __m256 acc) {
-    const size_t i = k * 8;
-    if ((k & 3) == 0) w.Prefetch(i);
-    if (i + 8 <= n) return _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w.Load(i), acc);
-    alignas(32) float xt[8] = {};
-    std::memcpy(xt, x + i, (n - i) * sizeof(float));
-    return _mm256_fmadd_ps(_mm256_load_ps(xt), w.LoadTail(i, n - i), acc);
-  });
-  return Reduce4(a0, a1, a2, a3);
+// f32-activation dot products as R x B tiles (the AVX-512 scheme with 8 lanes):
+// a row is a sequence of units -- 8-column chunks (f32, int8), 32-column MXFP4
+// groups, 64-column int4 groups -- and unit k of a (row, activation) pair goes to
+// that pair's accumulator slot k mod S (S = 4 for the one-FMA chunks, whose
+// latency would otherwise bound decode, 2 for groups), the result being
+// Hsum((slot0 + slot1) + (slot2 + slot3)) or Hsum(slot0 + slot1). The operations
+// per pair do not depend on R, B or the column blocking, so batch 1 (1 x 1,
+// decoded in registers) and batched (tiles over decoded rows, accumulators in
+// scratch between 1024-column blocks) agree bit for bit.
+enum class Unit { kPlain, kG32, kG64 };
+
+template <Unit U>
+constexpr size_t kUnitCols = U == Unit::kPlain ? 8 : U == Unit::kG32 ? 32 : 64;
+
+template <Unit U>
+constexpr int kSlots = U == Unit::kPlain ? 4 : 2;
+
+template <Unit U>
+size_t UnitCount(size_t n) {
+  return (n + kUnitCols<U> - 1) / kUnitCols<U>;
 }
 
-// MXFP4, permuted layout: group g = two 16-column blocks.
-template <typename Src>
-float DotGroups32(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
-    if ((g & 3) == 0) w.Prefetch(g * 32);
-    __m256 w0, w1, w2, w3;
-    w.Block16(g * 32, w0, w1);
-    w.Block16(g * 32 + 16, w2, w3);
-    const float* xg = x + g * 32;
-    const __m256 p0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1,
-                                      _mm256_mul_ps(_mm256_loadu_ps(xg), w0));
-    const __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3,
-                                      _mm256_mul_ps(_mm256_loadu_ps(xg + 16), w2));
-    return _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(gs[g]), acc);
-  });
-  return Reduce4(a0, a1, a2, a3);
-}
+template <Unit U, int R, int B, typename Src>
+struct F32Tile {
+  const Src* w;            // R weight rows
+  const float* const* x;   // B activation rows (kernel layout)
+  const float* const* gs;  // R group-factor rows (group units only)
+  size_t n;                // columns (the plain unit's tail)
 
-// int4-g64, permuted layout: group g = four 16-column blocks.
-template <typename Src>
-float DotGroups64(const Src& w, const float* x, const float* gs, size_t groups) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
-    if ((g & 1) == 0) w.Prefetch(g * 64);
-    __m256 p[4];
-    for (int b = 0; b < 4; ++b) {
-      __m256 we, wo;
-      w.Block16(g * 64 + b * 16, we, wo);
-      const float* xb = x + g * 64 + b * 16;
-      p[b] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wo, _mm256_mul_ps(_mm256_loadu_ps(xb), we));
+  // p = x_even*w_even + x_odd*w_odd of the 16-column block at column c.
+  static __m256 Block(const float* xb, __m256 we, __m256 wo) {
+    return _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wo, _mm256_mul_ps(_mm256_loadu_ps(xb), we));
+  }
+
+  void Step(size_t k, __m256 (&a)[R][B]) const {
+    if constexpr (U == Unit::kPlain) {
+      const size_t i = k * 8;
+      if (i + 8 <= n) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          if ((k & 7) == 0) w[r].Prefetch(i);
+          const __m256 wv = w[r].Load(i);
+#pragma GCC unroll 4
+          for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), wv, a[r][b]);
+        }
+      } else {
+        __m256 xv[B];
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          alignas(32) float t[8] = {};
+          std::memcpy(t, x[b] + i, (n - i) * sizeof(float));
+          xv[b] = _mm256_load_ps(t);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256 wv = w[r].LoadTail(i, n - i);
+#pragma GCC unroll 4
+          for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(xv[b], wv, a[r][b]);
+        }
+      }
+    } else if constexpr (U == Unit::kG32) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        if ((k & 3) == 0) w[r].Prefetch(k * 32);
+        __m256 w0, w1, w2, w3;
+        w[r].Block16(k * 32, w0, w1);
+        w[r].Block16(k * 32 + 16, w2, w3);
+        const __m256 g = _mm256_set1_ps(gs[r][k]);
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          const float* xg = x[b] + k * 32;
+          const __m256 p = _mm256_add_ps(Block(xg, w0, w1), Block(xg + 16, w2, w3));
+          a[r][b] = _mm256_fmadd_ps(p, g, a[r][b]);
+        }
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        if ((k & 1) == 0) w[r].Prefetch(k * 64);
+        __m256 s01[B];
+        {
+          __m256 w0, w1, w2, w3;
+          w[r].Block16(k * 64, w0, w1);
+          w[r].Block16(k * 64 + 16, w2, w3);
+#pragma GCC unroll 4
+          for (int b = 0; b < B; ++b) {
+            const float* xg = x[b] + k * 64;
+            s01[b] = _mm256_add_ps(Block(xg, w0, w1), Block(xg + 16, w2, w3));
+          }
+        }
+        __m256 w4, w5, w6, w7;
+        w[r].Block16(k * 64 + 32, w4, w5);
+        w[r].Block16(k * 64 + 48, w6, w7);
+        const __m256 g = _mm256_set1_ps(gs[r][k]);
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          const float* xg = x[b] + k * 64;
+          const __m256 s23 = _mm256_add_ps(Block(xg + 32, w4, w5), Block(xg + 48, w6, w7));
+          a[r][b] = _mm256_fmadd_ps(_mm256_add_ps(s01[b], s23), g, a[r][b]);
+        }
+      }
     }
-    const __m256 part = _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3]));
-    return _mm256_fmadd_ps(part, _mm256_set1_ps(gs[g]), acc);
-  });
-  return Reduce4(a0, a1, a2, a3);
+  }
+
+  static constexpr int S = kSlots<U>;
+
+  // Units [k0, k1), k0 a multiple of S: slot = k mod S.
+  void Run(size_t k0, size_t k1, __m256 (&a)[S][R][B]) const {
+    size_t k = k0;
+    for (; k + S <= k1; k += S) {
+#pragma GCC unroll 4
+      for (int j = 0; j < S; ++j) Step(k + j, a[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+      if (k + j < k1) Step(k + j, a[j]);
+    }
+  }
+};
+
+template <int S>
+inline float ReduceSlots(const __m256* v) {  // v[j] = slot j of one pair
+  if constexpr (S == 4) {
+    return Reduce4(v[0], v[1], v[2], v[3]);
+  } else {
+    return Hsum(_mm256_add_ps(v[0], v[1]));
+  }
+}
+
+// One row against one activation row (decode), weights decoded in registers.
+template <Unit U, typename Src>
+float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
+  constexpr int S = kSlots<U>;
+  __m256 a[S][1][1];
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) a[j][0][0] = _mm256_setzero_ps();
+  const F32Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
+  tile.Run(0, UnitCount<U>(n), a);
+  __m256 v[S];
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) v[j] = a[j][0][0];
+  return ReduceSlots<S>(v);
 }
 
 // Within each 16-column block: the 8 even columns, then the 8 odd ones.
@@ -199,41 +291,28 @@ const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept 
 
 float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
   const size_t n = w.cols;
+  const size_t pf = PrefetchBytes();
   const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
   switch (w.format) {
     case WeightFormat::kF32:
-      return DotPlain(F32Src{static_cast<const float*>(w.data) + o * n}, x, n);
+      return DotF32<Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n}, x, nullptr, n);
     case WeightFormat::kInt8:
-      return DotPlain(I8Src{static_cast<const int8_t*>(w.data) + o * n, PrefetchBytes()}, x, n) *
+      return DotF32<Unit::kPlain>(I8Src{static_cast<const int8_t*>(w.data) + o * n, pf}, x,
+                                  nullptr, n) *
              w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotGroups64(NibbleSrc<false>{packed, PrefetchBytes()}, x, gs, n / kInt4Group);
+      return DotF32<Unit::kG64>(NibbleSrc<false>{packed, pf}, x, gs, n);
     case WeightFormat::kMxfp4:
-      return DotGroups32(NibbleSrc<true>{packed, PrefetchBytes()}, x, gs, n / kMxGroup);
+      return DotF32<Unit::kG32>(NibbleSrc<true>{packed, pf}, x, gs, n);
   }
   return 0.0f;
 }
 
-float DotBuffered(const WeightView& w, size_t o, const float* buf, const float* gs,
-                  const float* x) noexcept {
-  const size_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return DotPlain(F32Src{buf}, x, n);
-    case WeightFormat::kInt8:
-      return DotPlain(F32Src{buf}, x, n) * w.scales[o];
-    case WeightFormat::kInt4G64:
-      return DotGroups64(F32Src{buf}, x, gs, n / kInt4Group);
-    case WeightFormat::kMxfp4:
-      return DotGroups32(F32Src{buf}, x, gs, n / kMxGroup);
-  }
-  return 0.0f;
-}
-
-const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
+// Row o in the kernel layout into `out` for the batched loop; f32 rows are used
+// in place.
+const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   const size_t n = w.cols;
   if (w.format == WeightFormat::kF32) return static_cast<const float*>(w.data) + o * n;
-  float* out = Grow(s.wrow, n);
   if (w.format == WeightFormat::kInt8) {
     const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]);
@@ -253,27 +332,121 @@ const float* DecodeRowF32(const WeightView& w, size_t o, Scratch& s) noexcept {
   return out;
 }
 
+// Activations in the kernel's layout, in the 64-byte aligned scratch (batch 1
+// with no layout change reads the input itself).
 const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
-  if (w.format != WeightFormat::kInt4G64 && w.format != WeightFormat::kMxfp4) return x;
+  if (w.format != WeightFormat::kInt4G64 && w.format != WeightFormat::kMxfp4) {
+    if (batch == 1) return x;
+    float* xa = Grow(s.xp, batch * w.cols);
+    std::memcpy(xa, x, batch * w.cols * sizeof(float));
+    return xa;
+  }
   float* xp = Grow(s.xp, batch * w.cols);
   for (size_t b = 0; b < batch; ++b) PermuteEvenOdd16(x + b * w.cols, w.cols, xp + b * w.cols);
   return xp;
+}
+
+// Batched: kF32Rows rows decoded once, then per 1024-column block the activation
+// rows run kF32Rows x kTileActs tiles, accumulators resting in s.acc
+// ([batch][slot][row] vectors). Sixteen ymm registers: 2 x 2 pairs x 2 slots
+// for groups, 2 x 1 x 4 for the plain chunks.
+constexpr int kF32Rows = 2;
+template <Unit U>
+constexpr int kTileActs = U == Unit::kPlain ? 1 : 2;
+constexpr size_t kF32BlockCols = 1024;  // a multiple of every unit x slot count
+
+template <Unit U, int R, int B>
+void F32TileBlock(const F32Src* src, const float* const* gs, const float* xl, size_t n, size_t b0,
+                  size_t k0, size_t k1, float* acc) noexcept {
+  constexpr int S = kSlots<U>;
+  __m256 a[S][R][B];
+  const float* x[B];
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    x[b] = xl + (b0 + b) * n;
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) a[j][r][b] = _mm256_loadu_ps(acc + (((b0 + b) * S + j) * R + r) * 8);
+    }
+  }
+  const F32Tile<U, R, B, F32Src> tile{src, x, gs, n};
+  tile.Run(k0, k1, a);
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + (((b0 + b) * S + j) * R + r) * 8, a[j][r][b]);
+    }
+  }
+}
+
+template <Unit U, int R>
+void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
+                 Scratch& s) noexcept {
+  const size_t n = w.cols;
+  const size_t groups = U == Unit::kPlain ? 0 : n / kUnitCols<U>;
+  float* wbuf = Grow(s.wrow, R * n);
+  float* gbuf = Grow(s.gscale, R * groups + 1);
+  F32Src src[R];
+  const float* gs[R];
+  for (int r = 0; r < R; ++r) {
+    src[r] = F32Src{DecodeRowF32(w, o + r, wbuf + r * n)};
+    gs[r] = gbuf + r * groups;
+    if constexpr (U == Unit::kG64) {
+      gs[r] = w.scales + (o + r) * groups;
+    } else if constexpr (U == Unit::kG32) {
+      const uint8_t* e = w.e8m0 + (o + r) * groups;
+      for (size_t g = 0; g < groups; ++g) gbuf[r * groups + g] = E8m0Half(e[g]);
+    }
+  }
+  constexpr int S = kSlots<U>;
+  constexpr int T = kTileActs<U>;
+  float* acc = Grow(s.acc, batch * S * R * 8);
+  std::memset(acc, 0, batch * S * R * 8 * sizeof(float));
+  const size_t units = UnitCount<U>(n);
+  const size_t block = kF32BlockCols / kUnitCols<U>;
+  for (size_t k0 = 0; k0 < units; k0 += block) {
+    const size_t k1 = k0 + block < units ? k0 + block : units;
+    size_t b = 0;
+    for (; b + T <= batch; b += T) F32TileBlock<U, R, T>(src, gs, xl, n, b, k0, k1, acc);
+    if (b < batch) F32TileBlock<U, R, 1>(src, gs, xl, n, b, k0, k1, acc);
+  }
+  for (size_t b = 0; b < batch; ++b) {
+    for (int r = 0; r < R; ++r) {
+      __m256 v[S];
+      for (int j = 0; j < S; ++j) v[j] = _mm256_loadu_ps(acc + ((b * S + j) * R + r) * 8);
+      const float d = ReduceSlots<S>(v);
+      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
+    }
+  }
+}
+
+template <Unit U>
+void MatMulF32Batched(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
+                      size_t r1, Scratch& s) noexcept {
+  size_t o = r0;
+  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<U, kF32Rows>(w, xl, batch, o, y, s);
+  for (; o < r1; ++o) F32RowBlock<U, 1>(w, xl, batch, o, y, s);
 }
 
 void MatMulAvx2(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                 size_t r1) noexcept {
   Scratch& s = Tls();
   const float* xl = LayoutActs(w, x, batch, s);
-  for (size_t o = r0; o < r1; ++o) {
-    const float* gs = GroupScalesF32(w, o, s);
-    if (batch == 1) {
-      y[o] = DotDirect(w, o, gs, xl);
-      continue;
-    }
-    const float* buf = DecodeRowF32(w, o, s);
-    for (size_t b = 0; b < batch; ++b) {
-      y[b * w.rows + o] = DotBuffered(w, o, buf, gs, xl + b * w.cols);
-    }
+  if (batch == 1) {
+    for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::kF32:
+    case WeightFormat::kInt8:
+      return MatMulF32Batched<Unit::kPlain>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kInt4G64:
+      return MatMulF32Batched<Unit::kG64>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kMxfp4:
+      return MatMulF32Batched<Unit::kG32>(w, xl, batch, y, r0, r1, s);
   }
 }
 
