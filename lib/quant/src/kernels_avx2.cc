@@ -145,6 +145,14 @@ size_t UnitCount(size_t n) {
   return (n + kUnitCols<U> - 1) / kUnitCols<U>;
 }
 
+// Pins a loaded vector in a register: otherwise GCC folds the same load into
+// every FMA that uses it, once per activation row of the tile.
+template <typename V>
+inline V InReg(V v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
 template <Unit U, int R, int B, typename Src>
 struct F32Tile {
   const Src* w;            // R weight rows
@@ -164,7 +172,7 @@ struct F32Tile {
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           if ((k & 7) == 0) w[r].Prefetch(i);
-          const __m256 wv = w[r].Load(i);
+          const __m256 wv = InReg(w[r].Load(i));
 #pragma GCC unroll 4
           for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), wv, a[r][b]);
         }
