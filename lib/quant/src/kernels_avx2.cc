@@ -569,37 +569,87 @@ const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
   return out;
 }
 
-template <WeightFormat F, typename Src>
-float DotQ8(const Src& w, const float* gs, const int8_t* xq, const int32_t* corr, const float* xs,
-            size_t groups) noexcept {
+// One activation row against R weight rows (R = 1 for decode, kQ8Rows for
+// batched int8), group g into slot g & 1 of each row, Hsum(slot0 + slot1): the
+// same operations per row whatever R is.
+template <WeightFormat F, int R, typename Src>
+void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
+               const float* xs, size_t groups, float* out) noexcept {
   constexpr bool kInt8 = F == WeightFormat::kInt8;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
-  Accumulate4(groups, a0, a1, a2, a3, [&](size_t g, __m256 acc) {
-    const __m256i wv = w.Group(g);
+  __m256 a[2][R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
+  auto step = [&](size_t g, __m256* acc) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
-    __m256i d;
+    [[maybe_unused]] __m256i c;
+    if constexpr (!kInt8) c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = w[r].Group(g);
+      __m256i d;
 #ifdef K3_AVXVNNI
-    if constexpr (kInt8) {
-      d = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv),
-                                  _mm256_sign_epi8(x, wv));
-    } else {
-      d = _mm256_dpbusd_avx_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8)), wv, x);
-    }
+      if constexpr (kInt8) {
+        d = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv),
+                                    _mm256_sign_epi8(x, wv));
+      } else {
+        d = _mm256_dpbusd_avx_epi32(c, wv, x);
+      }
 #else
-    if constexpr (kInt8) {
-      d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv)),
-                            ones);
-    } else {
-      d = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8)));
-    }
+      const __m256i ones = _mm256_set1_epi16(1);
+      if constexpr (kInt8) {
+        d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv)),
+                              ones);
+      } else {
+        d = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones), c);
+      }
 #endif
-    const float f = kInt8 ? xs[g] : gs[g] * xs[g];
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), acc);
-  });
-  return Reduce4(a0, a1, a2, a3);
+      const float f = kInt8 ? xs[g] : gs[r][g] * xs[g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), acc[r]);
+    }
+  };
+  size_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    step(g, a[0]);
+    step(g + 1, a[1]);
+  }
+  if (g < groups) step(g, a[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
+}
+
+// Batched int8: rows decoded kQ8Rows at a time share each activation load.
+constexpr int kQ8Rows = 4;
+
+template <WeightFormat F, int R>
+void Q8RowBlock(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
+                Scratch& s) noexcept {
+  constexpr bool kI8 = F == WeightFormat::kInt8;
+  const size_t n = w.cols;
+  const size_t groups = n / kActGroup;
+  int8_t* wq = Grow(s.wq, R * n);
+  float* gsb = Grow(s.wgs, R * groups + 1);
+  Q8Buffered src[R];
+  const float* gs[R];
+  for (int r = 0; r < R; ++r) {
+    const Q8Direct<F> d{RowBytes<F>(w, o + r), PrefetchBytes()};
+    int8_t* wr = wq + r * n;
+    for (size_t g = 0; g < groups; ++g) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + g * 32), d.Group(g));
+    }
+    src[r] = Q8Buffered{wr};
+    gs[r] = nullptr;
+    if constexpr (!kI8) {
+      const float* g1 = GroupScalesQ8(w, o + r, s);
+      std::memcpy(gsb + r * groups, g1, groups * sizeof(float));
+      gs[r] = gsb + r * groups;
+    }
+  }
+  for (size_t b = 0; b < x.batch; ++b) {
+    float d[R];
+    DotQ8Rows<F, R>(src, gs, x.q.data() + b * n, kI8 ? nullptr : corr + b * groups * 8,
+                    x.scales.data() + b * groups, groups, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
+  }
 }
 
 template <WeightFormat F>
@@ -609,27 +659,19 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
   const int32_t* corr = kI8 ? nullptr : ActCorrections(x, kBias<F>, s);
-  for (size_t o = r0; o < r1; ++o) {
-    const float* gs = GroupScalesQ8(w, o, s);
-    const float rs = kI8 ? w.scales[o] : 1.0f;
-    if (x.batch == 1) {
-      const float d = DotQ8<F>(Q8Direct<F>{RowBytes<F>(w, o), PrefetchBytes()}, gs, x.q.data(), corr,
-                               x.scales.data(), groups);
-      y[o] = kI8 ? d * rs : d;
-      continue;
+  if (x.batch == 1) {
+    for (size_t o = r0; o < r1; ++o) {
+      const float* gs[1] = {GroupScalesQ8(w, o, s)};
+      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
+      float d;
+      DotQ8Rows<F, 1>(src, gs, x.q.data(), corr, x.scales.data(), groups, &d);
+      y[o] = kI8 ? d * w.scales[o] : d;
     }
-    int8_t* wq = Grow(s.wq, n);
-    const Q8Direct<F> src{RowBytes<F>(w, o), PrefetchBytes()};
-    for (size_t g = 0; g < groups; ++g) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + g * 32), src.Group(g));
-    }
-    for (size_t b = 0; b < x.batch; ++b) {
-      const float d = DotQ8<F>(Q8Buffered{wq}, gs, x.q.data() + b * n,
-                               kI8 ? nullptr : corr + b * groups * 8,
-                               x.scales.data() + b * groups, groups);
-      y[b * w.rows + o] = kI8 ? d * rs : d;
-    }
+    return;
   }
+  size_t o = r0;
+  for (; o + kQ8Rows <= r1; o += kQ8Rows) Q8RowBlock<F, kQ8Rows>(w, x, corr, o, y, s);
+  for (; o < r1; ++o) Q8RowBlock<F, 1>(w, x, corr, o, y, s);
 }
 
 // ---------------------------------------------------------------------------
@@ -758,11 +800,8 @@ NibDirect<F> NibRow(const WeightView& w, size_t o) {
 }
 
 // One step: int32 lanes of the exact group dots, scaled and accumulated.
-inline __m256 NibStep(__m256i we, __m256i wo, const int8_t* xq, const int32_t* corr, __m256 f,
+inline __m256 NibStep(__m256i we, __m256i wo, __m256i xe, __m256i xo, __m256i c, __m256 f,
                       __m256 acc) {
-  const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
-  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr));
 #ifdef K3_AVXVNNI
   // vpdpbusd: the same exact int32 lanes in two instructions instead of five.
   const __m256i d = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(c, we, xe), wo, xo);
@@ -773,27 +812,82 @@ inline __m256 NibStep(__m256i we, __m256i wo, const int8_t* xq, const int32_t* c
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), f, acc);
 }
 
+inline __m256 NibStep(__m256i we, __m256i wo, const int8_t* xq, const int32_t* corr, __m256 f,
+                      __m256 acc) {
+  return NibStep(we, wo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)),
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)),
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)), f, acc);
+}
+
 // A row decoded once: xe|xo-layout bytes and the factor vector of every step.
 struct NibBuffered {
   const int8_t* wb;
   const float* gs;
 };
 
-// Batched: each activation row against a decoded row. a0/a1 are named (not
-// a[t & 1]) so they stay in registers; an indexed array lives on the stack and
-// every step would wait on a store-to-load round trip.
-float DotNibBuffered(const NibBuffered& w, const NibActs& x, size_t b) noexcept {
+// Batched: one activation row against R decoded rows, sharing each step's
+// activation loads; per row the operations are those of the decode path (even
+// steps into slot 0, odd into slot 1, Hsum(slot0 + slot1)).
+template <int R>
+void DotNibBuffered(const NibBuffered* w, const NibActs& x, size_t b, float* out) noexcept {
   const int8_t* xq = x.xq + b * x.steps * kStep;
   const int32_t* corr = x.corr + b * x.steps * 8;
   const float* xse = x.xse + b * x.steps * 8;
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  Accumulate2(x.steps, a0, a1, [&](size_t t, __m256 acc) {
-    const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep));
-    const __m256i wo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wb + t * kStep + 32));
-    const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w.gs + t * 8), _mm256_loadu_ps(xse + t * 8));
-    return NibStep(we, wo, xq + t * kStep, corr + t * 8, f, acc);
-  });
-  return Hsum(_mm256_add_ps(a0, a1));
+  __m256 a[2][R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
+  auto step = [&](size_t t, __m256* acc) {
+    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep));
+    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + t * 8));
+    const __m256 xs = _mm256_loadu_ps(xse + t * 8);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* wb = w[r].wb + t * kStep;
+      const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb));
+      const __m256i wo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32));
+      const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w[r].gs + t * 8), xs);
+      acc[r] = NibStep(we, wo, xe, xo, c, f, acc[r]);
+    }
+  };
+  size_t t = 0;
+  for (; t + 2 <= x.steps; t += 2) {
+    step(t, a[0]);
+    step(t + 1, a[1]);
+  }
+  if (t < x.steps) step(t, a[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
+}
+
+// Rows decoded R at a time for the batched loop.
+constexpr int kNibRows = 4;
+
+template <WeightFormat F, int R>
+void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
+                 Scratch& s) noexcept {
+  const size_t steps = x.steps;
+  int8_t* wbuf = Grow(s.wq, R * steps * kStep);
+  float* gbuf = Grow(s.wgs, R * steps * 8);
+  NibBuffered src[R];
+  for (int r = 0; r < R; ++r) {
+    const NibDirect<F> d = NibRow<F>(w, o + r);
+    int8_t* wr = wbuf + r * steps * kStep;
+    float* gr = gbuf + r * steps * 8;
+    for (size_t t = 0; t < steps; ++t) {
+      __m256i we, wo;
+      d.Weights(t, &we, &wo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep), we);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep + 32), wo);
+      _mm256_storeu_ps(gr + t * 8, d.Factors(t));
+    }
+    src[r] = NibBuffered{wr, gr};
+  }
+  for (size_t b = 0; b < batch; ++b) {
+    float d[R];
+    DotNibBuffered<R>(src, x, b, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
+  }
 }
 
 // Batch 1, decoded on the fly. int4: gs is one broadcast scale per step. MXFP4:
@@ -866,22 +960,9 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
     for (size_t o = r0; o < r1; ++o) y[o] = DotNibDirect<F>(NibRow<F>(w, o), acts);
     return;
   }
-  const size_t steps = acts.steps;
-  int8_t* wbuf = Grow(s.wq, steps * kStep);
-  float* gbuf = Grow(s.wgs, steps * 8);
-  for (size_t o = r0; o < r1; ++o) {
-    const NibDirect<F> d = NibRow<F>(w, o);
-    for (size_t t = 0; t < steps; ++t) {
-      __m256i we, wo;
-      d.Weights(t, &we, &wo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep), we);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + t * kStep + 32), wo);
-      _mm256_storeu_ps(gbuf + t * 8, d.Factors(t));
-    }
-    for (size_t b = 0; b < x.batch; ++b) {
-      y[b * w.rows + o] = DotNibBuffered(NibBuffered{wbuf, gbuf}, acts, b);
-    }
-  }
+  size_t o = r0;
+  for (; o + kNibRows <= r1; o += kNibRows) NibRowBlock<F, kNibRows>(w, acts, x.batch, o, y, s);
+  for (; o < r1; ++o) NibRowBlock<F, 1>(w, acts, x.batch, o, y, s);
 }
 
 // K3_QUANT_NIBBLE64=1 selects the previous per-group int4/MXFP4 IDOT kernel
