@@ -1,12 +1,17 @@
 // AVX2 + FMA kernels for x86-64 CPUs without AVX-512 (Haswell .. Zen 3, client
-// cores). Same structure as kernels_avx512.cc with 8 lanes: a row is decoded
-// once per chunk (batch > 1) or on the fly (batch 1), and the same
-// floating-point operations run either way.
+// cores); built twice, the second time with AVX-VNNI (kernels_avx2_vnni.cc,
+// K3_AVXVNNI: vpdpbusd in place of maddubs + madd, the same exact int32 lanes).
+// Same structure as kernels_avx512.cc with 8 lanes: a row is decoded on the fly
+// (batch 1) or once per chunk into 64-byte aligned scratch, several rows sharing
+// each activation load (batched), and every (row, activation) pair runs the same
+// floating-point operations either way (the dot routines are templates over the
+// tile shape; decode is the 1 x 1 case). Weight lines are prefetched
+// K3_PREFETCH bytes ahead.
 //
-// f32-activation path: 8-column chunk / group k goes to accumulator k mod 4,
-// summed ((a0+a1)+(a2+a3)) and reduced in a fixed order. int4/MXFP4 nibbles are
-// widened with vpmovzxbd (8 bytes -> 8 lanes: low nibbles = even columns, high =
-// odd), and the activations are re-laid out once per call to match.
+// f32-activation path: units of 8 columns (slot k mod 4) or one int4/MXFP4 group
+// (slot k mod 2), see F32Tile. int4/MXFP4 nibbles are widened with vpmovzxbd (8
+// bytes -> 8 lanes: low nibbles = even columns, high = odd), and the activations
+// are re-laid out once per call to match.
 //
 // IDOT path: one ymm = one 32-column activation group; maddubs (u8 x s8 pairs to
 // saturating int16) then madd with ones gives 8 int32 lanes. int4/MXFP4 weights

@@ -1,23 +1,26 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) kernels. Compiled with per-file -mavx512* flags and
 // only reached through the kernel table after CPUID says yes (isa.cc).
 //
-// Every kernel decodes one weight row into a small per-thread buffer and then runs
-// one fixed dot routine per activation row over that buffer, so batch 1 and batch
-// N execute the same floating-point operations (determinism contract) while the
-// weight row is read from RAM once per chunk.
+// A weight row is decoded on the fly (batch 1) or once per chunk into 64-byte
+// aligned per-thread scratch, several rows sharing each activation load
+// (batched); every (row, activation) pair runs the same floating-point
+// operations either way (determinism contract: the dot routines are templates
+// over the tile shape and decode is the 1 x 1 case), while the weight row is read
+// from RAM once per chunk. Weight lines are prefetched K3_PREFETCH bytes ahead.
 //
-// f32-activation path: lanes hold f32 products, 4 accumulators (chunk/group k goes
-// to accumulator k mod 4), summed ((a0+a1)+(a2+a3)) then reduced. For int4/MXFP4
-// the nibbles are widened with vpmovzxbd, which puts the even columns of a
-// 32-column block in one vector and the odd ones in the other; the activations
-// are re-laid out to match once per call (PermuteEvenOdd32).
+// f32-activation path: units of 16 columns or one int4/MXFP4 group, unit k into
+// slot k mod 2 of the pair's accumulators (F32Tile). For int4/MXFP4 the nibbles
+// are widened with vpmovzxbd, which puts the even columns of a 32-column block in
+// one vector and the odd ones in the other; the activations are re-laid out to
+// match once per call (PermuteEvenOdd32).
 //
 // IDOT path (§6.5): weights are biased to unsigned bytes so vpdpbusd can multiply
 // them with the signed activations; the activation-only correction -B*Σxq is
 // formed once per call and is the dpbusd's start value, so every lane's int32 is
 // exact. int8: one zmm covers 64 columns = two activation groups (lanes 0-7,
 // 8-15). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
-// re-laid out once per call so that 128-bit lane L is group L of the step.
+// stored even/odd per group once per call so that 128-bit lane L is group L of
+// the step and the nibbles need no shuffle.
 #include <immintrin.h>
 
 #include <bit>
@@ -653,11 +656,11 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 // ---------------------------------------------------------------------------
 // Nibble IDOT (int4-g64, MXFP4): 128 columns per step from one 64-byte load.
 // Low nibbles (even columns) and high nibbles (odd columns) are split with
-// and/shift, MXFP4 codes go through a 16-entry byte LUT (doubled code + 12), and
-// the in-lane vpunpck{l,h}bw put them back in pairs: in 128-bit lane L the "lo"
-// vector holds columns 32L..32L+15 of the step and the "hi" vector 32L+16..32L+31.
-// The activations are stored in that layout once per call (NibActs), so the
-// weights need no cross-lane shuffle; both dpbusd's accumulate into one int32
+// and/shift and MXFP4 codes go through a 16-entry byte LUT (doubled code + 12);
+// 128-bit lane L of each holds group L of the step. The activations are stored
+// in that layout once per call (NibActs: per group its 16 even-column bytes, and
+// in the second vector its 16 odd-column bytes), so the weights need no shuffle
+// of positions at all; both dpbusd's accumulate into one int32
 // vector whose lane L holds only activation group L of the step (exact, as the
 // bias correction is its start value), and one factor vector f = gs*xs (each
 // group's factor in its 4 lanes) scales it. Per element the operations are fixed:
