@@ -513,7 +513,16 @@ inline __m256i WeightBytesU32(const uint8_t* row, size_t c) {
 }
 
 template <WeightFormat F>
-constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : 12;
+constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : F == WeightFormat::kMxfp4 ? 12 : 128;
+
+// int8 rows in the IDOT path: with AVX-VNNI the weights are biased like the
+// nibbles (w ^ 0x80 = w + 128, unsigned) and vpdpbusd starts from -128*Σxq (no
+// int16 step to overflow); plain AVX2 keeps signed bytes for the sign trick.
+#ifdef K3_AVXVNNI
+constexpr bool kInt8Biased = true;
+#else
+constexpr bool kInt8Biased = false;
+#endif
 
 template <WeightFormat F>
 const uint8_t* RowBytes(const WeightView& w, size_t o) {
@@ -529,7 +538,8 @@ struct Q8Direct {
   __m256i Group(size_t g) const {
     if constexpr (F == WeightFormat::kInt8) {
       if (pf != 0 && (g & 1) == 0) PrefetchLine(row + g * 32, pf);
-      return WeightBytes32<F>(row, g * 32);
+      const __m256i w = WeightBytes32<F>(row, g * 32);
+      return kInt8Biased ? _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80))) : w;
     } else {
       return WeightBytesU32<F>(row, g * 32);
     }
@@ -587,18 +597,15 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
   auto step = [&](size_t g, __m256* acc) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
     [[maybe_unused]] __m256i c;
-    if constexpr (!kInt8) c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8));
+    if constexpr (!kInt8 || kInt8Biased) {
+      c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8));
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256i wv = w[r].Group(g);
       __m256i d;
 #ifdef K3_AVXVNNI
-      if constexpr (kInt8) {
-        d = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv),
-                                    _mm256_sign_epi8(x, wv));
-      } else {
-        d = _mm256_dpbusd_avx_epi32(c, wv, x);
-      }
+      d = _mm256_dpbusd_avx_epi32(c, wv, x);  // every format biased: exact int32 lanes
 #else
       const __m256i ones = _mm256_set1_epi16(1);
       if constexpr (kInt8) {
@@ -651,7 +658,7 @@ void Q8RowBlock(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_
   }
   for (size_t b = 0; b < x.batch; ++b) {
     float d[R];
-    DotQ8Rows<F, R>(src, gs, x.q.data() + b * n, kI8 ? nullptr : corr + b * groups * 8,
+    DotQ8Rows<F, R>(src, gs, x.q.data() + b * n, corr ? corr + b * groups * 8 : nullptr,
                     x.scales.data() + b * groups, groups, d);
     for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
   }
@@ -663,7 +670,7 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
-  const int32_t* corr = kI8 ? nullptr : ActCorrections(x, kBias<F>, s);
+  const int32_t* corr = kI8 && !kInt8Biased ? nullptr : ActCorrections(x, kBias<F>, s);
   if (x.batch == 1) {
     for (size_t o = r0; o < r1; ++o) {
       const float* gs[1] = {GroupScalesQ8(w, o, s)};
