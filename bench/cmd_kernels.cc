@@ -220,9 +220,9 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
       .Field("weight_gbps", gbps)
       .Field("mem_read_gbps", mem_gbps)
       .Field("ratio", ratio);
-  if (tm.mem_pf_gbps > 0) j.Field("mem_read_pf_gbps", tm.mem_pf_gbps).Field("ratio_pf", tm.ratio_pf);
-  j
-      .Field("gmacs", gmacs)
+  if (tm.mem_pf_gbps > 0)
+    j.Field("mem_read_pf_gbps", tm.mem_pf_gbps).Field("ratio_pf", tm.ratio_pf);
+  j.Field("gmacs", gmacs)
       .Field("cpu_util", tm.cpu_util)
       .Field("ms_per_matrix", secs_per_matrix * 1e3)
       .Field("copies", int64_t(copies))
@@ -237,10 +237,12 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf(
-        "%-16s %-13s %6zux%-6zu b%-3zu t%d %-8s %6.2f GB/s mem %5.2f ratio %.2f %6.1f GMAC/s cpu %.2f",
+        "%-16s %-13s %6zux%-6zu b%-3zu t%d %-8s %6.2f GB/s mem %5.2f ratio %.2f %6.1f GMAC/s cpu "
+        "%.2f",
         kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, mem_gbps, ratio, gmacs,
         tm.cpu_util);
-    if (tm.mem_pf_gbps > 0) std::printf("  (pf read %.2f, ratio %.2f)", tm.mem_pf_gbps, tm.ratio_pf);
+    if (tm.mem_pf_gbps > 0)
+      std::printf("  (pf read %.2f, ratio %.2f)", tm.mem_pf_gbps, tm.ratio_pf);
     if (tm.vs_base > 0) std::printf("  vs sgemm %.2fx", tm.vs_base);
     std::printf("\n");
   }
@@ -370,7 +372,8 @@ void RunKernels(const Options& opt) {
       if (opt.json) {
         std::printf("%s\n", j.str().c_str());
       } else {
-        std::printf("mem_read t%d: %.2f GB/s (prefetching read %.2f GB/s)\n", t, ctx.mem_gbps[t], pf);
+        std::printf("mem_read t%d: %.2f GB/s (prefetching read %.2f GB/s)\n", t, ctx.mem_gbps[t],
+                    pf);
       }
       std::fflush(stdout);
     }
@@ -404,7 +407,8 @@ void RunKernels(const Options& opt) {
       mats.reserve(copies);
       for (int c = 0; c < copies; ++c) {
         mats.push_back(proto);
-        for (size_t i = 0; i < mats.back().data.size(); i += 4096) mats.back().data[i] ^= uint8_t(c);
+        for (size_t i = 0; i < mats.back().data.size(); i += 4096)
+          mats.back().data[i] ^= uint8_t(c);
       }
       std::vector<float> x(batch * s.cols);
       std::mt19937 rng(5);
@@ -462,12 +466,15 @@ void RunKernels(const Options& opt) {
 void Setup(CLI::App& root) {
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = root.add_subcommand(
-      "kernels", "lib/quant kernels: weight GB/s vs streaming-read GB/s; batched vs OpenBLAS sgemm");
+      "kernels",
+      "lib/quant kernels: weight GB/s vs streaming-read GB/s; batched vs OpenBLAS sgemm");
   cmd->add_flag("--json", opt->json, "one JSON object per line");
-  cmd->add_option("--reps", opt->reps, "timed repetitions (median reported)")->check(CLI::Range(5, 1000));
+  cmd->add_option("--reps", opt->reps, "timed repetitions (median reported)")
+      ->check(CLI::Range(5, 1000));
   cmd->add_option("--ws-mib", opt->ws_mib, "decode working set per repetition, MiB");
   cmd->add_option("--batch-ws-mib", opt->batch_ws_mib, "batched working set per repetition, MiB");
-  cmd->add_option("--isa", opt->isas, "comma list of scalar,avx2,avx2vnni,avx512 (unsupported ones skipped)");
+  cmd->add_option("--isa", opt->isas,
+                  "comma list of scalar,avx2,avx2vnni,avx512 (unsupported ones skipped)");
   cmd->add_option("--threads", opt->threads, "thread counts")->delimiter(',');
   cmd->add_option("--batch", opt->batches, "batch sizes")->delimiter(',');
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");

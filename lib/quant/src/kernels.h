@@ -41,6 +41,13 @@ struct CacheAligned {
 template <typename T>
 using AlignedVec = std::vector<T, CacheAligned<T>>;
 
+// Scratch buffer of at least n elements (grown, never shrunk).
+template <typename T>
+T* Grow(AlignedVec<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 struct KernelTable {
   Isa isa;
   // y[b * w.rows + o] for o in [row_begin, row_end), b in [0, batch).

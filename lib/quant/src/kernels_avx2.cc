@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "f32_tiles.h"
 #include "kernels.h"
 
 namespace k3::quant::internal {
@@ -51,11 +52,6 @@ Scratch& Tls() {
   return s;
 }
 
-template <typename T>
-T* Grow(AlignedVec<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 inline float Hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -95,7 +91,8 @@ struct I8Src {
   __m256 LoadTail(size_t i, size_t m) const {
     alignas(16) int8_t t[16] = {};
     std::memcpy(t, q + i, m);
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t))));
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t))));
   }
   void Prefetch(size_t i) const {
     if (pf != 0) PrefetchLine(q + i, pf);
@@ -137,19 +134,6 @@ struct NibbleSrc {
 // per pair do not depend on R, B or the column blocking, so batch 1 (1 x 1,
 // decoded in registers) and batched (tiles over decoded rows, accumulators in
 // scratch between 1024-column blocks) agree bit for bit.
-enum class Unit { kPlain, kG32, kG64 };
-
-template <Unit U>
-constexpr size_t kUnitCols = U == Unit::kPlain ? 8 : U == Unit::kG32 ? 32 : 64;
-
-template <Unit U>
-constexpr int kSlots = U == Unit::kPlain ? 4 : 2;
-
-template <Unit U>
-size_t UnitCount(size_t n) {
-  return (n + kUnitCols<U> - 1) / kUnitCols<U>;
-}
-
 // Pins a loaded vector in a register: otherwise GCC folds the same load into
 // every FMA that uses it, once per activation row of the tile.
 template <typename V>
@@ -158,7 +142,7 @@ inline V InReg(V v) {
   return v;
 }
 
-template <Unit U, int R, int B, typename Src>
+template <F32Unit U, int R, int B, typename Src>
 struct F32Tile {
   const Src* w;            // R weight rows
   const float* const* x;   // B activation rows (kernel layout)
@@ -171,7 +155,7 @@ struct F32Tile {
   }
 
   void Step(size_t k, __m256 (&a)[R][B]) const {
-    if constexpr (U == Unit::kPlain) {
+    if constexpr (U == F32Unit::kPlain) {
       const size_t i = k * 8;
       if (i + 8 <= n) {
 #pragma GCC unroll 4
@@ -179,7 +163,8 @@ struct F32Tile {
           if ((k & 7) == 0) w[r].Prefetch(i);
           const __m256 wv = InReg(w[r].Load(i));
 #pragma GCC unroll 4
-          for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), wv, a[r][b]);
+          for (int b = 0; b < B; ++b)
+            a[r][b] = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), wv, a[r][b]);
         }
       } else {
         __m256 xv[B];
@@ -196,7 +181,7 @@ struct F32Tile {
           for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(xv[b], wv, a[r][b]);
         }
       }
-    } else if constexpr (U == Unit::kG32) {
+    } else if constexpr (U == F32Unit::kG32) {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         if ((k & 3) == 0) w[r].Prefetch(k * 32);
@@ -239,46 +224,7 @@ struct F32Tile {
       }
     }
   }
-
-  static constexpr int S = kSlots<U>;
-
-  // Units [k0, k1), k0 a multiple of S: slot = k mod S.
-  void Run(size_t k0, size_t k1, __m256 (&a)[S][R][B]) const {
-    size_t k = k0;
-    for (; k + S <= k1; k += S) {
-#pragma GCC unroll 4
-      for (int j = 0; j < S; ++j) Step(k + j, a[j]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) {
-      if (k + j < k1) Step(k + j, a[j]);
-    }
-  }
 };
-
-template <int S>
-inline float ReduceSlots(const __m256* v) {  // v[j] = slot j of one pair
-  if constexpr (S == 4) {
-    return Reduce4(v[0], v[1], v[2], v[3]);
-  } else {
-    return Hsum(_mm256_add_ps(v[0], v[1]));
-  }
-}
-
-// One row against one activation row (decode), weights decoded in registers.
-template <Unit U, typename Src>
-float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
-  constexpr int S = kSlots<U>;
-  __m256 a[S][1][1];
-#pragma GCC unroll 4
-  for (int j = 0; j < S; ++j) a[j][0][0] = _mm256_setzero_ps();
-  const F32Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
-  tile.Run(0, UnitCount<U>(n), a);
-  __m256 v[S];
-#pragma GCC unroll 4
-  for (int j = 0; j < S; ++j) v[j] = a[j][0][0];
-  return ReduceSlots<S>(v);
-}
 
 // Within each 16-column block: the 8 even columns, then the 8 odd ones.
 void PermuteEvenOdd16(const float* x, size_t n, float* out) noexcept {
@@ -292,33 +238,18 @@ void PermuteEvenOdd16(const float* x, size_t n, float* out) noexcept {
 
 inline float E8m0Half(uint8_t e) { return std::bit_cast<float>(uint32_t{e} << 23) * 0.5f; }
 
+// MXFP4 group factors E8M0 * 0.5 (the kernels use doubled e2m1 codes).
+void MxGroupScales(const uint8_t* e, size_t groups, float* out) noexcept {
+  for (size_t g = 0; g < groups; ++g) out[g] = E8m0Half(e[g]);
+}
+
 const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept {
   const size_t n = w.cols;
   if (w.format == WeightFormat::kInt4G64) return w.scales + o * (n / kInt4Group);
   if (w.format != WeightFormat::kMxfp4) return nullptr;
   float* gs = Grow(s.gscale, n / kMxGroup);
-  const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
-  for (size_t g = 0; g < n / kMxGroup; ++g) gs[g] = E8m0Half(e[g]);
+  MxGroupScales(w.e8m0 + o * (n / kMxGroup), n / kMxGroup, gs);
   return gs;
-}
-
-float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
-  const size_t n = w.cols;
-  const size_t pf = PrefetchBytes();
-  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return DotF32<Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n}, x, nullptr, n);
-    case WeightFormat::kInt8:
-      return DotF32<Unit::kPlain>(I8Src{static_cast<const int8_t*>(w.data) + o * n, pf}, x,
-                                  nullptr, n) *
-             w.scales[o];
-    case WeightFormat::kInt4G64:
-      return DotF32<Unit::kG64>(NibbleSrc<false>{packed, pf}, x, gs, n);
-    case WeightFormat::kMxfp4:
-      return DotF32<Unit::kG32>(NibbleSrc<true>{packed, pf}, x, gs, n);
-  }
-  return 0.0f;
 }
 
 // Row o in the kernel layout into `out` for the batched loop; f32 rows are used
@@ -345,6 +276,59 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   return out;
 }
 
+// The f32 tiles' ISA kit (f32_tiles.h). Sixteen ymm registers: 2 x 2 pairs x 2
+// slots for groups; the one-FMA 8-column chunks keep four slots (so that one FMA
+// chain per chunk does not bound decode) in 2 x 1 tiles.
+struct Avx2Kit {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  template <F32Unit U>
+  static constexpr int kSlots = U == F32Unit::kPlain ? 4 : 2;
+  template <F32Unit U>
+  static constexpr int kTileActs = U == F32Unit::kPlain ? 1 : 2;
+  static constexpr int kRows = 2;
+  template <F32Unit U, int R, int B, typename Src>
+  using Tile = F32Tile<U, R, B, Src>;
+  using RowSrc = F32Src;
+  template <int S>
+  static float Reduce(const V* v) {
+    if constexpr (S == 4) {
+      return Reduce4(v[0], v[1], v[2], v[3]);
+    } else {
+      return Hsum(_mm256_add_ps(v[0], v[1]));
+    }
+  }
+  static const float* DecodeRow(const WeightView& w, size_t o, float* out) {
+    return DecodeRowF32(w, o, out);
+  }
+  static void MxScales(const uint8_t* e, size_t groups, float* out) {
+    MxGroupScales(e, groups, out);
+  }
+};
+
+float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
+  const size_t n = w.cols;
+  const size_t pf = PrefetchBytes();
+  const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotF32<Avx2Kit, F32Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n}, x,
+                                              nullptr, n);
+    case WeightFormat::kInt8:
+      return DotF32<Avx2Kit, F32Unit::kPlain>(I8Src{static_cast<const int8_t*>(w.data) + o * n, pf},
+                                              x, nullptr, n) *
+             w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotF32<Avx2Kit, F32Unit::kG64>(NibbleSrc<false>{packed, pf}, x, gs, n);
+    case WeightFormat::kMxfp4:
+      return DotF32<Avx2Kit, F32Unit::kG32>(NibbleSrc<true>{packed, pf}, x, gs, n);
+  }
+  return 0.0f;
+}
+
 // Activations in the kernel's layout, in the 64-byte aligned scratch (batch 1
 // with no layout change reads the input itself).
 const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
@@ -359,91 +343,6 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
   return xp;
 }
 
-// Batched: kF32Rows rows decoded once, then per 1024-column block the activation
-// rows run kF32Rows x kTileActs tiles, accumulators resting in s.acc
-// ([batch][slot][row] vectors). Sixteen ymm registers: 2 x 2 pairs x 2 slots
-// for groups, 2 x 1 x 4 for the plain chunks.
-constexpr int kF32Rows = 2;
-template <Unit U>
-constexpr int kTileActs = U == Unit::kPlain ? 1 : 2;
-constexpr size_t kF32BlockCols = 1024;  // a multiple of every unit x slot count
-
-template <Unit U, int R, int B>
-void F32TileBlock(const F32Src* src, const float* const* gs, const float* xl, size_t n, size_t b0,
-                  size_t k0, size_t k1, float* acc) noexcept {
-  constexpr int S = kSlots<U>;
-  __m256 a[S][R][B];
-  const float* x[B];
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-    x[b] = xl + (b0 + b) * n;
-#pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) a[j][r][b] = _mm256_loadu_ps(acc + (((b0 + b) * S + j) * R + r) * 8);
-    }
-  }
-  const F32Tile<U, R, B, F32Src> tile{src, x, gs, n};
-  tile.Run(k0, k1, a);
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-#pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + (((b0 + b) * S + j) * R + r) * 8, a[j][r][b]);
-    }
-  }
-}
-
-template <Unit U, int R>
-void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
-                 Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = U == Unit::kPlain ? 0 : n / kUnitCols<U>;
-  float* wbuf = Grow(s.wrow, R * n);
-  float* gbuf = Grow(s.gscale, R * groups + 1);
-  F32Src src[R];
-  const float* gs[R];
-  for (int r = 0; r < R; ++r) {
-    src[r] = F32Src{DecodeRowF32(w, o + r, wbuf + r * n)};
-    gs[r] = gbuf + r * groups;
-    if constexpr (U == Unit::kG64) {
-      gs[r] = w.scales + (o + r) * groups;
-    } else if constexpr (U == Unit::kG32) {
-      const uint8_t* e = w.e8m0 + (o + r) * groups;
-      for (size_t g = 0; g < groups; ++g) gbuf[r * groups + g] = E8m0Half(e[g]);
-    }
-  }
-  constexpr int S = kSlots<U>;
-  constexpr int T = kTileActs<U>;
-  float* acc = Grow(s.acc, batch * S * R * 8);
-  std::memset(acc, 0, batch * S * R * 8 * sizeof(float));
-  const size_t units = UnitCount<U>(n);
-  const size_t block = kF32BlockCols / kUnitCols<U>;
-  for (size_t k0 = 0; k0 < units; k0 += block) {
-    const size_t k1 = k0 + block < units ? k0 + block : units;
-    size_t b = 0;
-    for (; b + T <= batch; b += T) F32TileBlock<U, R, T>(src, gs, xl, n, b, k0, k1, acc);
-    if (b < batch) F32TileBlock<U, R, 1>(src, gs, xl, n, b, k0, k1, acc);
-  }
-  for (size_t b = 0; b < batch; ++b) {
-    for (int r = 0; r < R; ++r) {
-      __m256 v[S];
-      for (int j = 0; j < S; ++j) v[j] = _mm256_loadu_ps(acc + ((b * S + j) * R + r) * 8);
-      const float d = ReduceSlots<S>(v);
-      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
-    }
-  }
-}
-
-template <Unit U>
-void MatMulF32Batched(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
-                      size_t r1, Scratch& s) noexcept {
-  size_t o = r0;
-  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<U, kF32Rows>(w, xl, batch, o, y, s);
-  for (; o < r1; ++o) F32RowBlock<U, 1>(w, xl, batch, o, y, s);
-}
-
 void MatMulAvx2(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                 size_t r1) noexcept {
   Scratch& s = Tls();
@@ -452,15 +351,7 @@ void MatMulAvx2(const WeightView& w, const float* x, size_t batch, float* y, siz
     for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
     return;
   }
-  switch (w.format) {
-    case WeightFormat::kF32:
-    case WeightFormat::kInt8:
-      return MatMulF32Batched<Unit::kPlain>(w, xl, batch, y, r0, r1, s);
-    case WeightFormat::kInt4G64:
-      return MatMulF32Batched<Unit::kG64>(w, xl, batch, y, r0, r1, s);
-    case WeightFormat::kMxfp4:
-      return MatMulF32Batched<Unit::kG32>(w, xl, batch, y, r0, r1, s);
-  }
+  MatMulF32Batched<Avx2Kit>(w, xl, batch, y, r0, r1, s);
 }
 
 float RowDotAvx2(const WeightView& w, size_t row, const float* x) noexcept {
@@ -560,8 +451,7 @@ const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
   if (w.format == WeightFormat::kInt8) return nullptr;
   float* gs = Grow(s.gscale, groups);
   if (w.format == WeightFormat::kMxfp4) {
-    const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
-    for (size_t g = 0; g < groups; ++g) gs[g] = E8m0Half(e[g]);
+    MxGroupScales(w.e8m0 + o * (n / kMxGroup), groups, gs);
   } else {
     const float* s4 = w.scales + o * (n / kInt4Group);
     for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];

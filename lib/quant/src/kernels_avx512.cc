@@ -29,6 +29,7 @@
 #include <cstring>
 #include <vector>
 
+#include "f32_tiles.h"
 #include "kernels.h"
 
 namespace k3::quant::internal {
@@ -52,11 +53,6 @@ Scratch& Tls() {
   return s;
 }
 
-template <typename T>
-T* Grow(AlignedVec<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
@@ -120,11 +116,6 @@ struct NibbleSrc {
 // memory and back, which is exact), so batch 1 (R = B = 1, one block, weights
 // decoded in registers) and batched (decoded rows, 4 x 2 tiles, 1024-column
 // blocks) agree bit for bit.
-enum class Unit { kPlain, kG32, kG64 };
-
-template <Unit U>
-constexpr size_t kUnitCols = U == Unit::kPlain ? 16 : U == Unit::kG32 ? 32 : 64;
-
 // Pins a loaded vector in a register: otherwise GCC folds the same load into
 // every FMA that uses it (once per activation row of the tile), and the tiles
 // are bound by their loads (the int8 tile went 33 -> 43 GMAC/s in cache).
@@ -134,7 +125,7 @@ inline V InReg(V v) {
   return v;
 }
 
-template <Unit U, int R, int B, typename Src>
+template <F32Unit U, int R, int B, typename Src>
 struct F32Tile {
   const Src* w;            // R weight rows
   const float* const* x;   // B activation rows (kernel layout)
@@ -142,7 +133,7 @@ struct F32Tile {
   size_t n;                // columns (the plain unit's tail)
 
   void Step(size_t k, __m512 (&a)[R][B]) const {
-    if constexpr (U == Unit::kPlain) {
+    if constexpr (U == F32Unit::kPlain) {
       const size_t i = k * 16;
       if (i + 16 <= n) {
         __m512 xv[B];
@@ -167,7 +158,7 @@ struct F32Tile {
           for (int b = 0; b < B; ++b) a[r][b] = _mm512_fmadd_ps(xv[b], wv, a[r][b]);
         }
       }
-    } else if constexpr (U == Unit::kG32) {
+    } else if constexpr (U == F32Unit::kG32) {
       // p = x_even*w_even + x_odd*w_odd over the permuted layout, then p * gs.
       __m512 xe[B], xo[B];
 #pragma GCC unroll 4
@@ -217,33 +208,7 @@ struct F32Tile {
       }
     }
   }
-
-  // Units [k0, k1), k0 even: slot = k & 1.
-  void Run(size_t k0, size_t k1, __m512 (&a)[2][R][B]) const {
-    size_t k = k0;
-    for (; k + 2 <= k1; k += 2) {
-      Step(k, a[0]);
-      Step(k + 1, a[1]);
-    }
-    if (k < k1) Step(k, a[0]);
-  }
 };
-
-template <Unit U>
-size_t UnitCount(size_t n) {
-  return (n + kUnitCols<U> - 1) / kUnitCols<U>;
-}
-
-inline float ReducePair(__m512 s0, __m512 s1) { return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)); }
-
-// One row against one activation row (decode), weights decoded in registers.
-template <Unit U, typename Src>
-float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
-  __m512 a[2][1][1] = {{{_mm512_setzero_ps()}}, {{_mm512_setzero_ps()}}};
-  const F32Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
-  tile.Run(0, UnitCount<U>(n), a);
-  return ReducePair(a[0][0][0], a[1][0][0]);
-}
 
 // Within each 32-column block: the 16 even columns, then the 16 odd ones.
 void PermuteEvenOdd32(const float* x, size_t n, float* out) noexcept {
@@ -288,27 +253,6 @@ const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept 
 
 inline __m512 LutFor(WeightFormat f) { return f == WeightFormat::kMxfp4 ? LutMx2() : LutI4(); }
 
-// Row o dotted with one (layout-matched) activation row, decoding on the fly.
-float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
-  const size_t n = w.cols;
-  const size_t pf = PrefetchBytes();
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return DotF32<Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n}, x, nullptr, n);
-    case WeightFormat::kInt8:
-      return DotF32<Unit::kPlain>(I8Src{static_cast<const int8_t*>(w.data) + o * n, pf}, x,
-                                  nullptr, n) *
-             w.scales[o];
-    case WeightFormat::kInt4G64:
-      return DotF32<Unit::kG64>(
-          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4(), pf}, x, gs, n);
-    case WeightFormat::kMxfp4:
-      return DotF32<Unit::kG32>(
-          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2(), pf}, x, gs, n);
-  }
-  return 0.0f;
-}
-
 // Decodes row o into `out` (kernel layout) for the batched loop; f32 rows are
 // used in place.
 const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
@@ -321,7 +265,8 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
       if ((i & 63) == 0) src.Prefetch(i);
       _mm512_storeu_ps(out + i, src.Load(i));
     }
-    if (i < n) _mm512_mask_storeu_ps(out + i, TailMask16(n - i), src.LoadTail(i, TailMask16(n - i)));
+    if (i < n)
+      _mm512_mask_storeu_ps(out + i, TailMask16(n - i), src.LoadTail(i, TailMask16(n - i)));
     return out;
   }
   const NibbleSrc src{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutFor(w.format),
@@ -334,6 +279,58 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
     _mm512_storeu_ps(out + c + 16, odd);
   }
   return out;
+}
+
+// The f32 tiles' ISA kit (f32_tiles.h).
+struct Avx512Kit {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // Two slots: 32 zmm hold a 4 x 3 tile of them (the group units also keep their
+  // activation vectors, hence 4 x 2 there).
+  template <F32Unit U>
+  static constexpr int kSlots = 2;
+  template <F32Unit U>
+  static constexpr int kTileActs = U == F32Unit::kPlain ? 3 : 2;
+  static constexpr int kRows = 4;
+  template <F32Unit U, int R, int B, typename Src>
+  using Tile = F32Tile<U, R, B, Src>;
+  using RowSrc = F32Src;
+  template <int S>
+  static float Reduce(const V* v) {
+    static_assert(S == 2);
+    return _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+  }
+  static const float* DecodeRow(const WeightView& w, size_t o, float* out) {
+    return DecodeRowF32(w, o, out);
+  }
+  static void MxScales(const uint8_t* e, size_t groups, float* out) {
+    MxGroupScales(e, groups, out);
+  }
+};
+
+// Row o dotted with one (layout-matched) activation row, decoding on the fly.
+float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
+  const size_t n = w.cols;
+  const size_t pf = PrefetchBytes();
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotF32<Avx512Kit, F32Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n},
+                                                x, nullptr, n);
+    case WeightFormat::kInt8:
+      return DotF32<Avx512Kit, F32Unit::kPlain>(
+                 I8Src{static_cast<const int8_t*>(w.data) + o * n, pf}, x, nullptr, n) *
+             w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotF32<Avx512Kit, F32Unit::kG64>(
+          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutI4(), pf}, x, gs, n);
+    case WeightFormat::kMxfp4:
+      return DotF32<Avx512Kit, F32Unit::kG32>(
+          NibbleSrc{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutMx2(), pf}, x, gs, n);
+  }
+  return 0.0f;
 }
 
 bool NeedsPermute(WeightFormat f) {
@@ -354,91 +351,6 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
   return xp;
 }
 
-// Batched f32 path: kF32Rows rows decoded once (kernel layout, group factors);
-// then, per block of kF32BlockCols columns, every pair of activation rows runs a
-// kF32Rows x 2 tile whose accumulators live in s.acc between blocks. The block's
-// decoded weights (4 x 4 KiB) stay in L1 while the activation pairs stream by.
-constexpr int kF32Rows = 4;
-// Activation rows per tile: 4 x 3 pairs x 2 slots = 24 accumulators for the
-// one-FMA chunks; the group units also hold their activation vectors (4 x 2).
-template <Unit U>
-constexpr int kTileActs = U == Unit::kPlain ? 3 : 2;
-// A multiple of every unit, even in units; 256..16384 measured within 10%
-// (the tile is bound by its loads and FMAs, not by the cache).
-constexpr size_t kF32BlockCols = 1024;
-
-template <Unit U, int R, int B>
-void F32TileBlock(const F32Src* src, const float* const* gs, const float* xl, size_t n, size_t b0,
-                  size_t k0, size_t k1, float* acc) noexcept {
-  __m512 a[2][R][B];
-  const float* x[B];
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-    x[b] = xl + (b0 + b) * n;
-#pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) a[j][r][b] = _mm512_loadu_ps(acc + (((b0 + b) * 2 + j) * R + r) * 16);
-    }
-  }
-  const F32Tile<U, R, B, F32Src> tile{src, x, gs, n};
-  tile.Run(k0, k1, a);
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-#pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + (((b0 + b) * 2 + j) * R + r) * 16, a[j][r][b]);
-    }
-  }
-}
-
-template <Unit U, int R>
-void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
-                 Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = U == Unit::kPlain ? 0 : n / kUnitCols<U>;
-  float* wbuf = Grow(s.wrow, R * n);
-  float* gbuf = Grow(s.gscale, R * groups + 1);
-  F32Src src[R];
-  const float* gs[R];
-  for (int r = 0; r < R; ++r) {
-    src[r] = F32Src{DecodeRowF32(w, o + r, wbuf + r * n)};
-    gs[r] = gbuf + r * groups;
-    if constexpr (U == Unit::kG64) {
-      gs[r] = w.scales + (o + r) * groups;
-    } else if constexpr (U == Unit::kG32) {
-      MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
-    }
-  }
-  float* acc = Grow(s.acc, batch * 2 * R * 16);
-  std::memset(acc, 0, batch * 2 * R * 16 * sizeof(float));
-  const size_t units = UnitCount<U>(n);
-  const size_t block = kF32BlockCols / kUnitCols<U>;
-  for (size_t k0 = 0; k0 < units; k0 += block) {
-    const size_t k1 = k0 + block < units ? k0 + block : units;
-    constexpr int T = kTileActs<U>;
-    size_t b = 0;
-    for (; b + T <= batch; b += T) F32TileBlock<U, R, T>(src, gs, xl, n, b, k0, k1, acc);
-    for (; b < batch; ++b) F32TileBlock<U, R, 1>(src, gs, xl, n, b, k0, k1, acc);
-  }
-  for (size_t b = 0; b < batch; ++b) {
-    for (int r = 0; r < R; ++r) {
-      const float* ab = acc + (b * 2) * R * 16;
-      const float d = ReducePair(_mm512_loadu_ps(ab + r * 16), _mm512_loadu_ps(ab + (R + r) * 16));
-      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
-    }
-  }
-}
-
-template <Unit U>
-void MatMulF32Batched(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
-                      size_t r1, Scratch& s) noexcept {
-  size_t o = r0;
-  for (; o + kF32Rows <= r1; o += kF32Rows) F32RowBlock<U, kF32Rows>(w, xl, batch, o, y, s);
-  for (; o < r1; ++o) F32RowBlock<U, 1>(w, xl, batch, o, y, s);
-}
-
 void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                   size_t r1) noexcept {
   Scratch& s = Tls();
@@ -447,15 +359,7 @@ void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, s
     for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
     return;
   }
-  switch (w.format) {
-    case WeightFormat::kF32:
-    case WeightFormat::kInt8:
-      return MatMulF32Batched<Unit::kPlain>(w, xl, batch, y, r0, r1, s);
-    case WeightFormat::kInt4G64:
-      return MatMulF32Batched<Unit::kG64>(w, xl, batch, y, r0, r1, s);
-    case WeightFormat::kMxfp4:
-      return MatMulF32Batched<Unit::kG32>(w, xl, batch, y, r0, r1, s);
-  }
+  MatMulF32Batched<Avx512Kit>(w, xl, batch, y, r0, r1, s);
 }
 
 float RowDotAvx512(const WeightView& w, size_t row, const float* x) noexcept {
@@ -551,7 +455,8 @@ const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
       const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, q + k * 64)
                              : _mm512_loadu_si512(q + k * 64);
       const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b, v);
-      _mm512_storeu_si512(out + (r * chunks + k) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      _mm512_storeu_si512(out + (r * chunks + k) * 16,
+                          _mm512_sub_epi32(_mm512_setzero_si512(), sum));
     }
   }
   return out;
@@ -616,7 +521,8 @@ void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_
   for (int r = 0; r < R; ++r) {
     const Q8Direct<F> d{RowBytes<F>(w, o + r), PrefetchBytes()};
     uint8_t* wr = wu + r * chunks * 64;
-    for (size_t k = 0; k < chunks; ++k) _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
+    for (size_t k = 0; k < chunks; ++k)
+      _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
     src[r] = Q8Buffered{wr};
     gs[r] = gsb + r * groups;
     if (!kI8) GroupScalesQ8(w, o + r, gsb + r * groups);
@@ -940,8 +846,9 @@ void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
 // Signed weight bytes for AddRow (natural column order).
 inline __m512i WeightBytes64(const WeightView& w, size_t o, size_t c, bool half) {
   if (w.format == WeightFormat::kMxfp4) {
-    return _mm512_sub_epi8(WeightBytesU<WeightFormat::kMxfp4>(RowBytes<WeightFormat::kMxfp4>(w, o), c, half),
-                           _mm512_set1_epi8(12));
+    return _mm512_sub_epi8(
+        WeightBytesU<WeightFormat::kMxfp4>(RowBytes<WeightFormat::kMxfp4>(w, o), c, half),
+        _mm512_set1_epi8(12));
   }
   return _mm512_sub_epi8(
       WeightBytesU<WeightFormat::kInt4G64>(RowBytes<WeightFormat::kInt4G64>(w, o), c, half),

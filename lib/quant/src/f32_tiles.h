@@ -1,0 +1,170 @@
+// The f32-activation path's loop structure, shared by the SIMD kernel files.
+//
+// A row is a sequence of units: one vector of Kit::kLanes columns (f32, int8
+// weights), one 32-column MXFP4 group or one 64-column int4 group. Unit k of a
+// (weight row, activation row) pair goes to that pair's accumulator slot
+// k mod S, and the pair's result is Kit::Reduce of its S slots. A tile runs R
+// weight rows against B activation rows (Kit::Tile<U, R, B, Src>::Step does one
+// unit); per pair the operations do not depend on R, B or the column blocking
+// (a block's accumulators only go to memory and back), so decode (1 x 1, weights
+// decoded in registers) and batched (decoded rows, Kit::kRows x
+// Kit::kTileActs<U> tiles over kF32BlockCols-column blocks) agree bit for bit.
+//
+// A Kit (one per ISA file) provides:
+//   V, kLanes, Zero(), Load(const float*), Store(float*, V)
+//   template <F32Unit U> static constexpr int kSlots, kTileActs;  static constexpr int kRows
+//   template <F32Unit U, int R, int B, typename Src> using Tile   (aggregate {w, x, gs, n})
+//   using RowSrc (the decoded-row source), template <int S> float Reduce(const V*)
+//   DecodeRow(w, o, float* out) -> const float*, MxScales(e8m0, groups, float* out)
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace k3::quant::internal {
+
+enum class F32Unit { kPlain, kG32, kG64 };
+
+template <typename Kit, F32Unit U>
+constexpr size_t kUnitCols = U == F32Unit::kPlain ? Kit::kLanes
+                             : U == F32Unit::kG32 ? 32
+                                                  : 64;
+
+// Column block of the batched loop: a multiple of every unit times its slot
+// count; 256..16384 measured within 10% (the tiles are bound by loads and FMAs).
+inline constexpr size_t kF32BlockCols = 1024;
+
+template <typename Kit, F32Unit U>
+size_t UnitCount(size_t n) {
+  return (n + kUnitCols<Kit, U> - 1) / kUnitCols<Kit, U>;
+}
+
+// Units [k0, k1), k0 a multiple of S: unit k updates slot k mod S.
+template <int S, typename Tile, typename Slot>
+void RunTile(const Tile& tile, size_t k0, size_t k1, Slot (&a)[S]) {
+  size_t k = k0;
+  for (; k + S <= k1; k += S) {
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) tile.Step(k + j, a[j]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    if (k + j < k1) tile.Step(k + j, a[j]);
+  }
+}
+
+// One weight row against one activation row (decode).
+template <typename Kit, F32Unit U, typename Src>
+float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
+  constexpr int S = Kit::template kSlots<U>;
+  typename Kit::V a[S][1][1];
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) a[j][0][0] = Kit::Zero();
+  const typename Kit::template Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
+  RunTile<S>(tile, 0, UnitCount<Kit, U>(n), a);
+  typename Kit::V v[S];
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) v[j] = a[j][0][0];
+  return Kit::template Reduce<S>(v);
+}
+
+// One column block of an R x B tile, its accumulators [batch][slot][row] in acc.
+template <typename Kit, F32Unit U, int R, int B>
+void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const float* xl,
+                  size_t n, size_t b0, size_t k0, size_t k1, float* acc) noexcept {
+  constexpr int S = Kit::template kSlots<U>;
+  constexpr int L = Kit::kLanes;
+  typename Kit::V a[S][R][B];
+  const float* x[B];
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    x[b] = xl + (b0 + b) * n;
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) a[j][r][b] = Kit::Load(acc + (((b0 + b) * S + j) * R + r) * L);
+    }
+  }
+  const typename Kit::template Tile<U, R, B, typename Kit::RowSrc> tile{src, x, gs, n};
+  RunTile<S>(tile, k0, k1, a);
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) Kit::Store(acc + (((b0 + b) * S + j) * R + r) * L, a[j][r][b]);
+    }
+  }
+}
+
+// R weight rows decoded once (kernel layout, group factors), then every
+// activation row against them, block by block. Scratch: wrow, gscale, acc.
+template <typename Kit, F32Unit U, int R, typename Scratch>
+void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
+                 Scratch& s) noexcept {
+  constexpr int S = Kit::template kSlots<U>;
+  constexpr int T = Kit::template kTileActs<U>;
+  constexpr int L = Kit::kLanes;
+  const size_t n = w.cols;
+  const size_t groups = U == F32Unit::kPlain ? 0 : n / kUnitCols<Kit, U>;
+  float* wbuf = Grow(s.wrow, R * n);
+  float* gbuf = Grow(s.gscale, R * groups + 1);
+  typename Kit::RowSrc src[R];
+  const float* gs[R];
+  for (int r = 0; r < R; ++r) {
+    src[r] = typename Kit::RowSrc{Kit::DecodeRow(w, o + r, wbuf + r * n)};
+    gs[r] = gbuf + r * groups;
+    if constexpr (U == F32Unit::kG64) {
+      gs[r] = w.scales + (o + r) * groups;
+    } else if constexpr (U == F32Unit::kG32) {
+      Kit::MxScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
+    }
+  }
+  float* acc = Grow(s.acc, batch * S * R * L);
+  std::memset(acc, 0, batch * S * R * L * sizeof(float));
+  const size_t units = UnitCount<Kit, U>(n);
+  const size_t block = kF32BlockCols / kUnitCols<Kit, U>;
+  for (size_t k0 = 0; k0 < units; k0 += block) {
+    const size_t k1 = k0 + block < units ? k0 + block : units;
+    size_t b = 0;
+    for (; b + T <= batch; b += T) F32TileBlock<Kit, U, R, T>(src, gs, xl, n, b, k0, k1, acc);
+    for (; b < batch; ++b) F32TileBlock<Kit, U, R, 1>(src, gs, xl, n, b, k0, k1, acc);
+  }
+  for (size_t b = 0; b < batch; ++b) {
+    for (int r = 0; r < R; ++r) {
+      typename Kit::V v[S];
+      for (int j = 0; j < S; ++j) v[j] = Kit::Load(acc + ((b * S + j) * R + r) * L);
+      const float d = Kit::template Reduce<S>(v);
+      y[b * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
+    }
+  }
+}
+
+template <typename Kit, F32Unit U, typename Scratch>
+void MatMulF32Rows(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
+                   size_t r1, Scratch& s) noexcept {
+  size_t o = r0;
+  for (; o + Kit::kRows <= r1; o += Kit::kRows) {
+    F32RowBlock<Kit, U, Kit::kRows>(w, xl, batch, o, y, s);
+  }
+  for (; o < r1; ++o) F32RowBlock<Kit, U, 1>(w, xl, batch, o, y, s);
+}
+
+// The batched f32 path for any format (xl: activations in the kernel layout).
+template <typename Kit, typename Scratch>
+void MatMulF32Batched(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
+                      size_t r1, Scratch& s) noexcept {
+  switch (w.format) {
+    case WeightFormat::kF32:
+    case WeightFormat::kInt8:
+      return MatMulF32Rows<Kit, F32Unit::kPlain>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kInt4G64:
+      return MatMulF32Rows<Kit, F32Unit::kG64>(w, xl, batch, y, r0, r1, s);
+    case WeightFormat::kMxfp4:
+      return MatMulF32Rows<Kit, F32Unit::kG32>(w, xl, batch, y, r0, r1, s);
+  }
+}
+
+}  // namespace k3::quant::internal
