@@ -41,20 +41,6 @@ size_t UnitCount(size_t n) {
   return (n + kUnitCols<Kit, U> - 1) / kUnitCols<Kit, U>;
 }
 
-// Units [k0, k1), k0 a multiple of S: unit k updates slot k mod S.
-template <int S, typename Tile, typename Slot>
-void RunTile(const Tile& tile, size_t k0, size_t k1, Slot (&a)[S]) {
-  size_t k = k0;
-  for (; k + S <= k1; k += S) {
-#pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) tile.Step(k + j, a[j]);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < S; ++j) {
-    if (k + j < k1) tile.Step(k + j, a[j]);
-  }
-}
-
 // One weight row against one activation row (decode).
 template <typename Kit, F32Unit U, typename Src>
 float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
@@ -63,7 +49,7 @@ float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
 #pragma GCC unroll 4
   for (int j = 0; j < S; ++j) a[j][0][0] = Kit::Zero();
   const typename Kit::template Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
-  RunTile<S>(tile, 0, UnitCount<Kit, U>(n), a);
+  ForSlots(0, UnitCount<Kit, U>(n), a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
   typename Kit::V v[S];
 #pragma GCC unroll 4
   for (int j = 0; j < S; ++j) v[j] = a[j][0][0];
@@ -88,7 +74,7 @@ void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const
     }
   }
   const typename Kit::template Tile<U, R, B, typename Kit::RowSrc> tile{src, x, gs, n};
-  RunTile<S>(tile, k0, k1, a);
+  ForSlots(k0, k1, a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
 #pragma GCC unroll 4
   for (int b = 0; b < B; ++b) {
 #pragma GCC unroll 4
@@ -145,11 +131,9 @@ void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, f
 template <typename Kit, F32Unit U, typename Scratch>
 void MatMulF32Rows(const WeightView& w, const float* xl, size_t batch, float* y, size_t r0,
                    size_t r1, Scratch& s) noexcept {
-  size_t o = r0;
-  for (; o + Kit::kRows <= r1; o += Kit::kRows) {
-    F32RowBlock<Kit, U, Kit::kRows>(w, xl, batch, o, y, s);
-  }
-  for (; o < r1; ++o) F32RowBlock<Kit, U, 1>(w, xl, batch, o, y, s);
+  ForRowBlocks<Kit::kRows>(r0, r1, [&]<int N>(size_t o) {
+    F32RowBlock<Kit, U, N>(w, xl, batch, o, y, s);
+  });
 }
 
 // The batched f32 path for any format (xl: activations in the kernel layout).

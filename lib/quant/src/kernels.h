@@ -108,32 +108,31 @@ inline void PrefetchLine(const void* p, size_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
 }
 
-// acc[k & 3] = body(k, acc[k & 3]) for k = 0..count-1 in order, with the four
-// accumulators as named values: an indexed array (a[k & 3]) makes GCC keep them
-// on the stack, and every step then waits on a store-to-load round trip.
-template <typename V, typename Body>
-inline void Accumulate4(size_t count, V& a0, V& a1, V& a2, V& a3, Body&& body) {
-  size_t k = 0;
-  for (; k + 4 <= count; k += 4) {
-    a0 = body(k, a0);
-    a1 = body(k + 1, a1);
-    a2 = body(k + 2, a2);
-    a3 = body(k + 3, a3);
+// Slot rotation of the dot loops: body(k, a[k mod S]) for k in [k0, k1), k0 a
+// multiple of S, unrolled so that every slot index is a constant. (Indexed with
+// a run-time k & 3, GCC kept the accumulators on the stack and every FMA waited
+// on a store-to-load round trip.) A slot is one accumulator or an array of them.
+template <int S, typename Slot, typename Body>
+inline void ForSlots(size_t k0, size_t k1, Slot (&a)[S], Body&& body) {
+  size_t k = k0;
+  for (; k + S <= k1; k += S) {
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) body(k + j, a[j]);
   }
-  if (k < count) a0 = body(k, a0);
-  if (k + 1 < count) a1 = body(k + 1, a1);
-  if (k + 2 < count) a2 = body(k + 2, a2);
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    if (k + j < k1) body(k + j, a[j]);
+  }
 }
 
-// acc (k & 1) = body(k, acc) for k = 0..count-1: two named accumulators.
-template <typename V, typename Body>
-inline void Accumulate2(size_t count, V& a0, V& a1, Body&& body) {
-  size_t k = 0;
-  for (; k + 2 <= count; k += 2) {
-    a0 = body(k, a0);
-    a1 = body(k + 1, a1);
-  }
-  if (k < count) a0 = body(k, a0);
+// Output rows [r0, r1) in blocks of R, then one at a time: block.operator()<N>(o)
+// handles rows o .. o+N-1 (the batched kernels share each activation load
+// between the rows of a block).
+template <int R, typename Block>
+inline void ForRowBlocks(size_t r0, size_t r1, Block&& block) {
+  size_t o = r0;
+  for (; o + R <= r1; o += R) block.template operator()<R>(o);
+  for (; o < r1; ++o) block.template operator()<1>(o);
 }
 
 // One 32-column activation group split into its 16 even and 16 odd columns (the
@@ -143,24 +142,6 @@ inline void SplitEvenOdd32(const int8_t* q, int8_t* even, int8_t* odd) {
     even[j] = q[2 * j];
     odd[j] = q[2 * j + 1];
   }
-}
-
-// The same rotation for R rows at once (batched loops that share each
-// activation load between R weight rows): body(k, a[k & 3]) updates the R
-// accumulators of slot k & 3, so every row sees exactly the operations it would
-// alone (R = 1).
-template <int R, typename V, typename Body>
-inline void Accumulate4Rows(size_t count, V (&a)[4][R], Body&& body) {
-  size_t k = 0;
-  for (; k + 4 <= count; k += 4) {
-    body(k, a[0]);
-    body(k + 1, a[1]);
-    body(k + 2, a[2]);
-    body(k + 3, a[3]);
-  }
-  if (k < count) body(k, a[0]);
-  if (k + 1 < count) body(k + 1, a[1]);
-  if (k + 2 < count) body(k + 2, a[2]);
 }
 
 // e2m1 code -> value (spec §6.4) and the doubled exact-int8 table the IDOT and

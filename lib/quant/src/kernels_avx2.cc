@@ -484,7 +484,7 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
   __m256 a[2][R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
-  auto step = [&](size_t g, __m256* acc) {
+  auto step = [&](size_t g, __m256 (&acc)[R]) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
     [[maybe_unused]] __m256i c;
     if constexpr (!kInt8 || kInt8Biased) {
@@ -509,12 +509,7 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), acc[r]);
     }
   };
-  size_t g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    step(g, a[0]);
-    step(g + 1, a[1]);
-  }
-  if (g < groups) step(g, a[0]);
+  ForSlots(0, groups, a, step);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
 }
@@ -571,9 +566,7 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
     }
     return;
   }
-  size_t o = r0;
-  for (; o + kQ8Rows <= r1; o += kQ8Rows) Q8RowBlock<F, kQ8Rows>(w, x, corr, o, y, s);
-  for (; o < r1; ++o) Q8RowBlock<F, 1>(w, x, corr, o, y, s);
+  ForRowBlocks<kQ8Rows>(r0, r1, [&]<int N>(size_t o) { Q8RowBlock<F, N>(w, x, corr, o, y, s); });
 }
 
 // ---------------------------------------------------------------------------
@@ -738,7 +731,7 @@ void DotNibBuffered(const NibBuffered* w, const NibActs& x, size_t b, float* out
   __m256 a[2][R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
-  auto step = [&](size_t t, __m256* acc) {
+  auto step = [&](size_t t, __m256 (&acc)[R]) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep));
     const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep + 32));
     const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + t * 8));
@@ -752,12 +745,7 @@ void DotNibBuffered(const NibBuffered* w, const NibActs& x, size_t b, float* out
       acc[r] = NibStep(we, wo, xe, xo, c, f, acc[r]);
     }
   };
-  size_t t = 0;
-  for (; t + 2 <= x.steps; t += 2) {
-    step(t, a[0]);
-    step(t + 1, a[1]);
-  }
-  if (t < x.steps) step(t, a[0]);
+  ForSlots(0, x.steps, a, step);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
 }
@@ -799,7 +787,7 @@ void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, 
 // batched agree bit for bit.
 template <WeightFormat F>
 float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   if constexpr (F == WeightFormat::kMxfp4) {
     const uint8_t* e = static_cast<const uint8_t*>(w.factors);
     const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -827,31 +815,31 @@ float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
           _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(eb), 23)),
                         _mm256_loadu_ps(x.xsg + g0));
       if (t0 + 4 <= x.steps) {
-        a0 = step(t0, _mm256_permutevar8x32_ps(f8, i0), a0);
-        a1 = step(t0 + 1, _mm256_permutevar8x32_ps(f8, i1), a1);
-        a0 = step(t0 + 2, _mm256_permutevar8x32_ps(f8, i2), a0);
-        a1 = step(t0 + 3, _mm256_permutevar8x32_ps(f8, i3), a1);
+        a[0] = step(t0, _mm256_permutevar8x32_ps(f8, i0), a[0]);
+        a[1] = step(t0 + 1, _mm256_permutevar8x32_ps(f8, i1), a[1]);
+        a[0] = step(t0 + 2, _mm256_permutevar8x32_ps(f8, i2), a[0]);
+        a[1] = step(t0 + 3, _mm256_permutevar8x32_ps(f8, i3), a[1]);
       } else {
         const __m256i idx[4] = {i0, i1, i2, i3};
         for (size_t t = t0; t < x.steps; ++t) {
           const __m256 f = _mm256_permutevar8x32_ps(f8, idx[t - t0]);
           if ((t & 1) == 0) {
-            a0 = step(t, f, a0);
+            a[0] = step(t, f, a[0]);
           } else {
-            a1 = step(t, f, a1);
+            a[1] = step(t, f, a[1]);
           }
         }
       }
     }
   } else {
-    Accumulate2(x.steps, a0, a1, [&](size_t t, __m256 acc) {
+    ForSlots(0, x.steps, a, [&](size_t t, __m256& acc) {
       __m256i we, wo;
       w.Weights(t, &we, &wo);
       const __m256 f = _mm256_mul_ps(w.Factors(t), _mm256_loadu_ps(x.xse + t * 8));
-      return NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
+      acc = NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
     });
   }
-  return Hsum(_mm256_add_ps(a0, a1));
+  return Hsum(_mm256_add_ps(a[0], a[1]));
 }
 
 template <WeightFormat F>
@@ -862,9 +850,8 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
     for (size_t o = r0; o < r1; ++o) y[o] = DotNibDirect<F>(NibRow<F>(w, o), acts);
     return;
   }
-  size_t o = r0;
-  for (; o + kNibRows <= r1; o += kNibRows) NibRowBlock<F, kNibRows>(w, acts, x.batch, o, y, s);
-  for (; o < r1; ++o) NibRowBlock<F, 1>(w, acts, x.batch, o, y, s);
+  ForRowBlocks<kNibRows>(r0, r1,
+                         [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
 }
 
 // K3_QUANT_NIBBLE64=1 selects the previous per-group int4/MXFP4 IDOT kernel

@@ -554,9 +554,7 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
     }
     return;
   }
-  size_t o = r0;
-  for (; o + kRowBlock <= r1; o += kRowBlock) RowBlockQ8<F, kRowBlock>(w, x, corr, o, y, s);
-  for (; o < r1; ++o) RowBlockQ8<F, 1>(w, x, corr, o, y, s);
+  ForRowBlocks<kRowBlock>(r0, r1, [&]<int N>(size_t o) { RowBlockQ8<F, N>(w, x, corr, o, y, s); });
 }
 
 // ---------------------------------------------------------------------------
@@ -814,9 +812,8 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
     }
     return;
   }
-  size_t o = r0;
-  for (; o + kRowBlock <= r1; o += kRowBlock) NibRowBlock<F, kRowBlock>(w, acts, x.batch, o, y, s);
-  for (; o < r1; ++o) NibRowBlock<F, 1>(w, acts, x.batch, o, y, s);
+  ForRowBlocks<kRowBlock>(r0, r1,
+                          [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
 }
 
 // K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
