@@ -32,7 +32,6 @@ const internal::KernelTable& TableFor(Isa isa) {
 }
 
 Isa ParseIsa(const std::string& s) {
-  if (s == "scalar") return Isa::kScalar;
   for (Isa i : kAllIsas) {
     if (s == IsaName(i)) return i;
   }
@@ -129,16 +128,15 @@ const KernelTable& ActiveKernels() noexcept {
 
 size_t PrefetchBytes() noexcept {
   static const size_t d = [] {
-    const char* v = std::getenv("K3_PREFETCH");
-    if (v == nullptr || *v == '\0') return kDefaultPrefetchBytes;
-    char* end = nullptr;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    if (*end != '\0' || n > (1ul << 20)) {
-      K3_LOG_WARN("quant: K3_PREFETCH='%s' is not a byte count <= 1048576; using %zu", v,
-                  kDefaultPrefetchBytes);
-      return kDefaultPrefetchBytes;
+    // Kernels are noexcept: a bad value is a warning and the default, not an error.
+    try {
+      const int64_t n = GetEnvInt("K3_PREFETCH", int64_t(kDefaultPrefetchBytes));
+      if (n >= 0 && n <= (int64_t{1} << 20)) return static_cast<size_t>(n);
+    } catch (const std::exception&) {
     }
-    return static_cast<size_t>(n);
+    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using %zu",
+                kDefaultPrefetchBytes);
+    return kDefaultPrefetchBytes;
   }();
   return d;
 }
