@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -143,22 +144,42 @@ Ref ReferenceQ8(const Mat& m, const ActsQ8& a) {
   return r;
 }
 
-// Checks |y - ref| <= bound everywhere; returns the worst err/bound ratio (the
-// test cases print the worst over all their shapes and ISAs).
-double CheckAgainst(const Ref& ref, const std::vector<float>& y, const std::string& what) {
+// err/bound over one output: `bad` counts every element whose ratio is not
+// <= 1 (over the bound, or NaN from a NaN/inf output); `worst` is the largest
+// finite ratio. (A running "if (!(r <= worst)) worst = r" lets a NaN in and the
+// next finite ratio replace it: [2, NaN, 0.1] would end at 0.1.)
+struct RatioScan {
+  size_t bad = 0, first_bad = 0, worst_i = 0;
   double worst = 0;
-  size_t worst_i = 0;
+  bool nan = false;
+};
+
+RatioScan ScanRatios(const Ref& ref, const std::vector<float>& y) {
+  RatioScan s;
   for (size_t i = 0; i < y.size(); ++i) {
-    double ratio = std::fabs(double(y[i]) - ref.y[i]) / ref.bound[i];
-    if (!(ratio <= worst)) {
-      worst = ratio;
-      worst_i = i;
+    const double ratio = std::fabs(double(y[i]) - ref.y[i]) / ref.bound[i];
+    if (!(ratio <= 1.0) && s.bad++ == 0) s.first_bad = i;
+    if (std::isnan(ratio)) {
+      s.nan = true;
+    } else if (ratio > s.worst) {
+      s.worst = ratio;
+      s.worst_i = i;
     }
   }
-  INFO(what << ": worst element " << worst_i << " y=" << y[worst_i] << " ref=" << ref.y[worst_i]
-            << " err/bound=" << worst);
-  CHECK(worst <= 1.0);
-  return worst;
+  return s;
+}
+
+// Checks |y - ref| <= bound everywhere; returns the worst err/bound ratio, +inf
+// when one was NaN, so the callers' running max (std::max drops a NaN) shows it.
+double CheckAgainst(const Ref& ref, const std::vector<float>& y, const std::string& what) {
+  REQUIRE(y.size() == ref.y.size());
+  const RatioScan s = ScanRatios(ref, y);
+  INFO(what << ": worst element " << s.worst_i << " y=" << y[s.worst_i]
+            << " ref=" << ref.y[s.worst_i] << " err/bound=" << s.worst);
+  INFO(s.bad << " element(s) over the bound or NaN, the first " << s.first_bad
+             << " y=" << y[s.first_bad] << " ref=" << ref.y[s.first_bad]);
+  CHECK(s.bad == 0);
+  return s.nan ? std::numeric_limits<double>::infinity() : s.worst;
 }
 
 const char* FmtName(WeightFormat f) {
@@ -172,6 +193,30 @@ const char* FmtName(WeightFormat f) {
 }
 
 }  // namespace
+
+TEST_CASE("the err/bound check fails on a NaN or any ratio over the bound") {
+  Ref ref;
+  ref.y = {0.0, 0.0, 0.0};
+  ref.bound = {1.0, 1.0, 1.0};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  RatioScan s = ScanRatios(ref, {2.0f, nan, 0.1f});  // the old tracker ended at 0.1
+  CHECK(s.bad == 2);
+  CHECK(s.first_bad == 0);
+  CHECK(s.nan);
+  CHECK(s.worst == 2.0);
+  s = ScanRatios(ref, {0.5f, nan, 0.1f});
+  CHECK(s.bad == 1);
+  CHECK(s.first_bad == 1);
+  s = ScanRatios(ref, {0.5f, 0.25f, 1.5f});
+  CHECK(s.bad == 1);
+  CHECK(s.first_bad == 2);
+  s = ScanRatios(ref, {0.5f, -1.0f, std::numeric_limits<float>::infinity()});
+  CHECK(s.bad == 1);
+  s = ScanRatios(ref, {0.5f, -1.0f, 0.1f});  // exactly on the bound passes
+  CHECK(s.bad == 0);
+  CHECK(s.worst == 1.0);
+  CHECK(s.worst_i == 1);
+}
 
 TEST_CASE("E8M0 decodes by placing the byte in the exponent field") {
   CHECK(E8m0ToF32(127) == 1.0f);
