@@ -15,6 +15,15 @@
 
 namespace k3::test {
 
+// Bounds for an f32-activation forward pass (f32 weights, or int8/int4 weights
+// against their own goldens) vs the oracle, as rel-L2. Measured 2026-12 on every
+// ISA (scalar, avx2, avx2vnni, avx512): worst layer 5.9e-6 (int8 golden, layer 6,
+// avx512), logits/final 3.3e-6, incremental greedy logits 4.5e-6. The oracle's
+// 1e-4 is 20-35x above that and blind to the known near miss (the MLA LoRA-norm
+// eps 1e-5 for 1e-6 reads 4e-6..1e-5), so these sit a few times above today.
+inline constexpr double kGoldenLayerRelL2 = 1.5e-5;  // each layer of hidden.f32
+inline constexpr double kGoldenRelL2 = 1e-5;         // logits.f32, final.f32, greedy logits
+
 // Creates a fresh directory /tmp/<prefix>_XXXXXX and returns its path; the test
 // fails (REQUIRE) when it cannot be made. Callers remove it when they need to.
 inline std::string MakeTempDir(const std::string& prefix) {
