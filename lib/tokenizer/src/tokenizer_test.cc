@@ -400,7 +400,7 @@ TEST_CASE("repository copy of the oracle matches ../shared/oracle when present" 
   REQUIRE_MESSAGE(k3::IsDirectory(shared), shared << " is absent and CI=true");
   for (const char* rel : {"tokenizer/cases.json", "chat/cases.json", "k3-tiny/tiktoken.model",
                           "k3-tiny/tokenizer_config.json"}) {
-    INFO(rel);
+    INFO(std::string(rel));
     CHECK(k3::ReadFileOrThrow(kData + "/oracle/" + rel, 64 << 20) ==
           k3::ReadFileOrThrow(shared + "/" + rel, 64 << 20));
   }
