@@ -179,8 +179,8 @@ TEST_CASE("pre-tokenizer: Han is Script=Han, not Script_Extensions") {
 TEST_CASE("letters and numbers of Unicode 15-16 split as tiktoken splits them") {
   // Strings where PCRE2's own Unicode 14 tables give different ids; the ids were
   // produced by tiktoken 1.0.22 (npm) with this vocabulary.
-  std::string path = std::string(__FILE__);
-  path = path.substr(0, path.rfind('/')) + "/../testdata/tiktoken_unicode16.jsonl";
+  // From the test data dir, not __FILE__: ccache's base_dir makes __FILE__ relative.
+  std::string path = std::string(K3_TEST_DATA_DIR) + "/../../lib/tokenizer/testdata/tiktoken_unicode16.jsonl";
   std::ifstream f(path);
   REQUIRE(f.good());
   simdjson::dom::parser parser;
