@@ -653,3 +653,41 @@ TEST_CASE(
           0);
   }
 }
+
+// ---------------------------------------------------------------------------
+// Data safety (issue 14)
+
+namespace {
+// The file with its first `from` replaced by `to`.
+void Replace(const std::string& path, const std::string& from, const std::string& to) {
+  std::string c = ReadAll(path);
+  size_t at = c.find(from);
+  REQUIRE(at != std::string::npos);
+  c.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << c;
+}
+}  // namespace
+
+TEST_CASE("a config.json that contradicts the tensors is refused before anything is written") {
+  TempDir d;
+  const std::string src = Copy(TinySnapshot(), d / "src");
+  Replace(src + "/config.json", "\"hidden_size\": 128", "\"hidden_size\": 256");
+  const std::string out = d / "out", log = d / "log";
+  CHECK(Run({Bin("k3-repack"), src, out}, {.log = log}) == 4);
+  CHECK(!Exists(out));
+  const std::string l = ReadAll(log);
+  CHECK(l.find("contradicts the snapshot's tensors (145 problem(s); nothing was written)") != std::string::npos);
+  // The problem text is k3-verify's: the same container with the same config.
+  const std::string bad = Copy(ReferenceDir(), d / "bad");
+  Replace(bad + "/config.json", "\"hidden_size\": 128", "\"hidden_size\": 256");
+  const std::string vlog = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), bad}, {.log = vlog}) != 0);
+  const std::string what = "'language_model.model.embed_tokens.weight': shape [2304,128], expected [2304,256] [corrupt]";
+  CHECK(l.find(what) != std::string::npos);
+  CHECK(ReadAll(vlog).find(what) != std::string::npos);
+  // Into an existing container: left exactly as it was.
+  const std::string full = Copy(ReferenceDir(), d / "full");
+  auto before = ReadTree(full);
+  CHECK(Run({Bin("k3-repack"), src, full}) == 4);
+  CHECK(TreeDiff(before, ReadTree(full)) == "");
+}

@@ -26,6 +26,7 @@
 #include "k3/quant/quant.h"
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
+#include "model_check.h"
 #include "queue.h"
 #include "transform.h"
 
@@ -266,6 +267,27 @@ uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_
     dst_off += out_bytes;
   }
   return compared;
+}
+
+// Every tensor config.json implies, by name, dtype and shape, before anything is
+// written: a config that contradicts its tensors would otherwise convert into a
+// container k3-verify rejects. The problems are k3-verify's (same rules, same text).
+void CheckSourceMatchesConfig(const Snapshot& snap, const ModelConfig& config, const std::string& src) {
+  auto find = [&](const std::string& full) -> std::optional<FoundTensor> {
+    auto r = snap.FindExact(full);
+    if (!r) return std::nullopt;
+    return FoundTensor{r->file->path(), static_cast<int64_t>(r->offset), r->info};
+  };
+  const std::string prefix = ModelPrefix([&](const std::string& n) { return snap.FindExact(n).has_value(); });
+  std::vector<Problem> problems =
+      CheckModelTensors(config, TensorForm::kSnapshot, find, src, prefix, /*bits=*/nullptr);
+  if (problems.empty()) return;
+  std::string detail = "contradicts the snapshot's tensors (" + std::to_string(problems.size()) +
+                       " problem(s); nothing was written):";
+  constexpr size_t kShown = 5;
+  for (size_t i = 0; i < std::min(kShown, problems.size()); ++i) detail += "\n  " + problems[i].ToString();
+  if (problems.size() > kShown) detail += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  throw Error(problems.front().code, detail, JoinPath(src, "config.json"));
 }
 
 class Runner {
@@ -591,6 +613,7 @@ RepackEvent Runner::Run() {
   Snapshot snap = Snapshot::OpenOrThrow(opt_.src);  // every shard of the index, validated
   ModelConfig config =
       ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
+  CheckSourceMatchesConfig(snap, config, opt_.src);
 
   struct Src {
     int64_t number;

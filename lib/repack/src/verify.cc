@@ -23,6 +23,7 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/classify.h"
 #include "k3/repack/container.h"
+#include "model_check.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -38,94 +39,6 @@ std::string Problem::ToString() const {
 int VerifyReport::ExitCode() const { return ok() ? 0 : ExitCodeFor(problems.front().code); }
 
 namespace {
-
-enum class Want : uint8_t { kFloat, kQuant, kExpert };
-
-struct Expected {
-  std::string name;  // without prefix
-  Want want;
-  std::vector<int64_t> shape;
-  bool at_least = false;  // numel >= product (A_log is padded to head_dim)
-};
-
-// Tensors config.json says the text model has (spec §3), in container form.
-std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
-  std::vector<Expected> e;
-  const int64_t d = c.hidden_size;
-  auto f = [&](std::string n, std::vector<int64_t> s, bool at_least = false) {
-    e.push_back({std::move(n), Want::kFloat, std::move(s), at_least});
-  };
-  auto q = [&](std::string n, int64_t o, int64_t i) {
-    e.push_back({std::move(n), Want::kQuant, {o, i}});
-  };
-  auto x = [&](std::string n, int64_t o, int64_t i) {
-    e.push_back({std::move(n), Want::kExpert, {o, i}});
-  };
-  f("model.embed_tokens.weight", {c.vocab_size, d});
-  f("model.norm.weight", {d});
-  f("model.output_attn_res_norm.weight", {d});
-  f("model.output_attn_res_proj.weight", {d});
-  q("lm_head.weight", c.vocab_size, d);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* n : {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm",
-                          "self_attention_res_proj", "mlp_res_norm", "mlp_res_proj"}) {
-      f(p + n + ".weight", {d});
-    }
-    const std::string a = p + "self_attn.";
-    if (c.is_kda[static_cast<size_t>(l)]) {
-      const int64_t kp = c.kda_proj();
-      for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"}) q(a + n + ".weight", kp, d);
-      q(a + "o_proj.weight", d, kp);
-      for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
-        f(a + n + ".weight", {kp * c.kda_conv_kernel});
-      }
-      f(a + "f_a_proj.weight", {c.kda_head_dim, d});
-      f(a + "f_b_proj.weight", {kp, c.kda_head_dim});
-      f(a + "b_proj.weight", {c.kda_num_heads, d});
-      f(a + "dt_bias", {kp});
-      f(a + "A_log", {c.kda_num_heads}, /*at_least=*/true);
-      f(a + "o_norm.weight", {c.kda_head_dim});
-    } else {
-      const int64_t h = c.num_attention_heads;
-      q(a + "q_a_proj.weight", c.q_lora_rank, d);
-      f(a + "q_a_layernorm.weight", {c.q_lora_rank});
-      q(a + "q_b_proj.weight", h * c.qk_head_dim(), c.q_lora_rank);
-      q(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, d);
-      f(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
-      q(a + "kv_b_proj.weight", h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-      q(a + "o_proj.weight", d, h * c.v_head_dim);
-      q(a + "g_proj.weight", h * c.v_head_dim, d);
-    }
-    if (!c.is_moe(l)) {
-      q(p + "mlp.gate_proj.weight", c.intermediate_size, d);
-      q(p + "mlp.up_proj.weight", c.intermediate_size, d);
-      q(p + "mlp.down_proj.weight", d, c.intermediate_size);
-      continue;
-    }
-    const std::string m = p + "block_sparse_moe.";
-    const int64_t lat = c.routed_expert_hidden_size, mi = c.moe_intermediate_size;
-    const int64_t si = c.shared_intermediate();
-    f(m + "gate.weight", {c.num_experts, d});
-    f(m + "gate.e_score_correction_bias", {c.num_experts});
-    q(m + "routed_expert_down_proj.weight", lat, d);
-    q(m + "routed_expert_up_proj.weight", d, lat);
-    f(m + "routed_expert_norm.weight", {lat});
-    q(m + "shared_experts.gate_proj.weight", si, d);
-    q(m + "shared_experts.up_proj.weight", si, d);
-    q(m + "shared_experts.down_proj.weight", d, si);
-    for (int64_t x_id = 0; x_id < c.num_experts; ++x_id) {
-      const std::string ep = m + "experts." + std::to_string(x_id) + ".";
-      x(ep + "w1.weight_packed", mi, lat / 2);
-      x(ep + "w1.weight_scale", mi, lat / 32);
-      x(ep + "w2.weight_packed", lat, mi / 2);
-      x(ep + "w2.weight_scale", lat, mi / 32);
-      x(ep + "w3.weight_packed", mi, lat / 2);
-      x(ep + "w3.weight_scale", mi, lat / 32);
-    }
-  }
-  return e;
-}
 
 struct Located {
   size_t shard;
@@ -233,85 +146,19 @@ void Verifier::CheckModel() {
     Add(e.code(), e.path().empty() ? Path("config.json") : e.path(), e.object(), -1, e.detail());
     return;
   }
-  auto find = [&](const std::string& n) -> const Located* {
-    auto it = by_name_.find(prefix_ + n);
-    return it == by_name_.end() ? nullptr : &it->second;
-  };
   auto where = [&](const Located& l) {
     return std::pair(Path(shard_names_[l.shard]),
                      static_cast<int64_t>(shards_[l.shard]->AbsoluteOffset(*l.info)));
   };
-  for (const Expected& e : ExpectedTensors(config)) {
-    const std::string full = prefix_ + e.name;
-    const Located* l = find(e.name);
-    if (!l) {
-      Add(ErrorCode::kNotFound, opt_.dst, full, -1, "tensor the model needs is missing");
-      continue;
-    }
-    auto [file, off] = where(*l);
-    const TensorInfo& t = *l->info;
-    if (e.want == Want::kFloat) {
-      if (!IsFloatReadable(t.dtype)) {
-        Add(ErrorCode::kUnsupported, file, full, off,
-            "dtype " + std::string(DTypeName(t.dtype)) + ", expected BF16/F16/F32");
-      }
-      bool shape_ok =
-          e.at_least ? t.numel() >= ShapeNumel(e.shape)
-                     : (e.shape.size() == 1 ? t.numel() == ShapeNumel(e.shape) : t.shape == e.shape);
-      if (!shape_ok) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            "shape " + ShapeString(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
-                ShapeString(e.shape));
-      }
-      continue;
-    }
-    if (e.want == Want::kExpert) {
-      if (t.dtype != DType::kU8 || t.shape != e.shape) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape) + ", expected U8 " +
-                ShapeString(e.shape));
-      }
-      continue;
-    }
-    // Quantized: U8 payload + F32 .qs sidecar, int8 [O,I]+[O] or int4 [O,I/2]+[O,I/64].
-    const int64_t o = e.shape[0], i = e.shape[1];
-    if (t.dtype != DType::kU8) {
-      Add(ErrorCode::kCorrupt, file, full, off,
-          "dtype " + std::string(DTypeName(t.dtype)) +
-              ": a container stores this matrix quantized (U8 + .qs)");
-      continue;
-    }
-    const Located* s = find(e.name + ".qs");
-    if (!s) {
-      Add(ErrorCode::kNotFound, file, full + ".qs", -1, "scale sidecar missing");
-      continue;
-    }
-    const TensorInfo& st = *s->info;
-    const bool int8 = t.shape == std::vector<int64_t>{o, i} && st.shape == std::vector<int64_t>{o};
-    const bool int4 = i % 64 == 0 && t.shape == std::vector<int64_t>{o, i / 2} &&
-                      st.shape == std::vector<int64_t>{o, i / 64};
-    if (st.dtype != DType::kF32) {
-      auto [sf, so] = where(*s);
-      Add(ErrorCode::kCorrupt, sf, full + ".qs", so,
-          "dtype " + std::string(DTypeName(st.dtype)) + ", expected F32");
-    }
-    if (!int8 && !int4) {
-      Add(ErrorCode::kCorrupt, file, full, off,
-          "U8 " + ShapeString(t.shape) + " with .qs " + ShapeString(st.shape) + " is neither int8 [" +
-              std::to_string(o) + "," + std::to_string(i) + "]+[" + std::to_string(o) +
-              "] nor int4-g64 for a [" + std::to_string(o) + "," + std::to_string(i) + "] matrix");
-      continue;
-    }
-    if (fingerprint_) {
-      TensorRole role = ClassifyTensor(full, config.is_kda);
-      bool want4 = quant::UsesInt4(fingerprint_->bits.For(role), static_cast<size_t>(i));
-      if (want4 != int4) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            std::string("stored as ") + (int4 ? "int4-g64" : "int8") + " but the fingerprint's " +
-                std::string(TensorRoleName(role)) + " bits ask for " +
-                (want4 ? "int4-g64" : "int8"));
-      }
-    }
+  auto find = [&](const std::string& full) -> std::optional<FoundTensor> {
+    auto it = by_name_.find(full);
+    if (it == by_name_.end()) return std::nullopt;
+    auto [file, off] = where(it->second);
+    return FoundTensor{file, off, it->second.info};
+  };
+  for (Problem& p : CheckModelTensors(config, TensorForm::kContainer, find, opt_.dst, prefix_,
+                                      fingerprint_ ? &fingerprint_->bits : nullptr)) {
+    Add(p.code, std::move(p.file), std::move(p.tensor), p.offset, std::move(p.detail));
   }
   // Every .qs belongs to a U8 tensor; experts are contiguous and id-ordered.
   for (const auto& [name, loc] : by_name_) {
@@ -636,10 +483,7 @@ VerifyReport Verifier::Run() {
         "container incomplete: " + std::to_string(shard_names_.size()) + " of " +
             std::to_string(want_shards) + " shards present");
   }
-  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight") ||
-      by_name_.count("language_model.model.embed_tokens.weight")) {
-    prefix_ = "language_model.";
-  }
+  prefix_ = ModelPrefix([&](const std::string& n) { return by_name_.count(n) > 0; });
   CheckIndex();
   CheckModel();
   CheckChecksums();
