@@ -153,7 +153,10 @@ int main(int argc, char** argv) {
   app.add_option("--shards", shards, "source shard numbers to convert, e.g. 1,2,5-9");
   app.add_option("--worker", worker,
                  "I/N: convert every N-th selected shard starting at I (0-based)");
-  app.add_flag("--verify-full", opt.verify_full, "compare every expert byte with the source");
+  app.add_flag("--verify-full", opt.verify_full,
+               "compare every expert byte with the source (implies --recheck)");
+  app.add_flag("--recheck", opt.recheck,
+               "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
       w.Field("gb_per_s", gbps);
       w.Field("peak_rss_bytes", k3::PeakRssBytes());
       w.Field("exit", r.ExitCode());
+      if (!r.ok()) w.Field("repair", r.repair_command);
       w.EndObject();
       std::printf("%s\n", w.str().c_str());
     } else {
@@ -75,6 +76,10 @@ int main(int argc, char** argv) {
             r.passthrough_tensors_compared);
       }
       std::printf(", %.2f s, %.2f GB/s; %zu problem(s)\n", r.seconds, gbps, r.problems.size());
+      if (!r.ok()) {
+        std::printf("to repair: %s%s\n", r.repair_command.c_str(),
+                    opt.source.empty() ? "   (SRC: the snapshot it was converted from)" : "");
+      }
     }
     return r.ExitCode();
   } catch (const k3::Error& e) {

@@ -691,3 +691,55 @@ TEST_CASE("a config.json that contradicts the tensors is refused before anything
   CHECK(Run({Bin("k3-repack"), src, full}) == 4);
   CHECK(TreeDiff(before, ReadTree(full)) == "");
 }
+
+namespace {
+// The value of a "key":"string" field in JSON text (no escapes in the value).
+std::string JsonString(const std::string& text, const std::string& key) {
+  size_t at = text.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return {};
+  at += key.size() + 4;
+  return text.substr(at, text.find('"', at) - at);
+}
+}  // namespace
+
+TEST_CASE("--recheck finds a kept shard damaged after it was written; k3-verify prints the repair") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  const std::string shard = out + "/model-00003-of-000009.safetensors";
+  {
+    std::string c = ReadAll(shard);
+    c[c.size() - 7] = static_cast<char>(c[c.size() - 7] ^ 0x01);  // data bytes: header and size stay valid
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << c;
+  }
+  // A plain rerun keeps it (size and header are right) ...
+  const std::string log = d / "log";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json"}, {.log = log}) == 0);
+  CHECK(ReadAll(log).find("\"event\":\"shard_skipped\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
+        std::string::npos);
+  // ... k3-verify finds it and says how to repair it ...
+  const std::string vlog = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), out, "--source", TinySnapshot(), "--json"}, {.log = vlog}) == 5);
+  const std::string repair = JsonString(ReadAll(vlog), "repair");
+  CHECK(repair == "k3-repack " + TinySnapshot() + " " + out + " --recheck");
+  const std::string tlog = d / "tlog";
+  CHECK(Run({Bin("k3-verify"), out}, {.log = tlog}) == 5);
+  CHECK(ReadAll(tlog).find("to repair: k3-repack SRC " + out + " --recheck") != std::string::npos);
+  // ... and that command converts it again: the container is the reference again.
+  REQUIRE(repair.rfind("k3-repack ", 0) == 0);
+  const std::string rlog = d / "rlog";
+  CHECK(std::system((Bin("k3-repack") + repair.substr(9) + " --json > '" + rlog + "' 2>&1").c_str()) == 0);
+  CHECK(ReadAll(rlog).find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(ReadAll(rlog).find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\","
+                           "\"detail\":\"complete, checksum verified\"") != std::string::npos);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+  CHECK(Run({Bin("k3-verify"), out}) == 0);
+  // --verify-full rechecks too.
+  {
+    std::string c = ReadAll(shard);
+    c[c.size() - 7] = static_cast<char>(c[c.size() - 7] ^ 0x01);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << c;
+  }
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--verify-full"}) == 0);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+}

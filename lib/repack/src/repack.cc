@@ -218,6 +218,18 @@ std::string ExistingShardProblem(const std::string& path, const ShardPlan& p) {
   return {};
 }
 
+// Why a kept shard fails --recheck, or "" when it hashes to its recorded digest.
+std::string RecheckProblem(const std::string& path, const std::string& name, const ChecksumManifest& recorded) {
+  auto it = recorded.find(name);
+  if (it == recorded.end()) return "not in " + std::string(kChecksumsName) + ", so it cannot be trusted";
+  std::string have = HashFileXxh128(path);
+  if (have != it->second) {
+    return "XXH3-128 is " + have + " but " + std::string(kChecksumsName) + " says " + it->second +
+           " (damaged after it was written)";
+  }
+  return {};
+}
+
 // Header fields of a freshly written temp file against the plan.
 void CheckWrittenShard(const std::string& tmp_path, const ShardPlan& p) {
   SafetensorsFile f = SafetensorsFile::OpenOrThrow(tmp_path);
@@ -733,14 +745,20 @@ RepackEvent Runner::Run() {
   std::vector<const ShardPlan*> todo;
   std::vector<RepackEvent> skipped;  // reported after the start event
   uint64_t reclaimable = 0;
+  // --recheck: a kept shard must also hash to what checksums.xxh128 recorded, so
+  // bytes damaged after the write are found and the shard converted again.
+  const bool recheck = (opt_.recheck || opt_.verify_full) && !force_clean;
+  ChecksumManifest recorded;
+  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
   for (const auto& p : selected) {
     std::string path = JoinPath(opt_.dst, p.out_name);
     std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
+    if (why.empty() && recheck) why = RecheckProblem(path, p.out_name, recorded);
     if (why.empty()) {
       ++totals_.shards_skipped;
       RepackEvent ev;
       ev.shard = p.out_name;
-      ev.detail = "complete and valid";
+      ev.detail = recheck ? "complete, checksum verified" : "complete and valid";
       ev.shard_src_bytes = p.src_bytes;
       ev.shard_out_bytes = p.file_bytes;
       skipped.push_back(ev);

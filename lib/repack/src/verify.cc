@@ -427,6 +427,33 @@ void Verifier::CheckChecksums() {
   }
 }
 
+// A path as a POSIX shell word (single-quoted when it needs to be).
+std::string ShellWord(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@") ==
+                        std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A rerun converts what is missing, --recheck also what hashes wrong, and the
+// shared files are rebuilt at the end; the fingerprint's bits make it a resume.
+// Without a usable fingerprint only --force can rebuild the container.
+std::string RepairCommand(const VerifyOptions& o, const std::optional<Fingerprint>& fp) {
+  std::string cmd = "k3-repack " + (o.source.empty() ? std::string("SRC") : ShellWord(o.source)) + " " +
+                    ShellWord(o.dst);
+  if (!fp) return cmd + " --force";
+  const QuantBits& b = fp->bits;
+  cmd += " --recheck";
+  if (b.bits != 8) cmd += " --bits " + std::to_string(b.bits);
+  const int dflt = std::max(b.bits, 8);
+  if (b.mla_bits != dflt) cmd += " --mla-bits " + std::to_string(b.mla_bits);
+  if (b.head_bits != dflt) cmd += " --head-bits " + std::to_string(b.head_bits);
+  return cmd;
+}
+
 VerifyReport Verifier::Run() {
   const double t0 = NowSeconds();
   if (!IsDirectory(opt_.dst)) throw Error(ErrorCode::kNotFound, "not a directory", opt_.dst);
@@ -491,6 +518,7 @@ VerifyReport Verifier::Run() {
                    [](const Problem& a, const Problem& b) {
                      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
                    });
+  if (!report_.ok()) report_.repair_command = RepairCommand(opt_, fingerprint_);
   report_.seconds = NowSeconds() - t0;
   return std::move(report_);
 }

@@ -24,7 +24,8 @@ struct RepackOptions {
   std::vector<int64_t> shards;  // source shard numbers; empty = all
   int worker_index = 0;         // --worker I/N: this pass takes every N-th selected shard
   int worker_count = 1;
-  bool verify_full = false;  // re-read every expert byte of src and dst and compare
+  bool verify_full = false;  // re-read every expert byte of src and dst and compare; implies recheck
+  bool recheck = false;      // re-hash kept shards against checksums.xxh128; reconvert the bad ones
   int threads = 0;           // quantization threads; 0 = all online CPUs
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)

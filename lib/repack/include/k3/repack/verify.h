@@ -41,6 +41,9 @@ struct VerifyReport {
   size_t quantized_tensors_rederived = 0;
   size_t passthrough_tensors_compared = 0;
   double seconds = 0;
+  // When not ok: the k3-repack command that repairs what was found (the source
+  // path is the one given to --source, else the placeholder SRC).
+  std::string repair_command;
   bool ok() const { return problems.empty(); }
   // Exit code: 0 when ok, else that of the first problem's code.
   int ExitCode() const;
