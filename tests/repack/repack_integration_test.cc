@@ -743,3 +743,26 @@ TEST_CASE("--recheck finds a kept shard damaged after it was written; k3-verify 
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--verify-full"}) == 0);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
 }
+
+TEST_CASE("two identical repacks into one DST at once: the second waits per shard, both succeed") {
+  const auto ref = ReadTree(ReferenceDir());
+  bool waited = false;
+  for (int round = 0; round < 3; ++round) {
+    TempDir d;
+    const std::string out = d / "out";
+    std::vector<pid_t> pids;
+    for (int k = 0; k < 2; ++k) {
+      pids.push_back(Spawn({Bin("k3-repack"), TinySnapshot(), out}, {.log = d / ("log" + std::to_string(k))}));
+    }
+    for (pid_t p : pids) CHECK(Wait(p) == 0);
+    for (int k = 0; k < 2; ++k) {
+      std::string l = ReadAll(d / ("log" + std::to_string(k)));
+      CHECK(l.find("error") == std::string::npos);
+      waited = waited || l.find("is being converted by process ") != std::string::npos;
+    }
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+    CHECK(Run({Bin("k3-verify"), out}) == 0);
+  }
+  // Not guaranteed by the scheduler, only overwhelmingly likely: both start on shard 1.
+  MESSAGE("a pass waited for the other in some round: " << waited);
+}

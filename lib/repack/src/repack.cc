@@ -302,6 +302,52 @@ void CheckSourceMatchesConfig(const Snapshot& snap, const ModelConfig& config, c
   throw Error(problems.front().code, detail, JoinPath(src, "config.json"));
 }
 
+// Exclusive fcntl lock on byte `number` of DST/.k3-repack.shards.lock: held while
+// a pass converts that shard, so two passes that chose the same shard never
+// write it at once (one waits, then keeps what the other wrote). A separate file
+// from ContainerLock's, because closing any descriptor of a file drops all of a
+// process's fcntl locks on it.
+class ShardLock {
+ public:
+  ShardLock(int fd, int64_t number, const std::string& path, const std::string& shard) : fd_(fd), number_(number) {
+    struct flock fl = Range(F_WRLCK);
+    if (::fcntl(fd_, F_SETLK, &fl) == 0) return;
+    if (errno != EACCES && errno != EAGAIN) ThrowErrno(errno, "lock", path);
+    struct flock who = Range(F_WRLCK);
+    std::string holder = "another process";
+    if (::fcntl(fd_, F_GETLK, &who) == 0 && who.l_type != F_UNLCK) {
+      holder = "process " + std::to_string(who.l_pid);
+    }
+    K3_LOG_WARN("%s is being converted by %s (another k3-repack into this destination); waiting for it",
+                shard.c_str(), holder.c_str());
+    while (::fcntl(fd_, F_SETLKW, &fl) != 0) {
+      if (errno == EINTR) continue;
+      ThrowErrno(errno, "lock", path);
+    }
+    waited_ = true;
+  }
+  ~ShardLock() {
+    struct flock fl = Range(F_UNLCK);
+    ::fcntl(fd_, F_SETLK, &fl);
+  }
+  ShardLock(const ShardLock&) = delete;
+  ShardLock& operator=(const ShardLock&) = delete;
+  bool waited() const { return waited_; }
+
+ private:
+  struct flock Range(short type) const {
+    struct flock fl {};
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(number_);
+    fl.l_len = 1;
+    return fl;
+  }
+  int fd_;
+  int64_t number_;
+  bool waited_ = false;
+};
+
 class Runner {
  public:
   Runner(const RepackOptions& o, const RepackObserver& obs) : opt_(o), observer_(obs) {}
@@ -808,10 +854,20 @@ RepackEvent Runner::Run() {
     CopyMetadata();
   }
 
+  const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
+  UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
   for (const ShardPlan* p : todo) {
     RepackEvent ev;
     ev.shard = p->out_name;
     ev.shard_src_bytes = p->src_bytes;
+    ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
+    if (shard_lock.waited() && ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+      ev.detail = "converted by a concurrent pass";
+      ev.shard_out_bytes = p->file_bytes;
+      ++totals_.shards_skipped;
+      Emit(RepackEvent::Kind::kShardSkipped, ev);
+      continue;
+    }
     Emit(RepackEvent::Kind::kShardStart, ev);
     ev.shard_xxh128 = WriteShard(*p, &ev);
     {
