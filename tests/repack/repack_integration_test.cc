@@ -14,6 +14,7 @@
 
 #include "helpers.h"
 #include "k3/container/safetensors.h"
+#include "k3/repack/checksums.h"
 #include "k3/container/snapshot.h"
 #include "k3/core/sys.h"
 
@@ -765,4 +766,27 @@ TEST_CASE("two identical repacks into one DST at once: the second waits per shar
   }
   // Not guaranteed by the scheduler, only overwhelmingly likely: both start on shard 1.
   MESSAGE("a pass waited for the other in some round: " << waited);
+}
+
+TEST_CASE("k3-verify --full --source compares the copied files with the source's") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  // Copied files that differ from the source's, with a manifest that agrees with
+  // them: only the comparison with the source can find it.
+  Replace(out + "/config.json", "\"rms_norm_eps\"", "\"rms_norm_eps\" ");
+  Replace(out + "/tokenizer_config.json", "{", "{ ");
+  const std::string manifest = out + "/checksums.xxh128";
+  k3::repack::ChecksumManifest m = k3::repack::ReadChecksumManifest(manifest);
+  for (const char* f : {"config.json", "tokenizer_config.json"}) m[f] = k3::repack::HashFileXxh128(out + "/" + f);
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << k3::repack::RenderChecksumManifest(m);
+  CHECK(Run({Bin("k3-verify"), out}) == 0);
+  const std::string log = d / "log";
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}, {.log = log}) == 5);
+  const std::string l = ReadAll(log);
+  CHECK(l.find(out + "/config.json: offset ") != std::string::npos);
+  CHECK(l.find("differs from the source's " + TinySnapshot() + "/config.json") != std::string::npos);
+  CHECK(l.find("differs from the source's " + TinySnapshot() + "/tokenizer_config.json") != std::string::npos);
+  // The repair k3-verify prints restores them from the source.
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--recheck"}) == 0);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
 }

@@ -60,6 +60,7 @@ class Verifier {
   void CheckIndex();
   void CheckModel();
   void CheckChecksums();
+  void CheckCopiedFiles();
   // Streams one shard: hash, and with a source compare every byte it can.
   std::string StreamShard(size_t s);
   std::string Path(const std::string& name) const { return JoinPath(opt_.dst, name); }
@@ -349,6 +350,38 @@ std::string Verifier::StreamShard(size_t s) {
   return h.HexDigest();
 }
 
+// With a source: the files k3-repack copies verbatim (config, tokenizer, ...)
+// must equal the source's, byte for byte; a checksum only proves they are what
+// was written, not what the snapshot holds.
+void Verifier::CheckCopiedFiles() {
+  constexpr uint64_t kMaxCopiedFileBytes = 512ull << 20;
+  for (auto name : kMetadataFiles) {
+    const std::string from = JoinPath(opt_.source, std::string(name)), to = Path(std::string(name));
+    const bool in_src = PathExists(from), in_dst = PathExists(to);
+    if (!in_src && !in_dst) continue;
+    if (!in_dst) {
+      Add(ErrorCode::kNotFound, to, {}, -1, "missing; the source has " + from);
+      continue;
+    }
+    if (!in_src) {
+      Add(ErrorCode::kCorrupt, to, {}, -1, "not in the source snapshot (" + opt_.source + ")");
+      continue;
+    }
+    try {
+      const std::string a = ReadFileOrThrow(from, kMaxCopiedFileBytes), b = ReadFileOrThrow(to, kMaxCopiedFileBytes);
+      report_.source_bytes_read += a.size();
+      if (a == b) continue;
+      size_t k = 0;
+      while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+      Add(ErrorCode::kChecksumMismatch, to, {}, static_cast<int64_t>(k),
+          "differs from the source's " + from + " (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) +
+              " bytes; first difference shown)");
+    } catch (const Error& e) {
+      Add(e.code(), e.path().empty() ? to : e.path(), {}, -1, e.detail());
+    }
+  }
+}
+
 void Verifier::CheckChecksums() {
   const std::string mpath = Path(std::string(kChecksumsName));
   ChecksumManifest manifest;
@@ -513,6 +546,7 @@ VerifyReport Verifier::Run() {
   prefix_ = ModelPrefix([&](const std::string& n) { return by_name_.count(n) > 0; });
   CheckIndex();
   CheckModel();
+  if (source_) CheckCopiedFiles();
   CheckChecksums();
   std::stable_sort(report_.problems.begin(), report_.problems.end(),
                    [](const Problem& a, const Problem& b) {
