@@ -8,12 +8,15 @@
 #include <CLI/CLI.hpp>
 
 #include "k3/container/snapshot.h"
+#include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
 #include "k3/core/sys.h"
+#include "k3/core/tool.h"
 #include "k3/fixture/check.h"
 #include "k3/fixture/spec.h"
 #include "k3/fixture/writer.h"
 #include "k3/model/config.h"
+#include "k3/quant/isa_info.h"
 
 namespace {
 
@@ -80,8 +83,9 @@ int RunCheck(const std::string& dir) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"k3-fixture: K3-shaped HF snapshots for tests and benchmarks"};
+  k3::cli::AddVersionFlag(app, "k3-fixture", k3::quant::KernelsVersionDetail);
   std::string preset_name, out_dir, check_dir;
   uint64_t seed = 0;
   int64_t experts = 0, layers = 0;
@@ -143,3 +147,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return k3::FinishStdout("k3-fixture", Main(argc, argv)); }

@@ -6,10 +6,14 @@
 #include <cstdio>
 #include <string>
 
+#include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
+#include "k3/core/log.h"
+#include "k3/core/tool.h"
 #include "k3/core/sys.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 #include "k3/repack/repack.h"
 
 namespace {
@@ -137,12 +141,13 @@ void PrintHuman(const RepackEvent& e, bool tty) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"k3-repack: convert a Kimi K3 HF snapshot into a k3 container (docs/repack.md)"};
+  k3::cli::AddVersionFlag(app, "k3-repack", k3::quant::KernelsVersionDetail);
   k3::repack::RepackOptions opt;
   int mla_bits = -1, head_bits = -1;
   std::string shards, worker;
-  bool json = false;
+  bool json = false, quiet = false;
   uint64_t block_mib = 16;
   app.add_option("SRC", opt.src, "HF snapshot directory")->required();
   app.add_option("DST", opt.dst, "container directory (created if missing)")->required();
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
                "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
   app.add_flag("--json", json, "one JSON event per line on stdout");
+  app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
   app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
   bool no_space_check = false;
@@ -167,6 +173,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const bool tty = ::isatty(2);
+  if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
   try {
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
     opt.bits.mla_bits = mla_bits > 0 ? mla_bits : std::max(opt.bits.bits, 8);
@@ -178,7 +185,7 @@ int main(int argc, char** argv) {
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
       if (json)
         PrintJson(e);
-      else
+      else if (!quiet)
         PrintHuman(e, tty);
     });
     return 0;
@@ -203,3 +210,5 @@ int main(int argc, char** argv) {
     return k3::ExitCodeFor(k3::ErrorCode::kInternal);
   }
 }
+
+int main(int argc, char** argv) { return k3::FinishStdout("k3-repack", Main(argc, argv)); }

@@ -4,25 +4,32 @@
 #include <cstdio>
 #include <string>
 
+#include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
+#include "k3/core/log.h"
 #include "k3/core/sys.h"
+#include "k3/core/tool.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 #include "k3/repack/verify.h"
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{
       "k3-verify: check a k3 container (structure, index, tensors, checksums; --full: "
       "against the source)"};
+  k3::cli::AddVersionFlag(app, "k3-verify", k3::quant::KernelsVersionDetail);
   k3::repack::VerifyOptions opt;
-  bool json = false;
+  bool json = false, quiet = false;
   app.add_option("DST", opt.dst, "container directory")->required();
   app.add_option("--source", opt.source, "the HF snapshot it was converted from");
   app.add_flag("--full", opt.full,
                "compare every expert byte with the source and re-derive every quantized tensor");
   app.add_option("--threads", opt.threads, "files checked in parallel (default: all CPUs)");
   app.add_flag("--json", json, "JSON: one line per problem, then a summary line");
+  app.add_flag("-q,--quiet", quiet, "print only the problems (no summary); the exit code says the rest");
   CLI11_PARSE(app, argc, argv);
+  if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
 
   try {
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-check
@@ -66,7 +73,7 @@ int main(int argc, char** argv) {
       if (!r.ok()) w.Field("repair", r.repair_command);
       w.EndObject();
       std::printf("%s\n", w.str().c_str());
-    } else {
+    } else if (!quiet) {
       std::printf("%s: %zu shard(s), %zu tensors, %zu files hashed (%s)", r.ok() ? "OK" : "FAILED",
                   r.shards, r.tensors, r.files_hashed, k3::FormatBytes(r.bytes_hashed).c_str());
       if (opt.full) {
@@ -90,3 +97,5 @@ int main(int argc, char** argv) {
     return k3::ExitCodeFor(k3::ErrorCode::kInternal);
   }
 }
+
+int main(int argc, char** argv) { return k3::FinishStdout("k3-verify", Main(argc, argv)); }

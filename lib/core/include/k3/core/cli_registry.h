@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "k3/core/error.h"
+#include "k3/core/tool.h"
 
 namespace k3::cli {
 
@@ -35,12 +37,25 @@ struct CommandRegistrar {
   }
 };
 
+// --version: prints "<VersionLine(tool)>; <detail()>" on stdout and exits 0.
+inline void AddVersionFlag(CLI::App& app, const char* tool, std::function<std::string()> detail = {}) {
+  app.set_version_flag(
+      "--version",
+      [tool, detail] {
+        std::string line = VersionLine(tool);
+        if (detail) line += "; " + detail();
+        return line;
+      },
+      "print version, git sha, build type and kernel ISA, then exit");
+}
+
 // Adds every setup registered under `Tag` to `app`, requires exactly one
 // subcommand, runs `preflight` (if any: start-up checks such as a valid
 // K3_FORCE_ISA, so they fail as clean errors rather than later in a kernel),
 // then parses and runs it. Returns the process exit code: CLI11's for parse
 // errors, ExitCodeFor(code) for k3::Error, 1 for other exceptions; errors are
-// printed as "<tool>: error: <what>".
+// printed as "<tool>: error: <what>". A failed write to stdout is an error too
+// (FinishStdout).
 template <typename Tag>
 int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv,
                           const std::function<void()>& preflight = {}) {
@@ -50,15 +65,15 @@ int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv
     if (preflight) preflight();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return FinishStdout(tool, app.exit(e));
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
-    return ExitCodeFor(e.code());
+    return FinishStdout(tool, ExitCodeFor(e.code()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
-    return 1;
+    return FinishStdout(tool, 1);
   }
-  return 0;
+  return FinishStdout(tool, 0);
 }
 
 }  // namespace k3::cli
