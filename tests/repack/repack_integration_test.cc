@@ -790,3 +790,51 @@ TEST_CASE("k3-verify --full --source compares the copied files with the source's
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--recheck"}) == 0);
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
 }
+
+TEST_CASE("k3-verify: a missing or truncated shard is one line, first, with its own exit code") {
+  TempDir d;
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string shard = "/model-00004-of-000009.safetensors";
+  {
+    const std::string out = Copy(ReferenceDir(), d / "missing");
+    REQUIRE(::unlink((out + shard).c_str()) == 0);
+    const std::string log = d / "log1";
+    CHECK(Run({Bin("k3-verify"), out}, {.log = log}) == 3);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "PROBLEM ") == 1);
+    CHECK(l.find("PROBLEM " + out + shard + ": shard missing (container incomplete: 8 of 9 shards present)") !=
+          std::string::npos);
+    CHECK(l.find("1 problem(s) (and ") != std::string::npos);
+  }
+  {
+    const std::string out = Copy(ReferenceDir(), d / "truncated");
+    REQUIRE(::truncate((out + shard).c_str(), 5000) == 0);
+    const std::string log = d / "log2";
+    CHECK(Run({Bin("k3-verify"), out, "--json"}, {.log = log}) == 4);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "\"event\":\"problem\"") == 1);
+    CHECK(l.find("\"code\":\"truncated\"") < l.find("\"event\":\"summary\""));
+    // Progress: one event per file hashed, before the summary.
+    CHECK(count(l, "\"event\":\"progress\"") == 15);
+    CHECK(l.find("\"files_done\":15,\"files_total\":15") != std::string::npos);
+  }
+  {
+    // Two independent faults: both listed, and a line per file.
+    const std::string out = Copy(ReferenceDir(), d / "two");
+    REQUIRE(::truncate((out + shard).c_str(), 5000) == 0);
+    std::string p2 = out + "/model-00002-of-000009.safetensors";
+    std::string c = ReadAll(p2);
+    c[c.size() - 100] = static_cast<char>(c[c.size() - 100] ^ 0x10);
+    std::ofstream(p2, std::ios::binary | std::ios::trunc) << c;
+    const std::string log = d / "log3";
+    CHECK(Run({Bin("k3-verify"), out}, {.log = log}) == 4);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "PROBLEM ") == 2);
+    CHECK(l.find("per file:\n  " + p2 + ": 1 problem(s) (checksum-mismatch)\n  " + out + shard +
+                 ": 1 problem(s) (truncated)") != std::string::npos);
+  }
+}

@@ -61,6 +61,7 @@ class Verifier {
   void CheckModel();
   void CheckChecksums();
   void CheckCopiedFiles();
+  void FoldConsequences();
   // Streams one shard: hash, and with a source compare every byte it can.
   std::string StreamShard(size_t s);
   std::string Path(const std::string& name) const { return JoinPath(opt_.dst, name); }
@@ -71,6 +72,7 @@ class Verifier {
   std::vector<std::string> shard_names_;
   std::vector<std::optional<SafetensorsFile>> shards_;
   std::unordered_map<std::string, Located> by_name_;
+  std::map<std::string, std::string> index_shard_of_;  // tensor -> shard, as the index says
   std::optional<Fingerprint> fingerprint_;
   std::optional<Snapshot> source_;
   std::string prefix_;
@@ -113,6 +115,7 @@ void Verifier::CheckIndex() {
       Add(ErrorCode::kCorrupt, path, name, -1, "tensor listed twice in the index");
       continue;
     }
+    index_shard_of_[name] = std::string(shard);
     auto it = by_name_.find(name);
     if (it == by_name_.end()) {
       Add(ErrorCode::kNotFound, path, name, -1,
@@ -428,6 +431,7 @@ void Verifier::CheckChecksums() {
   std::map<std::string, size_t> shard_pos;
   for (size_t s = 0; s < shard_names_.size(); ++s) shard_pos[shard_names_[s]] = s;
   const int threads = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
+  size_t files_done = 0;
   // Files stream in parallel; re-quantization inside each may use every core too
   // (one big dense shard would otherwise run on a single thread at the end).
   inner_threads_ = threads;
@@ -447,6 +451,10 @@ void Verifier::CheckChecksums() {
     } catch (const Error& e) {
       Add(e.code(), e.path().empty() ? Path(name) : e.path(), e.object(), e.offset(), e.detail());
     }
+    if (opt_.progress) {
+      std::lock_guard<std::mutex> lock(mu_);
+      opt_.progress(++files_done, to_hash.size(), report_.bytes_hashed);
+    }
   }
   report_.files_hashed = to_hash.size();
   for (size_t k = 0; k < to_hash.size(); ++k) {
@@ -458,6 +466,64 @@ void Verifier::CheckChecksums() {
               it->second);
     }
   }
+}
+
+// A missing or unreadable shard explains every tensor, index entry, size total
+// and checksum that depends on it: those are counted, not listed, and the shard
+// itself is reported first (so the exit code is its cause: 3 missing, 4 truncated).
+void Verifier::FoldConsequences() {
+  std::map<std::string, size_t> mapped;  // shard -> tensors the index maps to it
+  for (const auto& [tensor, shard] : index_shard_of_) ++mapped[shard];
+  std::set<std::string> present(shard_names_.begin(), shard_names_.end()), lost, broken;
+  for (const auto& [shard, n] : mapped) {
+    if (!present.count(shard)) lost.insert(shard);
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (!shards_[s]) broken.insert(shard_names_[s]);
+  }
+  if (lost.empty() && broken.empty()) return;
+  auto gone = [&](const std::string& shard) { return lost.count(shard) > 0 || broken.count(shard) > 0; };
+  auto in_gone_shard = [&](const std::string& tensor) {
+    auto it = index_shard_of_.find(tensor);
+    return it != index_shard_of_.end() && gone(it->second);
+  };
+  std::string incomplete;
+  std::vector<Problem> roots, rest;
+  for (Problem& p : report_.problems) {
+    const std::string file = BaseName(p.file);
+    if (p.detail.starts_with("container incomplete: ")) {
+      incomplete = p.detail;
+      ++report_.consequences_folded;
+      continue;
+    }
+    const bool consequence =
+        ((p.detail == "tensor the model needs is missing" || p.detail == "scale sidecar missing" ||
+          p.detail.find("but no shard holds it") != std::string::npos) &&
+         in_gone_shard(p.tensor)) ||
+        p.detail.starts_with("metadata.total_size is ") ||
+        (gone(file) && (p.detail.starts_with("XXH3-128 is ") || p.detail.starts_with("listed in ")));
+    if (consequence) {
+      ++report_.consequences_folded;
+      continue;
+    }
+    if (broken.count(file) && p.tensor.empty() && !p.detail.starts_with("XXH3-128 is ")) {
+      p.detail += "; the index maps " + std::to_string(mapped[file]) + " tensors to it";
+      roots.push_back(std::move(p));
+      continue;
+    }
+    rest.push_back(std::move(p));
+  }
+  for (const std::string& shard : lost) {
+    roots.push_back({ErrorCode::kNotFound, Path(shard), {}, -1,
+                     "shard missing" + (incomplete.empty() ? std::string() : " (" + incomplete + ")") +
+                         "; the index maps " + std::to_string(mapped[shard]) + " tensors to it"});
+  }
+  if (roots.empty() && !incomplete.empty()) {
+    roots.push_back({ErrorCode::kNotFound, opt_.dst, {}, -1, incomplete});
+    --report_.consequences_folded;
+  }
+  report_.problems = std::move(roots);
+  for (Problem& p : rest) report_.problems.push_back(std::move(p));
 }
 
 // A path as a POSIX shell word (single-quoted when it needs to be).
@@ -552,6 +618,7 @@ VerifyReport Verifier::Run() {
                    [](const Problem& a, const Problem& b) {
                      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
                    });
+  FoldConsequences();
   if (!report_.ok()) report_.repair_command = RepairCommand(opt_, fingerprint_);
   report_.seconds = NowSeconds() - t0;
   return std::move(report_);
