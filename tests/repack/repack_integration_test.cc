@@ -16,6 +16,7 @@
 #include "k3/container/safetensors.h"
 #include "k3/repack/checksums.h"
 #include "k3/container/snapshot.h"
+#include "k3/core/error.h"
 #include "k3/core/sys.h"
 
 using namespace k3test;
@@ -837,4 +838,21 @@ TEST_CASE("k3-verify: a missing or truncated shard is one line, first, with its 
     CHECK(l.find("per file:\n  " + p2 + ": 1 problem(s) (checksum-mismatch)\n  " + out + shard +
                  ": 1 problem(s) (truncated)") != std::string::npos);
   }
+}
+
+TEST_CASE("a partly converted container is named as such when a model is opened from it") {
+  TempDir d;
+  const std::string out = d / "out";
+  // Two of the nine output shards, as an interrupted or partial multi-host run leaves it.
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--shards", "1,2"}) == 0);
+  try {
+    k3::Snapshot::OpenOrThrow(out);
+    FAIL("opened");
+  } catch (const k3::Error& e) {
+    CHECK(e.code() == k3::ErrorCode::kNotFound);
+    CHECK(std::string(e.what()).find("incomplete container: 2 of 9 shards; rerun k3-repack SRC " + out) !=
+          std::string::npos);
+  }
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+  CHECK_NOTHROW(k3::Snapshot::OpenOrThrow(out));
 }
