@@ -8,7 +8,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-bench: k3 benchmarks (JSON lines with a same-run baseline ratio)"};
-  k3::cli::AddVersionFlag(app, "k3-bench", k3::quant::KernelsVersionDetail);
+  k3::cli::InitApp(app, "k3-bench", k3::quant::KernelsVersionDetail);
   // Only a forced ISA is checked up front (a bad one is a clean error); --help
   // and --version do not choose, so they do not log, the kernels.
   return k3::cli::RunRegisteredCommands<k3::bench::BenchTag>(app, "k3-bench", argc, argv, [] {

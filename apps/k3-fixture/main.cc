@@ -85,7 +85,7 @@ int RunCheck(const std::string& dir) {
 
 int Main(int argc, char** argv) {
   CLI::App app{"k3-fixture: K3-shaped HF snapshots for tests and benchmarks"};
-  k3::cli::AddVersionFlag(app, "k3-fixture", k3::quant::KernelsVersionDetail);
+  k3::cli::InitApp(app, "k3-fixture", k3::quant::KernelsVersionDetail);
   std::string preset_name, out_dir, check_dir;
   uint64_t seed = 0;
   int64_t experts = 0, layers = 0;
@@ -137,7 +137,7 @@ int Main(int argc, char** argv) {
                 k3::FormatBytes(st.file_bytes).c_str(), st.seconds,
                 st.seconds > 0 ? st.file_bytes / st.seconds / 1e6 : 0.0);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return k3::cli::UsageExit(app, e);
   } catch (const k3::Error& e) {
     std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
     return k3::ExitCodeFor(e.code());

@@ -143,7 +143,7 @@ void PrintHuman(const RepackEvent& e, bool tty) {
 
 int Main(int argc, char** argv) {
   CLI::App app{"k3-repack: convert a Kimi K3 HF snapshot into a k3 container (docs/repack.md)"};
-  k3::cli::AddVersionFlag(app, "k3-repack", k3::quant::KernelsVersionDetail);
+  k3::cli::InitApp(app, "k3-repack", k3::quant::KernelsVersionDetail);
   k3::repack::RepackOptions opt;
   int mla_bits = -1, head_bits = -1;
   std::string shards, worker;
@@ -153,8 +153,9 @@ int Main(int argc, char** argv) {
   app.add_option("DST", opt.dst, "container directory (created if missing)")->required();
   app.add_option("--bits", opt.bits.bits, "bits for KDA/MoE-latent/shared/dense matrices (4 or 8)")
       ->default_val(8);
-  app.add_option("--mla-bits", mla_bits, "bits for MLA projections (default max(bits, 8))");
-  app.add_option("--head-bits", head_bits, "bits for lm_head (default max(bits, 8))");
+  CLI::Option* mla_opt =
+      app.add_option("--mla-bits", mla_bits, "bits for MLA projections, 4 or 8 (default max(bits, 8))");
+  CLI::Option* head_opt = app.add_option("--head-bits", head_bits, "bits for lm_head, 4 or 8 (default max(bits, 8))");
   app.add_option("--shards", shards, "source shard numbers to convert, e.g. 1,2,5-9");
   app.add_option("--worker", worker,
                  "I/N: convert every N-th selected shard starting at I (0-based)");
@@ -170,14 +171,19 @@ int Main(int argc, char** argv) {
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return k3::cli::UsageExit(app, e);
+  }
 
   const bool tty = ::isatty(2);
   if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
   try {
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
-    opt.bits.mla_bits = mla_bits > 0 ? mla_bits : std::max(opt.bits.bits, 8);
-    opt.bits.head_bits = head_bits > 0 ? head_bits : std::max(opt.bits.bits, 8);
+    // Given values are checked as given (--mla-bits 0 is an error, not the default).
+    opt.bits.mla_bits = mla_opt->count() ? mla_bits : std::max(opt.bits.bits, 8);
+    opt.bits.head_bits = head_opt->count() ? head_bits : std::max(opt.bits.bits, 8);
     if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     opt.block_bytes = block_mib << 20;

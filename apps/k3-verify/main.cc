@@ -43,7 +43,7 @@ int Main(int argc, char** argv) {
   CLI::App app{
       "k3-verify: check a k3 container (structure, index, tensors, checksums; --full: "
       "against the source)"};
-  k3::cli::AddVersionFlag(app, "k3-verify", k3::quant::KernelsVersionDetail);
+  k3::cli::InitApp(app, "k3-verify", k3::quant::KernelsVersionDetail);
   k3::repack::VerifyOptions opt;
   bool json = false, quiet = false;
   app.add_option("DST", opt.dst, "container directory")->required();
@@ -53,7 +53,11 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", opt.threads, "files checked in parallel (default: all CPUs)");
   app.add_flag("--json", json, "JSON: one line per problem, then a summary line");
   app.add_flag("-q,--quiet", quiet, "print only the problems (no summary); the exit code says the rest");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return k3::cli::UsageExit(app, e);
+  }
   if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
 
   const bool tty = ::isatty(2) != 0;

@@ -109,3 +109,32 @@ TEST_CASE("k3-bench --help does not log the kernel choice") {
   CHECK(ReadAll(log).find("Usage") != std::string::npos);
   CHECK(ReadAll(log).find("k3 info") == std::string::npos);
 }
+
+TEST_CASE("usage errors: readable, and exit 2 whatever their kind") {
+  TempDir d("k3cli");
+  struct Case {
+    std::vector<std::string> argv;
+    const char* says;
+  } cases[] = {
+      // CLI11 checks required positionals first and used to say "SRC is required".
+      {{Bin("k3-repack"), "--bogus"}, "unknown option or extra argument: --bogus"},
+      {{Bin("k3-verify"), "--bogus"}, "unknown option or extra argument: --bogus"},
+      {{Bin("k3-repack")}, "SRC is required"},
+      {{Bin("k3-verify"), "a", "b"}, "not expected: b"},
+      {{Bin("k3-fixture"), "--experts", "0"}, "--experts: Value 0 not in range 1 to 4096"},
+      // An open upper end is not printed as 1797693134862315708145274237317043567980...
+      {{Bin("k3-run"), "chat", TinySnapshot(), "--max-tokens", "0"}, "--max-tokens: Value 0: must be > 0\n"},
+      {{Bin("k3-run"), "bogus"}, "bogus"},
+      {{Bin("k3-repack"), TinySnapshot(), d / "x", "--bits", "6"}, "--bits 6: must be 4 (int4-g64) or 8 (int8)"},
+      {{Bin("k3-repack"), TinySnapshot(), d / "x", "--mla-bits", "0"}, "--mla-bits 0: must be 4"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.argv.back());
+    const std::string log = d / "log";
+    ::unlink(log.c_str());
+    CHECK(Run(c.argv, {.log = log}) == 2);
+    CHECK(ReadAll(log).find(c.says) != std::string::npos);
+    CHECK(ReadAll(log).find("179769313486") == std::string::npos);
+  }
+  CHECK(!Exists(d / "x"));
+}

@@ -943,13 +943,14 @@ void ParseWorker(const std::string& spec, int* index, int* count) {
 }
 
 void ValidateBits(const QuantBits& b) {
+  // Only the two layouts a container has (docs/container.md): values in between
+  // used to be accepted and silently rounded to one of them.
   for (auto [name, v] : {std::pair{"--bits", b.bits}, std::pair{"--mla-bits", b.mla_bits},
                          std::pair{"--head-bits", b.head_bits}}) {
-    if (v < 1 || v > 31) {
+    if (v != 4 && v != 8) {
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(name) + " " + std::to_string(v) +
-                      ": a container stores int4-g64 (<= 4) or int8 (5..31); for f32 use the "
-                      "source snapshot directly");
+                      ": must be 4 (int4-g64) or 8 (int8); for f32 use the source snapshot directly");
     }
   }
 }

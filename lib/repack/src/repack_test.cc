@@ -101,6 +101,13 @@ TEST_CASE("--shards and --worker parsing") {
   CHECK_THROWS_AS(ParseWorker("1", &i, &n), k3::Error);
   CHECK_THROWS_AS(ValidateBits({32, 8, 8}), k3::Error);
   CHECK_NOTHROW(ValidateBits({4, 8, 8}));
+  CHECK_NOTHROW(ValidateBits({8, 4, 4}));
+  // Only the two container layouts: everything in between is refused, naming the flag.
+  for (int v : {0, 1, 3, 5, 6, 7, 16}) {
+    CHECK_THROWS_WITH_AS(ValidateBits({v, 8, 8}), doctest::Contains(("--bits " + std::to_string(v)).c_str()), k3::Error);
+    CHECK_THROWS_WITH_AS(ValidateBits({8, v, 8}), doctest::Contains("--mla-bits"), k3::Error);
+    CHECK_THROWS_WITH_AS(ValidateBits({8, 8, v}), doctest::Contains("--head-bits"), k3::Error);
+  }
 }
 
 TEST_CASE("XXH3-128 digests in xxhsum's canonical form; manifest round trip") {

@@ -36,7 +36,7 @@ struct RepackOptions {
 std::vector<int64_t> ParseShardList(const std::string& list);
 // Parses "I/N" (0 <= I < N); throws kInvalidArgument.
 void ParseWorker(const std::string& spec, int* index, int* count);
-// Checks bits values (1..31: <= 4 is int4-g64, 5..31 int8); throws kInvalidArgument.
+// Checks bits values: 4 (int4-g64) or 8 (int8), nothing else; throws kInvalidArgument.
 void ValidateBits(const QuantBits& bits);
 
 struct RepackEvent {
