@@ -109,21 +109,10 @@ void PrintHuman(const RepackEvent& e, bool tty) {
     case RepackEvent::Kind::kShardStart:
       break;
     case RepackEvent::Kind::kProgress:
-      if (tty) {
-        // No ETA until something has moved: a rate of zero predicts nothing.
-        double rate = Rate(e);
-        std::string eta = "--";
-        if (rate > 0 && e.bytes_done > 0) {
-          double left = static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done));
-          eta = std::to_string(static_cast<long long>(left / (rate * 1e9) + 0.5)) + " s";
-        }
-        std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %s   ", e.shard.c_str(),
-                     k3::FormatBytes(e.bytes_done).c_str(), k3::FormatBytes(e.bytes_todo).c_str(),
-                     rate, eta.c_str());
-      }
+      if (tty) std::fputs(k3::repack::ProgressLine(e).c_str(), stderr);
       break;
     case RepackEvent::Kind::kShardDone:
-      std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r" : "",
+      std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r\033[K" : "",
                    e.shard.c_str(), e.shards_done, e.shards_todo,
                    k3::FormatBytes(e.shard_out_bytes).c_str(), e.shard_seconds,
                    e.expert_bytes_verified ? ", experts verified against the source" : "");
@@ -209,7 +198,7 @@ int Main(int argc, char** argv) {
       w.EndObject();
       std::printf("%s\n", w.str().c_str());
     }
-    std::fprintf(stderr, "%sk3-repack: error: %s\n", tty ? "\n" : "", e.what());
+    std::fprintf(stderr, "%sk3-repack: error: %s\n", tty ? "\r\033[K" : "", e.what());
     return k3::ExitCodeFor(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k3-repack: internal error: %s\n", e.what());

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -367,6 +368,7 @@ class Runner {
   const RepackObserver& observer_;
   RepackEvent totals_;
   double t0_ = NowSeconds();
+  double convert_t0_ = 0;  // when the first shard started
   double last_progress_ = 0;
   int threads_ = 1;
 };
@@ -383,6 +385,8 @@ void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
   ev.out_bytes_planned = totals_.out_bytes_planned;
   ev.free_bytes = totals_.free_bytes;
   ev.elapsed_seconds = NowSeconds() - t0_;
+  if (kind == RepackEvent::Kind::kShardStart && convert_t0_ == 0) convert_t0_ = NowSeconds();
+  ev.convert_seconds = convert_t0_ > 0 ? NowSeconds() - convert_t0_ : 0;
   observer_(ev);
 }
 
@@ -953,6 +957,19 @@ void ValidateBits(const QuantBits& b) {
                       ": must be 4 (int4-g64) or 8 (int8); for f32 use the source snapshot directly");
     }
   }
+}
+
+std::string ProgressLine(const RepackEvent& e) {
+  const double rate = e.convert_seconds > 0 ? static_cast<double>(e.bytes_done) / e.convert_seconds : 0;
+  std::string eta = "--";
+  if (e.convert_seconds >= 1.0 && e.bytes_done > 0 && rate > 0) {
+    const double left = static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done));
+    eta = std::to_string(static_cast<long long>(left / rate + 0.5)) + " s";
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\r\033[K  %s  %s / %s  %.2f GB/s  ETA %s", e.shard.c_str(),
+                FormatBytes(e.bytes_done).c_str(), FormatBytes(e.bytes_todo).c_str(), rate / 1e9, eta.c_str());
+  return buf;
 }
 
 RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer) {

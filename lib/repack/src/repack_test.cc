@@ -143,3 +143,22 @@ TEST_CASE("fingerprint: deterministic text, round trip, differences named") {
   CHECK(f.Difference(h).find("different source") != std::string::npos);
   CHECK_THROWS_AS(Fingerprint::ParseOrThrow("{}", "fp"), k3::Error);
 }
+
+TEST_CASE("TTY progress line: erases what was there; ETA from the conversion's own rate, not before 1 s") {
+  k3::repack::RepackEvent e;
+  e.kind = k3::repack::RepackEvent::Kind::kProgress;
+  e.shard = "model-00001-of-000002.safetensors";
+  e.bytes_todo = 10'000'000'000ull;
+  e.bytes_done = 50'000'000ull;
+  e.elapsed_seconds = 120;  // a long pre-flight (hashing the source headers) ...
+  e.convert_seconds = 0.4;  // ... but converting only just began
+  std::string l = k3::repack::ProgressLine(e);
+  CHECK(l.rfind("\r\033[K", 0) == 0);
+  CHECK(l.find("ETA --") != std::string::npos);
+  CHECK(l.find("   ") == std::string::npos);  // no padding to wipe a previous line
+  e.bytes_done = 1'000'000'000ull;
+  e.convert_seconds = 2;  // 0.5 GB/s: 9 GB left is 18 s (elapsed_seconds would say 1071 s)
+  l = k3::repack::ProgressLine(e);
+  CHECK(l.find("0.50 GB/s") != std::string::npos);
+  CHECK(l.find("ETA 18 s") != std::string::npos);
+}

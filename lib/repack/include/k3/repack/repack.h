@@ -59,6 +59,7 @@ struct RepackEvent {
   uint64_t out_bytes_planned = 0;
   uint64_t free_bytes = 0;
   double elapsed_seconds = 0;
+  double convert_seconds = 0;  // since the first shard started (0 before): the rate's clock
   // Summary only.
   size_t index_shards = 0;
   size_t index_tensors = 0;
@@ -67,6 +68,12 @@ struct RepackEvent {
 };
 
 using RepackObserver = std::function<void(const RepackEvent&)>;
+
+// The TTY progress line for a kProgress event: starts with "\r\033[K" (back to
+// column 0, erase the line) so nothing of a longer previous line remains. The
+// ETA comes from the conversion's own rate (pre-flight hashing excluded) and is
+// "--" until a second of converting has passed.
+std::string ProgressLine(const RepackEvent& e);
 
 // Runs the conversion; returns the summary event (also sent to the observer).
 RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer);
