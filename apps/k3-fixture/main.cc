@@ -74,7 +74,7 @@ int RunCheck(const std::string& dir) {
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   for (const auto& p : r.problems) std::printf("PROBLEM: %s\n", p.c_str());
   if (!r.ok()) {
-    std::printf("result     INVALID (%zu problems)\n", r.problems.size());
+    std::printf("result     INVALID (%zu problems)\n", r.num_problems);
     return k3::ExitCodeFor(k3::ErrorCode::kCorrupt);
   }
   std::printf("result     OK\n");
