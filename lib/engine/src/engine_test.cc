@@ -30,6 +30,9 @@ EngineOptions Options(bool f32, int chunk = 32) {
   o.model_dir = kTiny;
   o.progress = false;
   o.load.expert_cache_bytes = 0;
+  // One compute thread: on a loaded 2-CPU CI machine OpenMP's spinning barriers
+  // make the tiny model 10x slower; results do not depend on the thread count.
+  o.threads = 1;
   if (f32) {
     o.load.bits = o.load.mla_bits = o.load.head_bits = 32;
     o.run.idot = false;  // the configuration of the oracle goldens
@@ -273,6 +276,19 @@ TEST_CASE("bad requests are refused before any state moves") {
   r = Greedy(kPrompt, -1);
   refused(r);
   CHECK(e->Generate(Greedy(kPrompt, 16)).ids == kGreedy);
+}
+
+TEST_CASE("expert stats: per request, and cumulative since load") {
+  auto e = Engine::LoadOrThrow(Options(true));
+  CHECK(e->expert_stats().hits + e->expert_stats().misses == 0);
+  GenerateResult a = e->Generate(Greedy(kPrompt, 4));
+  GenerateResult b = e->Generate(Greedy(kPrompt, 4));
+  const model::ExpertStoreStats total = e->expert_stats();
+  CHECK(total.hits == a.experts.hits + b.experts.hits);
+  CHECK(total.misses == a.experts.misses + b.experts.misses);
+  CHECK(total.bytes_read == a.experts.bytes_read + b.experts.bytes_read);
+  CHECK(b.experts.misses < a.experts.misses);  // the cache is warm the second time
+  CHECK(a.prefill_steps == 1);  // 20 tokens, one chunk
 }
 
 TEST_CASE("sampling defaults come from generation_config.json") {
