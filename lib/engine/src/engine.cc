@@ -130,6 +130,7 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
   }
   im.model = model::Model::LoadOrThrow(options.model_dir, im.options.load, im.options.snapshot);
   im.streaming = &stream::InstallStreamingStore(*im.model, im.options.stream);
+  if (im.options.on_model_loaded) im.options.on_model_loaded(*im.model);
   // The MLA cache grows on demand (doubling), so nothing is reserved for the
   // whole context up front.
   im.session = std::make_unique<model::Session>(*im.model, im.options.run, 0);

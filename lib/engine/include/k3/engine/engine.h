@@ -50,6 +50,10 @@ struct EngineOptions {
   // Compute threads (OpenMP) for the forward pass; 0 = every CPU. A flag, not
   // an environment variable (OMP_NUM_THREADS still applies when this is 0).
   int threads = 0;
+  // Called once after the model is loaded and the streaming store installed,
+  // before the session is made: the place to install further expert
+  // executors (e.g. a GPU tier) on every command. Empty: nothing.
+  std::function<void(model::Model&)> on_model_loaded;
 
   // Reads every K3_* runtime variable (docs/environment.md) with core's strict
   // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
