@@ -4,9 +4,11 @@
 
 #include "command.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-run: run Moonshot's Kimi K3 from an HF snapshot or a k3 container"};
+  k3::cli::InitApp(app, "k3-run", k3::quant::KernelsVersionDetail);
   // Only a forced ISA is checked up front: the tokenizer commands never touch a
   // kernel and should not log the kernel choice.
   return k3::cli::RunRegisteredCommands<k3::run::CommandTag>(app, "k3-run", argc, argv, [] {

@@ -14,7 +14,9 @@
 
 #include "helpers.h"
 #include "k3/container/safetensors.h"
+#include "k3/repack/checksums.h"
 #include "k3/container/snapshot.h"
+#include "k3/core/error.h"
 #include "k3/core/sys.h"
 
 using namespace k3test;
@@ -681,4 +683,205 @@ TEST_CASE(
               ("cd '" + out + "' && /usr/bin/xxhsum -H2 -c --quiet checksums.xxh128").c_str()) ==
           0);
   }
+}
+
+// ---------------------------------------------------------------------------
+// Data safety (issue 14)
+
+namespace {
+// The file with its first `from` replaced by `to`.
+void Replace(const std::string& path, const std::string& from, const std::string& to) {
+  std::string c = ReadAll(path);
+  size_t at = c.find(from);
+  REQUIRE(at != std::string::npos);
+  c.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << c;
+}
+}  // namespace
+
+TEST_CASE("a config.json that contradicts the tensors is refused before anything is written") {
+  TempDir d;
+  const std::string src = Copy(TinySnapshot(), d / "src");
+  Replace(src + "/config.json", "\"hidden_size\": 128", "\"hidden_size\": 256");
+  const std::string out = d / "out", log = d / "log";
+  CHECK(Run({Bin("k3-repack"), src, out}, {.log = log}) == 4);
+  CHECK(!Exists(out));
+  const std::string l = ReadAll(log);
+  CHECK(l.find("contradicts the snapshot's tensors (145 problem(s); nothing was written)") != std::string::npos);
+  // The problem text is k3-verify's: the same container with the same config.
+  const std::string bad = Copy(ReferenceDir(), d / "bad");
+  Replace(bad + "/config.json", "\"hidden_size\": 128", "\"hidden_size\": 256");
+  const std::string vlog = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), bad}, {.log = vlog}) != 0);
+  const std::string what = "'language_model.model.embed_tokens.weight': shape [2304,128], expected [2304,256] [corrupt]";
+  CHECK(l.find(what) != std::string::npos);
+  CHECK(ReadAll(vlog).find(what) != std::string::npos);
+  // Into an existing container: left exactly as it was.
+  const std::string full = Copy(ReferenceDir(), d / "full");
+  auto before = ReadTree(full);
+  CHECK(Run({Bin("k3-repack"), src, full}) == 4);
+  CHECK(TreeDiff(before, ReadTree(full)) == "");
+}
+
+namespace {
+// The value of a "key":"string" field in JSON text (no escapes in the value).
+std::string JsonString(const std::string& text, const std::string& key) {
+  size_t at = text.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return {};
+  at += key.size() + 4;
+  return text.substr(at, text.find('"', at) - at);
+}
+}  // namespace
+
+TEST_CASE("--recheck finds a kept shard damaged after it was written; k3-verify prints the repair") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  const std::string shard = out + "/model-00003-of-000009.safetensors";
+  {
+    std::string c = ReadAll(shard);
+    c[c.size() - 7] = static_cast<char>(c[c.size() - 7] ^ 0x01);  // data bytes: header and size stay valid
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << c;
+  }
+  // A plain rerun keeps it (size and header are right) ...
+  const std::string log = d / "log";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json"}, {.log = log}) == 0);
+  CHECK(ReadAll(log).find("\"event\":\"shard_skipped\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
+        std::string::npos);
+  // ... k3-verify finds it and says how to repair it ...
+  const std::string vlog = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), out, "--source", TinySnapshot(), "--json"}, {.log = vlog}) == 5);
+  const std::string repair = JsonString(ReadAll(vlog), "repair");
+  CHECK(repair == "k3-repack " + TinySnapshot() + " " + out + " --recheck");
+  const std::string tlog = d / "tlog";
+  CHECK(Run({Bin("k3-verify"), out}, {.log = tlog}) == 5);
+  CHECK(ReadAll(tlog).find("to repair: k3-repack SRC " + out + " --recheck") != std::string::npos);
+  // ... and that command converts it again: the container is the reference again.
+  REQUIRE(repair.rfind("k3-repack ", 0) == 0);
+  const std::string rlog = d / "rlog";
+  CHECK(std::system((Bin("k3-repack") + repair.substr(9) + " --json > '" + rlog + "' 2>&1").c_str()) == 0);
+  CHECK(ReadAll(rlog).find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(ReadAll(rlog).find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\","
+                           "\"detail\":\"complete, checksum verified\"") != std::string::npos);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+  CHECK(Run({Bin("k3-verify"), out}) == 0);
+  // --verify-full rechecks too.
+  {
+    std::string c = ReadAll(shard);
+    c[c.size() - 7] = static_cast<char>(c[c.size() - 7] ^ 0x01);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << c;
+  }
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--verify-full"}) == 0);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+}
+
+TEST_CASE("two identical repacks into one DST at once: the second waits per shard, both succeed") {
+  const auto ref = ReadTree(ReferenceDir());
+  bool waited = false;
+  for (int round = 0; round < 3; ++round) {
+    TempDir d;
+    const std::string out = d / "out";
+    std::vector<pid_t> pids;
+    for (int k = 0; k < 2; ++k) {
+      pids.push_back(Spawn({Bin("k3-repack"), TinySnapshot(), out}, {.log = d / ("log" + std::to_string(k))}));
+    }
+    for (pid_t p : pids) CHECK(Wait(p) == 0);
+    for (int k = 0; k < 2; ++k) {
+      std::string l = ReadAll(d / ("log" + std::to_string(k)));
+      CHECK(l.find("error") == std::string::npos);
+      waited = waited || l.find("is being converted by process ") != std::string::npos;
+    }
+    CHECK(TreeDiff(ref, ReadTree(out)) == "");
+    CHECK(Run({Bin("k3-verify"), out}) == 0);
+  }
+  // Not guaranteed by the scheduler, only overwhelmingly likely: both start on shard 1.
+  MESSAGE("a pass waited for the other in some round: " << waited);
+}
+
+TEST_CASE("k3-verify --full --source compares the copied files with the source's") {
+  TempDir d;
+  const std::string out = Copy(ReferenceDir(), d / "out");
+  // Copied files that differ from the source's, with a manifest that agrees with
+  // them: only the comparison with the source can find it.
+  Replace(out + "/config.json", "\"rms_norm_eps\"", "\"rms_norm_eps\" ");
+  Replace(out + "/tokenizer_config.json", "{", "{ ");
+  const std::string manifest = out + "/checksums.xxh128";
+  k3::repack::ChecksumManifest m = k3::repack::ReadChecksumManifest(manifest);
+  for (const char* f : {"config.json", "tokenizer_config.json"}) m[f] = k3::repack::HashFileXxh128(out + "/" + f);
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << k3::repack::RenderChecksumManifest(m);
+  CHECK(Run({Bin("k3-verify"), out}) == 0);
+  const std::string log = d / "log";
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}, {.log = log}) == 5);
+  const std::string l = ReadAll(log);
+  CHECK(l.find(out + "/config.json: offset ") != std::string::npos);
+  CHECK(l.find("differs from the source's " + TinySnapshot() + "/config.json") != std::string::npos);
+  CHECK(l.find("differs from the source's " + TinySnapshot() + "/tokenizer_config.json") != std::string::npos);
+  // The repair k3-verify prints restores them from the source.
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--recheck"}) == 0);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
+}
+
+TEST_CASE("k3-verify: a missing or truncated shard is one line, first, with its own exit code") {
+  TempDir d;
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string shard = "/model-00004-of-000009.safetensors";
+  {
+    const std::string out = Copy(ReferenceDir(), d / "missing");
+    REQUIRE(::unlink((out + shard).c_str()) == 0);
+    const std::string log = d / "log1";
+    CHECK(Run({Bin("k3-verify"), out}, {.log = log}) == 3);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "PROBLEM ") == 1);
+    CHECK(l.find("PROBLEM " + out + shard + ": shard missing (container incomplete: 8 of 9 shards present)") !=
+          std::string::npos);
+    CHECK(l.find("1 problem(s) (and ") != std::string::npos);
+  }
+  {
+    const std::string out = Copy(ReferenceDir(), d / "truncated");
+    REQUIRE(::truncate((out + shard).c_str(), 5000) == 0);
+    const std::string log = d / "log2";
+    CHECK(Run({Bin("k3-verify"), out, "--json"}, {.log = log}) == 4);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "\"event\":\"problem\"") == 1);
+    CHECK(l.find("\"code\":\"truncated\"") < l.find("\"event\":\"summary\""));
+    // Progress: one event per file hashed, before the summary.
+    CHECK(count(l, "\"event\":\"progress\"") == 15);
+    CHECK(l.find("\"files_done\":15,\"files_total\":15") != std::string::npos);
+  }
+  {
+    // Two independent faults: both listed, and a line per file.
+    const std::string out = Copy(ReferenceDir(), d / "two");
+    REQUIRE(::truncate((out + shard).c_str(), 5000) == 0);
+    std::string p2 = out + "/model-00002-of-000009.safetensors";
+    std::string c = ReadAll(p2);
+    c[c.size() - 100] = static_cast<char>(c[c.size() - 100] ^ 0x10);
+    std::ofstream(p2, std::ios::binary | std::ios::trunc) << c;
+    const std::string log = d / "log3";
+    CHECK(Run({Bin("k3-verify"), out}, {.log = log}) == 4);
+    const std::string l = ReadAll(log);
+    CHECK(count(l, "PROBLEM ") == 2);
+    CHECK(l.find("per file:\n  " + p2 + ": 1 problem(s) (checksum-mismatch)\n  " + out + shard +
+                 ": 1 problem(s) (truncated)") != std::string::npos);
+  }
+}
+
+TEST_CASE("a partly converted container is named as such when a model is opened from it") {
+  TempDir d;
+  const std::string out = d / "out";
+  // Two of the nine output shards, as an interrupted or partial multi-host run leaves it.
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--shards", "1,2"}) == 0);
+  try {
+    k3::Snapshot::OpenOrThrow(out);
+    FAIL("opened");
+  } catch (const k3::Error& e) {
+    CHECK(e.code() == k3::ErrorCode::kNotFound);
+    CHECK(std::string(e.what()).find("incomplete container: 2 of 9 shards; rerun k3-repack SRC " + out) !=
+          std::string::npos);
+  }
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
+  CHECK_NOTHROW(k3::Snapshot::OpenOrThrow(out));
 }
