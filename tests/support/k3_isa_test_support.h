@@ -50,7 +50,9 @@ inline std::vector<quant::Isa> IsasToTest(const std::string& what) {
 // (doctest's summary only counts skipped cases). Evaluated during static
 // initialisation, hence the explicit CPU-feature init.
 inline bool SkipUnlessCpuRuns(quant::Isa isa, const char* test) {
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+#endif
   if (quant::IsaSupported(isa)) return false;
   std::fprintf(stderr, "SKIPPED: \"%s\": this CPU cannot run %s\n", test, quant::IsaName(isa));
   return true;
