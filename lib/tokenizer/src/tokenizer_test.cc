@@ -2,7 +2,6 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
-#include <chrono>
 #include <thread>
 #include <cstdlib>
 #include <fstream>
@@ -122,21 +121,17 @@ TEST_CASE("special text: ordinary vs allowed") {
   CHECK(tok.Encode("<|reserved_token_2100|>", true) == std::vector<TokenId>{2100});
 }
 
-TEST_CASE("10 KB of one character encodes in milliseconds") {
+// Long single-character runs (the large-piece BPE path) round-trip. Their speed is
+// a benchmark's business (k3-bench tokenizer), not a timed test's.
+TEST_CASE("10 KB of one character round-trips through the large-piece path") {
   std::string text(10240, 'o');
-  auto t0 = std::chrono::steady_clock::now();
   auto ids = Tiny().EncodeOrdinary(text);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(Tiny().Decode(ids) == text);
-  CHECK(ms < 50.0);
   // A character with no merges at all and a multi-byte one.
   std::string x;
   for (int i = 0; i < 5000; ++i) x += "\xC3\xA9";
-  t0 = std::chrono::steady_clock::now();
   ids = Tiny().EncodeOrdinary(x);
-  ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(Tiny().Decode(ids) == x);
-  CHECK(ms < 50.0);
 }
 
 namespace {
