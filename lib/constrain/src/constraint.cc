@@ -1,0 +1,288 @@
+// Vocabulary preparation (a flattened token trie plus per-lexer-state token sets
+// for free strings) and the token-level walk (TokenConstraint).
+//
+// Mask = walk the trie depth-first from the current state, one matcher step per
+// trie edge, skipping a whole subtree as soon as its first byte is refused.
+// Inside a string without a length limit almost every token is allowed, so
+// that walk would visit most of the trie; instead the tokens that stay inside
+// the string are OR-ed in from a table computed once per vocabulary (they
+// depend only on the string lexer's state), and the walk enters only subtrees
+// that contain a '"' (the only way a token leaves the string).
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "k3/constrain/constrain.h"
+#include "k3/core/error.h"
+#include "k3/tokenizer/tokenizer.h"
+#include "matcher.h"
+
+namespace k3::constrain {
+
+struct Vocabulary::Impl {
+  std::vector<std::string> tokens;
+  uint32_t vocab_size = 0;
+  size_t words = 0;
+  // Flattened trie in depth-first order: node i's subtree is [i, end[i]).
+  std::vector<uint8_t> byte;
+  std::vector<uint16_t> depth;  // 1 for the root's children
+  std::vector<uint32_t> end;
+  std::vector<int32_t> token;   // id ending at this node, or -1
+  std::vector<uint8_t> quote_below;  // this node's byte or one below it is '"'
+  uint16_t max_depth = 0;
+  // Per plain string-lexer state: tokens that stay inside the string, and the
+  // code points each of them starts (0xFFFF: leaves the string or is invalid).
+  std::vector<uint64_t> stay_mask[kNumPlainStrLex];
+  std::vector<uint16_t> stay_chars[kNumPlainStrLex];
+};
+
+namespace {
+
+struct BuildNode {
+  std::vector<std::pair<uint8_t, uint32_t>> kids;  // byte, index into pool
+  int32_t token = -1;
+};
+
+void Flatten(const std::vector<BuildNode>& pool, uint32_t at, uint16_t d, uint8_t b, Vocabulary::Impl& v) {
+  // Iterative would be safer for huge depths; token length bounds the depth.
+  size_t me = v.byte.size();
+  v.byte.push_back(b);
+  v.depth.push_back(d);
+  v.end.push_back(0);
+  v.token.push_back(pool[at].token);
+  v.quote_below.push_back(b == '"');
+  if (d > v.max_depth) v.max_depth = d;
+  auto kids = pool[at].kids;
+  std::sort(kids.begin(), kids.end());
+  for (auto& [kb, ki] : kids) {
+    size_t child = v.byte.size();
+    Flatten(pool, ki, uint16_t(d + 1), kb, v);
+    if (v.quote_below[child]) v.quote_below[me] = 1;
+  }
+  v.end[me] = uint32_t(v.byte.size());
+}
+
+}  // namespace
+
+Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& v = *impl_;
+  if (vocab_size < token_bytes.size())
+    throw Error(ErrorCode::kInvalidArgument, "vocab_size below the number of ranks");
+  v.tokens = std::move(token_bytes);
+  v.vocab_size = vocab_size;
+  v.words = (size_t(vocab_size) + 63) / 64;
+  std::vector<BuildNode> pool(1);
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    const std::string& t = v.tokens[id];
+    if (t.empty()) continue;
+    if (t.size() > 0xFFF0) throw Error(ErrorCode::kUnsupported, "token longer than 65520 bytes", {}, Error::kNoOffset, "token " + std::to_string(id));
+    uint32_t at = 0;
+    for (char c : t) {
+      uint8_t b = uint8_t(c);
+      uint32_t next = 0;
+      for (auto& [kb, ki] : pool[at].kids)
+        if (kb == b) { next = ki; break; }
+      if (!next) {
+        pool.emplace_back();
+        next = uint32_t(pool.size() - 1);
+        pool[at].kids.emplace_back(b, next);
+      }
+      at = next;
+    }
+    pool[at].token = int32_t(id);  // a duplicate byte string keeps the later id
+  }
+  // The root itself is not stored: its children are the top-level entries.
+  auto root_kids = pool[0].kids;
+  std::sort(root_kids.begin(), root_kids.end());
+  for (auto& [kb, ki] : root_kids) Flatten(pool, ki, 1, kb, v);
+
+  // Duplicate byte strings: every id with those bytes is allowed together.
+  // (Rare; tiktoken vocabularies have none.) Handled by the per-token tables
+  // below for strings and by Allowed() elsewhere, so only the first id of a
+  // byte string is in the trie.
+  for (int l = 0; l < kNumPlainStrLex; ++l) {
+    v.stay_mask[l].assign(v.words, 0);
+    v.stay_chars[l].assign(v.tokens.size(), 0xFFFF);
+    for (size_t id = 0; id < v.tokens.size(); ++id) {
+      const std::string& t = v.tokens[id];
+      if (t.empty()) continue;
+      StrLexState s{uint8_t(l), 0};
+      uint32_t chars = 0;
+      bool ok = true;
+      for (char c : t) {
+        StrStep r = StrLexStep(s, uint8_t(c));
+        if (r == StrStep::kFail || r == StrStep::kClose) { ok = false; break; }
+        if (r == StrStep::kNewChar) ++chars;
+      }
+      if (!ok) continue;
+      v.stay_chars[l][id] = uint16_t(std::min<uint32_t>(chars, 0xFFFE));
+      v.stay_mask[l][id / 64] |= uint64_t{1} << (id % 64);
+    }
+  }
+}
+
+Vocabulary Vocabulary::FromTokenizer(const tok::Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(tokenizer.num_ranks());
+  for (uint32_t id = 0; id < tokenizer.num_ranks(); ++id) bytes[id] = std::string(tokenizer.TokenBytes(id));
+  return Vocabulary(std::move(bytes), tokenizer.vocab_size());
+}
+
+Vocabulary::~Vocabulary() = default;
+Vocabulary::Vocabulary(Vocabulary&&) noexcept = default;
+Vocabulary& Vocabulary::operator=(Vocabulary&&) noexcept = default;
+uint32_t Vocabulary::num_ranks() const { return uint32_t(impl_->tokens.size()); }
+uint32_t Vocabulary::vocab_size() const { return impl_->vocab_size; }
+std::string_view Vocabulary::TokenBytes(uint32_t id) const {
+  return id < impl_->tokens.size() ? std::string_view(impl_->tokens[id]) : std::string_view{};
+}
+
+struct TokenConstraint::Impl {
+  Impl(const CompiledSchema& s, const Vocabulary& v)
+      : schema(&s.impl()), vocab(&v.impl()), matcher(*schema, arena) {
+    Reset();
+  }
+  void Reset() {
+    arena.clear();
+    state = matcher.Start();
+    committed = arena.size();
+    text.clear();
+  }
+  // Runs bytes from the committed state; on success the new state is compacted
+  // to the arena's bottom and committed.
+  bool Run(std::string_view bytes) {
+    State s = state;
+    for (char c : bytes) {
+      if (!matcher.Step(s, uint8_t(c))) {
+        arena.resize(committed);
+        return false;
+      }
+    }
+    // Compact: copy the live chain (top to root) to the start of the arena.
+    std::vector<Frame> chain;
+    for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
+    arena.clear();
+    for (size_t k = chain.size(); k-- > 0;) {
+      Frame f = chain[k];
+      f.parent = arena.empty() ? -1 : int32_t(arena.size() - 1);
+      arena.push_back(f);
+    }
+    state = State{int32_t(arena.size() - 1), int32_t(arena.size())};
+    committed = arena.size();
+    text.append(bytes);
+    mask_valid = false;
+    return true;
+  }
+  void ComputeMask();
+
+  const CompiledSchema::Impl* schema;
+  const Vocabulary::Impl* vocab;
+  mutable std::vector<Frame> arena;
+  Matcher matcher;
+  State state;
+  size_t committed = 0;
+  std::string text;
+  std::vector<uint64_t> mask;
+  bool mask_valid = false;
+  // Walk scratch, per trie depth.
+  std::vector<State> path;
+  std::vector<size_t> saved;
+  std::vector<uint8_t> exited;
+};
+
+void TokenConstraint::Impl::ComputeMask() {
+  const Vocabulary::Impl& v = *vocab;
+  mask.assign(v.words, 0);
+  const Frame& top = matcher.top(state);
+  bool shortcut = false;
+  if (top.node != kRootNode) {
+    const SchemaNode& n = matcher.node(top.node);
+    if (n.kind == NodeKind::kString && top.lex < kNumPlainStrLex) {
+      shortcut = true;
+      if (n.max_len == kUnbounded) {
+        std::memcpy(mask.data(), v.stay_mask[top.lex].data(), v.words * 8);
+      } else {
+        uint32_t left = n.max_len - top.count;
+        const uint16_t* chars = v.stay_chars[top.lex].data();
+        for (size_t id = 0; id < v.tokens.size(); ++id)
+          if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+      }
+    }
+  }
+  const size_t levels = size_t(v.max_depth) + 1;
+  path.resize(levels);
+  saved.resize(levels);
+  exited.resize(levels);
+  path[0] = state;
+  saved[0] = committed;
+  exited[0] = !shortcut;
+  const int32_t string_depth = state.depth;
+  const size_t count = v.byte.size();
+  size_t i = 0;
+  while (i < count) {
+    const uint16_t d = v.depth[i];
+    if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
+    arena.resize(saved[d - 1]);
+    State s = path[d - 1];
+    if (!matcher.Step(s, v.byte[i])) { i = v.end[i]; continue; }
+    path[d] = s;
+    saved[d] = arena.size();
+    exited[d] = exited[d - 1] || s.depth < string_depth;
+    if (int32_t t = v.token[i]; t >= 0) mask[size_t(t) / 64] |= uint64_t{1} << (t % 64);
+    ++i;
+  }
+  arena.resize(committed);
+  mask_valid = true;
+}
+
+TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab)
+    : impl_(std::make_unique<Impl>(schema, vocab)) {}
+TokenConstraint::~TokenConstraint() = default;
+TokenConstraint::TokenConstraint(TokenConstraint&&) noexcept = default;
+TokenConstraint& TokenConstraint::operator=(TokenConstraint&&) noexcept = default;
+
+void TokenConstraint::AllowedMask(std::vector<uint64_t>& bits) {
+  if (!impl_->mask_valid) impl_->ComputeMask();
+  bits = impl_->mask;
+}
+
+bool TokenConstraint::Allowed(uint32_t id) const {
+  const Impl& m = *impl_;
+  if (id >= m.vocab->tokens.size() || m.vocab->tokens[id].empty()) return false;
+  if (m.mask_valid) return (m.mask[id / 64] >> (id % 64)) & 1;
+  State s = m.state;
+  bool ok = true;
+  Matcher& mt = const_cast<Matcher&>(m.matcher);
+  for (char c : m.vocab->tokens[id])
+    if (!mt.Step(s, uint8_t(c))) { ok = false; break; }
+  m.arena.resize(m.committed);
+  return ok;
+}
+
+void TokenConstraint::Advance(uint32_t id) {
+  if (id >= impl_->vocab->tokens.size() || impl_->vocab->tokens[id].empty())
+    throw Error(ErrorCode::kInvalidArgument, "token " + std::to_string(id) + " is not allowed here (special or out of range)");
+  if (!impl_->Run(impl_->vocab->tokens[id]))
+    throw Error(ErrorCode::kInvalidArgument, "token " + std::to_string(id) + " is not allowed after " +
+                                                 std::to_string(impl_->text.size()) + " bytes of output");
+}
+
+bool TokenConstraint::AdvanceBytes(std::string_view bytes) { return impl_->Run(bytes); }
+
+bool TokenConstraint::Accepting() const { return impl_->matcher.Accepting(impl_->state); }
+
+bool TokenConstraint::Complete() {
+  if (!Accepting()) return false;
+  if (!impl_->mask_valid) impl_->ComputeMask();
+  for (uint64_t w : impl_->mask)
+    if (w) return false;
+  return true;
+}
+
+const std::string& TokenConstraint::text() const { return impl_->text; }
+void TokenConstraint::Reset() {
+  impl_->Reset();
+  impl_->mask_valid = false;
+}
+
+}  // namespace k3::constrain
