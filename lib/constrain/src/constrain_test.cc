@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -414,5 +415,65 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
         c.Advance(pick);
       }
     }
+  }
+}
+
+TEST_CASE("inside escapes and split characters the mask equals the direct check") {
+  // A vocabulary of short random strings over the bytes that matter in strings
+  // and escapes, so that tokens straddle \u digits, surrogate pairs, quotes
+  // and UTF-8 sequences.
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  const std::string alphabet = "\\\"uUdDcCeEfF0189ab{}[],: x\xc3\xa9\xe4\xbd\xa0\xf0\x9f\x98\x80";
+  std::mt19937_64 rng(7);
+  std::set<std::string> seen(t.begin(), t.end());
+  while (t.size() < 6000) {
+    std::string s;
+    size_t len = 2 + rng() % 5;
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  Vocabulary v(std::move(t), 6000);
+  const char* prefixes[] = {"\"", "\"\\", "\"\\u", "\"\\uD", "\"\\ud8", "\"\\uD83", "\"\\uD83D",
+                            "\"\\uD83D\\", "\"\\uD83D\\u", "\"\\uD83D\\uD", "\"\\uD83D\\uDE", "\"\\uD83D\\uDE0",
+                            "\"\\u0", "\"\\u00", "\"\\u00e", "\"\\uDB", "\"ab\xe4", "\"\xe4\xbd", "\"\xf0",
+                            "\"\xf0\x9f", "\"\xf0\x9f\x98", "\"\xe0", "\"\xed", "\"\xf4"};
+  for (const char* js : {R"({"type":"string"})", R"({"type":"string","minLength":2,"maxLength":4})",
+                         R"({"type":"array","items":{"type":"string"}})"}) {
+    auto s = Schema::CompileOrThrow(js);
+    for (const char* p : prefixes) {
+      std::string text(std::string_view(js).find("array") != std::string_view::npos ? "[" : "");
+      text.append(p);
+      TokenConstraint c(s, v);
+      REQUIRE_MESSAGE(c.AdvanceBytes(text), text);
+      CheckMaskAgainstDirect(s, v, text, c);
+    }
+  }
+  CHECK_THROWS_AS(Vocabulary({"a", "b", "a"}, 3), k3::Error);  // same bytes twice
+}
+
+TEST_CASE("length-limited strings with long tokens: the mask equals the direct check") {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  for (int k = 2; k <= 40; ++k) {
+    t.push_back(std::string(size_t(k), 'x'));
+    t.push_back(std::string(size_t(k - 1), 'y') + "\"");
+    std::string cjk;
+    for (int i = 0; i < k; ++i) cjk += "\xe4\xbd\xa0";
+    t.push_back(cjk);
+  }
+  Vocabulary v(std::move(t), uint32_t(256 + 39 * 3));
+  auto s = Schema::CompileOrThrow(R"({"type":"array","items":{"type":"string","minLength":3,"maxLength":30}})");
+  for (int fill : {0, 1, 2, 13, 14, 15, 16, 17, 29, 30}) {
+    std::string text = "[\"" + std::string(size_t(fill), 'a');
+    TokenConstraint c(s, v);
+    REQUIRE(c.AdvanceBytes(text));
+    CheckMaskAgainstDirect(s, v, text, c);
+    std::vector<uint64_t> m;
+    c.AllowedMask(m);
+    uint32_t x_tokens = 0;
+    for (uint32_t id = 256; id < v.num_ranks(); ++id)
+      if (Bit(m, id) && v.TokenBytes(id)[0] == 'x') ++x_tokens;
+    CHECK(x_tokens == uint32_t(std::max(0, std::min(39, 30 - fill - 1))));  // "xx".. up to 30 - fill characters
   }
 }

@@ -30,10 +30,16 @@ struct Vocabulary::Impl {
   std::vector<int32_t> token;   // id ending at this node, or -1
   std::vector<uint8_t> quote_below;  // this node's byte or one below it is '"'
   uint16_t max_depth = 0;
-  // Per plain string-lexer state: tokens that stay inside the string, and the
-  // code points each of them starts (0xFFFF: leaves the string or is invalid).
-  std::vector<uint64_t> stay_mask[kNumPlainStrLex];
-  std::vector<uint16_t> stay_chars[kNumPlainStrLex];
+  // Per string-lexer class (StayKey): tokens that stay inside the string, and
+  // the code points each of them starts (0xFFFF: leaves the string or is invalid).
+  std::vector<uint64_t> stay_mask[kNumStayKeys];
+  std::vector<uint16_t> stay_chars[kNumStayKeys];
+  // Plain strings with a length limit (the common bounded case): the staying
+  // tokens of at most c code points for c < kShortChars, and the ids of the
+  // longer ones, so a mask is one copy plus a short list.
+  static constexpr uint32_t kShortChars = 16;
+  std::vector<uint64_t> plain_upto[kShortChars];
+  std::vector<uint32_t> plain_long;
 };
 
 namespace {
@@ -90,24 +96,23 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
       }
       at = next;
     }
-    pool[at].token = int32_t(id);  // a duplicate byte string keeps the later id
+    if (pool[at].token >= 0)
+      throw Error(ErrorCode::kInvalidArgument, "tokens " + std::to_string(pool[at].token) + " and " +
+                                                   std::to_string(id) + " have the same bytes");
+    pool[at].token = int32_t(id);
   }
   // The root itself is not stored: its children are the top-level entries.
   auto root_kids = pool[0].kids;
   std::sort(root_kids.begin(), root_kids.end());
   for (auto& [kb, ki] : root_kids) Flatten(pool, ki, 1, kb, v);
 
-  // Duplicate byte strings: every id with those bytes is allowed together.
-  // (Rare; tiktoken vocabularies have none.) Handled by the per-token tables
-  // below for strings and by Allowed() elsewhere, so only the first id of a
-  // byte string is in the trie.
-  for (int l = 0; l < kNumPlainStrLex; ++l) {
+  for (int l = 0; l < kNumStayKeys; ++l) {
     v.stay_mask[l].assign(v.words, 0);
     v.stay_chars[l].assign(v.tokens.size(), 0xFFFF);
     for (size_t id = 0; id < v.tokens.size(); ++id) {
       const std::string& t = v.tokens[id];
       if (t.empty()) continue;
-      StrLexState s{uint8_t(l), 0};
+      StrLexState s = StayKeyState(l);
       uint32_t chars = 0;
       bool ok = true;
       for (char c : t) {
@@ -119,6 +124,16 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
       v.stay_chars[l][id] = uint16_t(std::min<uint32_t>(chars, 0xFFFE));
       v.stay_mask[l][id / 64] |= uint64_t{1} << (id % 64);
     }
+  }
+  for (uint32_t c = 0; c < Impl::kShortChars; ++c) v.plain_upto[c].assign(v.words, 0);
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    uint16_t chars = v.stay_chars[kStrPlain][id];
+    if (chars == 0xFFFF) continue;
+    if (chars >= Impl::kShortChars) {
+      v.plain_long.push_back(uint32_t(id));
+      continue;
+    }
+    for (uint32_t c = chars; c < Impl::kShortChars; ++c) v.plain_upto[c][id / 64] |= uint64_t{1} << (id % 64);
   }
 }
 
@@ -197,15 +212,29 @@ void TokenConstraint::Impl::ComputeMask() {
   bool shortcut = false;
   if (top.node != kRootNode) {
     const SchemaNode& n = matcher.node(top.node);
-    if (n.kind == NodeKind::kString && top.lex < kNumPlainStrLex) {
+    if (n.kind == NodeKind::kString) {
       shortcut = true;
+      const int key = StayKey(StrLexState{top.lex, top.pos});
       if (n.max_len == kUnbounded) {
-        std::memcpy(mask.data(), v.stay_mask[top.lex].data(), v.words * 8);
+        std::memcpy(mask.data(), v.stay_mask[key].data(), v.words * 8);
       } else {
-        uint32_t left = n.max_len - top.count;
-        const uint16_t* chars = v.stay_chars[top.lex].data();
-        for (size_t id = 0; id < v.tokens.size(); ++id)
-          if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+        const uint32_t left = n.max_len - top.count;
+        const uint16_t* chars = v.stay_chars[key].data();
+        if (key == kStrPlain) {
+          std::memcpy(mask.data(), v.plain_upto[std::min(left, Vocabulary::Impl::kShortChars - 1)].data(), v.words * 8);
+          if (left >= Vocabulary::Impl::kShortChars)
+            for (uint32_t id : v.plain_long)
+              if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+        } else {
+          // Other lexer states keep few tokens (they must continue a character
+          // or an escape): visit only those.
+          const std::vector<uint64_t>& stay = v.stay_mask[key];
+          for (size_t w = 0; w < v.words; ++w)
+            for (uint64_t b = stay[w]; b; b &= b - 1) {
+              size_t id = w * 64 + size_t(std::countr_zero(b));
+              if (chars[id] <= left) mask[w] |= uint64_t{1} << (id % 64);
+            }
+        }
       }
     }
   }

@@ -170,4 +170,49 @@ inline StrStep StrLexStep(StrLexState& s, uint8_t b) {
   }
 }
 
+// The string lexer's behaviour on the bytes that follow depends on its state
+// and, in \uXXXX escapes, only on whether the digits so far are a high
+// surrogate's (or a low one's). StayKey() names each behaviour class, so the
+// vocabulary keeps one "tokens that stay in the string" set per class.
+inline constexpr int kNumStayKeys = 23;
+
+inline int StayKey(const StrLexState& s) {
+  switch (s.lex) {
+    case kStrHex1: return kNumPlainStrLex + 2 + (s.hex == 0xD);
+    case kStrHex2: return kNumPlainStrLex + 4 + (s.hex >= 0xD8 && s.hex <= 0xDB);
+    case kStrHex3: return kNumPlainStrLex + 6 + ((s.hex >> 4) >= 0xD8 && (s.hex >> 4) <= 0xDB);
+    case kStrLowBackslash: return kNumPlainStrLex + 8;
+    case kStrLowU: return kNumPlainStrLex + 9;
+    case kStrLowHex0: return kNumPlainStrLex + 10;
+    case kStrLowHex1: return kNumPlainStrLex + 11 + (s.hex == 0xD);
+    case kStrLowHex2: return kNumPlainStrLex + 13;
+    case kStrLowHex3: return kNumPlainStrLex + 14;
+    case kStrEsc: return kNumPlainStrLex;
+    case kStrHex0: return kNumPlainStrLex + 1;
+    default: return s.lex;  // plain and UTF-8 states
+  }
+}
+
+// A state of each class (inverse of StayKey).
+inline StrLexState StayKeyState(int key) {
+  if (key < kNumPlainStrLex) return {uint8_t(key), 0};
+  switch (key - kNumPlainStrLex) {
+    case 0: return {kStrEsc, 0};
+    case 1: return {kStrHex0, 0};
+    case 2: return {kStrHex1, 0x0};
+    case 3: return {kStrHex1, 0xD};
+    case 4: return {kStrHex2, 0x00};
+    case 5: return {kStrHex2, 0xD8};
+    case 6: return {kStrHex3, 0x000};
+    case 7: return {kStrHex3, 0xD80};
+    case 8: return {kStrLowBackslash, 0};
+    case 9: return {kStrLowU, 0};
+    case 10: return {kStrLowHex0, 0};
+    case 11: return {kStrLowHex1, 0x0};
+    case 12: return {kStrLowHex1, 0xD};
+    case 13: return {kStrLowHex2, 0xDC};
+    default: return {kStrLowHex3, 0xDC0};
+  }
+}
+
 }  // namespace k3::constrain
