@@ -39,13 +39,18 @@ struct ConstrainBenchArgs {
 };
 
 // A tool call's arguments (strings, bounded numbers, an enum, an array), an
-// answer that is mostly free text, and response_format json_object.
+// answer that is mostly free text, a union whose alternatives start alike
+// (followed in parallel), and response_format json_object.
 const char* const kSchemas[][2] = {
     {"tool_args", R"({"type":"object","properties":{"query":{"type":"string","maxLength":80},
       "top_k":{"type":"integer","minimum":1,"maximum":50},"lang":{"enum":["en","fr","de","zh"]},
       "filters":{"type":"array","items":{"type":"string"},"maxItems":4},"score":{"type":"number"}},
       "required":["query","top_k"],"additionalProperties":false})"},
     {"free_text", R"({"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]})"},
+    {"union", R"({"type":"array","maxItems":8,"items":{"anyOf":[
+      {"type":"object","properties":{"name":{"type":"string"},"qty":{"type":"integer"}},"required":["qty"],"additionalProperties":false},
+      {"type":"object","properties":{"name":{"type":"string"},"price":{"type":"number"}},"required":["price"],"additionalProperties":false},
+      {"enum":["none","unknown"]},{"type":"string","maxLength":20}]}})"},
     {"json_object", nullptr},
 };
 

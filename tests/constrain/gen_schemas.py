@@ -102,6 +102,26 @@ HAND = [
                                       "ratio": {"type": "number", "minimum": 0.25, "maximum": 0.75}},
      "required": ["score", "ratio"]},
     {"type": "object"},
+    # Unions whose alternatives start alike (followed in parallel).
+    {"type": "object", "properties": {"shape": {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number", "minimum": 0, "maximum": 10}},
+         "required": ["kind", "r"], "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "rect"}, "w": {"type": "integer", "minimum": 1, "maximum": 9},
+                                          "h": {"type": "integer", "minimum": 1, "maximum": 9}},
+         "required": ["kind", "w", "h"], "additionalProperties": False}]}}, "required": ["shape"]},
+    {"$defs": {"Cat": {"type": "object", "properties": {"meows": {"type": "integer"}, "name": {"type": "string", "maxLength": 8}},
+                       "required": ["meows"], "additionalProperties": False},
+               "Dog": {"type": "object", "properties": {"barks": {"type": "number"}, "name": {"type": "string", "maxLength": 8}},
+                       "required": ["barks"], "additionalProperties": False}},
+     "type": "object", "properties": {"pet": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}]}},
+     "required": ["pet"]},
+    {"type": "object", "properties": {"unit": {"anyOf": [{"enum": ["celsius", "fahrenheit"]}, {"type": "string", "maxLength": 3}]},
+                                      "value": {"anyOf": [{"type": "integer", "minimum": 100, "maximum": 200},
+                                                          {"type": "number", "minimum": -1, "maximum": 1}]}},
+     "required": ["unit", "value"]},
+    {"type": "array", "maxItems": 4, "items": {"anyOf": [
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1, "maxItems": 2}]}},
 ]
 
 
@@ -169,7 +189,11 @@ def rand_schema(r, depth, force=None):
         return s
     if k == "anyOf":
         # Alternatives that start differently (k3's rule): one per family.
-        fams = r.sample(["object", "array", "string", "number", "null", "boolean"], r.randrange(2, 4))
+        # anyOf may repeat a family (alternatives that start alike); oneOf may not.
+        kw = r.choice(["anyOf", "oneOf"])
+        families = ["object", "array", "string", "number", "null", "boolean"]
+        n = r.randrange(2, 4)
+        fams = r.sample(families, n) if kw == "oneOf" else [r.choice(families) for _ in range(n)]
         alts = []
         for f in fams:
             if f == "number":
@@ -177,10 +201,11 @@ def rand_schema(r, depth, force=None):
             elif f in ("object", "array"):
                 alts.append(rand_schema(r, depth + 1, f))
             elif f == "string":
-                alts.append({"type": "string", "maxLength": r.randrange(1, 10)})
+                alts.append(r.choice([{"type": "string", "maxLength": r.randrange(1, 10)},
+                                      {"enum": r.sample(["a", "ab", "abc", "b", "日本"], 2)}]))
             else:
                 alts.append({"type": f})
-        return {r.choice(["anyOf", "oneOf"]): alts}
+        return {kw: alts}
     if k == "typelist":
         return {"type": r.sample(["string", "integer", "boolean", "null", "array", "object"], r.randrange(2, 4))}
     return {}
@@ -190,7 +215,7 @@ def main():
     r = random.Random(16)
     schemas = [{"name": f"hand-{i}", "schema": s} for i, s in enumerate(HAND)]
     i = 0
-    while len(schemas) < 240:
+    while len(schemas) < 250:
         s = rand_schema(r, 0)
         if s.get("type") != "object" and r.random() < 0.7:
             continue  # mostly objects, as tool arguments are

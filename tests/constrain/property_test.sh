@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Constrained-decoding property test: 240 schemas (tests/constrain/schemas.json)
+# Constrained-decoding property test: 250 schemas (tests/constrain/schemas.json)
 # x RUNS seeded random generations over the k3-tiny vocabulary, every output
 # parsed and validated by python3-jsonschema (check_outputs.py).
 # Usage: property_test.sh CONSTRAIN_DRIVE MODEL_DIR RUNS

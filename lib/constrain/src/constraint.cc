@@ -152,6 +152,11 @@ std::string_view Vocabulary::TokenBytes(uint32_t id) const {
   return id < impl_->tokens.size() ? std::string_view(impl_->tokens[id]) : std::string_view{};
 }
 
+// The most states a configuration keeps (overlapping anyOf alternatives
+// followed in parallel). Dropping more only narrows the language; every state
+// kept is live, so nothing can dead-end.
+constexpr size_t kMaxStates = 32;
+
 struct TokenConstraint::Impl {
   Impl(const CompiledSchema& s, const Vocabulary& v)
       : schema(&s.impl()), vocab(&v.impl()), matcher(*schema, arena) {
@@ -159,72 +164,108 @@ struct TokenConstraint::Impl {
   }
   void Reset() {
     arena.clear();
-    state = matcher.Start();
+    states.assign(1, matcher.Start());
     committed = arena.size();
     text.clear();
+    mask_valid = false;
   }
-  // Runs bytes from the committed state; on success the new state is compacted
-  // to the arena's bottom and committed.
-  bool Run(std::string_view bytes) {
-    State s = state;
+  // Runs bytes from the committed configuration into `cur`; false when no
+  // state survives. The arena keeps what the run appended.
+  bool RunFrom(std::string_view bytes, std::vector<State>& cur) const {
+    cur = states;
+    std::vector<State>& next = scratch;
     for (char c : bytes) {
-      if (!matcher.Step(s, uint8_t(c))) {
-        arena.resize(committed);
-        return false;
-      }
+      next.clear();
+      for (const State& s : cur) matcher.Step(s, uint8_t(c), next);
+      matcher.Dedupe(next, kMaxStates);
+      if (next.empty()) return false;
+      cur.swap(next);
     }
-    // Compact: copy the live chain (top to root) to the start of the arena.
+    return true;
+  }
+  // Runs bytes; on success the new configuration is compacted to the arena's
+  // bottom and committed.
+  bool Run(std::string_view bytes) {
+    std::vector<State> cur;
+    if (!RunFrom(bytes, cur)) {
+      arena.resize(committed);
+      return false;
+    }
+    // Compact: copy each live chain (root to top) to a fresh arena.
+    std::vector<Frame> fresh;
+    std::vector<State> moved;
     std::vector<Frame> chain;
-    for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
-    arena.clear();
-    for (size_t k = chain.size(); k-- > 0;) {
-      Frame f = chain[k];
-      f.parent = arena.empty() ? -1 : int32_t(arena.size() - 1);
-      arena.push_back(f);
+    for (const State& s : cur) {
+      chain.clear();
+      for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
+      int32_t parent = -1;
+      for (size_t k = chain.size(); k-- > 0;) {
+        Frame f = chain[k];
+        f.parent = parent;
+        fresh.push_back(f);
+        parent = int32_t(fresh.size() - 1);
+      }
+      moved.push_back(State{parent, int32_t(chain.size())});
     }
-    state = State{int32_t(arena.size() - 1), int32_t(arena.size())};
+    arena.swap(fresh);
+    states.swap(moved);
     committed = arena.size();
     text.append(bytes);
     mask_valid = false;
     return true;
   }
   void ComputeMask();
+  void WalkFrom(const State& start);
 
   const CompiledSchema::Impl* schema;
   const Vocabulary::Impl* vocab;
   mutable std::vector<Frame> arena;
-  Matcher matcher;
-  State state;
+  mutable Matcher matcher;
+  std::vector<State> states;  // the committed configuration
   size_t committed = 0;
   std::string text;
   std::vector<uint64_t> mask;
   bool mask_valid = false;
+  mutable std::vector<State> scratch;
   // Walk scratch, per trie depth.
-  std::vector<State> path;
+  std::vector<std::vector<State>> path;
   std::vector<size_t> saved;
   std::vector<uint8_t> exited;
 };
 
+// The allowed set of a configuration is the union of its states' sets.
 void TokenConstraint::Impl::ComputeMask() {
+  mask.assign(vocab->words, 0);
+  for (const State& s : states) WalkFrom(s);
+  arena.resize(committed);
+  mask_valid = true;
+}
+
+void TokenConstraint::Impl::WalkFrom(const State& start) {
   const Vocabulary::Impl& v = *vocab;
-  mask.assign(v.words, 0);
-  const Frame& top = matcher.top(state);
+  const Frame& top = matcher.top(start);
   bool shortcut = false;
   if (top.node != kRootNode) {
     const SchemaNode& n = matcher.node(top.node);
     if (n.kind == NodeKind::kString) {
       shortcut = true;
       const int key = StayKey(StrLexState{top.lex, top.pos});
+      const std::vector<uint64_t>* set = nullptr;
       if (n.max_len == kUnbounded) {
-        std::memcpy(mask.data(), v.stay_mask[key].data(), v.words * 8);
+        set = &v.stay_mask[key];
+      } else if (key == kStrPlain && n.max_len - top.count < Vocabulary::Impl::kShortChars) {
+        set = &v.plain_upto[n.max_len - top.count];
+      }
+      if (set) {
+        for (size_t w = 0; w < v.words; ++w) mask[w] |= (*set)[w];
       } else {
         const uint32_t left = n.max_len - top.count;
         const uint16_t* chars = v.stay_chars[key].data();
         if (key == kStrPlain) {
-          std::memcpy(mask.data(), v.plain_upto[std::min(left, Vocabulary::Impl::kShortChars - 1)].data(), v.words * 8);
-          if (left >= Vocabulary::Impl::kShortChars)
-            for (uint32_t id : v.plain_long)
-              if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+          const std::vector<uint64_t>& upto = v.plain_upto[Vocabulary::Impl::kShortChars - 1];
+          for (size_t w = 0; w < v.words; ++w) mask[w] |= upto[w];
+          for (uint32_t id : v.plain_long)
+            if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
         } else {
           // Other lexer states keep few tokens (they must continue a character
           // or an escape): visit only those.
@@ -242,26 +283,26 @@ void TokenConstraint::Impl::ComputeMask() {
   path.resize(levels);
   saved.resize(levels);
   exited.resize(levels);
-  path[0] = state;
+  path[0].assign(1, start);
   saved[0] = committed;
   exited[0] = !shortcut;
-  const int32_t string_depth = state.depth;
+  const int32_t string_depth = start.depth;
   const size_t count = v.byte.size();
   size_t i = 0;
   while (i < count) {
     const uint16_t d = v.depth[i];
     if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
     arena.resize(saved[d - 1]);
-    State s = path[d - 1];
-    if (!matcher.Step(s, v.byte[i])) { i = v.end[i]; continue; }
-    path[d] = s;
+    std::vector<State>& here = path[d];
+    here.clear();
+    for (const State& s : path[d - 1]) matcher.Step(s, v.byte[i], here);
+    if (here.empty()) { i = v.end[i]; continue; }
+    matcher.Dedupe(here, kMaxStates);
     saved[d] = arena.size();
-    exited[d] = exited[d - 1] || s.depth < string_depth;
+    exited[d] = exited[d - 1] || here.size() != 1 || here[0].depth < string_depth;
     if (int32_t t = v.token[i]; t >= 0) mask[size_t(t) / 64] |= uint64_t{1} << (t % 64);
     ++i;
   }
-  arena.resize(committed);
-  mask_valid = true;
 }
 
 TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab)
@@ -279,11 +320,8 @@ bool TokenConstraint::Allowed(uint32_t id) const {
   const Impl& m = *impl_;
   if (id >= m.vocab->tokens.size() || m.vocab->tokens[id].empty()) return false;
   if (m.mask_valid) return (m.mask[id / 64] >> (id % 64)) & 1;
-  State s = m.state;
-  bool ok = true;
-  Matcher& mt = const_cast<Matcher&>(m.matcher);
-  for (char c : m.vocab->tokens[id])
-    if (!mt.Step(s, uint8_t(c))) { ok = false; break; }
+  std::vector<State> cur;
+  bool ok = m.RunFrom(m.vocab->tokens[id], cur);
   m.arena.resize(m.committed);
   return ok;
 }
@@ -298,7 +336,11 @@ void TokenConstraint::Advance(uint32_t id) {
 
 bool TokenConstraint::AdvanceBytes(std::string_view bytes) { return impl_->Run(bytes); }
 
-bool TokenConstraint::Accepting() const { return impl_->matcher.Accepting(impl_->state); }
+bool TokenConstraint::Accepting() const {
+  for (const State& s : impl_->states)
+    if (impl_->matcher.Accepting(s)) return true;
+  return false;
+}
 
 bool TokenConstraint::Complete() {
   if (!Accepting()) return false;
@@ -309,9 +351,6 @@ bool TokenConstraint::Complete() {
 }
 
 const std::string& TokenConstraint::text() const { return impl_->text; }
-void TokenConstraint::Reset() {
-  impl_->Reset();
-  impl_->mask_valid = false;
-}
+void TokenConstraint::Reset() { impl_->Reset(); }
 
 }  // namespace k3::constrain

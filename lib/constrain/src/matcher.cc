@@ -71,51 +71,86 @@ void Matcher::Push(State& s, const Frame& f) {
   ++s.depth;
 }
 
-bool Matcher::Step(State& s, uint8_t b) {
+void Matcher::Step(State s, uint8_t b, std::vector<State>& out) {
   for (;;) {
     const Frame& f = arena_[size_t(s.top)];
     if (f.node == kRootNode) {
-      if (f.phase != 0) return false;
+      if (f.phase != 0) return;
       Modify(s).phase = 1;
-      return StartValue(s, root_, b);
+      StartValue(s, root_, b, out);
+      return;
     }
     R r = R::kFail;
     switch (nodes_[f.node].kind) {
-      case NodeKind::kObject: r = StepObject(s, b); break;
-      case NodeKind::kArray: r = StepArray(s, b); break;
+      case NodeKind::kObject: r = StepObject(s, b, out); break;
+      case NodeKind::kArray: r = StepArray(s, b, out); break;
       case NodeKind::kString: r = StepString(s, b); break;
       case NodeKind::kNumber: r = StepNumber(s, b); break;
       case NodeKind::kLiterals: r = StepLiterals(s, b); break;
-      case NodeKind::kUnion: return false;  // never on the stack
+      case NodeKind::kUnion: return;  // never on the stack
     }
-    if (r == R::kFail) return false;
-    if (r == R::kDone) return true;
+    if (r == R::kDone) out.push_back(s);
+    if (r != R::kReprocess) return;
   }
 }
 
-bool Matcher::StartValue(State& s, uint32_t node, uint8_t b) {
+void Matcher::StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out) {
   const SchemaNode& n = nodes_[node];
-  if (!n.first[b]) return false;
+  if (!n.first[b]) return;
   Frame f;
   f.node = node;
   switch (n.kind) {
-    case NodeKind::kUnion: return StartValue(s, uint32_t(n.alt_for_byte[b]), b);
+    case NodeKind::kUnion:
+      // Each alternative continues from the same (shared) frames below.
+      for (uint32_t alt : n.alts) StartValue(s, alt, b, out);
+      return;
     case NodeKind::kObject:
     case NodeKind::kArray:
-      if (s.depth > kMaxDepth) return false;
+      if (s.depth > kMaxDepth) return;
       Push(s, f);
-      return true;
-    case NodeKind::kString: Push(s, f); return true;
-    case NodeKind::kNumber: Push(s, f); return StepNumber(s, b) == R::kDone;
+      out.push_back(s);
+      return;
+    case NodeKind::kString:
+      Push(s, f);
+      out.push_back(s);
+      return;
+    case NodeKind::kNumber:
+      Push(s, f);
+      if (StepNumber(s, b) == R::kDone) out.push_back(s);
+      return;
     case NodeKind::kLiterals:
       f.bits = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
       Push(s, f);
-      return StepLiterals(s, b) == R::kDone;
+      if (StepLiterals(s, b) == R::kDone) out.push_back(s);
+      return;
   }
-  return false;
 }
 
-Matcher::R Matcher::StepObject(State& s, uint8_t b) {
+bool Matcher::Same(const State& a, const State& b) const {
+  if (a.depth != b.depth) return false;
+  for (int32_t i = a.top, j = b.top; i != j; i = arena_[size_t(i)].parent, j = arena_[size_t(j)].parent) {
+    if (i < 0 || j < 0) return false;
+    const Frame &x = arena_[size_t(i)], &y = arena_[size_t(j)];
+    if (x.node != y.node || x.phase != y.phase || x.lex != y.lex || x.pos != y.pos || x.count != y.count ||
+        x.bits != y.bits || x.bits2 != y.bits2 || x.frac != y.frac || x.nd_int != y.nd_int ||
+        x.nd_frac != y.nd_frac || x.nd_exp != y.nd_exp || x.neg != y.neg)
+      return false;
+  }
+  return true;
+}
+
+void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
+  if (v.size() < 2) return;
+  size_t n = 0;
+  for (size_t i = 0; i < v.size() && n < max_states; ++i) {
+    bool dup = false;
+    for (size_t k = 0; k < n && !dup; ++k) dup = Same(v[k], v[i]);
+    if (!dup) v[n++] = v[i];
+  }
+  v.resize(n);
+}
+
+Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
   bool map = n.map_value >= 0;
@@ -176,7 +211,8 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b) {
       Frame& m = Modify(s);
       m.phase = kObjAfterValue;
       if (!map) m.bits |= uint64_t{1} << f.count;
-      return StartValue(s, child, b) ? R::kDone : R::kFail;
+      StartValue(s, child, b, out);
+      return R::kOut;
     }
     case kObjAfterValue:
       if (b == ',' && (map || unseen)) { Modify(s).phase = kObjComma; return R::kDone; }
@@ -186,7 +222,7 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b) {
   return R::kFail;
 }
 
-Matcher::R Matcher::StepArray(State& s, uint8_t b) {
+Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
   switch (f.phase) {
@@ -202,7 +238,8 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b) {
         m.phase = kArrAfterValue;
         m.count = 1;
       }
-      return StartValue(s, n.items, b) ? R::kDone : R::kFail;
+      StartValue(s, n.items, b, out);
+      return R::kOut;
     case kArrAfterValue:
       if (b == ',' && f.count < n.max_items) { Modify(s).phase = kArrComma; return R::kDone; }
       if (b == ']' && f.count >= n.min_items) { Pop(s); return R::kDone; }
@@ -211,7 +248,8 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b) {
       Frame& m = Modify(s);
       m.phase = kArrAfterValue;
       m.count = f.count + 1;
-      return StartValue(s, n.items, b) ? R::kDone : R::kFail;
+      StartValue(s, n.items, b, out);
+      return R::kOut;
     }
   }
   return R::kFail;

@@ -2,7 +2,10 @@
 // number or literal) kept in an append-only arena so that a state is two
 // integers and a trie walk can branch from any state by copying them. Frames are
 // never changed in place: a step appends a changed copy of the top frame, so
-// truncating the arena back to a saved size undoes everything after it.
+// truncating the arena back to a saved size undoes everything after it, and
+// states may share frames. A union (anyOf) whose alternatives a byte both
+// allows turns one state into several, followed in parallel; the set of live
+// states is the automaton's configuration.
 #pragma once
 
 #include <cstdint>
@@ -40,23 +43,29 @@ class Matcher {
 
   // A fresh state (root frame appended to the arena).
   State Start();
-  // Consumes one byte; false when it leaves the language (the state is then
-  // garbage and the caller restores a saved one).
-  bool Step(State& s, uint8_t b);
+  // Consumes one byte from `s`: appends to `out` every state it leads to (none
+  // when the byte leaves the language).
+  void Step(State s, uint8_t b, std::vector<State>& out);
   // The bytes so far form a complete value.
   bool Accepting(const State& s) const;
+  // Two states with equal stacks (frame by frame, wherever they live).
+  bool Same(const State& a, const State& b) const;
+  // Drops states equal to an earlier one, and any beyond `max_states`.
+  void Dedupe(std::vector<State>& v, size_t max_states) const;
 
   const Frame& top(const State& s) const { return arena_[size_t(s.top)]; }
   const SchemaNode& node(uint32_t i) const { return nodes_[i]; }
 
  private:
-  enum class R { kFail, kDone, kReprocess };
+  // kDone: `s` is the one successor; kOut: successors already in `out`;
+  // kReprocess: the top frame ended without the byte, offer it to the parent.
+  enum class R { kFail, kDone, kOut, kReprocess };
   Frame& Modify(State& s);                      // appends a copy of the top; returns it
   void Push(State& s, const Frame& f);
   void Pop(State& s) { s.top = arena_[size_t(s.top)].parent; --s.depth; }
-  bool StartValue(State& s, uint32_t node, uint8_t b);
-  R StepObject(State& s, uint8_t b);
-  R StepArray(State& s, uint8_t b);
+  void StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out);
+  R StepObject(State& s, uint8_t b, std::vector<State>& out);
+  R StepArray(State& s, uint8_t b, std::vector<State>& out);
   R StepString(State& s, uint8_t b);
   R StepNumber(State& s, uint8_t b);
   R StepLiterals(State& s, uint8_t b);

@@ -210,50 +210,71 @@ class Compiler {
     }
   }
 
-  // Fills union node `u` from alternatives; literal alternatives merge into one;
-  // alternatives whose first bytes overlap are refused.
+  // oneOf needs exactly one alternative to match. Alternatives that start with
+  // different bytes cannot both match; two object alternatives cannot either
+  // when both require a key whose values are disjoint literal sets (a
+  // discriminator). Anything else could produce a text matching two: refused.
+  void CheckDisjoint(const std::vector<uint32_t>& alts, const std::string& ptr) {
+    auto overlap = [&](const SchemaNode& a, const SchemaNode& b) {
+      for (int i = 0; i < 256; ++i)
+        if (a.first[i] && b.first[i]) return true;
+      return false;
+    };
+    auto disjoint_literals = [&](const SchemaNode& a, const SchemaNode& b) {
+      for (auto& la : a.literals)
+        for (auto& lb : b.literals)
+          if (la == lb) return false;
+      return true;
+    };
+    auto discriminated = [&](const SchemaNode& a, const SchemaNode& b) {
+      if (a.kind == NodeKind::kLiterals && b.kind == NodeKind::kLiterals) return disjoint_literals(a, b);
+      if (a.kind != NodeKind::kObject || b.kind != NodeKind::kObject) return false;
+      for (const Property& pa : a.props) {
+        if (!pa.required || nodes_[pa.child].kind != NodeKind::kLiterals) continue;
+        for (const Property& pb : b.props) {
+          if (pb.key != pa.key || !pb.required || nodes_[pb.child].kind != NodeKind::kLiterals) continue;
+          if (disjoint_literals(nodes_[pa.child], nodes_[pb.child])) return true;
+        }
+      }
+      return false;
+    };
+    for (size_t i = 0; i < alts.size(); ++i)
+      for (size_t j = i + 1; j < alts.size(); ++j) {
+        const SchemaNode &a = nodes_[alts[i]], &b = nodes_[alts[j]];
+        if (overlap(a, b) && !discriminated(a, b))
+          Unsupported("oneOf", ptr, "alternatives " + std::to_string(i) + " and " + std::to_string(j) +
+                                        " could both match (they start alike and no required key with "
+                                        "distinct const/enum values tells them apart); anyOf is supported");
+      }
+  }
+
+  // Fills union node `u` from alternatives: nested unions are flattened and
+  // literal alternatives merge into one literal set. The matcher follows every
+  // alternative a byte allows in parallel, so alternatives may overlap.
   void FillUnion(uint32_t u, const std::vector<uint32_t>& alts_in, const std::string& ptr,
                  const std::string& kw) {
-    std::vector<uint32_t> alts;
+    std::vector<uint32_t> flat, alts;
+    for (uint32_t a : alts_in) {
+      if (nodes_[a].kind == NodeKind::kUnion) flat.insert(flat.end(), nodes_[a].alts.begin(), nodes_[a].alts.end());
+      else flat.push_back(a);
+    }
     std::vector<std::string> lits;
     bool any_lits = false;
-    for (uint32_t a : alts_in) {
-      if (nodes_[a].kind == NodeKind::kUnion) {
-        // Flatten: the nested union's alternatives are distinct already.
-        std::set<int32_t> inner;
-        for (int32_t x : nodes_[a].alt_for_byte)
-          if (x >= 0) inner.insert(x);
-        for (int32_t x : inner) {
-          if (nodes_[x].kind == NodeKind::kLiterals) {
-            any_lits = true;
-            for (auto& l : nodes_[x].literals) lits.push_back(l);
-          } else {
-            alts.push_back(uint32_t(x));
-          }
-        }
-      } else if (nodes_[a].kind == NodeKind::kLiterals) {
+    for (uint32_t a : flat) {
+      if (nodes_[a].kind == NodeKind::kLiterals) {
         any_lits = true;
         for (auto& l : nodes_[a].literals) lits.push_back(l);
-      } else {
+      } else if (std::find(alts.begin(), alts.end(), a) == alts.end()) {
         alts.push_back(a);
       }
     }
     if (any_lits) alts.push_back(LiteralNode(lits, ptr, kw));
     SchemaNode& un = nodes_[u];
     un.kind = NodeKind::kUnion;
-    un.alt_for_byte.fill(kNoNode);
+    un.alts = alts;
     un.first.fill(false);
-    for (uint32_t a : alts) {
-      for (int b = 0; b < 256; ++b) {
-        if (!nodes_[a].first[b]) continue;
-        if (nodes_[u].alt_for_byte[b] >= 0)
-          Unsupported(kw, ptr,
-                      "alternatives that can start with the same character '" + std::string(1, char(b)) +
-                          "' (k3 tells alternatives apart by their first character)");
-        nodes_[u].alt_for_byte[b] = int32_t(a);
-        nodes_[u].first[b] = true;
-      }
-    }
+    for (uint32_t a : alts)
+      for (int b = 0; b < 256; ++b) un.first[b] = un.first[b] || nodes_[a].first[b];
   }
 
   uint32_t Compile(element e, const std::string& ptr, int depth) {
@@ -369,7 +390,9 @@ class Compiler {
         alts.push_back(Compile(x, p, depth + 1));
       }
       if (alts.empty()) Unsatisfiable(ptr, "every alternative is false");
-      // Disjoint first characters make anyOf and oneOf the same language.
+      // oneOf is compiled as anyOf: an output may match several alternatives
+      // (refused by a validator for oneOf) only when they overlap.
+      if (kw == "oneOf") CheckDisjoint(alts, ptr);
       FillUnion(u, alts, ptr, kw);
       return u;
     }

@@ -18,7 +18,7 @@ enum class NodeKind : uint8_t {
   kString,    // '"' ... '"' with optional length bounds (code points)
   kNumber,    // JSON number; integer-only and bounds optional
   kLiterals,  // one of a few compact JSON texts (enum, const, true/false/null)
-  kUnion,     // alternatives told apart by their first byte (anyOf, oneOf, type lists)
+  kUnion,     // alternatives tracked in parallel (anyOf, oneOf, type lists)
 };
 
 inline constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
@@ -51,8 +51,8 @@ struct SchemaNode {
   bool lo_excl = false, hi_excl = false;
   // kLiterals
   std::vector<std::string> literals;
-  // kUnion: the alternative a value starting with each byte belongs to
-  std::array<int32_t, 256> alt_for_byte{};
+  // kUnion: the alternatives (never unions themselves; literal ones merged)
+  std::vector<uint32_t> alts;
   // every kind: the bytes a value of this node may start with
   std::array<bool, 256> first{};
 };
