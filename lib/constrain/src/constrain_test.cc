@@ -103,6 +103,9 @@ TEST_CASE("strings: escapes, UTF-8 and surrogates") {
   CHECK(Accepts(str, R"("\u00e9\u4F60")"));
   CHECK(Accepts(str, R"("\ud83d\ude00")"));       // a surrogate pair
   CHECK_FALSE(Prefix(str, R"("\ud83d")"));        // high surrogate must be followed by a low one
+  CHECK_FALSE(Prefix(str, R"("\ud83d\u1)"));      // ... whose first digit is D
+  CHECK_FALSE(Prefix(str, R"("\ud83d\ud8)"));     // ... then C..F
+  CHECK(Prefix(str, R"("\ud83d\uDc)"));
   CHECK_FALSE(Prefix(str, R"("\ude00)"));         // lone low surrogate
   CHECK_FALSE(Prefix(str, R"("\x")"));            // no such escape
   CHECK_FALSE(Prefix(str, R"("\u12G)"));
@@ -326,6 +329,17 @@ TEST_CASE("deep nesting") {
   CHECK_FALSE(Prefix(obj, deep + R"("a":{)"));
   CHECK(Prefix(obj, deep + R"("a":[)") == false);
   CHECK(Prefix(obj, deep + R"("a":1)"));
+  // A schema that needs more nested containers than the matcher allows is
+  // refused at compile time (never a dead end while generating).
+  std::string too_deep = R"({"type":"integer"})", fits = too_deep;
+  for (int i = 0; i < k3::constrain::kMaxDepth + 1; ++i)
+    too_deep = R"({"type":"array","minItems":1,"items":)" + too_deep + "}";
+  for (int i = 0; i < k3::constrain::kMaxDepth - 1; ++i)
+    fits = R"({"type":"array","minItems":1,"items":)" + fits + "}";
+  CHECK(CompileError(too_deep).code() == k3::ErrorCode::kUnsupported);
+  std::string fits_text = std::string(size_t(k3::constrain::kMaxDepth - 1), '[') + "1" +
+                     std::string(size_t(k3::constrain::kMaxDepth - 1), ']');
+  CHECK(Accepts(fits, fits_text));
 }
 
 TEST_CASE("Accepting, Complete, Advance errors") {

@@ -278,7 +278,7 @@ class Compiler {
   }
 
   uint32_t Compile(element e, const std::string& ptr, int depth) {
-    if (depth > kMaxDepth) Unsupported("properties", ptr, "schema nests deeper than " + std::to_string(kMaxDepth));
+    if (depth >= kMaxDepth) Unsupported("properties", ptr, "schema nests deeper than " + std::to_string(kMaxDepth));
     if (e.type() == element_type::BOOL) {
       if (bool(e)) return AnyNode();
       Unsatisfiable(ptr, "the schema is false");

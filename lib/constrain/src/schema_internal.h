@@ -148,7 +148,9 @@ inline StrStep StrLexStep(StrLexState& s, uint8_t b) {
       s.hex = uint16_t((s.hex << 4) | v);
       bool low = s.lex >= kStrLowHex0;
       int digits = (low ? s.lex - kStrLowHex0 : s.lex - kStrHex0) + 1;
-      // Reject a surrogate as soon as its first digits show it cannot fit.
+      // Reject a surrogate as soon as its first digits show it cannot fit: a
+      // low surrogate's digits must start with D, then C..F.
+      if (digits == 1 && low && s.hex != 0xD) return StrStep::kFail;
       if (digits == 2) {
         unsigned hi8 = s.hex & 0xFF;
         if (low && (hi8 < 0xDC || hi8 > 0xDF)) return StrStep::kFail;
