@@ -304,6 +304,21 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
     CHECK_MESSAGE(std::string(e.what()).find(std::string("at ") + c.pointer) != std::string::npos, e.what());
   }
   CHECK(CompileError("{").code() == k3::ErrorCode::kCorrupt);
+  // Caps that keep a hostile schema from making every mask slow.
+  std::string many = R"({"anyOf":[)";
+  for (int i = 0; i <= k3::constrain::kMaxAlternatives; ++i)
+    many += std::string(i ? "," : "") + R"({"type":"object","properties":{"k)" + std::to_string(i) + R"(":{}}})";
+  CHECK(CompileError(many + "]}").object() == "anyOf");
+  // 64 x 64 x 6 leaves: more nodes than kMaxNodes, in well under kMaxSchemaBytes.
+  auto object_of = [](int n, const std::string& child) {
+    std::string o = R"({"type":"object","properties":{)";
+    for (int i = 0; i < n; ++i) o += std::string(i ? "," : "") + "\"p" + std::to_string(i) + "\":" + child;
+    return o + "}}";
+  };
+  std::string wide = object_of(64, object_of(64, object_of(6, R"({"type":"string"})")));
+  REQUIRE(wide.size() < k3::constrain::kMaxSchemaBytes);
+  CHECK(CompileError(wide).object() == "schema");
+  CHECK(CompileError(std::string(k3::constrain::kMaxSchemaBytes + 1, ' ')).code() == k3::ErrorCode::kInvalidArgument);
   CHECK(CompileError(R"({"type":"strin"})").code() == k3::ErrorCode::kCorrupt);
   CHECK(CompileError(R"({"type":"string","minLength":3,"maxLength":2})").code() == k3::ErrorCode::kInvalidArgument);
   CHECK(CompileError(R"({"enum":[]})").code() == k3::ErrorCode::kInvalidArgument);

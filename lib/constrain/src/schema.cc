@@ -142,6 +142,9 @@ class Compiler {
   std::vector<SchemaNode> TakeNodes() { return std::move(nodes_); }
 
   uint32_t Add(SchemaNode n) {
+    if (nodes_.size() >= size_t(kMaxNodes))
+      throw Error(ErrorCode::kUnsupported, "schema compiles to more than " + std::to_string(kMaxNodes) + " nodes", {},
+                  Error::kNoOffset, "schema");
     nodes_.push_back(std::move(n));
     return uint32_t(nodes_.size() - 1);
   }
@@ -269,6 +272,8 @@ class Compiler {
       }
     }
     if (any_lits) alts.push_back(LiteralNode(lits, ptr, kw));
+    if (alts.size() > size_t(kMaxAlternatives))
+      Unsupported(kw, ptr, "more than " + std::to_string(kMaxAlternatives) + " alternatives");
     SchemaNode& un = nodes_[u];
     un.kind = NodeKind::kUnion;
     un.alts = alts;
@@ -661,7 +666,9 @@ CompiledSchema Finish(Compiler& c, uint32_t root) {
 }  // namespace
 
 CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) {
-  if (schema_json.size() > (64u << 20)) throw Error(ErrorCode::kInvalidArgument, "schema larger than 64 MiB");
+  if (schema_json.size() > kMaxSchemaBytes)
+    throw Error(ErrorCode::kInvalidArgument, "schema text is " + std::to_string(schema_json.size()) +
+                                                 " bytes, more than " + std::to_string(kMaxSchemaBytes));
   simdjson::dom::parser parser;
   simdjson::padded_string padded(schema_json);
   element doc;

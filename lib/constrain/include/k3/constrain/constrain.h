@@ -48,6 +48,9 @@ inline constexpr int kMaxFracDigits = 15;    // digits after the point
 inline constexpr int kMaxExpDigits = 3;      // exponent digits (unbounded numbers only)
 inline constexpr int kMaxProperties = 64;    // declared properties per object
 inline constexpr int kMaxLiterals = 64;      // enum values per enum
+inline constexpr int kMaxAlternatives = 64;  // anyOf / oneOf / type alternatives (after flattening)
+inline constexpr int kMaxNodes = 20000;      // compiled nodes per schema (bounds compile time and memory)
+inline constexpr size_t kMaxSchemaBytes = 4u << 20;  // schema text
 
 struct Schema {
   // Compiles a JSON Schema document (draft 2020-12 / 7 keywords of the subset).
