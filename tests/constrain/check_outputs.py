@@ -5,7 +5,10 @@ constrain_drive produced must (1) be valid UTF-8, (2) parse as strict JSON,
 schema with python3-jsonschema (Debian's package, an implementation independent
 of k3). json_object runs must give an object. Exits 1 listing every failure.
 
-    check_outputs.py SCHEMAS_JSON OUTPUTS_JSONL MIN_RUNS
+    check_outputs.py SCHEMAS_JSON OUTPUTS_JSONL MIN_RUNS [compact|python]
+
+python: instead of compact, the separators must be exactly Python json.dumps's
+(", " and ": ", no other whitespace outside strings).
 """
 import json
 import sys
@@ -30,8 +33,32 @@ def compact(text):
     return True
 
 
+def python_spaced(text):
+    in_str = esc = False
+    prev = ""
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "\t\r\n":
+            return False
+        elif ch == " " and prev not in (",", ":"):
+            return False
+        elif prev in (",", ":") and ch != " ":
+            return False
+        prev = ch if not in_str or ch == '"' else ""
+    return True
+
+
 def main():
     schemas_path, outputs_path, min_runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    mode = sys.argv[4] if len(sys.argv) > 4 else "compact"
     schemas = {e["name"]: e["schema"] for e in json.load(open(schemas_path, encoding="utf-8"))}
     failures, checked, seen = [], 0, set()
     with open(outputs_path, "rb") as f:
@@ -52,7 +79,10 @@ def main():
             except ValueError as e:
                 failures.append(f"{name} run {rec['run']}: does not parse ({e}): {text!r}")
                 continue
-            if not compact(text) or "\n" in text or "\t" in text:
+            if mode == "python":
+                if not python_spaced(text):
+                    failures.append(f"{name} run {rec['run']}: separators are not json.dumps's: {text!r}")
+            elif not compact(text) or "\n" in text or "\t" in text:
                 failures.append(f"{name} run {rec['run']}: not compact: {text!r}")
             schema = schemas[name]
             if schema is None:

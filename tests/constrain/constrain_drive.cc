@@ -7,7 +7,8 @@
 // or "ok":false with "error". The checker (check_outputs.py) parses and
 // validates every text with python3-jsonschema, an independent implementation.
 //
-//   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED
+//   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]
+// (python: Format::python_separators, the spelling of XTML tool arguments)
 #include <simdjson.h>
 
 #include <cstdio>
@@ -31,8 +32,8 @@ constexpr int kFreeSteps = 48;
 constexpr int kMaxSteps = 5000;
 
 std::string Drive(const constrain::CompiledSchema& schema, const constrain::Vocabulary& vocab,
-                  std::mt19937_64& rng, int& steps) {
-  constrain::TokenConstraint c(schema, vocab);
+                  constrain::Format format, std::mt19937_64& rng, int& steps) {
+  constrain::TokenConstraint c(schema, vocab, format);
   std::vector<uint64_t> mask;
   std::vector<uint32_t> allowed, closers;
   for (steps = 0; steps < kMaxSteps; ++steps) {
@@ -62,9 +63,18 @@ std::string Drive(const constrain::CompiledSchema& schema, const constrain::Voca
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]\n");
     return 2;
+  }
+  constrain::Format format;
+  if (argc == 6) {
+    std::string mode = argv[5];
+    if (mode != "compact" && mode != "python") {
+      std::fprintf(stderr, "constrain_drive: mode must be compact or python\n");
+      return 2;
+    }
+    format.python_separators = mode == "python";
   }
   try {
     tok::Tokenizer tokenizer = tok::Tokenizer::LoadDirOrThrow(argv[1]);
@@ -89,7 +99,7 @@ int main(int argc, char** argv) {
                                                            : constrain::Schema::CompileOrThrow(simdjson::minify(sch));
           std::mt19937_64 rng(seed * 1000003u + std::hash<std::string>{}(name) + uint64_t(r));
           int steps = 0;
-          std::string out = Drive(schema, vocab, rng, steps);
+          std::string out = Drive(schema, vocab, format, rng, steps);
           j.Field("ok", true);
           j.Key("text");
           std::string quoted;

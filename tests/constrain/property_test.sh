@@ -11,12 +11,18 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d /tmp/k3_constrain_prop.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 /usr/bin/python3 -c "import jsonschema" || { echo "FAIL: python3-jsonschema is missing (scripts/install-deps.sh)"; exit 1; }
-set +e
-"$DRIVE" "$MODEL" "$HERE/schemas.json" "$RUNS" 16 > "$WORK/out.jsonl"
-rc=$?
-set -e
 nschemas=$(/usr/bin/python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))))" "$HERE/schemas.json")
-# The checker reports generator failures (rc != 0) line by line too.
-/usr/bin/python3 "$HERE/check_outputs.py" "$HERE/schemas.json" "$WORK/out.jsonl" $((nschemas * RUNS))
-if [ "$rc" -ne 0 ]; then echo "FAIL: constrain_drive exited $rc"; exit 1; fi
+# Compact JSON (response_format, json blocks) RUNS times per schema, and once in
+# the spelling of XTML tool arguments (Python json.dumps separators).
+for mode in compact python; do
+  runs=$RUNS
+  [ "$mode" = python ] && runs=1
+  set +e
+  "$DRIVE" "$MODEL" "$HERE/schemas.json" "$runs" 16 "$mode" > "$WORK/out-$mode.jsonl"
+  rc=$?
+  set -e
+  # The checker reports generator failures (rc != 0) line by line too.
+  /usr/bin/python3 "$HERE/check_outputs.py" "$HERE/schemas.json" "$WORK/out-$mode.jsonl" $((nschemas * runs)) "$mode"
+  if [ "$rc" -ne 0 ]; then echo "FAIL: constrain_drive ($mode) exited $rc"; exit 1; fi
+done
 echo "property_test: OK"

@@ -540,3 +540,95 @@ TEST_CASE("length-limited strings with long tokens: the mask equals the direct c
     CHECK(x_tokens == uint32_t(std::max(0, std::min(39, 30 - fill - 1))));  // "xx".. up to 30 - fill characters
   }
 }
+
+namespace {
+bool AcceptsFmt(std::string_view schema, std::string_view text, k3::constrain::Format f) {
+  TokenConstraint c(Schema::CompileOrThrow(schema), Bytes(), f);
+  return c.AdvanceBytes(text) && c.Accepting();
+}
+bool PrefixFmt(std::string_view schema, std::string_view text, k3::constrain::Format f) {
+  TokenConstraint c(Schema::CompileOrThrow(schema), Bytes(), f);
+  return c.AdvanceBytes(text);
+}
+}  // namespace
+
+TEST_CASE("Format: Python json.dumps separators (XTML non-string arguments)") {
+  k3::constrain::Format py;
+  py.python_separators = true;
+  const char* s = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"enum":[{"k":[1,2]},"x"]}}},"required":["a"]})";
+  CHECK(AcceptsFmt(s, R"({"a": 1, "b": [{"k": [1, 2]}, "x"]})", py));
+  CHECK(AcceptsFmt(s, R"({"b": [], "a": -3})", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a":1)", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a": 1,"b")", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a":  1)", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a": 1, "b": [{"k":[1,2]})", py));  // literals in Python spelling too
+  CHECK_FALSE(PrefixFmt(s, R"({ "a": 1})", py));
+  CHECK(AcceptsFmt(R"({"type":"array"})", R"([1, {"x": [true, null]}, "a, b: c"])", py));
+  CHECK(Accepts(s, R"({"a":1,"b":[{"k":[1,2]}]})"));  // the default stays compact
+}
+
+TEST_CASE("Format: raw top-level strings (XTML string arguments)") {
+  k3::constrain::Format raw;
+  raw.raw_top_string = true;
+  const char* s = R"({"type":"string","maxLength":6})";
+  CHECK(AcceptsFmt(s, "a\"b\\c\n", raw));          // quotes, backslashes, newlines are content
+  CHECK(AcceptsFmt(s, "\xe4\xbd\xa0\xe5\xa5\xbd", raw));
+  CHECK(AcceptsFmt(s, "", raw));                     // empty, minLength 0
+  CHECK_FALSE(AcceptsFmt(R"({"type":"string","minLength":1})", "", raw));
+  CHECK_FALSE(PrefixFmt(s, "abcdefg", raw));
+  CHECK_FALSE(PrefixFmt(s, "a\x01", raw));
+  CHECK_FALSE(PrefixFmt(s, "\xc0\xaf", raw));
+  CHECK(PrefixFmt(s, "\xe4\xbd", raw));
+  CHECK_FALSE(AcceptsFmt(s, "\xe4\xbd", raw));      // a split character is not an end
+  const char* e = R"({"enum":["ab","abc","a\"q"]})";
+  CHECK(AcceptsFmt(e, "ab", raw));
+  CHECK(AcceptsFmt(e, "abc", raw));
+  CHECK(AcceptsFmt(e, "a\"q", raw));
+  CHECK_FALSE(AcceptsFmt(e, "a", raw));
+  CHECK_FALSE(PrefixFmt(e, "abd", raw));
+  CHECK_FALSE(PrefixFmt(e, "\"ab\"", raw));
+  CHECK_THROWS_AS(TokenConstraint(Schema::CompileOrThrow(R"({"type":"integer"})"), Bytes(), raw), k3::Error);
+  CHECK_THROWS_AS(TokenConstraint(Schema::CompileOrThrow(R"({"enum":["a",1]})"), Bytes(), raw), k3::Error);
+}
+
+TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  const std::string alphabet = "\\\":, []{}ax1\n\x01\xe4\xbd\xa0";
+  std::mt19937_64 rng(9);
+  std::set<std::string> seen(t.begin(), t.end());
+  while (t.size() < 4000) {
+    std::string s;
+    size_t len = 2 + rng() % 6;
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  Vocabulary v(std::move(t), 4000);
+  struct Case { const char* schema; bool raw; const char* prefixes[4]; };
+  const Case cases[] = {
+      {R"({"type":"string"})", true, {"", "a", "a\xe4", "a\"\\"}},
+      {R"({"type":"string","maxLength":5})", true, {"", "abc", "ab\xe4\xbd", "abcde"}},
+      {R"({"enum":["a, b","a\n","xx"]})", true, {"", "a", "a,", "x"}},
+      {R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}},"b":{"type":"string"}}})", false,
+       {"{", "{\"a\": [1", "{\"a\": [1,", "{\"a\": [1], \"b\": \"x"}},
+  };
+  for (const Case& c : cases) {
+    k3::constrain::Format f;
+    f.raw_top_string = c.raw;
+    f.python_separators = !c.raw;
+    auto s = Schema::CompileOrThrow(c.schema);
+    for (const char* p : c.prefixes) {
+      TokenConstraint tc(s, v, f);
+      REQUIRE_MESSAGE(tc.AdvanceBytes(p), p);
+      std::vector<uint64_t> mask;
+      tc.AllowedMask(mask);
+      TokenConstraint direct(s, v, f);
+      REQUIRE(direct.AdvanceBytes(p));
+      for (uint32_t id = 0; id < v.vocab_size(); ++id)
+        if (Bit(mask, id) != direct.Allowed(id)) {
+          FAIL_CHECK("token " << id << " after '" << p << "' in " << c.schema);
+          break;
+        }
+    }
+  }
+}

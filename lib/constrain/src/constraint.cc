@@ -113,10 +113,11 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
       const std::string& t = v.tokens[id];
       if (t.empty()) continue;
       StrLexState s = StayKeyState(l);
+      const bool raw = l >= kNumJsonStayKeys;
       uint32_t chars = 0;
       bool ok = true;
       for (char c : t) {
-        StrStep r = StrLexStep(s, uint8_t(c));
+        StrStep r = StrLexStep(s, uint8_t(c), raw);
         if (r == StrStep::kFail || r == StrStep::kClose) { ok = false; break; }
         if (r == StrStep::kNewChar) ++chars;
       }
@@ -158,8 +159,13 @@ std::string_view Vocabulary::TokenBytes(uint32_t id) const {
 constexpr size_t kMaxStates = 32;
 
 struct TokenConstraint::Impl {
-  Impl(const CompiledSchema& s, const Vocabulary& v)
-      : schema(&s.impl()), vocab(&v.impl()), matcher(*schema, arena) {
+  Impl(const CompiledSchema& s, const Vocabulary& v, Format f)
+      : keep(s), schema(&keep.impl()), vocab(&v.impl()), format(f), matcher(*schema, arena, f) {
+    if (format.raw_top_string) {
+      const SchemaNode& root = schema->nodes[schema->root];
+      if (root.kind != NodeKind::kString && !(root.kind == NodeKind::kLiterals && root.raw_ok))
+        throw Error(ErrorCode::kInvalidArgument, "raw_top_string needs a string schema (or an enum of strings)");
+    }
     Reset();
   }
   void Reset() {
@@ -217,8 +223,10 @@ struct TokenConstraint::Impl {
   void ComputeMask();
   void WalkFrom(const State& start);
 
+  CompiledSchema keep;  // shares the nodes: the constraint keeps its schema alive
   const CompiledSchema::Impl* schema;
   const Vocabulary::Impl* vocab;
+  Format format;
   mutable std::vector<Frame> arena;
   mutable Matcher matcher;
   std::vector<State> states;  // the committed configuration
@@ -241,42 +249,56 @@ void TokenConstraint::Impl::ComputeMask() {
   mask_valid = true;
 }
 
+// ORs in the tokens that stay inside a string from lexer class `key` with
+// `left` code points still allowed (kUnbounded: no limit).
+static void OrStayingTokens(const Vocabulary::Impl& v, int key, uint32_t left, std::vector<uint64_t>& mask) {
+  constexpr uint32_t kShort = Vocabulary::Impl::kShortChars;
+  const std::vector<uint64_t>* set = nullptr;
+  if (left == kUnbounded) set = &v.stay_mask[key];
+  else if (key == kStrPlain && left < kShort) set = &v.plain_upto[left];
+  if (set) {
+    for (size_t w = 0; w < v.words; ++w) mask[w] |= (*set)[w];
+    return;
+  }
+  const uint16_t* chars = v.stay_chars[key].data();
+  if (key == kStrPlain) {
+    const std::vector<uint64_t>& upto = v.plain_upto[kShort - 1];
+    for (size_t w = 0; w < v.words; ++w) mask[w] |= upto[w];
+    for (uint32_t id : v.plain_long)
+      if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+    return;
+  }
+  // Other classes keep few tokens (they must continue a character or an
+  // escape), or are raw strings with a limit: visit only the staying ones.
+  const std::vector<uint64_t>& stay = v.stay_mask[key];
+  for (size_t w = 0; w < v.words; ++w)
+    for (uint64_t b = stay[w]; b; b &= b - 1) {
+      size_t id = w * 64 + size_t(std::countr_zero(b));
+      if (chars[id] <= left) mask[w] |= uint64_t{1} << (id % 64);
+    }
+}
+
 void TokenConstraint::Impl::WalkFrom(const State& start) {
   const Vocabulary::Impl& v = *vocab;
   const Frame& top = matcher.top(start);
   bool shortcut = false;
+  if (top.node == kRootNode && top.phase == 0 && format.raw_top_string &&
+      schema->nodes[schema->root].kind == NodeKind::kString) {
+    // A raw string never ends by itself: the staying tokens are all of them.
+    const SchemaNode& n = schema->nodes[schema->root];
+    OrStayingTokens(v, RawStayKey(kStrPlain), n.max_len, mask);
+    return;
+  }
   if (top.node != kRootNode) {
     const SchemaNode& n = matcher.node(top.node);
     if (n.kind == NodeKind::kString) {
+      const uint32_t left = n.max_len == kUnbounded ? kUnbounded : n.max_len - top.count;
+      if (top.phase == Matcher::kRawPhase) {
+        OrStayingTokens(v, RawStayKey(top.lex), left, mask);
+        return;
+      }
       shortcut = true;
-      const int key = StayKey(StrLexState{top.lex, top.pos});
-      const std::vector<uint64_t>* set = nullptr;
-      if (n.max_len == kUnbounded) {
-        set = &v.stay_mask[key];
-      } else if (key == kStrPlain && n.max_len - top.count < Vocabulary::Impl::kShortChars) {
-        set = &v.plain_upto[n.max_len - top.count];
-      }
-      if (set) {
-        for (size_t w = 0; w < v.words; ++w) mask[w] |= (*set)[w];
-      } else {
-        const uint32_t left = n.max_len - top.count;
-        const uint16_t* chars = v.stay_chars[key].data();
-        if (key == kStrPlain) {
-          const std::vector<uint64_t>& upto = v.plain_upto[Vocabulary::Impl::kShortChars - 1];
-          for (size_t w = 0; w < v.words; ++w) mask[w] |= upto[w];
-          for (uint32_t id : v.plain_long)
-            if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
-        } else {
-          // Other lexer states keep few tokens (they must continue a character
-          // or an escape): visit only those.
-          const std::vector<uint64_t>& stay = v.stay_mask[key];
-          for (size_t w = 0; w < v.words; ++w)
-            for (uint64_t b = stay[w]; b; b &= b - 1) {
-              size_t id = w * 64 + size_t(std::countr_zero(b));
-              if (chars[id] <= left) mask[w] |= uint64_t{1} << (id % 64);
-            }
-        }
-      }
+      OrStayingTokens(v, StayKey(StrLexState{top.lex, top.pos}), left, mask);
     }
   }
   const size_t levels = size_t(v.max_depth) + 1;
@@ -305,8 +327,8 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   }
 }
 
-TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab)
-    : impl_(std::make_unique<Impl>(schema, vocab)) {}
+TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab, Format format)
+    : impl_(std::make_unique<Impl>(schema, vocab, format)) {}
 TokenConstraint::~TokenConstraint() = default;
 TokenConstraint::TokenConstraint(TokenConstraint&&) noexcept = default;
 TokenConstraint& TokenConstraint::operator=(TokenConstraint&&) noexcept = default;

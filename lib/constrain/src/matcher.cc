@@ -11,8 +11,10 @@
 namespace k3::constrain {
 namespace {
 
-enum ObjPhase : uint8_t { kObjOpen, kObjKey, kObjAfterKey, kObjValue, kObjAfterValue, kObjComma };
-enum ArrPhase : uint8_t { kArrOpen, kArrAfterValue, kArrComma };
+// The *Space phases expect the space of Python's separators (", " and ": ").
+enum ObjPhase : uint8_t { kObjOpen, kObjKey, kObjAfterKey, kObjValue, kObjAfterValue, kObjComma,
+                          kObjCommaSpace, kObjColonSpace };
+enum ArrPhase : uint8_t { kArrOpen, kArrAfterValue, kArrComma, kArrCommaSpace };
 enum NumLex : uint8_t { kN0, kNMinus, kNZero, kNInt, kNDot, kNFrac, kNE, kNESign, kNExp };
 
 // Digits of a bounded number, before and after the point together: the value is
@@ -77,6 +79,16 @@ void Matcher::Step(State s, uint8_t b, std::vector<State>& out) {
     if (f.node == kRootNode) {
       if (f.phase != 0) return;
       Modify(s).phase = 1;
+      if (format_.raw_top_string) {
+        // The first byte is already content: no opening quote.
+        Frame v;
+        v.node = root_;
+        v.phase = kRawPhase;
+        const SchemaNode& n = nodes_[root_];
+        if (n.kind == NodeKind::kLiterals) v.bits = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
+        Push(s, v);
+        continue;
+      }
       StartValue(s, root_, b, out);
       return;
     }
@@ -177,6 +189,14 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
       return R::kFail;
     case kObjComma:
       return b == '"' ? begin_key() : R::kFail;
+    case kObjCommaSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kObjComma;
+      return R::kDone;
+    case kObjColonSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kObjValue;
+      return R::kDone;
     case kObjKey: {
       uint64_t nb = 0;
       for (uint64_t c = f.bits2; c; c &= c - 1) {
@@ -204,7 +224,7 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
     }
     case kObjAfterKey:
       if (b != ':') return R::kFail;
-      Modify(s).phase = kObjValue;
+      Modify(s).phase = format_.python_separators ? kObjColonSpace : kObjValue;
       return R::kDone;
     case kObjValue: {
       uint32_t child = map ? uint32_t(n.map_value) : n.props[f.count].child;
@@ -215,7 +235,10 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
       return R::kOut;
     }
     case kObjAfterValue:
-      if (b == ',' && (map || unseen)) { Modify(s).phase = kObjComma; return R::kDone; }
+      if (b == ',' && (map || unseen)) {
+        Modify(s).phase = format_.python_separators ? kObjCommaSpace : kObjComma;
+        return R::kDone;
+      }
       if (b == '}' && (n.required_mask & ~f.bits) == 0) { Pop(s); return R::kDone; }
       return R::kFail;
   }
@@ -241,9 +264,16 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
       StartValue(s, n.items, b, out);
       return R::kOut;
     case kArrAfterValue:
-      if (b == ',' && f.count < n.max_items) { Modify(s).phase = kArrComma; return R::kDone; }
+      if (b == ',' && f.count < n.max_items) {
+        Modify(s).phase = format_.python_separators ? kArrCommaSpace : kArrComma;
+        return R::kDone;
+      }
       if (b == ']' && f.count >= n.min_items) { Pop(s); return R::kDone; }
       return R::kFail;
+    case kArrCommaSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kArrComma;
+      return R::kDone;
     case kArrComma: {
       Frame& m = Modify(s);
       m.phase = kArrAfterValue;
@@ -259,7 +289,7 @@ Matcher::R Matcher::StepString(State& s, uint8_t b) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
   StrLexState ls{f.lex, f.pos};
-  StrStep r = StrLexStep(ls, b);
+  StrStep r = StrLexStep(ls, b, f.phase == kRawPhase);
   if (r == StrStep::kFail) return R::kFail;
   if (r == StrStep::kClose) {
     if (f.count < n.min_len) return R::kFail;
@@ -405,29 +435,32 @@ bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
 }
 
 bool Matcher::LiteralEndOk(const SchemaNode& n, const Frame& f) const {
+  const std::vector<std::string>& lits = Literals(n, f);
   for (uint64_t c = f.bits; c; c &= c - 1)
-    if (n.literals[size_t(std::countr_zero(c))].size() == f.pos) return true;
+    if (lits[size_t(std::countr_zero(c))].size() == f.pos) return true;
   return false;
 }
 
 Matcher::R Matcher::StepLiterals(State& s, uint8_t b) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
+  const std::vector<std::string>& lits = Literals(n, f);
   uint64_t nb = 0;
   for (uint64_t c = f.bits; c; c &= c - 1) {
     int i = std::countr_zero(c);
-    const std::string& lit = n.literals[size_t(i)];
+    const std::string& lit = lits[size_t(i)];
     if (f.pos < lit.size() && uint8_t(lit[f.pos]) == b) nb |= uint64_t{1} << i;
   }
   if (!nb) {
-    // A number literal ends at the first byte that does not continue it.
-    if (!LiteralEndOk(n, f)) return R::kFail;
+    // A number literal ends at the first byte that does not continue it (a raw
+    // one only where the caller ends it).
+    if (f.phase == kRawPhase || !LiteralEndOk(n, f)) return R::kFail;
     Pop(s);
     return R::kReprocess;
   }
   uint16_t pos = uint16_t(f.pos + 1);
-  for (uint64_t c = nb; c; c &= c - 1) {
-    const std::string& lit = n.literals[size_t(std::countr_zero(c))];
+  for (uint64_t c = nb; c && f.phase != kRawPhase; c &= c - 1) {
+    const std::string& lit = lits[size_t(std::countr_zero(c))];
     // A complete literal that does not end in a digit cannot be extended.
     if (lit.size() == pos && !IsDigit(uint8_t(lit.back()))) { Pop(s); return R::kDone; }
   }
@@ -439,11 +472,20 @@ Matcher::R Matcher::StepLiterals(State& s, uint8_t b) {
 
 bool Matcher::Accepting(const State& s) const {
   const Frame& f = arena_[size_t(s.top)];
+  if (f.node == kRootNode && f.phase == 0 && format_.raw_top_string) {
+    // The empty raw string.
+    const SchemaNode& n = nodes_[root_];
+    if (n.kind == NodeKind::kString) return n.min_len == 0;
+    for (const std::string& l : n.literals_raw)
+      if (l.empty()) return true;
+    return false;
+  }
   if (f.node == kRootNode) return f.phase == 1;
   if (f.parent < 0 || arena_[size_t(f.parent)].node != kRootNode) return false;
   const SchemaNode& n = nodes_[f.node];
   if (n.kind == NodeKind::kNumber) return NumberEndOk(n, f);
   if (n.kind == NodeKind::kLiterals) return LiteralEndOk(n, f);
+  if (n.kind == NodeKind::kString && f.phase == kRawPhase) return f.lex == kStrPlain && f.count >= n.min_len;
   return false;
 }
 

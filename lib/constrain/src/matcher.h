@@ -38,8 +38,11 @@ struct State {
 
 class Matcher {
  public:
-  Matcher(const CompiledSchema::Impl& schema, std::vector<Frame>& arena)
-      : nodes_(schema.nodes), root_(schema.root), arena_(arena) {}
+  Matcher(const CompiledSchema::Impl& schema, std::vector<Frame>& arena, Format format = {})
+      : nodes_(schema.nodes), root_(schema.root), arena_(arena), format_(format) {}
+
+  // Frame::phase of a raw (Format::raw_top_string) string or literal frame.
+  static constexpr uint8_t kRawPhase = 1;
 
   // A fresh state (root frame appended to the arena).
   State Start();
@@ -73,9 +76,14 @@ class Matcher {
   bool NumberEndOk(const SchemaNode& n, const Frame& f) const;
   bool LiteralEndOk(const SchemaNode& n, const Frame& f) const;
 
+  const std::vector<std::string>& Literals(const SchemaNode& n, const Frame& f) const {
+    return f.phase == kRawPhase ? n.literals_raw : format_.python_separators ? n.literals_py : n.literals;
+  }
+
   const std::vector<SchemaNode>& nodes_;
   uint32_t root_;
   std::vector<Frame>& arena_;
+  Format format_;
 };
 
 }  // namespace k3::constrain

@@ -72,19 +72,20 @@ std::string Where(const std::string& ptr) { return ptr.empty() ? "/" : ptr; }
   throw Error(ErrorCode::kInvalidArgument, "schema at " + Where(ptr) + " can match nothing: " + why);
 }
 
-// Compact JSON text of a value (enum/const literals): keys in document order,
-// strings with the minimal escapes, numbers in the shortest round-trip form.
-void AppendCompact(std::string& out, element e) {
+// JSON text of a value (enum/const literals): keys in document order, strings
+// with the minimal escapes, numbers in the shortest round-trip form; compact, or
+// with Python json.dumps's ", " and ": " separators.
+void AppendValue(std::string& out, element e, bool python) {
   switch (e.type()) {
     case element_type::OBJECT: {
       out += '{';
       bool first = true;
       for (auto field : object(e)) {
-        if (!first) out += ',';
+        if (!first) out += python ? ", " : ",";
         first = false;
         AppendJsonString(out, field.key, InvalidUtf8::kPassThrough);
-        out += ':';
-        AppendCompact(out, field.value);
+        out += python ? ": " : ":";
+        AppendValue(out, field.value, python);
       }
       out += '}';
       break;
@@ -93,9 +94,9 @@ void AppendCompact(std::string& out, element e) {
       out += '[';
       bool first = true;
       for (element v : simdjson::dom::array(e)) {
-        if (!first) out += ',';
+        if (!first) out += python ? ", " : ",";
         first = false;
-        AppendCompact(out, v);
+        AppendValue(out, v, python);
       }
       out += ']';
       break;
@@ -115,6 +116,7 @@ void AppendCompact(std::string& out, element e) {
     case element_type::NULL_VALUE: out += "null"; break;
   }
 }
+void AppendCompact(std::string& out, element e) { AppendValue(out, e, false); }
 
 // Which JSON type a compact literal text has ("integer" counts as "number" too).
 bool LiteralHasType(const std::string& lit, std::string_view type) {
@@ -195,7 +197,24 @@ class Compiler {
     SchemaNode n;
     n.kind = NodeKind::kLiterals;
     n.literals = std::move(uniq);
-    for (auto& l : n.literals) n.first[uint8_t(l[0])] = true;
+    n.raw_ok = true;
+    for (auto& l : n.literals) {
+      n.first[uint8_t(l[0])] = true;
+      // The other spellings, from the compact text (valid JSON by construction).
+      simdjson::padded_string padded(l);
+      element v;
+      if (literal_parser_.parse(padded).get(v) != simdjson::SUCCESS)
+        throw Error(ErrorCode::kInternal, "literal does not parse: " + l);
+      std::string py;
+      AppendValue(py, v, true);
+      n.literals_py.push_back(std::move(py));
+      if (v.type() == element_type::STRING) {
+        n.literals_raw.emplace_back(std::string_view(v));
+      } else {
+        n.literals_raw.emplace_back();
+        n.raw_ok = false;
+      }
+    }
     return Add(std::move(n));
   }
 
@@ -654,6 +673,7 @@ class Compiler {
   int32_t any_ = -1;
   std::map<std::string, uint32_t> refs_;
   std::set<std::string> in_progress_;
+  simdjson::dom::parser literal_parser_;
 };
 
 CompiledSchema Finish(Compiler& c, uint32_t root) {

@@ -49,8 +49,11 @@ struct SchemaNode {
   int64_t ilo = std::numeric_limits<int64_t>::min(), ihi = std::numeric_limits<int64_t>::max();
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
   bool lo_excl = false, hi_excl = false;
-  // kLiterals
-  std::vector<std::string> literals;
+  // kLiterals: each value's compact JSON text, its Python json.dumps form
+  // (", " and ": " separators), and for strings the raw value (no quotes or
+  // escapes; empty with raw_ok false for other types)
+  std::vector<std::string> literals, literals_py, literals_raw;
+  bool raw_ok = false;  // every literal is a string
   // kUnion: the alternatives (never unions themselves; literal ones merged)
   std::vector<uint32_t> alts;
   // every kind: the bytes a value of this node may start with
@@ -91,8 +94,9 @@ enum class StrStep : int8_t { kFail = -1, kMore = 0, kNewChar = 1, kClose = 2 };
 
 // One byte inside a JSON string. kNewChar: a code point starts at this byte
 // (what maxLength counts; a surrogate pair counts once). kClose: the closing
-// quote (only in kStrPlain).
-inline StrStep StrLexStep(StrLexState& s, uint8_t b) {
+// quote (only in kStrPlain). `raw`: a raw string (no quotes, no escapes: any
+// valid UTF-8 but control characters other than tab, LF and CR).
+inline StrStep StrLexStep(StrLexState& s, uint8_t b, bool raw = false) {
   auto hexval = [](uint8_t c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -101,6 +105,10 @@ inline StrStep StrLexStep(StrLexState& s, uint8_t b) {
   };
   switch (s.lex) {
     case kStrPlain:
+      if (raw) {
+        if (b < 0x20 && b != '\t' && b != '\n' && b != '\r') return StrStep::kFail;
+        if (b < 0x80) return StrStep::kNewChar;
+      }
       if (b == '"') return StrStep::kClose;
       if (b == '\\') { s.lex = kStrEsc; return StrStep::kNewChar; }
       if (b < 0x20) return StrStep::kFail;
@@ -176,7 +184,10 @@ inline StrStep StrLexStep(StrLexState& s, uint8_t b) {
 // and, in \uXXXX escapes, only on whether the digits so far are a high
 // surrogate's (or a low one's). StayKey() names each behaviour class, so the
 // vocabulary keeps one "tokens that stay in the string" set per class.
-inline constexpr int kNumStayKeys = 23;
+// Raw strings (Format::raw_top_string) add one class per plain state.
+inline constexpr int kNumJsonStayKeys = 23;
+inline constexpr int kNumStayKeys = kNumJsonStayKeys + kNumPlainStrLex;
+inline int RawStayKey(uint8_t lex) { return kNumJsonStayKeys + lex; }
 
 inline int StayKey(const StrLexState& s) {
   switch (s.lex) {
@@ -195,9 +206,10 @@ inline int StayKey(const StrLexState& s) {
   }
 }
 
-// A state of each class (inverse of StayKey).
+// A state of each class (inverse of StayKey and RawStayKey).
 inline StrLexState StayKeyState(int key) {
   if (key < kNumPlainStrLex) return {uint8_t(key), 0};
+  if (key >= kNumJsonStayKeys) return {uint8_t(key - kNumJsonStayKeys), 0};
   switch (key - kNumPlainStrLex) {
     case 0: return {kStrEsc, 0};
     case 1: return {kStrHex0, 0};

@@ -4,8 +4,9 @@
 //
 // Ownership and threads: a CompiledSchema and a Vocabulary are immutable after
 // construction and may be shared by any number of threads and constraints. A
-// TokenConstraint holds one generation's state (it keeps pointers to both, which
-// must outlive it) and is not thread-safe.
+// TokenConstraint holds one generation's state; it shares its schema's nodes
+// (keeping them alive) and points to the Vocabulary, which must outlive it. It
+// is not thread-safe.
 // Failures: Schema::CompileOrThrow throws k3::Error — kCorrupt for text that is
 // not JSON or not a schema, kUnsupported naming the keyword and the JSON pointer
 // for a schema that needs what k3 does not constrain (docs/constrain.md lists the
@@ -85,12 +86,25 @@ class Vocabulary {
   std::unique_ptr<Impl> impl_;
 };
 
+// How the value is spelled. The default is compact JSON (response_format,
+// json blocks). K3's XTML tool arguments (docs/tokenizer.md) spell non-string
+// values as Python json.dumps text and string values raw.
+struct Format {
+  // ", " and ": " between elements, as Python's json.dumps writes them.
+  bool python_separators = false;
+  // A top-level string (or enum of strings) is written raw: no quotes, no
+  // escapes, any valid UTF-8 except control characters other than tab/LF/CR.
+  // It never ends by itself: Accepting() says when the caller may end it.
+  // TokenConstraint throws kInvalidArgument when the schema is not a string.
+  bool raw_top_string = false;
+};
+
 // One generation's constraint. Typical use per step (docs/constrain.md):
 //   c.AllowedMask(bits); mask logits where the bit is 0; sample id;
 //   c.Advance(id); stop when c.Complete() (or force EOS once c.Accepting()).
 class TokenConstraint {
  public:
-  TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab);
+  TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab, Format format = {});
   ~TokenConstraint();
   TokenConstraint(TokenConstraint&&) noexcept;
   TokenConstraint& operator=(TokenConstraint&&) noexcept;
