@@ -1,5 +1,6 @@
 // libFuzzer harness for lib/constrain: a request's JSON Schema is network input.
-// Input: schema text, a NUL byte, then output bytes to drive the constraint.
+// Input: schema text, a NUL byte, a format byte (bit 0: Python separators,
+// bit 1: raw top-level string), then output bytes to drive the constraint.
 // Checks: compiling either succeeds or throws k3::Error (nothing else, no
 // crash); after every fed byte, the mask over a byte vocabulary equals feeding
 // each byte directly, and Accepting() implies the text so far is a prefix the
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t nul = in.find('\0');
   std::string_view schema_text = in.substr(0, nul);
   std::string_view drive = nul == std::string_view::npos ? std::string_view{} : in.substr(nul + 1);
+  k3::constrain::Format format;
+  if (!drive.empty()) {
+    format.python_separators = drive[0] & 1;
+    format.raw_top_string = drive[0] & 2;
+    drive.remove_prefix(1);
+  }
   std::vector<k3::constrain::CompiledSchema> schemas;
   try {
     schemas.push_back(k3::constrain::Schema::CompileOrThrow(schema_text));
@@ -46,10 +54,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& vocab = ByteVocab();
   std::vector<uint64_t> mask;
   for (const auto& schema : schemas) {
-    k3::constrain::TokenConstraint c(schema, vocab);
-    for (size_t i = 0; i < drive.size() && i < 512; ++i) {
+    std::unique_ptr<k3::constrain::TokenConstraint> cp;
+    try {
+      cp = std::make_unique<k3::constrain::TokenConstraint>(schema, vocab, format);
+    } catch (const k3::Error&) {
+      continue;  // raw_top_string with a schema that is not a string
+    }
+    k3::constrain::TokenConstraint& c = *cp;
+    for (size_t i = 0; i < drive.size() && i < 256; ++i) {
       c.AllowedMask(mask);
-      k3::constrain::TokenConstraint direct(schema, vocab);
+      k3::constrain::TokenConstraint direct(schema, vocab, format);
       if (!direct.AdvanceBytes(c.text())) Fail("the text so far is refused", c.text());
       for (uint32_t b = 0; b < 256; ++b)
         if (((mask[b / 64] >> (b % 64)) & 1) != direct.Allowed(b)) Fail("mask differs from the direct check", c.text());
