@@ -158,17 +158,22 @@ MaskStats MaskRuns(const constrain::CompiledSchema& schema, const constrain::Voc
   return st;
 }
 
+// The fields every line of this bench opens with.
+void BeginLine(JsonWriter& j, const char* what) {
+  j.BeginObject();
+  j.Field("bench", "constrain");
+  j.Field("what", what);
+  j.Field("git_sha", SourceRevision());
+  j.Field("cpu", CpuModel());
+}
+
 void RunConstrainBench(const ConstrainBenchArgs& args) {
   if (args.runs < 5) throw Error(ErrorCode::kInvalidArgument, "--runs must be >= 5 (medians of at least 5)");
   std::vector<double> decode = DecodeRuns(args);
   double decode_med = Median(decode);
   {
     JsonWriter j;
-    j.BeginObject();
-    j.Field("bench", "constrain");
-    j.Field("what", "decode_step");
-    j.Field("git_sha", SourceRevision());
-    j.Field("cpu", CpuModel());
+    BeginLine(j, "decode_step");
     j.Field("isa", std::string(quant::IsaName(quant::ActiveIsa())));
     j.Field("threads", int64_t{omp_get_max_threads()});
     j.Field("model", args.model_dir);
@@ -200,11 +205,7 @@ void RunConstrainBench(const ConstrainBenchArgs& args) {
       Percentiles mp = Summarize(st.mask_s), ap = Summarize(st.advance_s), cp = Summarize(st.mask_cpu_s);
       double med = Median(st.run_mean_mask_s);
       JsonWriter j;
-      j.BeginObject();
-      j.Field("bench", "constrain");
-      j.Field("what", "mask");
-      j.Field("git_sha", SourceRevision());
-      j.Field("cpu", CpuModel());
+      BeginLine(j, "mask");
       j.Field("threads", int64_t{1});
       j.Field("vocab", dir);
       j.Field("num_ranks", uint64_t(vocab.num_ranks()));

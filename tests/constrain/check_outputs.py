@@ -16,26 +16,9 @@ import sys
 import jsonschema
 
 
-def compact(text):
+def outside_strings(text):
+    """(index, char) of every character outside JSON strings (quotes included)."""
     in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in " \t\r\n":
-            return False
-    return True
-
-
-def python_spaced(text):
-    in_str = esc = False
-    prev = ""
     for i, ch in enumerate(text):
         if in_str:
             if esc:
@@ -44,15 +27,24 @@ def python_spaced(text):
                 esc = True
             elif ch == '"':
                 in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "\t\r\n":
+                yield i, ch
+        else:
+            if ch == '"':
+                in_str = True
+            yield i, ch
+
+
+def compact(text):
+    return not any(ch in " \t\r\n" for _, ch in outside_strings(text))
+
+
+def python_spaced(text):
+    """Separators exactly as Python's json.dumps writes them: ", " and ": "."""
+    prev = ""
+    for _, ch in outside_strings(text):
+        if ch in "\t\r\n" or (ch == " ") != (prev in (",", ":")):
             return False
-        elif ch == " " and prev not in (",", ":"):
-            return False
-        elif prev in (",", ":") and ch != " ":
-            return False
-        prev = ch if not in_str or ch == '"' else ""
+        prev = ch
     return True
 
 

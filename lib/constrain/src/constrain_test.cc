@@ -66,11 +66,11 @@ bool Bit(const std::vector<uint64_t>& m, uint32_t id) { return (m[id / 64] >> (i
 // The mask must equal "this token's bytes keep the output a valid prefix",
 // computed by a second constraint that never builds a mask.
 void CheckMaskAgainstDirect(const CompiledSchema& s, const Vocabulary& v, const std::string& text,
-                            TokenConstraint& c) {
+                            TokenConstraint& c, k3::constrain::Format format = {}) {
   std::vector<uint64_t> mask;
   c.AllowedMask(mask);
   REQUIRE(mask.size() == (v.vocab_size() + 63) / 64);
-  TokenConstraint direct(s, v);
+  TokenConstraint direct(s, v, format);
   REQUIRE(direct.AdvanceBytes(text));
   for (uint32_t id = 0; id < v.vocab_size(); ++id) {
     bool want = direct.Allowed(id);
@@ -80,6 +80,23 @@ void CheckMaskAgainstDirect(const CompiledSchema& s, const Vocabulary& v, const 
       return;
     }
   }
+}
+
+// All 256 bytes plus distinct random strings of 2..max_len bytes drawn from
+// `alphabet`, up to `size` tokens: tokens that straddle whatever the alphabet
+// holds (quotes, escapes, separators, pieces of characters).
+Vocabulary RandomVocab(const std::string& alphabet, size_t size, size_t max_len, uint64_t seed) {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  std::mt19937_64 rng(seed);
+  std::set<std::string> seen(t.begin(), t.end());
+  while (t.size() < size) {
+    std::string s;
+    size_t len = 2 + rng() % (max_len - 1);
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  return Vocabulary(std::move(t), uint32_t(size));
 }
 
 }  // namespace
@@ -485,18 +502,7 @@ TEST_CASE("inside escapes and split characters the mask equals the direct check"
   // A vocabulary of short random strings over the bytes that matter in strings
   // and escapes, so that tokens straddle \u digits, surrogate pairs, quotes
   // and UTF-8 sequences.
-  std::vector<std::string> t;
-  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
-  const std::string alphabet = "\\\"uUdDcCeEfF0189ab{}[],: x\xc3\xa9\xe4\xbd\xa0\xf0\x9f\x98\x80";
-  std::mt19937_64 rng(7);
-  std::set<std::string> seen(t.begin(), t.end());
-  while (t.size() < 6000) {
-    std::string s;
-    size_t len = 2 + rng() % 5;
-    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
-    if (seen.insert(s).second) t.push_back(s);
-  }
-  Vocabulary v(std::move(t), 6000);
+  Vocabulary v = RandomVocab("\\\"uUdDcCeEfF0189ab{}[],: x\xc3\xa9\xe4\xbd\xa0\xf0\x9f\x98\x80", 6000, 6, 7);
   const char* prefixes[] = {"\"", "\"\\", "\"\\u", "\"\\uD", "\"\\ud8", "\"\\uD83", "\"\\uD83D",
                             "\"\\uD83D\\", "\"\\uD83D\\u", "\"\\uD83D\\uD", "\"\\uD83D\\uDE", "\"\\uD83D\\uDE0",
                             "\"\\u0", "\"\\u00", "\"\\u00e", "\"\\uDB", "\"ab\xe4", "\"\xe4\xbd", "\"\xf0",
@@ -592,18 +598,7 @@ TEST_CASE("Format: raw top-level strings (XTML string arguments)") {
 }
 
 TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
-  std::vector<std::string> t;
-  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
-  const std::string alphabet = "\\\":, []{}ax1\n\x01\xe4\xbd\xa0";
-  std::mt19937_64 rng(9);
-  std::set<std::string> seen(t.begin(), t.end());
-  while (t.size() < 4000) {
-    std::string s;
-    size_t len = 2 + rng() % 6;
-    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
-    if (seen.insert(s).second) t.push_back(s);
-  }
-  Vocabulary v(std::move(t), 4000);
+  Vocabulary v = RandomVocab("\\\":, []{}ax1\n\x01\xe4\xbd\xa0", 4000, 7, 9);
   struct Case { const char* schema; bool raw; const char* prefixes[4]; };
   const Case cases[] = {
       {R"({"type":"string"})", true, {"", "a", "a\xe4", "a\"\\"}},
@@ -620,15 +615,7 @@ TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
     for (const char* p : c.prefixes) {
       TokenConstraint tc(s, v, f);
       REQUIRE_MESSAGE(tc.AdvanceBytes(p), p);
-      std::vector<uint64_t> mask;
-      tc.AllowedMask(mask);
-      TokenConstraint direct(s, v, f);
-      REQUIRE(direct.AdvanceBytes(p));
-      for (uint32_t id = 0; id < v.vocab_size(); ++id)
-        if (Bit(mask, id) != direct.Allowed(id)) {
-          FAIL_CHECK("token " << id << " after '" << p << "' in " << c.schema);
-          break;
-        }
+      CheckMaskAgainstDirect(s, v, p, tc, f);
     }
   }
 }
