@@ -369,6 +369,7 @@ TEST_CASE("deep nesting") {
   for (int i = 0; i < k3::constrain::kMaxDepth - 1; ++i)
     fits = R"({"type":"array","minItems":1,"items":)" + fits + "}";
   CHECK(CompileError(too_deep).code() == k3::ErrorCode::kUnsupported);
+  CHECK(CompileError(too_deep).object() == "schema");
   std::string fits_text = std::string(size_t(k3::constrain::kMaxDepth - 1), '[') + "1" +
                      std::string(size_t(k3::constrain::kMaxDepth - 1), ']');
   CHECK(Accepts(fits, fits_text));

@@ -302,7 +302,9 @@ class Compiler {
   }
 
   uint32_t Compile(element e, const std::string& ptr, int depth) {
-    if (depth >= kMaxDepth) Unsupported("properties", ptr, "schema nests deeper than " + std::to_string(kMaxDepth));
+    if (depth >= kMaxDepth)
+      throw Error(ErrorCode::kUnsupported, "schema at " + Where(ptr) + " nests deeper than " + std::to_string(kMaxDepth),
+                  {}, Error::kNoOffset, "schema");
     if (e.type() == element_type::BOOL) {
       if (bool(e)) return AnyNode();
       Unsatisfiable(ptr, "the schema is false");
