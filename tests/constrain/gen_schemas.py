@@ -119,6 +119,9 @@ HAND = [
                                       "value": {"anyOf": [{"type": "integer", "minimum": 100, "maximum": 200},
                                                           {"type": "number", "minimum": -1, "maximum": 1}]}},
      "required": ["unit", "value"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["bug", "feature", "docs", "ci", 1, 12]},
+                                               "uniqueItems": True, "minItems": 1}},
+     "required": ["tags"], "additionalProperties": False},
     {"type": "array", "maxItems": 4, "items": {"anyOf": [
         {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
         {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1, "maxItems": 2}]}},

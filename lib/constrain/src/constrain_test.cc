@@ -229,6 +229,22 @@ TEST_CASE("arrays: items and counts") {
   CHECK(Accepts(R"({"type":"array"})", R"([1,"a",[],{}])"));
 }
 
+TEST_CASE("uniqueItems over enum items") {
+  const char* s = R"({"type":"array","items":{"enum":["a","b",1,12]},"uniqueItems":true,"minItems":1})";
+  CHECK(Accepts(s, R"(["a","b",1,12])"));
+  CHECK(Accepts(s, R"([12,1])"));
+  CHECK_FALSE(Prefix(s, R"(["a","a")"));
+  CHECK_FALSE(Prefix(s, R"([1,1])"));
+  CHECK(Prefix(s, R"([1,12)"));             // 12 is not 1
+  CHECK_FALSE(Prefix(s, R"(["a","b",1,12,)")); // every value used: no comma
+  CHECK_FALSE(Accepts(s, "[]"));
+  CHECK(CompileError(R"({"type":"array","items":{"type":"string"},"uniqueItems":true})").object() == "uniqueItems");
+  CHECK(CompileError(R"({"type":"array","items":{"enum":[{"a":1}]},"uniqueItems":true})").object() == "uniqueItems");
+  CHECK(CompileError(R"({"type":"array","items":{"enum":["a"]},"uniqueItems":true,"minItems":2})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  CHECK(Accepts(R"({"type":"array","items":{"type":"string"},"uniqueItems":false})", R"(["x","x"])"));
+}
+
 TEST_CASE("enum and const, literals that prefix each other") {
   const char* s = R"({"enum":["red","green",1,12,null,{"k":[1,2]}]})";
   for (const char* ok : {R"("red")", R"("green")", "1", "12", "null", R"({"k":[1,2]})"})
@@ -304,7 +320,7 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
       {R"({"type":"string","pattern":"^a"})", "pattern", "/"},
       {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":2}}})", "multipleOf", "/properties/a"},
       {R"({"type":"array","items":{"not":{"type":"null"}}})", "not", "/items"},
-      {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},
+      {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
       {R"({"if":{},"then":{}})", "if", "/"},
       {R"({"type":"array","prefixItems":[{}]})", "prefixItems", "/"},
       {R"({"type":"object","properties":{"a/b":{"minProperties":1}}})", "minProperties", "/properties/a~1b"},
@@ -469,6 +485,7 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
           "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
       R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
       R"({"type":"string","minLength":3})",
+      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
       R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
           {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
   };

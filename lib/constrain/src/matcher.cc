@@ -27,6 +27,10 @@ constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1
 
 bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
 
+uint64_t AllLiterals(const SchemaNode& n) {
+  return n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
+}
+
 uint64_t AllProps(const SchemaNode& n) {
   return n.props.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.props.size()) - 1;
 }
@@ -106,7 +110,7 @@ void Matcher::Step(State s, uint8_t b, std::vector<State>& out) {
   }
 }
 
-void Matcher::StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out) {
+void Matcher::StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out, uint64_t exclude) {
   const SchemaNode& n = nodes_[node];
   if (!n.first[b]) return;
   Frame f;
@@ -131,7 +135,8 @@ void Matcher::StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& 
       if (StepNumber(s, b) == R::kDone) out.push_back(s);
       return;
     case NodeKind::kLiterals:
-      f.bits = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
+      f.bits = (n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1) & ~exclude;
+      if (!f.bits) return;
       Push(s, f);
       if (StepLiterals(s, b) == R::kDone) out.push_back(s);
       return;
@@ -261,10 +266,12 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
         m.phase = kArrAfterValue;
         m.count = 1;
       }
-      StartValue(s, n.items, b, out);
+      StartValue(s, n.items, b, out, f.bits);
       return R::kOut;
     case kArrAfterValue:
-      if (b == ',' && f.count < n.max_items) {
+      // A uniqueItems array may add an item only while a value is left unused.
+      if (b == ',' && f.count < n.max_items &&
+          (!n.unique || (~f.bits & AllLiterals(nodes_[n.items])) != 0)) {
         Modify(s).phase = format_.python_separators ? kArrCommaSpace : kArrComma;
         return R::kDone;
       }
@@ -278,7 +285,7 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
       Frame& m = Modify(s);
       m.phase = kArrAfterValue;
       m.count = f.count + 1;
-      StartValue(s, n.items, b, out);
+      StartValue(s, n.items, b, out, f.bits);
       return R::kOut;
     }
   }
@@ -455,19 +462,33 @@ Matcher::R Matcher::StepLiterals(State& s, uint8_t b) {
     // A number literal ends at the first byte that does not continue it (a raw
     // one only where the caller ends it).
     if (f.phase == kRawPhase || !LiteralEndOk(n, f)) return R::kFail;
-    Pop(s);
+    uint64_t done = 0;
+    for (uint64_t c = f.bits; c; c &= c - 1)
+      if (lits[size_t(std::countr_zero(c))].size() == f.pos) done |= c & -c;
+    PopLiteral(s, done);
     return R::kReprocess;
   }
   uint16_t pos = uint16_t(f.pos + 1);
   for (uint64_t c = nb; c && f.phase != kRawPhase; c &= c - 1) {
     const std::string& lit = lits[size_t(std::countr_zero(c))];
     // A complete literal that does not end in a digit cannot be extended.
-    if (lit.size() == pos && !IsDigit(uint8_t(lit.back()))) { Pop(s); return R::kDone; }
+    if (lit.size() == pos && !IsDigit(uint8_t(lit.back()))) {
+      PopLiteral(s, c & -c);
+      return R::kDone;
+    }
   }
   Frame& m = Modify(s);
   m.bits = nb;
   m.pos = pos;
   return R::kDone;
+}
+
+// Ends a literal frame; a uniqueItems array above it records the value used.
+void Matcher::PopLiteral(State& s, uint64_t used) {
+  Pop(s);
+  const Frame& parent = arena_[size_t(s.top)];
+  if (parent.node != kRootNode && nodes_[parent.node].kind == NodeKind::kArray && nodes_[parent.node].unique)
+    Modify(s).bits |= used;
 }
 
 bool Matcher::Accepting(const State& s) const {

@@ -66,7 +66,9 @@ class Matcher {
   Frame& Modify(State& s);                      // appends a copy of the top; returns it
   void Push(State& s, const Frame& f);
   void Pop(State& s) { s.top = arena_[size_t(s.top)].parent; --s.depth; }
-  void StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out);
+  // `exclude`: literal candidates not to offer (values a uniqueItems array used).
+  void StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out, uint64_t exclude = 0);
+  void PopLiteral(State& s, uint64_t candidates);
   R StepObject(State& s, uint8_t b, std::vector<State>& out);
   R StepArray(State& s, uint8_t b, std::vector<State>& out);
   R StepString(State& s, uint8_t b);

@@ -29,12 +29,12 @@ const std::set<std::string_view> kAnnotations = {
 };
 // Keywords that constrain and are compiled here, grouped by the type they apply to.
 const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties"};
-const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems"};
+const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems"};
 const std::set<std::string_view> kStringWords = {"minLength", "maxLength"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
                                                  "exclusiveMaximum"};
 const std::set<std::string_view> kOtherWords = {"type", "enum", "const", "anyOf", "oneOf", "allOf",
-                                                "$ref", "uniqueItems"};
+                                                "$ref"};
 
 std::string PointerEscape(std::string_view token) {
   std::string out;
@@ -353,8 +353,7 @@ class Compiler {
     if (constraints.count("uniqueItems")) {
       element v = o["uniqueItems"];
       if (v.type() != element_type::BOOL) Corrupt(ptr + "/uniqueItems", "must be a boolean");
-      if (bool(v)) Unsupported("uniqueItems", ptr, "uniqueness of items is not enforced");
-      constraints.erase("uniqueItems");
+      if (!bool(v)) constraints.erase("uniqueItems");  // true: compiled with the array below
     }
 
     auto only = [&](const std::string& kw) {
@@ -521,6 +520,19 @@ class Compiler {
         n.items = AnyNode();
       } else {
         n.items = has_items ? Compile(items, ptr + "/items", depth + 1) : AnyNode();
+      }
+      element uniq;
+      if (o["uniqueItems"].get(uniq) == simdjson::SUCCESS && uniq.type() == element_type::BOOL && bool(uniq)) {
+        // Enforced for enum/const items: the array remembers which values it
+        // used. Object values are refused: two key orders are one value.
+        const SchemaNode& it = nodes_[n.items];
+        if (it.kind != NodeKind::kLiterals)
+          Unsupported("uniqueItems", ptr, "enforced only when items is an enum or const");
+        for (const std::string& l : it.literals)
+          if (l.find('{') != std::string::npos)
+            Unsupported("uniqueItems", ptr, "enforced only for enum values that contain no objects");
+        if (n.min_items > it.literals.size()) Unsatisfiable(ptr, "minItems exceeds the distinct values of items");
+        n.unique = true;
       }
       uint32_t idx = Add(std::move(n));
       SetFirst(idx);

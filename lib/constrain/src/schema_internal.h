@@ -40,6 +40,7 @@ struct SchemaNode {
   // kArray
   uint32_t items = 0;
   uint32_t min_items = 0, max_items = kUnbounded;
+  bool unique = false;  // uniqueItems over literal items: Frame::bits holds the values used
   // kString
   uint32_t min_len = 0, max_len = kUnbounded;
   // kNumber
