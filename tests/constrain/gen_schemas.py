@@ -122,6 +122,13 @@ HAND = [
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["bug", "feature", "docs", "ci", 1, 12]},
                                                "uniqueItems": True, "minItems": 1}},
      "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"filters": {"type": "object", "properties": {
+        "owner": {"type": "string", "maxLength": 8}, "state": {"enum": ["open", "closed"]},
+        "since": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 100}},
+        "required": ["limit"], "minProperties": 2, "maxProperties": 3, "additionalProperties": False},
+        "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4},
+                   "minProperties": 1, "maxProperties": 2}},
+     "required": ["filters", "labels"]},
     {"type": "array", "maxItems": 4, "items": {"anyOf": [
         {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
         {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1, "maxItems": 2}]}},

@@ -219,6 +219,27 @@ TEST_CASE("objects: properties, required, order, additionalProperties") {
   CHECK(Accepts(R"({"type":"object","required":["z"]})", R"({"z":[1,{"q":null}]})"));
 }
 
+TEST_CASE("minProperties and maxProperties") {
+  const char* s = R"({"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"},
+                      "r":{"type":"null"}},"required":["r"],"minProperties":2,"maxProperties":3})";
+  CHECK_FALSE(Accepts(s, R"({"r":null})"));
+  CHECK(Accepts(s, R"({"r":null,"a":null})"));
+  CHECK(Accepts(s, R"({"a":null,"r":null,"c":null})"));
+  CHECK_FALSE(Prefix(s, R"({"a":null,"b":null,"c")"));  // r must still fit: only it may come third
+  CHECK(Prefix(s, R"({"a":null,"b":null,"r")"));
+  CHECK_FALSE(Prefix(s, R"({"a":null,"r":null,"c":null,)"));
+  const char* m = R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2})";
+  CHECK_FALSE(Accepts(m, "{}"));
+  CHECK(Accepts(m, R"({"x":1,"y":2})"));
+  CHECK_FALSE(Prefix(m, R"({"x":1,"y":2,)"));
+  CHECK(CompileError(R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":2})").object() ==
+        "minProperties");
+  CHECK(CompileError(R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+}
+
 TEST_CASE("arrays: items and counts") {
   const char* s = R"({"type":"array","items":{"type":"boolean"},"minItems":1,"maxItems":2})";
   CHECK_FALSE(Accepts(s, "[]"));
@@ -323,7 +344,7 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
       {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
       {R"({"if":{},"then":{}})", "if", "/"},
       {R"({"type":"array","prefixItems":[{}]})", "prefixItems", "/"},
-      {R"({"type":"object","properties":{"a/b":{"minProperties":1}}})", "minProperties", "/properties/a~1b"},
+      {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties", "/properties/a~1b"},
       {R"({"allOf":[{"type":"string"},{"maxLength":3}]})", "allOf", "/"},
       {R"({"type":"object","properties":{"a":{}},"additionalProperties":{"type":"string"}})", "additionalProperties", "/"},
       {R"({"$ref":"https://example.com/s.json"})", "$ref", "/"},
@@ -486,6 +507,7 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
       R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
       R"({"type":"string","minLength":3})",
       R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
       R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
           {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
   };

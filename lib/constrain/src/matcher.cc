@@ -172,7 +172,16 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const SchemaNode& n = nodes_[f.node];
   bool map = n.map_value >= 0;
   uint64_t unseen = AllProps(n) & ~f.bits;
+  // Properties so far: declared ones seen, or (free keys) entries counted.
+  const uint64_t have = map ? f.count : uint64_t(std::popcount(f.bits));
+  const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
+  const bool can_close = missing == 0 && have >= n.min_props;
+  // Keys that may come next: an optional one only if the required ones left
+  // still fit under maxProperties.
+  if (!map && have + 1 + missing > n.max_props) unseen &= n.required_mask;
+  const bool can_add = have < n.max_props && (map || unseen);
   auto begin_key = [&]() -> R {
+    if (!can_add) return R::kFail;
     if (map) {
       Modify(s).phase = kObjAfterKey;
       Frame k;
@@ -180,7 +189,6 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
       Push(s, k);
       return R::kDone;
     }
-    if (unseen == 0) return R::kFail;
     Frame& m = Modify(s);
     m.phase = kObjKey;
     m.bits2 = unseen;
@@ -190,7 +198,7 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   switch (f.phase) {
     case kObjOpen:
       if (b == '"') return begin_key();
-      if (b == '}' && (n.required_mask & ~f.bits) == 0) { Pop(s); return R::kDone; }
+      if (b == '}' && can_close) { Pop(s); return R::kDone; }
       return R::kFail;
     case kObjComma:
       return b == '"' ? begin_key() : R::kFail;
@@ -235,16 +243,17 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
       uint32_t child = map ? uint32_t(n.map_value) : n.props[f.count].child;
       Frame& m = Modify(s);
       m.phase = kObjAfterValue;
-      if (!map) m.bits |= uint64_t{1} << f.count;
+      if (map) ++m.count;  // entries, for min/maxProperties
+      else m.bits |= uint64_t{1} << f.count;
       StartValue(s, child, b, out);
       return R::kOut;
     }
     case kObjAfterValue:
-      if (b == ',' && (map || unseen)) {
+      if (b == ',' && can_add) {
         Modify(s).phase = format_.python_separators ? kObjCommaSpace : kObjComma;
         return R::kDone;
       }
-      if (b == '}' && (n.required_mask & ~f.bits) == 0) { Pop(s); return R::kDone; }
+      if (b == '}' && can_close) { Pop(s); return R::kDone; }
       return R::kFail;
   }
   return R::kFail;

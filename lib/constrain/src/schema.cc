@@ -4,6 +4,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -28,7 +29,8 @@ const std::set<std::string_view> kAnnotations = {
     "$defs", "definitions", "nullable", "discriminator", "example",
 };
 // Keywords that constrain and are compiled here, grouped by the type they apply to.
-const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties"};
+const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties",
+                                                 "minProperties", "maxProperties"};
 const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems"};
 const std::set<std::string_view> kStringWords = {"minLength", "maxLength"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
@@ -336,8 +338,6 @@ class Compiler {
           {"contains", "array 'contains' is not supported"},
           {"minContains", "array 'contains' is not supported"},
           {"maxContains", "array 'contains' is not supported"},
-          {"minProperties", "property counts are not supported"},
-          {"maxProperties", "property counts are not supported"},
           {"dependentRequired", "dependencies are not supported"},
           {"dependentSchemas", "dependencies are not supported"},
           {"dependencies", "dependencies are not supported"},
@@ -598,6 +598,15 @@ class Compiler {
     } else if (add_schema && !n.props.empty()) {
       Unsupported("additionalProperties", ptr, "a schema for additional properties together with 'properties'");
     }
+    n.min_props = Count(o, "minProperties", ptr, 0);
+    n.max_props = Count(o, "maxProperties", ptr, kUnbounded);
+    if (n.min_props > n.max_props) Unsatisfiable(ptr, "minProperties > maxProperties");
+    if (size_t(std::popcount(n.required_mask)) > n.max_props) Unsatisfiable(ptr, "more required properties than maxProperties");
+    if (n.map_value < 0 && n.min_props > n.props.size()) Unsatisfiable(ptr, "minProperties exceeds the properties that may appear");
+    // Free keys may repeat, and a parser keeps one of each: beyond one
+    // property the count of distinct keys cannot be promised.
+    if (n.map_value >= 0 && n.min_props > 1)
+      Unsupported("minProperties", ptr, "above 1 only with declared properties (free keys may repeat)");
     uint32_t idx = Add(std::move(n));
     SetFirst(idx);
     return idx;

@@ -37,6 +37,7 @@ struct SchemaNode {
   uint64_t required_mask = 0;
   int32_t map_value = kNoNode;  // free keys with values of this node (props empty)
   uint32_t key_node = 0;        // the free-key string node (map_value set)
+  uint32_t min_props = 0, max_props = kUnbounded;  // minProperties / maxProperties
   // kArray
   uint32_t items = 0;
   uint32_t min_items = 0, max_items = kUnbounded;
