@@ -19,16 +19,20 @@ fi
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DK3_FUZZ=ON -DK3_SANITIZE=ON -DK3_BUILD_TESTS=OFF -DK3_BUILD_BENCH=OFF >/dev/null
-TARGETS=(safetensors_header_fuzz)
+TARGETS=(safetensors_header_fuzz constrain_schema_fuzz)
 cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"
 
 mkdir -p "$BUILD_DIR/artifacts"
 for t in "${TARGETS[@]}"; do
   seeds=fuzz/corpus/${t%_fuzz}
+  case $t in
+    safetensors_header_fuzz) dict=fuzz/safetensors.dict ;;
+    *) dict=fuzz/${t%_fuzz}.dict ;;
+  esac
   work=$(mktemp -d /tmp/k3_fuzz_${t}.XXXXXX)
   echo "== fuzzing $t for ${FUZZ_SECONDS}s (seeds: $seeds)"
   "$BUILD_DIR/bin/$t" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -rss_limit_mb=2048 \
-    -dict=fuzz/safetensors.dict -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/" \
+    -dict="$dict" -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/" \
     "$work" "$seeds"
   rm -rf "$work"
 done

@@ -1,0 +1,136 @@
+// k3::constrain — JSON-Schema-constrained decoding: a schema compiles to a byte
+// automaton, and a TokenConstraint walks it over a real vocabulary to say which
+// tokens keep the output a valid prefix of a COMPACT JSON text that validates.
+//
+// Ownership and threads: a CompiledSchema and a Vocabulary are immutable after
+// construction and may be shared by any number of threads and constraints. A
+// TokenConstraint holds one generation's state; it shares its schema's nodes
+// (keeping them alive) and points to the Vocabulary, which must outlive it. It
+// is not thread-safe.
+// Failures: Schema::CompileOrThrow throws k3::Error — kCorrupt for text that is
+// not JSON or not a schema, kUnsupported naming the keyword and the JSON pointer
+// for a schema that needs what k3 does not constrain (docs/constrain.md lists the
+// subset), kInvalidArgument for a schema no value can satisfy. Advance() throws
+// kInvalidArgument for a token that is not allowed (and leaves the state as it
+// was). Mask queries never throw.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace k3::tok {
+class Tokenizer;
+}
+
+namespace k3::constrain {
+
+// A compiled schema: the nodes of the byte automaton (private layout,
+// src/schema_internal.h). Copies share the same immutable nodes.
+class CompiledSchema {
+ public:
+  struct Impl;
+  explicit CompiledSchema(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Limits of what the automaton generates (all outputs still validate; these
+// bound the language so that every prefix can finish and a number parses as a
+// 64-bit value everywhere). docs/constrain.md gives the reasons.
+inline constexpr int kMaxDepth = 64;         // nested objects/arrays
+inline constexpr int kMaxIntDigits = 15;     // digits before the point
+inline constexpr int kMaxFracDigits = 15;    // digits after the point
+inline constexpr int kMaxExpDigits = 3;      // exponent digits (unbounded numbers only)
+inline constexpr int kMaxProperties = 64;    // declared properties per object
+inline constexpr int kMaxLiterals = 64;      // enum values per enum
+inline constexpr int kMaxAlternatives = 64;  // anyOf / oneOf / type alternatives (after flattening)
+inline constexpr int kMaxNodes = 20000;      // compiled nodes per schema (bounds compile time and memory)
+inline constexpr size_t kMaxSchemaBytes = 4u << 20;  // schema text
+
+struct Schema {
+  // Compiles a JSON Schema document (draft 2020-12 / 7 keywords of the subset).
+  static CompiledSchema CompileOrThrow(std::string_view schema_json);
+  // response_format json_object: any compact JSON object.
+  static CompiledSchema JsonObject();
+  // Any compact JSON value.
+  static CompiledSchema AnyJson();
+};
+
+// A vocabulary prepared for masking: the byte strings of the ordinary tokens
+// (ids below num_ranks) in a trie, plus per-lexer-state token sets used inside
+// free strings. Ids at or above num_ranks (specials) are never allowed.
+class Vocabulary {
+ public:
+  // token_bytes[id] for id < num_ranks; vocab_size >= num_ranks counts the
+  // specials too (mask width). Empty byte strings are never allowed.
+  Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size);
+  static Vocabulary FromTokenizer(const tok::Tokenizer& tokenizer);
+  ~Vocabulary();
+  Vocabulary(Vocabulary&&) noexcept;
+  Vocabulary& operator=(Vocabulary&&) noexcept;
+
+  uint32_t num_ranks() const;
+  uint32_t vocab_size() const;
+  std::string_view TokenBytes(uint32_t id) const;  // "" for specials / out of range
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// How the value is spelled. The default is compact JSON (response_format,
+// json blocks). K3's XTML tool arguments (docs/tokenizer.md) spell non-string
+// values as Python json.dumps text and string values raw.
+struct Format {
+  // ", " and ": " between elements, as Python's json.dumps writes them.
+  bool python_separators = false;
+  // A top-level string (or enum of strings) is written raw: no quotes, no
+  // escapes, any valid UTF-8 except control characters other than tab/LF/CR.
+  // It never ends by itself: Accepting() says when the caller may end it.
+  // TokenConstraint throws kInvalidArgument when the schema is not a string.
+  bool raw_top_string = false;
+};
+
+// One generation's constraint. Typical use per step (docs/constrain.md):
+//   c.AllowedMask(bits); mask logits where the bit is 0; sample id;
+//   c.Advance(id); stop when c.Complete() (or force EOS once c.Accepting()).
+class TokenConstraint {
+ public:
+  TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab, Format format = {});
+  ~TokenConstraint();
+  TokenConstraint(TokenConstraint&&) noexcept;
+  TokenConstraint& operator=(TokenConstraint&&) noexcept;
+
+  // bits is resized to ceil(vocab_size / 64) words; bit id set = allowed.
+  void AllowedMask(std::vector<uint64_t>& bits);
+  // One token, without building the mask.
+  bool Allowed(uint32_t id) const;
+  // Consumes one allowed token; throws kInvalidArgument otherwise.
+  void Advance(uint32_t id);
+  // Consumes raw bytes (e.g. a prefix the caller forced); false and no change
+  // when they would leave the language.
+  bool AdvanceBytes(std::string_view bytes);
+  // The output so far is a complete value that validates (EOS may be forced).
+  bool Accepting() const;
+  // Accepting and no token can extend it: generation must end now.
+  bool Complete();
+  // The bytes consumed so far.
+  const std::string& text() const;
+  // Back to the empty output.
+  void Reset();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::constrain

@@ -1,0 +1,661 @@
+// lib/constrain unit tests. Acceptance is checked against JSON's grammar (RFC
+// 8259) and JSON Schema's rules written out by hand here; the token masks are
+// checked against running every token's bytes through the automaton directly,
+// on a byte vocabulary, a hand-made vocabulary whose tokens split JSON tokens,
+// and the k3-tiny tokenizer. (tests/constrain validates generated outputs with
+// an independent validator, python3-jsonschema.)
+#include <doctest/doctest.h>
+
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "k3/constrain/constrain.h"
+#include "k3/core/error.h"
+#include "k3/tokenizer/tokenizer.h"
+
+using k3::constrain::CompiledSchema;
+using k3::constrain::Schema;
+using k3::constrain::TokenConstraint;
+using k3::constrain::Vocabulary;
+
+namespace {
+
+Vocabulary ByteVocab() {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  return Vocabulary(std::move(t), 256 + 4);  // four "specials" past the ranks
+}
+
+const Vocabulary& Bytes() {
+  static Vocabulary v = ByteVocab();
+  return v;
+}
+
+const k3::tok::Tokenizer& Tiny() {
+  static k3::tok::Tokenizer t = k3::tok::Tokenizer::LoadDirOrThrow(K3_TEST_DATA_DIR "/oracle/k3-tiny");
+  return t;
+}
+
+// Whole text is a complete valid value.
+bool Accepts(const CompiledSchema& s, std::string_view text) {
+  TokenConstraint c(s, Bytes());
+  return c.AdvanceBytes(text) && c.Accepting();
+}
+// Text is a valid prefix (may be complete).
+bool Prefix(const CompiledSchema& s, std::string_view text) {
+  TokenConstraint c(s, Bytes());
+  return c.AdvanceBytes(text);
+}
+bool Accepts(std::string_view schema, std::string_view text) { return Accepts(Schema::CompileOrThrow(schema), text); }
+bool Prefix(std::string_view schema, std::string_view text) { return Prefix(Schema::CompileOrThrow(schema), text); }
+
+k3::Error CompileError(std::string_view schema) {
+  try {
+    Schema::CompileOrThrow(schema);
+  } catch (const k3::Error& e) {
+    return e;
+  }
+  FAIL("schema compiled but should not: " << schema);
+  return k3::Error(k3::ErrorCode::kOk, "");
+}
+
+bool Bit(const std::vector<uint64_t>& m, uint32_t id) { return (m[id / 64] >> (id % 64)) & 1; }
+
+// The mask must equal "this token's bytes keep the output a valid prefix",
+// computed by a second constraint that never builds a mask.
+void CheckMaskAgainstDirect(const CompiledSchema& s, const Vocabulary& v, const std::string& text,
+                            TokenConstraint& c, k3::constrain::Format format = {}) {
+  std::vector<uint64_t> mask;
+  c.AllowedMask(mask);
+  REQUIRE(mask.size() == (v.vocab_size() + 63) / 64);
+  TokenConstraint direct(s, v, format);
+  REQUIRE(direct.AdvanceBytes(text));
+  for (uint32_t id = 0; id < v.vocab_size(); ++id) {
+    bool want = direct.Allowed(id);
+    if (Bit(mask, id) != want) {
+      FAIL_CHECK("token " << id << " '" << std::string(v.TokenBytes(id)) << "' after '" << text
+                          << "': mask " << Bit(mask, id) << " direct " << want);
+      return;
+    }
+  }
+}
+
+// All 256 bytes plus distinct random strings of 2..max_len bytes drawn from
+// `alphabet`, up to `size` tokens: tokens that straddle whatever the alphabet
+// holds (quotes, escapes, separators, pieces of characters).
+Vocabulary RandomVocab(const std::string& alphabet, size_t size, size_t max_len, uint64_t seed) {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  std::mt19937_64 rng(seed);
+  std::set<std::string> seen(t.begin(), t.end());
+  while (t.size() < size) {
+    std::string s;
+    size_t len = 2 + rng() % (max_len - 1);
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  return Vocabulary(std::move(t), uint32_t(size));
+}
+
+}  // namespace
+
+TEST_CASE("compact JSON only: no whitespace between tokens") {
+  auto s = Schema::JsonObject();
+  CHECK(Accepts(s, R"({"a":1,"b":[true,null,"x"]})"));
+  CHECK_FALSE(Prefix(s, R"({ "a":1})"));
+  CHECK_FALSE(Prefix(s, "{\"a\":1,\n"));
+  CHECK_FALSE(Prefix(s, "{\"a\"\t:1}"));
+  CHECK_FALSE(Prefix(s, "[1]"));   // json_object: an object, not any value
+  CHECK_FALSE(Accepts(s, R"({"a":1})x"));
+  CHECK(Accepts(s, "{}"));
+  CHECK(Accepts(s, R"({"a b":" spaces inside strings are content "})"));
+}
+
+TEST_CASE("strings: escapes, UTF-8 and surrogates") {
+  const char* str = R"({"type":"string"})";
+  CHECK(Accepts(str, R"("plain")"));
+  CHECK(Accepts(str, R"("q\"b\\s\/\b\f\n\r\t")"));
+  CHECK(Accepts(str, R"("\u00e9\u4F60")"));
+  CHECK(Accepts(str, R"("\ud83d\ude00")"));       // a surrogate pair
+  CHECK_FALSE(Prefix(str, R"("\ud83d")"));        // high surrogate must be followed by a low one
+  CHECK_FALSE(Prefix(str, R"("\ud83d\u1)"));      // ... whose first digit is D
+  CHECK_FALSE(Prefix(str, R"("\ud83d\ud8)"));     // ... then C..F
+  CHECK(Prefix(str, R"("\ud83d\uDc)"));
+  CHECK_FALSE(Prefix(str, R"("\ude00)"));         // lone low surrogate
+  CHECK_FALSE(Prefix(str, R"("\x")"));            // no such escape
+  CHECK_FALSE(Prefix(str, R"("\u12G)"));
+  CHECK_FALSE(Prefix(str, "\"a\nb\""));           // raw control character
+  CHECK_FALSE(Prefix(str, "\"\x1f\""));
+  CHECK(Accepts(str, "\"\x7f\""));                // DEL needs no escape
+  CHECK(Accepts(str, "\"h\xc3\xa9 \xe4\xbd\xa0 \xf0\x9f\x98\x80\""));  // é 你 😀
+  CHECK_FALSE(Prefix(str, "\"\xc0\xaf"));         // overlong
+  CHECK_FALSE(Prefix(str, "\"\xe0\x80"));         // overlong 3-byte
+  CHECK_FALSE(Prefix(str, "\"\xed\xa0"));         // UTF-16 surrogate in UTF-8
+  CHECK_FALSE(Prefix(str, "\"\xf4\x90"));         // above U+10FFFF
+  CHECK_FALSE(Prefix(str, "\"\xf5"));
+  CHECK_FALSE(Prefix(str, "\"\x80"));             // stray continuation
+  CHECK(Prefix(str, "\"\xe4\xbd"));               // a split character is a valid prefix
+  CHECK_FALSE(Accepts(str, "\"\xe4\xbd\""));      // but may not end there
+}
+
+TEST_CASE("string length bounds count code points") {
+  const char* s = R"({"type":"string","minLength":2,"maxLength":3})";
+  CHECK_FALSE(Accepts(s, R"("a")"));
+  CHECK(Accepts(s, R"("ab")"));
+  CHECK(Accepts(s, "\"\xe4\xbd\xa0\xe5\xa5\xbd\""));  // two characters, six bytes
+  CHECK(Accepts(s, R"("\ud83d\ude00ab")"));            // the pair is one character
+  CHECK(Accepts(s, R"("a\nb")"));
+  CHECK_FALSE(Prefix(s, R"("abcd)"));
+  CHECK_FALSE(Prefix(s, "\"ab\xf0\x9f\x98\x80x"));
+}
+
+TEST_CASE("numbers: the JSON grammar") {
+  const char* n = R"({"type":"number"})";
+  for (const char* ok : {"0", "-0", "12", "-12.5", "0.25", "1e5", "1E+5", "2.5e-3", "-0.0"})
+    CHECK_MESSAGE(Accepts(n, ok), ok);
+  for (const char* bad : {"01", "+1", ".5", "1.", "1e", "1e+", "-", "--1", "1.5.2", "0x1", "1,"})
+    CHECK_MESSAGE(!Accepts(n, bad), bad);
+  CHECK(Prefix(n, "1."));   // prefixes of valid numbers
+  CHECK(Prefix(n, "-"));
+  CHECK(Prefix(n, "1e"));
+  const char* i = R"({"type":"integer"})";
+  CHECK(Accepts(i, "-42"));
+  CHECK_FALSE(Prefix(i, "4.")); // integers never take a fraction or exponent
+  CHECK_FALSE(Prefix(i, "4e"));
+  // Digit limits (docs/constrain.md): 15 integer digits.
+  CHECK(Accepts(i, "123456789012345"));
+  CHECK_FALSE(Prefix(i, "1234567890123456"));
+}
+
+TEST_CASE("number bounds: prefixes that cannot reach the range are refused") {
+  const char* s = R"({"type":"integer","minimum":20,"maximum":99})";
+  CHECK(Accepts(s, "20"));
+  CHECK(Accepts(s, "99"));
+  CHECK_FALSE(Prefix(s, "1"));   // 1, 1x and 1xx all miss [20, 99]
+  CHECK_FALSE(Prefix(s, "-"));
+  CHECK_FALSE(Accepts(s, "100"));
+  CHECK(Prefix(s, "5"));
+  CHECK_FALSE(Accepts(s, "5"));  // a prefix, not yet in range
+  const char* e = R"({"type":"integer","exclusiveMinimum":0,"exclusiveMaximum":10})";
+  CHECK_FALSE(Accepts(e, "0"));
+  CHECK(Accepts(e, "1"));
+  CHECK(Accepts(e, "9"));
+  CHECK_FALSE(Prefix(e, "10"));
+  const char* f = R"({"type":"number","minimum":-1.5,"exclusiveMaximum":0.3})";
+  CHECK(Accepts(f, "-1.5"));
+  CHECK_FALSE(Prefix(f, "-1.6"));
+  CHECK(Accepts(f, "0.29"));
+  CHECK_FALSE(Accepts(f, "0.3"));
+  CHECK_FALSE(Prefix(f, "0.4"));
+  CHECK_FALSE(Prefix(f, "1"));
+  CHECK(Accepts(f, "-0"));
+  CHECK_FALSE(Prefix(f, "1e"));   // bounded numbers take no exponent
+}
+
+TEST_CASE("objects: properties, required, order, additionalProperties") {
+  const char* s = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},
+                      "required":["b"],"additionalProperties":false})";
+  CHECK(Accepts(s, R"({"b":"x"})"));
+  CHECK(Accepts(s, R"({"a":1,"b":"x"})"));
+  CHECK(Accepts(s, R"({"b":"x","a":1})"));   // any order
+  CHECK_FALSE(Accepts(s, R"({"a":1})"));     // b is required
+  CHECK_FALSE(Prefix(s, R"({"a":1,"a")"));   // no key twice
+  CHECK_FALSE(Prefix(s, R"({"c")"));         // undeclared
+  CHECK_FALSE(Prefix(s, R"({"a":"x")"));     // wrong type
+  CHECK_FALSE(Prefix(s, R"({"b":"x",})"));   // nothing left to add after the comma? a remains
+  CHECK(Prefix(s, R"({"b":"x",)"));
+  CHECK_FALSE(Prefix(s, R"({"a":1,"b":"x",)"));  // every key used: only '}' remains
+  // Keys that need escapes are matched in their compact escaped form.
+  const char* k = R"({"type":"object","properties":{"q\"k":{"type":"null"},"q\\":{"type":"null"}},"required":["q\"k"]})";
+  CHECK(Accepts(k, R"({"q\"k":null})"));
+  CHECK(Accepts(k, R"({"q\\":null,"q\"k":null})"));
+  // A map: free keys, each value follows additionalProperties.
+  const char* m = R"({"type":"object","additionalProperties":{"type":"integer"}})";
+  CHECK(Accepts(m, R"({"x":1,"y \u00e9":2})"));
+  CHECK_FALSE(Prefix(m, R"({"x":"s")"));
+  // Required but undeclared: generated with any value.
+  CHECK(Accepts(R"({"type":"object","required":["z"]})", R"({"z":[1,{"q":null}]})"));
+}
+
+TEST_CASE("minProperties and maxProperties") {
+  const char* s = R"({"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"},
+                      "r":{"type":"null"}},"required":["r"],"minProperties":2,"maxProperties":3})";
+  CHECK_FALSE(Accepts(s, R"({"r":null})"));
+  CHECK(Accepts(s, R"({"r":null,"a":null})"));
+  CHECK(Accepts(s, R"({"a":null,"r":null,"c":null})"));
+  CHECK_FALSE(Prefix(s, R"({"a":null,"b":null,"c")"));  // r must still fit: only it may come third
+  CHECK(Prefix(s, R"({"a":null,"b":null,"r")"));
+  CHECK_FALSE(Prefix(s, R"({"a":null,"r":null,"c":null,)"));
+  const char* m = R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2})";
+  CHECK_FALSE(Accepts(m, "{}"));
+  CHECK(Accepts(m, R"({"x":1,"y":2})"));
+  CHECK_FALSE(Prefix(m, R"({"x":1,"y":2,)"));
+  CHECK(CompileError(R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":2})").object() ==
+        "minProperties");
+  CHECK(CompileError(R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("arrays: items and counts") {
+  const char* s = R"({"type":"array","items":{"type":"boolean"},"minItems":1,"maxItems":2})";
+  CHECK_FALSE(Accepts(s, "[]"));
+  CHECK(Accepts(s, "[true]"));
+  CHECK(Accepts(s, "[true,false]"));
+  CHECK_FALSE(Prefix(s, "[true,false,"));
+  CHECK_FALSE(Prefix(s, "[1"));
+  CHECK(Accepts(R"({"type":"array"})", R"([1,"a",[],{}])"));
+}
+
+TEST_CASE("uniqueItems over enum items") {
+  const char* s = R"({"type":"array","items":{"enum":["a","b",1,12]},"uniqueItems":true,"minItems":1})";
+  CHECK(Accepts(s, R"(["a","b",1,12])"));
+  CHECK(Accepts(s, R"([12,1])"));
+  CHECK_FALSE(Prefix(s, R"(["a","a")"));
+  CHECK_FALSE(Prefix(s, R"([1,1])"));
+  CHECK(Prefix(s, R"([1,12)"));             // 12 is not 1
+  CHECK_FALSE(Prefix(s, R"(["a","b",1,12,)")); // every value used: no comma
+  CHECK_FALSE(Accepts(s, "[]"));
+  CHECK(CompileError(R"({"type":"array","items":{"type":"string"},"uniqueItems":true})").object() == "uniqueItems");
+  CHECK(CompileError(R"({"type":"array","items":{"enum":[{"a":1}]},"uniqueItems":true})").object() == "uniqueItems");
+  CHECK(CompileError(R"({"type":"array","items":{"enum":["a"]},"uniqueItems":true,"minItems":2})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  CHECK(Accepts(R"({"type":"array","items":{"type":"string"},"uniqueItems":false})", R"(["x","x"])"));
+}
+
+TEST_CASE("enum and const, literals that prefix each other") {
+  const char* s = R"({"enum":["red","green",1,12,null,{"k":[1,2]}]})";
+  for (const char* ok : {R"("red")", R"("green")", "1", "12", "null", R"({"k":[1,2]})"})
+    CHECK_MESSAGE(Accepts(s, ok), ok);
+  CHECK(Prefix(s, "1"));
+  CHECK_FALSE(Accepts(s, "123"));
+  CHECK_FALSE(Accepts(s, R"("re")"));
+  CHECK_FALSE(Accepts(s, R"({"k":[1]})"));
+  CHECK(Accepts(R"({"const":"x"})", R"("x")"));
+  // type filters the literals
+  CHECK_FALSE(Accepts(R"({"type":"string","enum":["a",1]})", "1"));
+  // inside an object, a number literal ends at the next byte
+  CHECK(Accepts(R"({"type":"object","properties":{"v":{"enum":[1,12]}},"required":["v"]})", R"({"v":1})"));
+}
+
+TEST_CASE("anyOf, oneOf and type lists") {
+  const char* s = R"({"anyOf":[{"type":"string","maxLength":2},{"type":"null"},{"type":"array","items":{"type":"integer"}}]})";
+  CHECK(Accepts(s, R"("ab")"));
+  CHECK(Accepts(s, "null"));
+  CHECK(Accepts(s, "[1,2]"));
+  CHECK_FALSE(Prefix(s, "1"));
+  CHECK(Accepts(R"({"type":["integer","boolean"]})", "true"));
+  CHECK(Accepts(R"({"oneOf":[{"enum":["a"]},{"enum":["b"]}]})", R"("b")"));  // literals merge
+  // Alternatives that start alike are followed in parallel until they part.
+  const char* objs = R"({"anyOf":[
+      {"type":"object","properties":{"a":{"type":"integer"},"n":{"type":"string"}},"required":["a"],"additionalProperties":false},
+      {"type":"object","properties":{"b":{"type":"string"},"n":{"type":"boolean"}},"required":["b"],"additionalProperties":false}]})";
+  CHECK(Accepts(objs, R"({"a":1})"));
+  CHECK(Accepts(objs, R"({"b":"x"})"));
+  CHECK(Accepts(objs, R"({"n":"s","a":2})"));   // "n" is a string: only the first shape is left
+  CHECK(Accepts(objs, R"({"n":true,"b":"y"})"));
+  CHECK_FALSE(Prefix(objs, R"({"n":"s","b")"));
+  CHECK_FALSE(Prefix(objs, R"({"a":"x")"));
+  CHECK_FALSE(Accepts(objs, R"({"n":true})"));  // b missing
+  CHECK_FALSE(Accepts(objs, "{}"));
+  const char* mixed = R"({"anyOf":[{"enum":["long-value","zz"]},{"type":"string","maxLength":3}]})";
+  CHECK(Accepts(mixed, R"("long-value")"));
+  CHECK(Accepts(mixed, R"("ab")"));
+  CHECK(Accepts(mixed, R"("zz")"));
+  CHECK_FALSE(Accepts(mixed, R"("long")"));
+  CHECK_FALSE(Prefix(mixed, R"("abcd)"));
+  const char* nums = R"({"anyOf":[{"type":"integer","minimum":10,"maximum":20},{"type":"number","minimum":0.5,"maximum":0.75}]})";
+  CHECK(Accepts(nums, "15"));
+  CHECK(Accepts(nums, "0.6"));
+  CHECK_FALSE(Accepts(nums, "5"));
+  CHECK_FALSE(Prefix(nums, "15."));
+  // oneOf: exactly one may match, so overlapping alternatives need a discriminator.
+  const char* disc = R"({"oneOf":[
+      {"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind","x"]},
+      {"type":"object","properties":{"kind":{"const":"b"},"y":{"type":"string"}},"required":["kind","y"]}]})";
+  CHECK(Accepts(disc, R"({"kind":"a","x":1})"));
+  CHECK(Accepts(disc, R"({"y":"s","kind":"b"})"));
+  CHECK_FALSE(Prefix(disc, R"({"kind":"a","y")"));
+  auto e = CompileError(R"({"oneOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})");
+  CHECK(e.code() == k3::ErrorCode::kUnsupported);
+  CHECK(e.object() == "oneOf");
+  CHECK(CompileError(R"({"oneOf":[{"enum":["a","b"]},{"enum":["b"]}]})").object() == "oneOf");
+  CHECK(CompileError(R"({"oneOf":[{"type":"string"},{"enum":["x"]}]})").object() == "oneOf");
+}
+
+TEST_CASE("$ref to local definitions; recursion refused") {
+  const char* s = R"({"$defs":{"p":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}},
+                      "type":"array","items":{"$ref":"#/$defs/p"}})";
+  CHECK(Accepts(s, R"([{"x":1},{"x":2}])"));
+  auto e = CompileError(R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}}}},"$ref":"#/$defs/n"})");
+  CHECK(e.code() == k3::ErrorCode::kUnsupported);
+  CHECK(std::string(e.what()).find("recursive") != std::string::npos);
+}
+
+TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointer") {
+  struct Case { const char* schema; const char* keyword; const char* pointer; };
+  const Case cases[] = {
+      {R"({"type":"string","pattern":"^a"})", "pattern", "/"},
+      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":2}}})", "multipleOf", "/properties/a"},
+      {R"({"type":"array","items":{"not":{"type":"null"}}})", "not", "/items"},
+      {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
+      {R"({"if":{},"then":{}})", "if", "/"},
+      {R"({"type":"array","prefixItems":[{}]})", "prefixItems", "/"},
+      {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties", "/properties/a~1b"},
+      {R"({"allOf":[{"type":"string"},{"maxLength":3}]})", "allOf", "/"},
+      {R"({"type":"object","properties":{"a":{}},"additionalProperties":{"type":"string"}})", "additionalProperties", "/"},
+      {R"({"$ref":"https://example.com/s.json"})", "$ref", "/"},
+      {R"({"type":"integer","exclusiveMinimum":true})", "exclusiveMinimum", "/"},
+      {R"({"frobnicate":1})", "frobnicate", "/"},
+  };
+  for (const Case& c : cases) {
+    auto e = CompileError(c.schema);
+    CHECK_MESSAGE(e.code() == k3::ErrorCode::kUnsupported, c.schema);
+    CHECK_MESSAGE(e.object() == c.keyword, e.what());
+    CHECK_MESSAGE(std::string(e.what()).find(std::string("at ") + c.pointer) != std::string::npos, e.what());
+  }
+  CHECK(CompileError("{").code() == k3::ErrorCode::kCorrupt);
+  // Caps that keep a hostile schema from making every mask slow.
+  std::string many = R"({"anyOf":[)";
+  for (int i = 0; i <= k3::constrain::kMaxAlternatives; ++i)
+    many += std::string(i ? "," : "") + R"({"type":"object","properties":{"k)" + std::to_string(i) + R"(":{}}})";
+  CHECK(CompileError(many + "]}").object() == "anyOf");
+  // 64 x 64 x 6 leaves: more nodes than kMaxNodes, in well under kMaxSchemaBytes.
+  auto object_of = [](int n, const std::string& child) {
+    std::string o = R"({"type":"object","properties":{)";
+    for (int i = 0; i < n; ++i) o += std::string(i ? "," : "") + "\"p" + std::to_string(i) + "\":" + child;
+    return o + "}}";
+  };
+  std::string wide = object_of(64, object_of(64, object_of(6, R"({"type":"string"})")));
+  REQUIRE(wide.size() < k3::constrain::kMaxSchemaBytes);
+  CHECK(CompileError(wide).object() == "schema");
+  CHECK(CompileError(std::string(k3::constrain::kMaxSchemaBytes + 1, ' ')).code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"type":"strin"})").code() == k3::ErrorCode::kCorrupt);
+  CHECK(CompileError(R"({"type":"string","minLength":3,"maxLength":2})").code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"enum":[]})").code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"type":"integer","minimum":1.5,"maximum":1.7})").code() == k3::ErrorCode::kInvalidArgument);
+  // Annotations are accepted and ignored.
+  CHECK(Accepts(R"({"title":"t","description":"d","format":"uri","default":"x","x-k":1,"type":"string"})", R"("x")"));
+}
+
+TEST_CASE("deep nesting") {
+  std::string schema = R"({"type":"integer"})", text = "7";
+  for (int i = 0; i < 40; ++i) {
+    schema = i % 2 ? R"({"type":"array","items":)" + schema + R"(,"minItems":1,"maxItems":1})"
+                   : R"({"type":"object","properties":{"k":)" + schema + R"(},"required":["k"]})";
+    text = i % 2 ? "[" + text + "]" : R"({"k":)" + text + "}";
+  }
+  CHECK(Accepts(schema, text));
+  CHECK_FALSE(Accepts(schema, text.substr(0, text.size() - 1)));
+  // json_object: 64 open containers at most, then only closing is possible.
+  auto obj = Schema::JsonObject();
+  std::string deep = "{";
+  for (int i = 1; i < k3::constrain::kMaxDepth; ++i) deep += R"("a":{)";
+  CHECK(Prefix(obj, deep));
+  CHECK_FALSE(Prefix(obj, deep + R"("a":{)"));
+  CHECK(Prefix(obj, deep + R"("a":[)") == false);
+  CHECK(Prefix(obj, deep + R"("a":1)"));
+  // A schema that needs more nested containers than the matcher allows is
+  // refused at compile time (never a dead end while generating).
+  std::string too_deep = R"({"type":"integer"})", fits = too_deep;
+  for (int i = 0; i < k3::constrain::kMaxDepth + 1; ++i)
+    too_deep = R"({"type":"array","minItems":1,"items":)" + too_deep + "}";
+  for (int i = 0; i < k3::constrain::kMaxDepth - 1; ++i)
+    fits = R"({"type":"array","minItems":1,"items":)" + fits + "}";
+  CHECK(CompileError(too_deep).code() == k3::ErrorCode::kUnsupported);
+  CHECK(CompileError(too_deep).object() == "schema");
+  std::string fits_text = std::string(size_t(k3::constrain::kMaxDepth - 1), '[') + "1" +
+                     std::string(size_t(k3::constrain::kMaxDepth - 1), ']');
+  CHECK(Accepts(fits, fits_text));
+}
+
+TEST_CASE("Accepting, Complete, Advance errors") {
+  auto s = Schema::CompileOrThrow(R"({"type":"integer"})");
+  TokenConstraint c(s, Bytes());
+  CHECK_FALSE(c.Accepting());
+  c.Advance('4');
+  CHECK(c.Accepting());
+  CHECK_FALSE(c.Complete());  // more digits may follow a top-level number
+  CHECK_THROWS_AS(c.Advance('x'), k3::Error);
+  CHECK(c.text() == "4");     // a refused token changes nothing
+  CHECK_THROWS_AS(c.Advance(257), k3::Error);  // a special
+  c.Advance('2');
+  CHECK(c.text() == "42");
+  auto o = Schema::JsonObject();
+  TokenConstraint d(o, Bytes());
+  REQUIRE(d.AdvanceBytes("{}"));
+  CHECK(d.Accepting());
+  CHECK(d.Complete());
+  std::vector<uint64_t> m;
+  d.AllowedMask(m);
+  for (uint64_t w : m) CHECK(w == 0);
+  d.Reset();
+  CHECK(d.text().empty());
+  CHECK_FALSE(d.Accepting());
+}
+
+TEST_CASE("tokens that split JSON tokens, keys and characters") {
+  // A hand-made vocabulary: tokens straddle quotes, key/value boundaries and the
+  // middle of a UTF-8 character.
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  for (const char* x : {"{\"", "na", "me", "\":\"", "\":", "\"}", "\",\"", "hello", "\xe4\xbd", "\xa0\"}",
+                        "\\u00", "e9", "12", "3,", "0}", "true}", "\"na", "\",\"age\":", ",\"", "\"age", "  "})
+    t.emplace_back(x);
+  Vocabulary v(std::move(t), uint32_t(256 + 21 + 3));
+  auto id = [&](std::string_view s) {
+    for (uint32_t i = 256; i < v.num_ranks(); ++i)
+      if (v.TokenBytes(i) == s) return i;
+    FAIL("no token " << std::string(s));
+    return 0u;
+  };
+  auto s = Schema::CompileOrThrow(R"({"type":"object","properties":{"name":{"type":"string"},
+      "age":{"type":"integer","minimum":0,"maximum":130}},"required":["name","age"],"additionalProperties":false})");
+  TokenConstraint c(s, v);
+  std::vector<uint64_t> m;
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("{\"")));
+  CHECK_FALSE(Bit(m, id("  ")));
+  c.Advance(id("{\""));
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("na")));
+  CHECK_FALSE(Bit(m, id("me")));
+  CHECK_FALSE(Bit(m, id("hello")));
+  c.Advance(id("na"));
+  c.Advance(id("me"));
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("\":\"")));
+  CHECK(Bit(m, id("\":")));
+  c.Advance(id("\":\""));
+  c.Advance(id("\xe4\xbd"));   // first two bytes of 你
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("\xa0\"}")) == false);  // completes the character but '}' comes too early (age missing)
+  CHECK_FALSE(Bit(m, id("hello")));       // a continuation byte must come first
+  CHECK(Bit(m, 0xa0));
+  c.Advance(0xa0);
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("\",\"age\":")));
+  CHECK(Bit(m, id("\\u00")));
+  CHECK(Bit(m, id("hello")));
+  c.Advance(id("\",\"age\":"));
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("12")));
+  CHECK_FALSE(Bit(m, id("3,")));          // nothing may follow age
+  c.Advance(id("12"));
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("0}")));                // 120 is within [0, 130]
+  CHECK_FALSE(Bit(m, id("3,")));
+  CHECK(Bit(m, '}'));
+  c.Advance(id("0}"));
+  CHECK(c.Accepting());
+  CHECK(c.Complete());
+  CHECK(c.text() == "{\"name\":\"\xe4\xbd\xa0\",\"age\":120}");
+  for (uint32_t sp = v.num_ranks(); sp < v.vocab_size(); ++sp) CHECK_FALSE(c.Allowed(sp));
+}
+
+TEST_CASE("mask equals the direct check along random walks (byte-split and tiny vocabularies)") {
+  const k3::tok::Tokenizer& tiny = Tiny();
+  Vocabulary tv = Vocabulary::FromTokenizer(tiny);
+  CHECK(tv.vocab_size() == tiny.vocab_size());
+  const char* schemas[] = {
+      R"({"type":"object"})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
+          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
+      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
+      R"({"type":"string","minLength":3})",
+      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
+      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
+          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
+  };
+  std::mt19937_64 rng(16);
+  for (const char* js : schemas) {
+    auto s = Schema::CompileOrThrow(js);
+    for (const Vocabulary* v : std::vector<const Vocabulary*>{&tv, &Bytes()}) {
+      TokenConstraint c(s, *v);
+      std::vector<uint64_t> m;
+      for (int step = 0; step < 40 && !c.Complete(); ++step) {
+        CheckMaskAgainstDirect(s, *v, c.text(), c);
+        c.AllowedMask(m);
+        std::vector<uint32_t> ok;
+        for (uint32_t id = 0; id < v->vocab_size(); ++id)
+          if (Bit(m, id)) ok.push_back(id);
+        REQUIRE_MESSAGE(!ok.empty(), "dead end after '" << c.text() << "'");
+        // Prefer closing tokens later on so that the walk finishes.
+        uint32_t pick = ok[rng() % ok.size()];
+        if (step > 20) {
+          for (uint32_t id : ok) {
+            std::string_view b = v->TokenBytes(id);
+            if (b.find_first_of("\"]}") != std::string_view::npos && rng() % 3 == 0) { pick = id; break; }
+          }
+        }
+        c.Advance(pick);
+      }
+    }
+  }
+}
+
+TEST_CASE("inside escapes and split characters the mask equals the direct check") {
+  // A vocabulary of short random strings over the bytes that matter in strings
+  // and escapes, so that tokens straddle \u digits, surrogate pairs, quotes
+  // and UTF-8 sequences.
+  Vocabulary v = RandomVocab("\\\"uUdDcCeEfF0189ab{}[],: x\xc3\xa9\xe4\xbd\xa0\xf0\x9f\x98\x80", 6000, 6, 7);
+  const char* prefixes[] = {"\"", "\"\\", "\"\\u", "\"\\uD", "\"\\ud8", "\"\\uD83", "\"\\uD83D",
+                            "\"\\uD83D\\", "\"\\uD83D\\u", "\"\\uD83D\\uD", "\"\\uD83D\\uDE", "\"\\uD83D\\uDE0",
+                            "\"\\u0", "\"\\u00", "\"\\u00e", "\"\\uDB", "\"ab\xe4", "\"\xe4\xbd", "\"\xf0",
+                            "\"\xf0\x9f", "\"\xf0\x9f\x98", "\"\xe0", "\"\xed", "\"\xf4"};
+  for (const char* js : {R"({"type":"string"})", R"({"type":"string","minLength":2,"maxLength":4})",
+                         R"({"type":"array","items":{"type":"string"}})"}) {
+    auto s = Schema::CompileOrThrow(js);
+    for (const char* p : prefixes) {
+      std::string text(std::string_view(js).find("array") != std::string_view::npos ? "[" : "");
+      text.append(p);
+      TokenConstraint c(s, v);
+      REQUIRE_MESSAGE(c.AdvanceBytes(text), text);
+      CheckMaskAgainstDirect(s, v, text, c);
+    }
+  }
+  CHECK_THROWS_AS(Vocabulary({"a", "b", "a"}, 3), k3::Error);  // same bytes twice
+}
+
+TEST_CASE("length-limited strings with long tokens: the mask equals the direct check") {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  for (int k = 2; k <= 40; ++k) {
+    t.push_back(std::string(size_t(k), 'x'));
+    t.push_back(std::string(size_t(k - 1), 'y') + "\"");
+    std::string cjk;
+    for (int i = 0; i < k; ++i) cjk += "\xe4\xbd\xa0";
+    t.push_back(cjk);
+  }
+  Vocabulary v(std::move(t), uint32_t(256 + 39 * 3));
+  auto s = Schema::CompileOrThrow(R"({"type":"array","items":{"type":"string","minLength":3,"maxLength":30}})");
+  for (int fill : {0, 1, 2, 13, 14, 15, 16, 17, 29, 30}) {
+    std::string text = "[\"" + std::string(size_t(fill), 'a');
+    TokenConstraint c(s, v);
+    REQUIRE(c.AdvanceBytes(text));
+    CheckMaskAgainstDirect(s, v, text, c);
+    std::vector<uint64_t> m;
+    c.AllowedMask(m);
+    uint32_t x_tokens = 0;
+    for (uint32_t id = 256; id < v.num_ranks(); ++id)
+      if (Bit(m, id) && v.TokenBytes(id)[0] == 'x') ++x_tokens;
+    CHECK(x_tokens == uint32_t(std::max(0, std::min(39, 30 - fill - 1))));  // "xx".. up to 30 - fill characters
+  }
+}
+
+namespace {
+bool AcceptsFmt(std::string_view schema, std::string_view text, k3::constrain::Format f) {
+  TokenConstraint c(Schema::CompileOrThrow(schema), Bytes(), f);
+  return c.AdvanceBytes(text) && c.Accepting();
+}
+bool PrefixFmt(std::string_view schema, std::string_view text, k3::constrain::Format f) {
+  TokenConstraint c(Schema::CompileOrThrow(schema), Bytes(), f);
+  return c.AdvanceBytes(text);
+}
+}  // namespace
+
+TEST_CASE("Format: Python json.dumps separators (XTML non-string arguments)") {
+  k3::constrain::Format py;
+  py.python_separators = true;
+  const char* s = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"enum":[{"k":[1,2]},"x"]}}},"required":["a"]})";
+  CHECK(AcceptsFmt(s, R"({"a": 1, "b": [{"k": [1, 2]}, "x"]})", py));
+  CHECK(AcceptsFmt(s, R"({"b": [], "a": -3})", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a":1)", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a": 1,"b")", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a":  1)", py));
+  CHECK_FALSE(PrefixFmt(s, R"({"a": 1, "b": [{"k":[1,2]})", py));  // literals in Python spelling too
+  CHECK_FALSE(PrefixFmt(s, R"({ "a": 1})", py));
+  CHECK(AcceptsFmt(R"({"type":"array"})", R"([1, {"x": [true, null]}, "a, b: c"])", py));
+  CHECK(Accepts(s, R"({"a":1,"b":[{"k":[1,2]}]})"));  // the default stays compact
+}
+
+TEST_CASE("Format: raw top-level strings (XTML string arguments)") {
+  k3::constrain::Format raw;
+  raw.raw_top_string = true;
+  const char* s = R"({"type":"string","maxLength":6})";
+  CHECK(AcceptsFmt(s, "a\"b\\c\n", raw));          // quotes, backslashes, newlines are content
+  CHECK(AcceptsFmt(s, "\xe4\xbd\xa0\xe5\xa5\xbd", raw));
+  CHECK(AcceptsFmt(s, "", raw));                     // empty, minLength 0
+  CHECK_FALSE(AcceptsFmt(R"({"type":"string","minLength":1})", "", raw));
+  CHECK_FALSE(PrefixFmt(s, "abcdefg", raw));
+  CHECK_FALSE(PrefixFmt(s, "a\x01", raw));
+  CHECK_FALSE(PrefixFmt(s, "\xc0\xaf", raw));
+  CHECK(PrefixFmt(s, "\xe4\xbd", raw));
+  CHECK_FALSE(AcceptsFmt(s, "\xe4\xbd", raw));      // a split character is not an end
+  const char* e = R"({"enum":["ab","abc","a\"q"]})";
+  CHECK(AcceptsFmt(e, "ab", raw));
+  CHECK(AcceptsFmt(e, "abc", raw));
+  CHECK(AcceptsFmt(e, "a\"q", raw));
+  CHECK_FALSE(AcceptsFmt(e, "a", raw));
+  CHECK_FALSE(PrefixFmt(e, "abd", raw));
+  CHECK_FALSE(PrefixFmt(e, "\"ab\"", raw));
+  CHECK_THROWS_AS(TokenConstraint(Schema::CompileOrThrow(R"({"type":"integer"})"), Bytes(), raw), k3::Error);
+  CHECK_THROWS_AS(TokenConstraint(Schema::CompileOrThrow(R"({"enum":["a",1]})"), Bytes(), raw), k3::Error);
+}
+
+TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
+  Vocabulary v = RandomVocab("\\\":, []{}ax1\n\x01\xe4\xbd\xa0", 4000, 7, 9);
+  struct Case { const char* schema; bool raw; const char* prefixes[4]; };
+  const Case cases[] = {
+      {R"({"type":"string"})", true, {"", "a", "a\xe4", "a\"\\"}},
+      {R"({"type":"string","maxLength":5})", true, {"", "abc", "ab\xe4\xbd", "abcde"}},
+      {R"({"enum":["a, b","a\n","xx"]})", true, {"", "a", "a,", "x"}},
+      {R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}},"b":{"type":"string"}}})", false,
+       {"{", "{\"a\": [1", "{\"a\": [1,", "{\"a\": [1], \"b\": \"x"}},
+  };
+  for (const Case& c : cases) {
+    k3::constrain::Format f;
+    f.raw_top_string = c.raw;
+    f.python_separators = !c.raw;
+    auto s = Schema::CompileOrThrow(c.schema);
+    for (const char* p : c.prefixes) {
+      TokenConstraint tc(s, v, f);
+      REQUIRE_MESSAGE(tc.AdvanceBytes(p), p);
+      CheckMaskAgainstDirect(s, v, p, tc, f);
+    }
+  }
+}

@@ -1,0 +1,378 @@
+// Vocabulary preparation (a flattened token trie plus per-lexer-state token sets
+// for free strings) and the token-level walk (TokenConstraint).
+//
+// Mask = walk the trie depth-first from the current state, one matcher step per
+// trie edge, skipping a whole subtree as soon as its first byte is refused.
+// Inside a string without a length limit almost every token is allowed, so
+// that walk would visit most of the trie; instead the tokens that stay inside
+// the string are OR-ed in from a table computed once per vocabulary (they
+// depend only on the string lexer's state), and the walk enters only subtrees
+// that contain a '"' (the only way a token leaves the string).
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "k3/constrain/constrain.h"
+#include "k3/core/error.h"
+#include "k3/tokenizer/tokenizer.h"
+#include "matcher.h"
+
+namespace k3::constrain {
+
+struct Vocabulary::Impl {
+  std::vector<std::string> tokens;
+  uint32_t vocab_size = 0;
+  size_t words = 0;
+  // Flattened trie in depth-first order: node i's subtree is [i, end[i]).
+  std::vector<uint8_t> byte;
+  std::vector<uint16_t> depth;  // 1 for the root's children
+  std::vector<uint32_t> end;
+  std::vector<int32_t> token;   // id ending at this node, or -1
+  std::vector<uint8_t> quote_below;  // this node's byte or one below it is '"'
+  uint16_t max_depth = 0;
+  // Per string-lexer class (StayKey): tokens that stay inside the string, and
+  // the code points each of them starts (0xFFFF: leaves the string or is invalid).
+  std::vector<uint64_t> stay_mask[kNumStayKeys];
+  std::vector<uint16_t> stay_chars[kNumStayKeys];
+  // Plain strings with a length limit (the common bounded case): the staying
+  // tokens of at most c code points for c < kShortChars, and the ids of the
+  // longer ones, so a mask is one copy plus a short list.
+  static constexpr uint32_t kShortChars = 16;
+  std::vector<uint64_t> plain_upto[kShortChars];
+  std::vector<uint32_t> plain_long;
+};
+
+namespace {
+
+struct BuildNode {
+  std::vector<std::pair<uint8_t, uint32_t>> kids;  // byte, index into pool
+  int32_t token = -1;
+};
+
+void Flatten(const std::vector<BuildNode>& pool, uint32_t at, uint16_t d, uint8_t b, Vocabulary::Impl& v) {
+  // Iterative would be safer for huge depths; token length bounds the depth.
+  size_t me = v.byte.size();
+  v.byte.push_back(b);
+  v.depth.push_back(d);
+  v.end.push_back(0);
+  v.token.push_back(pool[at].token);
+  v.quote_below.push_back(b == '"');
+  if (d > v.max_depth) v.max_depth = d;
+  auto kids = pool[at].kids;
+  std::sort(kids.begin(), kids.end());
+  for (auto& [kb, ki] : kids) {
+    size_t child = v.byte.size();
+    Flatten(pool, ki, uint16_t(d + 1), kb, v);
+    if (v.quote_below[child]) v.quote_below[me] = 1;
+  }
+  v.end[me] = uint32_t(v.byte.size());
+}
+
+}  // namespace
+
+Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& v = *impl_;
+  if (vocab_size < token_bytes.size())
+    throw Error(ErrorCode::kInvalidArgument, "vocab_size below the number of ranks");
+  v.tokens = std::move(token_bytes);
+  v.vocab_size = vocab_size;
+  v.words = (size_t(vocab_size) + 63) / 64;
+  std::vector<BuildNode> pool(1);
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    const std::string& t = v.tokens[id];
+    if (t.empty()) continue;
+    if (t.size() > 0xFFF0) throw Error(ErrorCode::kUnsupported, "token longer than 65520 bytes", {}, Error::kNoOffset, "token " + std::to_string(id));
+    uint32_t at = 0;
+    for (char c : t) {
+      uint8_t b = uint8_t(c);
+      uint32_t next = 0;
+      for (auto& [kb, ki] : pool[at].kids)
+        if (kb == b) { next = ki; break; }
+      if (!next) {
+        pool.emplace_back();
+        next = uint32_t(pool.size() - 1);
+        pool[at].kids.emplace_back(b, next);
+      }
+      at = next;
+    }
+    if (pool[at].token >= 0)
+      throw Error(ErrorCode::kInvalidArgument, "tokens " + std::to_string(pool[at].token) + " and " +
+                                                   std::to_string(id) + " have the same bytes");
+    pool[at].token = int32_t(id);
+  }
+  // The root itself is not stored: its children are the top-level entries.
+  auto root_kids = pool[0].kids;
+  std::sort(root_kids.begin(), root_kids.end());
+  for (auto& [kb, ki] : root_kids) Flatten(pool, ki, 1, kb, v);
+
+  for (int l = 0; l < kNumStayKeys; ++l) {
+    v.stay_mask[l].assign(v.words, 0);
+    v.stay_chars[l].assign(v.tokens.size(), 0xFFFF);
+    for (size_t id = 0; id < v.tokens.size(); ++id) {
+      const std::string& t = v.tokens[id];
+      if (t.empty()) continue;
+      StrLexState s = StayKeyState(l);
+      const bool raw = l >= kNumJsonStayKeys;
+      uint32_t chars = 0;
+      bool ok = true;
+      for (char c : t) {
+        StrStep r = StrLexStep(s, uint8_t(c), raw);
+        if (r == StrStep::kFail || r == StrStep::kClose) { ok = false; break; }
+        if (r == StrStep::kNewChar) ++chars;
+      }
+      if (!ok) continue;
+      v.stay_chars[l][id] = uint16_t(std::min<uint32_t>(chars, 0xFFFE));
+      v.stay_mask[l][id / 64] |= uint64_t{1} << (id % 64);
+    }
+  }
+  for (uint32_t c = 0; c < Impl::kShortChars; ++c) v.plain_upto[c].assign(v.words, 0);
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    uint16_t chars = v.stay_chars[kStrPlain][id];
+    if (chars == 0xFFFF) continue;
+    if (chars >= Impl::kShortChars) {
+      v.plain_long.push_back(uint32_t(id));
+      continue;
+    }
+    for (uint32_t c = chars; c < Impl::kShortChars; ++c) v.plain_upto[c][id / 64] |= uint64_t{1} << (id % 64);
+  }
+}
+
+Vocabulary Vocabulary::FromTokenizer(const tok::Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(tokenizer.num_ranks());
+  for (uint32_t id = 0; id < tokenizer.num_ranks(); ++id) bytes[id] = std::string(tokenizer.TokenBytes(id));
+  return Vocabulary(std::move(bytes), tokenizer.vocab_size());
+}
+
+Vocabulary::~Vocabulary() = default;
+Vocabulary::Vocabulary(Vocabulary&&) noexcept = default;
+Vocabulary& Vocabulary::operator=(Vocabulary&&) noexcept = default;
+uint32_t Vocabulary::num_ranks() const { return uint32_t(impl_->tokens.size()); }
+uint32_t Vocabulary::vocab_size() const { return impl_->vocab_size; }
+std::string_view Vocabulary::TokenBytes(uint32_t id) const {
+  return id < impl_->tokens.size() ? std::string_view(impl_->tokens[id]) : std::string_view{};
+}
+
+// The most states a configuration keeps (overlapping anyOf alternatives
+// followed in parallel). Dropping more only narrows the language; every state
+// kept is live, so nothing can dead-end.
+constexpr size_t kMaxStates = 32;
+
+struct TokenConstraint::Impl {
+  Impl(const CompiledSchema& s, const Vocabulary& v, Format f)
+      : keep(s), schema(&keep.impl()), vocab(&v.impl()), format(f), matcher(*schema, arena, f) {
+    if (format.raw_top_string) {
+      const SchemaNode& root = schema->nodes[schema->root];
+      if (root.kind != NodeKind::kString && !(root.kind == NodeKind::kLiterals && root.raw_ok))
+        throw Error(ErrorCode::kInvalidArgument, "raw_top_string needs a string schema (or an enum of strings)");
+    }
+    Reset();
+  }
+  void Reset() {
+    arena.clear();
+    states.assign(1, matcher.Start());
+    committed = arena.size();
+    text.clear();
+    mask_valid = false;
+  }
+  // Runs bytes from the committed configuration into `cur`; false when no
+  // state survives. The arena keeps what the run appended.
+  bool RunFrom(std::string_view bytes, std::vector<State>& cur) const {
+    cur = states;
+    std::vector<State>& next = scratch;
+    for (char c : bytes) {
+      next.clear();
+      for (const State& s : cur) matcher.Step(s, uint8_t(c), next);
+      matcher.Dedupe(next, kMaxStates);
+      if (next.empty()) return false;
+      cur.swap(next);
+    }
+    return true;
+  }
+  // Runs bytes; on success the new configuration is compacted to the arena's
+  // bottom and committed.
+  bool Run(std::string_view bytes) {
+    std::vector<State> cur;
+    if (!RunFrom(bytes, cur)) {
+      arena.resize(committed);
+      return false;
+    }
+    // Compact: copy each live chain (root to top) to a fresh arena.
+    std::vector<Frame> fresh;
+    std::vector<State> moved;
+    std::vector<Frame> chain;
+    for (const State& s : cur) {
+      chain.clear();
+      for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
+      int32_t parent = -1;
+      for (size_t k = chain.size(); k-- > 0;) {
+        Frame f = chain[k];
+        f.parent = parent;
+        fresh.push_back(f);
+        parent = int32_t(fresh.size() - 1);
+      }
+      moved.push_back(State{parent, int32_t(chain.size())});
+    }
+    arena.swap(fresh);
+    states.swap(moved);
+    committed = arena.size();
+    text.append(bytes);
+    mask_valid = false;
+    return true;
+  }
+  void ComputeMask();
+  void WalkFrom(const State& start);
+
+  CompiledSchema keep;  // shares the nodes: the constraint keeps its schema alive
+  const CompiledSchema::Impl* schema;
+  const Vocabulary::Impl* vocab;
+  Format format;
+  mutable std::vector<Frame> arena;
+  mutable Matcher matcher;
+  std::vector<State> states;  // the committed configuration
+  size_t committed = 0;
+  std::string text;
+  std::vector<uint64_t> mask;
+  bool mask_valid = false;
+  mutable std::vector<State> scratch;
+  // Walk scratch, per trie depth.
+  std::vector<std::vector<State>> path;
+  std::vector<size_t> saved;
+  std::vector<uint8_t> exited;
+};
+
+// The allowed set of a configuration is the union of its states' sets.
+void TokenConstraint::Impl::ComputeMask() {
+  mask.assign(vocab->words, 0);
+  for (const State& s : states) WalkFrom(s);
+  arena.resize(committed);
+  mask_valid = true;
+}
+
+// ORs in the tokens that stay inside a string from lexer class `key` with
+// `left` code points still allowed (kUnbounded: no limit).
+static void OrStayingTokens(const Vocabulary::Impl& v, int key, uint32_t left, std::vector<uint64_t>& mask) {
+  constexpr uint32_t kShort = Vocabulary::Impl::kShortChars;
+  const std::vector<uint64_t>* set = nullptr;
+  if (left == kUnbounded) set = &v.stay_mask[key];
+  else if (key == kStrPlain && left < kShort) set = &v.plain_upto[left];
+  if (set) {
+    for (size_t w = 0; w < v.words; ++w) mask[w] |= (*set)[w];
+    return;
+  }
+  const uint16_t* chars = v.stay_chars[key].data();
+  if (key == kStrPlain) {
+    const std::vector<uint64_t>& upto = v.plain_upto[kShort - 1];
+    for (size_t w = 0; w < v.words; ++w) mask[w] |= upto[w];
+    for (uint32_t id : v.plain_long)
+      if (chars[id] <= left) mask[id / 64] |= uint64_t{1} << (id % 64);
+    return;
+  }
+  // Other classes keep few tokens (they must continue a character or an
+  // escape), or are raw strings with a limit: visit only the staying ones.
+  const std::vector<uint64_t>& stay = v.stay_mask[key];
+  for (size_t w = 0; w < v.words; ++w)
+    for (uint64_t b = stay[w]; b; b &= b - 1) {
+      size_t id = w * 64 + size_t(std::countr_zero(b));
+      if (chars[id] <= left) mask[w] |= uint64_t{1} << (id % 64);
+    }
+}
+
+void TokenConstraint::Impl::WalkFrom(const State& start) {
+  const Vocabulary::Impl& v = *vocab;
+  const Frame& top = matcher.top(start);
+  bool shortcut = false;
+  if (top.node == kRootNode && top.phase == 0 && format.raw_top_string &&
+      schema->nodes[schema->root].kind == NodeKind::kString) {
+    // A raw string never ends by itself: the staying tokens are all of them.
+    const SchemaNode& n = schema->nodes[schema->root];
+    OrStayingTokens(v, RawStayKey(kStrPlain), n.max_len, mask);
+    return;
+  }
+  if (top.node != kRootNode) {
+    const SchemaNode& n = matcher.node(top.node);
+    if (n.kind == NodeKind::kString) {
+      const uint32_t left = n.max_len == kUnbounded ? kUnbounded : n.max_len - top.count;
+      if (top.phase == Matcher::kRawPhase) {
+        OrStayingTokens(v, RawStayKey(top.lex), left, mask);
+        return;
+      }
+      shortcut = true;
+      OrStayingTokens(v, StayKey(StrLexState{top.lex, top.pos}), left, mask);
+    }
+  }
+  const size_t levels = size_t(v.max_depth) + 1;
+  path.resize(levels);
+  saved.resize(levels);
+  exited.resize(levels);
+  path[0].assign(1, start);
+  saved[0] = committed;
+  exited[0] = !shortcut;
+  const int32_t string_depth = start.depth;
+  const size_t count = v.byte.size();
+  size_t i = 0;
+  while (i < count) {
+    const uint16_t d = v.depth[i];
+    if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
+    arena.resize(saved[d - 1]);
+    std::vector<State>& here = path[d];
+    here.clear();
+    for (const State& s : path[d - 1]) matcher.Step(s, v.byte[i], here);
+    if (here.empty()) { i = v.end[i]; continue; }
+    matcher.Dedupe(here, kMaxStates);
+    saved[d] = arena.size();
+    exited[d] = exited[d - 1] || here.size() != 1 || here[0].depth < string_depth;
+    if (int32_t t = v.token[i]; t >= 0) mask[size_t(t) / 64] |= uint64_t{1} << (t % 64);
+    ++i;
+  }
+}
+
+TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab, Format format)
+    : impl_(std::make_unique<Impl>(schema, vocab, format)) {}
+TokenConstraint::~TokenConstraint() = default;
+TokenConstraint::TokenConstraint(TokenConstraint&&) noexcept = default;
+TokenConstraint& TokenConstraint::operator=(TokenConstraint&&) noexcept = default;
+
+void TokenConstraint::AllowedMask(std::vector<uint64_t>& bits) {
+  if (!impl_->mask_valid) impl_->ComputeMask();
+  bits = impl_->mask;
+}
+
+bool TokenConstraint::Allowed(uint32_t id) const {
+  const Impl& m = *impl_;
+  if (id >= m.vocab->tokens.size() || m.vocab->tokens[id].empty()) return false;
+  if (m.mask_valid) return (m.mask[id / 64] >> (id % 64)) & 1;
+  std::vector<State> cur;
+  bool ok = m.RunFrom(m.vocab->tokens[id], cur);
+  m.arena.resize(m.committed);
+  return ok;
+}
+
+void TokenConstraint::Advance(uint32_t id) {
+  if (id >= impl_->vocab->tokens.size() || impl_->vocab->tokens[id].empty())
+    throw Error(ErrorCode::kInvalidArgument, "token " + std::to_string(id) + " is not allowed here (special or out of range)");
+  if (!impl_->Run(impl_->vocab->tokens[id]))
+    throw Error(ErrorCode::kInvalidArgument, "token " + std::to_string(id) + " is not allowed after " +
+                                                 std::to_string(impl_->text.size()) + " bytes of output");
+}
+
+bool TokenConstraint::AdvanceBytes(std::string_view bytes) { return impl_->Run(bytes); }
+
+bool TokenConstraint::Accepting() const {
+  for (const State& s : impl_->states)
+    if (impl_->matcher.Accepting(s)) return true;
+  return false;
+}
+
+bool TokenConstraint::Complete() {
+  if (!Accepting()) return false;
+  if (!impl_->mask_valid) impl_->ComputeMask();
+  for (uint64_t w : impl_->mask)
+    if (w) return false;
+  return true;
+}
+
+const std::string& TokenConstraint::text() const { return impl_->text; }
+void TokenConstraint::Reset() { impl_->Reset(); }
+
+}  // namespace k3::constrain

@@ -1,0 +1,522 @@
+// The byte automaton's transitions (matcher.h). Every byte either moves the top
+// frame on, opens a child frame, closes the top frame, or is refused; a number
+// or number literal ends at the first byte that cannot continue it, and that
+// byte is then offered to the enclosing frame (kReprocess).
+#include "matcher.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace k3::constrain {
+namespace {
+
+// The *Space phases expect the space of Python's separators (", " and ": ").
+enum ObjPhase : uint8_t { kObjOpen, kObjKey, kObjAfterKey, kObjValue, kObjAfterValue, kObjComma,
+                          kObjCommaSpace, kObjColonSpace };
+enum ArrPhase : uint8_t { kArrOpen, kArrAfterValue, kArrComma, kArrCommaSpace };
+enum NumLex : uint8_t { kN0, kNMinus, kNZero, kNInt, kNDot, kNFrac, kNE, kNESign, kNExp };
+
+// Digits of a bounded number, before and after the point together: the value is
+// then an exact integer over an exact power of ten, so one division gives the
+// correctly rounded double a JSON parser reads.
+constexpr int kMaxBoundedDigits = 15;
+
+constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                             1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
+
+uint64_t AllLiterals(const SchemaNode& n) {
+  return n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
+}
+
+uint64_t AllProps(const SchemaNode& n) {
+  return n.props.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.props.size()) - 1;
+}
+
+// [a, b] with each end open or closed, intersected with the node's bounds.
+bool Meets(const SchemaNode& n, double a, bool a_closed, double b, bool b_closed) {
+  double lo = a;
+  bool lo_closed = a_closed;
+  if (n.lo > a || (n.lo == a && n.lo_excl)) { lo = n.lo; lo_closed = !n.lo_excl; }
+  double hi = b;
+  bool hi_closed = b_closed;
+  if (n.hi < b || (n.hi == b && n.hi_excl)) { hi = n.hi; hi_closed = !n.hi_excl; }
+  return lo < hi || (lo == hi && lo_closed && hi_closed);
+}
+
+bool MeetsInt(const SchemaNode& n, int64_t a, int64_t b) { return std::max(a, n.ilo) <= std::min(b, n.ihi); }
+
+double NumberValue(const Frame& f) {
+  double mant = double(f.bits2 * uint64_t(kPow10[f.nd_frac]) + f.frac);
+  double v = mant / kPow10[f.nd_frac];
+  return f.neg ? -v : v;
+}
+
+}  // namespace
+
+State Matcher::Start() {
+  Frame root;
+  arena_.push_back(root);
+  return State{int32_t(arena_.size() - 1), 1};
+}
+
+Frame& Matcher::Modify(State& s) {
+  Frame copy = arena_[size_t(s.top)];
+  arena_.push_back(copy);
+  s.top = int32_t(arena_.size() - 1);
+  return arena_.back();
+}
+
+void Matcher::Push(State& s, const Frame& f) {
+  Frame c = f;
+  c.parent = s.top;
+  arena_.push_back(c);
+  s.top = int32_t(arena_.size() - 1);
+  ++s.depth;
+}
+
+void Matcher::Step(State s, uint8_t b, std::vector<State>& out) {
+  for (;;) {
+    const Frame& f = arena_[size_t(s.top)];
+    if (f.node == kRootNode) {
+      if (f.phase != 0) return;
+      Modify(s).phase = 1;
+      if (format_.raw_top_string) {
+        // The first byte is already content: no opening quote.
+        Frame v;
+        v.node = root_;
+        v.phase = kRawPhase;
+        const SchemaNode& n = nodes_[root_];
+        if (n.kind == NodeKind::kLiterals) v.bits = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
+        Push(s, v);
+        continue;
+      }
+      StartValue(s, root_, b, out);
+      return;
+    }
+    R r = R::kFail;
+    switch (nodes_[f.node].kind) {
+      case NodeKind::kObject: r = StepObject(s, b, out); break;
+      case NodeKind::kArray: r = StepArray(s, b, out); break;
+      case NodeKind::kString: r = StepString(s, b); break;
+      case NodeKind::kNumber: r = StepNumber(s, b); break;
+      case NodeKind::kLiterals: r = StepLiterals(s, b); break;
+      case NodeKind::kUnion: return;  // never on the stack
+    }
+    if (r == R::kDone) out.push_back(s);
+    if (r != R::kReprocess) return;
+  }
+}
+
+void Matcher::StartValue(State s, uint32_t node, uint8_t b, std::vector<State>& out, uint64_t exclude) {
+  const SchemaNode& n = nodes_[node];
+  if (!n.first[b]) return;
+  Frame f;
+  f.node = node;
+  switch (n.kind) {
+    case NodeKind::kUnion:
+      // Each alternative continues from the same (shared) frames below.
+      for (uint32_t alt : n.alts) StartValue(s, alt, b, out);
+      return;
+    case NodeKind::kObject:
+    case NodeKind::kArray:
+      if (s.depth > kMaxDepth) return;
+      Push(s, f);
+      out.push_back(s);
+      return;
+    case NodeKind::kString:
+      Push(s, f);
+      out.push_back(s);
+      return;
+    case NodeKind::kNumber:
+      Push(s, f);
+      if (StepNumber(s, b) == R::kDone) out.push_back(s);
+      return;
+    case NodeKind::kLiterals:
+      f.bits = (n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1) & ~exclude;
+      if (!f.bits) return;
+      Push(s, f);
+      if (StepLiterals(s, b) == R::kDone) out.push_back(s);
+      return;
+  }
+}
+
+bool Matcher::Same(const State& a, const State& b) const {
+  if (a.depth != b.depth) return false;
+  for (int32_t i = a.top, j = b.top; i != j; i = arena_[size_t(i)].parent, j = arena_[size_t(j)].parent) {
+    if (i < 0 || j < 0) return false;
+    const Frame &x = arena_[size_t(i)], &y = arena_[size_t(j)];
+    if (x.node != y.node || x.phase != y.phase || x.lex != y.lex || x.pos != y.pos || x.count != y.count ||
+        x.bits != y.bits || x.bits2 != y.bits2 || x.frac != y.frac || x.nd_int != y.nd_int ||
+        x.nd_frac != y.nd_frac || x.nd_exp != y.nd_exp || x.neg != y.neg)
+      return false;
+  }
+  return true;
+}
+
+void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
+  if (v.size() < 2) return;
+  size_t n = 0;
+  for (size_t i = 0; i < v.size() && n < max_states; ++i) {
+    bool dup = false;
+    for (size_t k = 0; k < n && !dup; ++k) dup = Same(v[k], v[i]);
+    if (!dup) v[n++] = v[i];
+  }
+  v.resize(n);
+}
+
+Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
+  const Frame f = arena_[size_t(s.top)];
+  const SchemaNode& n = nodes_[f.node];
+  bool map = n.map_value >= 0;
+  uint64_t unseen = AllProps(n) & ~f.bits;
+  // Properties so far: declared ones seen, or (free keys) entries counted.
+  const uint64_t have = map ? f.count : uint64_t(std::popcount(f.bits));
+  const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
+  const bool can_close = missing == 0 && have >= n.min_props;
+  // Keys that may come next: an optional one only if the required ones left
+  // still fit under maxProperties.
+  if (!map && have + 1 + missing > n.max_props) unseen &= n.required_mask;
+  const bool can_add = have < n.max_props && (map || unseen);
+  auto begin_key = [&]() -> R {
+    if (!can_add) return R::kFail;
+    if (map) {
+      Modify(s).phase = kObjAfterKey;
+      Frame k;
+      k.node = n.key_node;
+      Push(s, k);
+      return R::kDone;
+    }
+    Frame& m = Modify(s);
+    m.phase = kObjKey;
+    m.bits2 = unseen;
+    m.pos = 0;
+    return R::kDone;
+  };
+  switch (f.phase) {
+    case kObjOpen:
+      if (b == '"') return begin_key();
+      if (b == '}' && can_close) { Pop(s); return R::kDone; }
+      return R::kFail;
+    case kObjComma:
+      return b == '"' ? begin_key() : R::kFail;
+    case kObjCommaSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kObjComma;
+      return R::kDone;
+    case kObjColonSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kObjValue;
+      return R::kDone;
+    case kObjKey: {
+      uint64_t nb = 0;
+      for (uint64_t c = f.bits2; c; c &= c - 1) {
+        int i = std::countr_zero(c);
+        const std::string& key = n.props[size_t(i)].key;
+        if (f.pos < key.size() && uint8_t(key[f.pos]) == b) nb |= uint64_t{1} << i;
+      }
+      if (nb) {
+        Frame& m = Modify(s);
+        m.bits2 = nb;
+        m.pos = uint16_t(f.pos + 1);
+        return R::kDone;
+      }
+      if (b != '"') return R::kFail;
+      for (uint64_t c = f.bits2; c; c &= c - 1) {
+        int i = std::countr_zero(c);
+        if (n.props[size_t(i)].key.size() == f.pos) {
+          Frame& m = Modify(s);
+          m.phase = kObjAfterKey;
+          m.count = uint32_t(i);
+          return R::kDone;
+        }
+      }
+      return R::kFail;
+    }
+    case kObjAfterKey:
+      if (b != ':') return R::kFail;
+      Modify(s).phase = format_.python_separators ? kObjColonSpace : kObjValue;
+      return R::kDone;
+    case kObjValue: {
+      uint32_t child = map ? uint32_t(n.map_value) : n.props[f.count].child;
+      Frame& m = Modify(s);
+      m.phase = kObjAfterValue;
+      if (map) ++m.count;  // entries, for min/maxProperties
+      else m.bits |= uint64_t{1} << f.count;
+      StartValue(s, child, b, out);
+      return R::kOut;
+    }
+    case kObjAfterValue:
+      if (b == ',' && can_add) {
+        Modify(s).phase = format_.python_separators ? kObjCommaSpace : kObjComma;
+        return R::kDone;
+      }
+      if (b == '}' && can_close) { Pop(s); return R::kDone; }
+      return R::kFail;
+  }
+  return R::kFail;
+}
+
+Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
+  const Frame f = arena_[size_t(s.top)];
+  const SchemaNode& n = nodes_[f.node];
+  switch (f.phase) {
+    case kArrOpen:
+      if (b == ']') {
+        if (n.min_items != 0) return R::kFail;
+        Pop(s);
+        return R::kDone;
+      }
+      if (n.max_items == 0) return R::kFail;
+      {
+        Frame& m = Modify(s);
+        m.phase = kArrAfterValue;
+        m.count = 1;
+      }
+      StartValue(s, n.items, b, out, f.bits);
+      return R::kOut;
+    case kArrAfterValue:
+      // A uniqueItems array may add an item only while a value is left unused.
+      if (b == ',' && f.count < n.max_items &&
+          (!n.unique || (~f.bits & AllLiterals(nodes_[n.items])) != 0)) {
+        Modify(s).phase = format_.python_separators ? kArrCommaSpace : kArrComma;
+        return R::kDone;
+      }
+      if (b == ']' && f.count >= n.min_items) { Pop(s); return R::kDone; }
+      return R::kFail;
+    case kArrCommaSpace:
+      if (b != ' ') return R::kFail;
+      Modify(s).phase = kArrComma;
+      return R::kDone;
+    case kArrComma: {
+      Frame& m = Modify(s);
+      m.phase = kArrAfterValue;
+      m.count = f.count + 1;
+      StartValue(s, n.items, b, out, f.bits);
+      return R::kOut;
+    }
+  }
+  return R::kFail;
+}
+
+Matcher::R Matcher::StepString(State& s, uint8_t b) {
+  const Frame f = arena_[size_t(s.top)];
+  const SchemaNode& n = nodes_[f.node];
+  StrLexState ls{f.lex, f.pos};
+  StrStep r = StrLexStep(ls, b, f.phase == kRawPhase);
+  if (r == StrStep::kFail) return R::kFail;
+  if (r == StrStep::kClose) {
+    if (f.count < n.min_len) return R::kFail;
+    Pop(s);
+    return R::kDone;
+  }
+  uint32_t count = f.count;
+  if (r == StrStep::kNewChar) {
+    if (uint64_t(count) + 1 > uint64_t(n.max_len)) return R::kFail;
+    if (count != kUnbounded) ++count;
+  }
+  Frame& m = Modify(s);
+  m.lex = ls.lex;
+  m.pos = ls.hex;
+  m.count = count;
+  return R::kDone;
+}
+
+Matcher::R Matcher::StepNumber(State& s, uint8_t b) {
+  const Frame f = arena_[size_t(s.top)];
+  const SchemaNode& n = nodes_[f.node];
+  const bool allow_frac = !n.integer;
+  const bool allow_exp = !n.integer && !n.bounded;
+  const int total = f.nd_int + f.nd_frac;
+  Frame g = f;
+  bool consumed = true;
+  switch (f.lex) {
+    case kN0:
+    case kNMinus:
+      if (f.lex == kN0 && b == '-') { g.neg = true; g.lex = kNMinus; break; }
+      if (b == '0') { g.lex = kNZero; g.nd_int = 1; break; }
+      if (IsDigit(b)) { g.lex = kNInt; g.bits2 = uint64_t(b - '0'); g.nd_int = 1; break; }
+      return R::kFail;
+    case kNZero:
+    case kNInt:
+      if (IsDigit(b) && f.lex == kNInt) {
+        if (f.nd_int >= kMaxIntDigits || (n.bounded && total >= kMaxBoundedDigits)) return R::kFail;
+        g.bits2 = f.bits2 * 10 + uint64_t(b - '0');
+        ++g.nd_int;
+        break;
+      }
+      if (b == '.' && allow_frac && (!n.bounded || total < kMaxBoundedDigits)) { g.lex = kNDot; break; }
+      if ((b == 'e' || b == 'E') && allow_exp) { g.lex = kNE; break; }
+      consumed = false;
+      break;
+    case kNDot:
+      if (!IsDigit(b)) return R::kFail;
+      g.lex = kNFrac;
+      g.frac = uint64_t(b - '0');
+      g.nd_frac = 1;
+      break;
+    case kNFrac:
+      if (IsDigit(b)) {
+        if (f.nd_frac >= kMaxFracDigits || (n.bounded && total >= kMaxBoundedDigits)) return R::kFail;
+        g.frac = f.frac * 10 + uint64_t(b - '0');
+        ++g.nd_frac;
+        break;
+      }
+      if ((b == 'e' || b == 'E') && allow_exp) { g.lex = kNE; break; }
+      consumed = false;
+      break;
+    case kNE:
+      if (b == '+' || b == '-') { g.lex = kNESign; break; }
+      if (IsDigit(b)) { g.lex = kNExp; g.nd_exp = 1; break; }
+      return R::kFail;
+    case kNESign:
+      if (!IsDigit(b)) return R::kFail;
+      g.lex = kNExp;
+      g.nd_exp = 1;
+      break;
+    case kNExp:
+      if (IsDigit(b)) {
+        if (f.nd_exp >= kMaxExpDigits) return R::kFail;
+        ++g.nd_exp;
+        break;
+      }
+      consumed = false;
+      break;
+    default:
+      return R::kFail;
+  }
+  if (!consumed) {
+    if (!NumberEndOk(n, f)) return R::kFail;
+    Pop(s);
+    return R::kReprocess;
+  }
+  if (n.bounded && !NumberViable(n, g)) return R::kFail;
+  Modify(s) = g;
+  return R::kDone;
+}
+
+bool Matcher::NumberEndOk(const SchemaNode& n, const Frame& f) const {
+  if (f.lex != kNZero && f.lex != kNInt && f.lex != kNFrac && f.lex != kNExp) return false;
+  if (!n.bounded) return true;
+  if (n.integer) {
+    int64_t v = int64_t(f.bits2);
+    if (f.neg) v = -v;
+    return v >= n.ilo && v <= n.ihi;
+  }
+  double v = NumberValue(f);
+  return Meets(n, v, true, v, true);
+}
+
+bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
+  const int cap_int = std::min(kMaxIntDigits, kMaxBoundedDigits);
+  switch (f.lex) {
+    case kNMinus:
+      if (n.integer) return MeetsInt(n, -int64_t(kPow10[cap_int]) + 1, 0);
+      return Meets(n, -kPow10[cap_int], false, 0.0, true);
+    case kNZero:
+    case kNInt: {
+      // Completions: this integer part followed by j more digits (j = 0 .. the
+      // cap), each optionally with a fraction.
+      int more = f.lex == kNZero ? 0 : cap_int - f.nd_int;
+      double m = double(f.bits2);
+      for (int j = 0; j <= more; ++j) {
+        double a = m * kPow10[j], b = (m + 1) * kPow10[j];
+        bool hit;
+        if (n.integer) {
+          int64_t ia = int64_t(a), ib = int64_t(b) - 1;
+          hit = f.neg ? MeetsInt(n, -ib, -ia) : MeetsInt(n, ia, ib);
+        } else {
+          hit = f.neg ? Meets(n, -b, false, -a, true) : Meets(n, a, true, b, false);
+        }
+        if (hit) return true;
+      }
+      return false;
+    }
+    case kNDot: {
+      double m = double(f.bits2);
+      return f.neg ? Meets(n, -(m + 1), false, -m, true) : Meets(n, m, true, m + 1, false);
+    }
+    case kNFrac: {
+      double v = NumberValue(f);
+      bool more = f.nd_frac < kMaxFracDigits && f.nd_int + f.nd_frac < kMaxBoundedDigits;
+      double w = more ? 1.0 / kPow10[f.nd_frac] : 0.0;
+      if (w == 0) return Meets(n, v, true, v, true);
+      return f.neg ? Meets(n, v - w, false, v, true) : Meets(n, v, true, v + w, false);
+    }
+    default:
+      return true;
+  }
+}
+
+bool Matcher::LiteralEndOk(const SchemaNode& n, const Frame& f) const {
+  const std::vector<std::string>& lits = Literals(n, f);
+  for (uint64_t c = f.bits; c; c &= c - 1)
+    if (lits[size_t(std::countr_zero(c))].size() == f.pos) return true;
+  return false;
+}
+
+Matcher::R Matcher::StepLiterals(State& s, uint8_t b) {
+  const Frame f = arena_[size_t(s.top)];
+  const SchemaNode& n = nodes_[f.node];
+  const std::vector<std::string>& lits = Literals(n, f);
+  uint64_t nb = 0;
+  for (uint64_t c = f.bits; c; c &= c - 1) {
+    int i = std::countr_zero(c);
+    const std::string& lit = lits[size_t(i)];
+    if (f.pos < lit.size() && uint8_t(lit[f.pos]) == b) nb |= uint64_t{1} << i;
+  }
+  if (!nb) {
+    // A number literal ends at the first byte that does not continue it (a raw
+    // one only where the caller ends it).
+    if (f.phase == kRawPhase || !LiteralEndOk(n, f)) return R::kFail;
+    uint64_t done = 0;
+    for (uint64_t c = f.bits; c; c &= c - 1)
+      if (lits[size_t(std::countr_zero(c))].size() == f.pos) done |= c & -c;
+    PopLiteral(s, done);
+    return R::kReprocess;
+  }
+  uint16_t pos = uint16_t(f.pos + 1);
+  for (uint64_t c = nb; c && f.phase != kRawPhase; c &= c - 1) {
+    const std::string& lit = lits[size_t(std::countr_zero(c))];
+    // A complete literal that does not end in a digit cannot be extended.
+    if (lit.size() == pos && !IsDigit(uint8_t(lit.back()))) {
+      PopLiteral(s, c & -c);
+      return R::kDone;
+    }
+  }
+  Frame& m = Modify(s);
+  m.bits = nb;
+  m.pos = pos;
+  return R::kDone;
+}
+
+// Ends a literal frame; a uniqueItems array above it records the value used.
+void Matcher::PopLiteral(State& s, uint64_t used) {
+  Pop(s);
+  const Frame& parent = arena_[size_t(s.top)];
+  if (parent.node != kRootNode && nodes_[parent.node].kind == NodeKind::kArray && nodes_[parent.node].unique)
+    Modify(s).bits |= used;
+}
+
+bool Matcher::Accepting(const State& s) const {
+  const Frame& f = arena_[size_t(s.top)];
+  if (f.node == kRootNode && f.phase == 0 && format_.raw_top_string) {
+    // The empty raw string.
+    const SchemaNode& n = nodes_[root_];
+    if (n.kind == NodeKind::kString) return n.min_len == 0;
+    for (const std::string& l : n.literals_raw)
+      if (l.empty()) return true;
+    return false;
+  }
+  if (f.node == kRootNode) return f.phase == 1;
+  if (f.parent < 0 || arena_[size_t(f.parent)].node != kRootNode) return false;
+  const SchemaNode& n = nodes_[f.node];
+  if (n.kind == NodeKind::kNumber) return NumberEndOk(n, f);
+  if (n.kind == NodeKind::kLiterals) return LiteralEndOk(n, f);
+  if (n.kind == NodeKind::kString && f.phase == kRawPhase) return f.lex == kStrPlain && f.count >= n.min_len;
+  return false;
+}
+
+}  // namespace k3::constrain

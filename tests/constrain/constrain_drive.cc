@@ -1,0 +1,123 @@
+// constrain_drive: the generator half of the constrained-decoding property test
+// (property_test.sh). For every schema of a schemas.json file it drives a
+// TokenConstraint over a real tokenizer's vocabulary with a seeded random choice
+// among the allowed tokens (the stand-in for a model whose output is garbage)
+// until the output is accepting, and prints one JSON line per run:
+//   {"name":..., "run":r, "ok":true, "text":"...", "steps":n}
+// or "ok":false with "error". The checker (check_outputs.py) parses and
+// validates every text with python3-jsonschema, an independent implementation.
+//
+//   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]
+// (python: Format::python_separators, the spelling of XTML tool arguments)
+#include <simdjson.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "k3/constrain/constrain.h"
+#include "k3/core/error.h"
+#include "k3/core/file.h"
+#include "k3/core/json_writer.h"
+#include "k3/tokenizer/tokenizer.h"
+
+using namespace k3;
+
+namespace {
+
+// Uniform among allowed tokens for the first steps; later, tokens that close
+// something (and open nothing) are preferred so that every run ends.
+constexpr int kFreeSteps = 48;
+constexpr int kMaxSteps = 5000;
+
+std::string Drive(const constrain::CompiledSchema& schema, const constrain::Vocabulary& vocab,
+                  constrain::Format format, std::mt19937_64& rng, int& steps) {
+  constrain::TokenConstraint c(schema, vocab, format);
+  std::vector<uint64_t> mask;
+  std::vector<uint32_t> allowed, closers;
+  for (steps = 0; steps < kMaxSteps; ++steps) {
+    if (c.Accepting() && (c.Complete() || rng() % 4 == 0)) return c.text();
+    c.AllowedMask(mask);
+    allowed.clear();
+    closers.clear();
+    for (uint32_t id = 0; id < vocab.vocab_size(); ++id) {
+      if (!((mask[id / 64] >> (id % 64)) & 1)) continue;
+      if (!c.Allowed(id)) throw Error(ErrorCode::kInternal, "Allowed() disagrees with the mask for token " + std::to_string(id));
+      allowed.push_back(id);
+      std::string_view b = vocab.TokenBytes(id);
+      if (b.find_first_of("\"]}") != std::string_view::npos && b.find_first_of("{[") == std::string_view::npos)
+        closers.push_back(id);
+    }
+    if (allowed.empty()) {
+      if (c.Accepting()) return c.text();
+      throw Error(ErrorCode::kInternal, "dead end: no token allowed after '" + c.text() + "'");
+    }
+    const auto& pool = steps >= kFreeSteps && !closers.empty() ? closers : allowed;
+    c.Advance(pool[rng() % pool.size()]);
+  }
+  throw Error(ErrorCode::kInternal, "no accepting output within " + std::to_string(kMaxSteps) + " tokens: '" +
+                                        c.text().substr(0, 200) + "...'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]\n");
+    return 2;
+  }
+  constrain::Format format;
+  if (argc == 6) {
+    std::string mode = argv[5];
+    if (mode != "compact" && mode != "python") {
+      std::fprintf(stderr, "constrain_drive: mode must be compact or python\n");
+      return 2;
+    }
+    format.python_separators = mode == "python";
+  }
+  try {
+    tok::Tokenizer tokenizer = tok::Tokenizer::LoadDirOrThrow(argv[1]);
+    constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tokenizer);
+    std::string text = ReadFileOrThrow(argv[2], 64u << 20);
+    int runs = std::atoi(argv[3]);
+    uint64_t seed = std::strtoull(argv[4], nullptr, 10);
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(text);
+    simdjson::dom::element doc = parser.parse(padded);
+    int failures = 0;
+    for (simdjson::dom::element entry : doc.get_array()) {
+      std::string name{std::string_view(entry["name"])};
+      simdjson::dom::element sch = entry["schema"];
+      for (int r = 0; r < runs; ++r) {
+        JsonWriter j;
+        j.BeginObject();
+        j.Field("name", name);
+        j.Field("run", int64_t{r});
+        try {
+          constrain::CompiledSchema schema = sch.is_null() ? constrain::Schema::JsonObject()
+                                                           : constrain::Schema::CompileOrThrow(simdjson::minify(sch));
+          std::mt19937_64 rng(seed * 1000003u + std::hash<std::string>{}(name) + uint64_t(r));
+          int steps = 0;
+          std::string out = Drive(schema, vocab, format, rng, steps);
+          j.Field("ok", true);
+          j.Key("text");
+          std::string quoted;
+          AppendJsonString(quoted, out, InvalidUtf8::kPassThrough);
+          j.Raw(quoted);
+          j.Field("steps", int64_t{steps});
+        } catch (const Error& e) {
+          ++failures;
+          j.Field("ok", false);
+          j.Field("error", std::string(e.what()));
+        }
+        j.EndObject();
+        std::printf("%s\n", j.str().c_str());
+      }
+    }
+    return failures ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "constrain_drive: %s\n", e.what());
+    return 1;
+  }
+}
