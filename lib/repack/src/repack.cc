@@ -1,6 +1,5 @@
 #include "k3/repack/repack.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -394,29 +393,20 @@ void Runner::RemoveStaleTemps(const std::string& final_name) {
   // Only this pass owns `final_name` (passes are disjoint; shared files are
   // written under the lock), so any "<name>.tmp.*" is left over from a crash.
   const std::string prefix = final_name + ".tmp.";
-  DIR* d = ::opendir(opt_.dst.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    if (std::string_view(e->d_name).starts_with(prefix)) stale.emplace_back(e->d_name);
+  for (const auto& s : ListDirectory(opt_.dst)) {
+    if (s.starts_with(prefix)) ::unlink(JoinPath(opt_.dst, s).c_str());
   }
-  ::closedir(d);
-  for (const auto& s : stale) ::unlink(JoinPath(opt_.dst, s).c_str());
 }
 
 void Runner::RemoveForForce() {
   std::vector<std::string> victims;
-  DIR* d = ::opendir(opt_.dst.c_str());
-  if (!d) return;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
+  for (const std::string& name : ListDirectory(opt_.dst)) {
     std::string base = name.substr(0, name.find(".tmp."));
     bool ours = ParseShardName(base).has_value() || base == kIndexName || base == kChecksumsName ||
                 base == kFingerprintName;
     for (auto m : kMetadataFiles) ours = ours || base == m;
     if (ours) victims.push_back(name);
   }
-  ::closedir(d);
   for (const auto& v : victims) {
     std::string path = JoinPath(opt_.dst, v);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) ThrowErrno(errno, "unlink", path);
@@ -648,12 +638,6 @@ std::string ExistingAncestor(std::string p) {
   return p.empty() ? "." : p;
 }
 
-void MakeDirs(const std::string& dir) {
-  if (IsDirectory(dir)) return;
-  std::string parent = DirName(dir);
-  if (parent != dir) MakeDirs(parent);
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) ThrowErrno(errno, "mkdir", dir);
-}
 
 RepackEvent Runner::Run() {
   ValidateBits(opt_.bits);
