@@ -157,12 +157,9 @@ int Main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
   app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
-  bool no_space_check = false, no_tensor_check = false;
+  bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
-  app.add_flag("--no-tensor-check", no_tensor_check,
-               "convert even if config.json contradicts the tensors (synthetic test sources; the "
-               "container will not pass k3-verify)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -180,7 +177,6 @@ int Main(int argc, char** argv) {
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     opt.block_bytes = block_mib << 20;
     opt.space_check = !no_space_check;
-    opt.tensor_check = !no_tensor_check;
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
       if (json)
         PrintJson(e);

@@ -787,7 +787,7 @@ RepackEvent Runner::Run() {
   Snapshot snap = Snapshot::OpenOrThrow(opt_.src);  // every shard of the index, validated
   ModelConfig config =
       ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
-  if (opt_.tensor_check) CheckSourceMatchesConfig(snap, config, opt_.src);
+  CheckSourceMatchesConfig(snap, config, opt_.src);
 
   struct Src {
     int64_t number;

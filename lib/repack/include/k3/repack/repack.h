@@ -29,7 +29,6 @@ struct RepackOptions {
   int threads = 0;           // quantization threads; 0 = all online CPUs
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
-  bool tensor_check = true;  // false: convert even if config.json contradicts the tensors (synthetic sources)
   uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
 };
 
