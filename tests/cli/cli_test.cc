@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "helpers.h"
@@ -35,6 +36,9 @@ std::string Git(const std::string& args) {
 }  // namespace
 
 TEST_CASE("--version on every tool: version, git sha, build type, kernel ISA") {
+  // A forced ISA is validated (and logged) up front by design; these cases are
+  // about the output without it (scripts/test.sh reruns the suite with it set).
+  ::unsetenv("K3_FORCE_ISA");
   TempDir d("k3cli");
   for (const char* tool : kTools) {
     CAPTURE(tool);
@@ -103,6 +107,7 @@ TEST_CASE("--quiet: repack and verify print nothing on success; problems still s
 }
 
 TEST_CASE("k3-bench --help does not log the kernel choice") {
+  ::unsetenv("K3_FORCE_ISA");  // a forced ISA is checked, and logged, up front by design
   TempDir d("k3cli");
   const std::string log = d / "log";
   CHECK(Run({Bin("k3-bench"), "--help"}, {.log = log}) == 0);
@@ -137,4 +142,33 @@ TEST_CASE("usage errors: readable, and exit 2 whatever their kind") {
     CHECK(ReadAll(log).find("179769313486") == std::string::npos);
   }
   CHECK(!Exists(d / "x"));
+}
+
+TEST_CASE("k3-run info: snapshot, container, incomplete container") {
+  TempDir d("k3cli");
+  const std::string log = d / "info";
+  // The snapshot: counts the oracle's README and config state (11 shard files,
+  // 890 tensors, 7 MoE layers x 16 experts, 2048 ranks).
+  REQUIRE(Run({Bin("k3-run"), "info", TinySnapshot(), "--json"}, {.log = log}) == 0);
+  std::string j = ReadAll(log);
+  CHECK(j.find("\"kind\":\"snapshot\",\"status\":\"complete\",\"shards\":11,\"tensors\":890") != std::string::npos);
+  CHECK(j.find("\"weights\":\"bf16 (not quantized)\"") != std::string::npos);
+  CHECK(j.find("\"moe_layers\":7,\"experts_per_layer\":16,\"experts\":112") != std::string::npos);
+  CHECK(j.find("\"tokenizer_ranks\":2048,\"tokenizer_config\":true") != std::string::npos);
+  // A --bits 4 container: its fingerprint's parameters and shard counts.
+  const std::string out = d / "c4";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4", "-q"}) == 0);
+  const std::string log2 = d / "info2";
+  REQUIRE(Run({Bin("k3-run"), "info", out}, {.log = log2}) == 0);
+  std::string t = ReadAll(log2);
+  CHECK(t.find("kind        k3 container (k3-repack output)\n") != std::string::npos);
+  CHECK(t.find("weights     int4-g64 / int8 / int8 (bits 4, mla-bits 8, head-bits 8)\n") != std::string::npos);
+  CHECK(t.find("fingerprint 9 output shards from 11 source shards\n") != std::string::npos);
+  CHECK(t.find("experts     112 stored (16 per MoE layer)") != std::string::npos);
+  // Incomplete: says so, with what to do.
+  const std::string part = d / "part";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), part, "--shards", "1,2", "-q"}) == 0);
+  const std::string log3 = d / "info3";
+  REQUIRE(Run({Bin("k3-run"), "info", part}, {.log = log3}) == 0);
+  CHECK(ReadAll(log3).find("status      incomplete container: 2 of 9 shards; rerun k3-repack") != std::string::npos);
 }

@@ -1,6 +1,5 @@
 #include "k3/container/snapshot.h"
 
-#include <dirent.h>
 
 #include <algorithm>
 #include <unordered_set>
@@ -26,14 +25,9 @@ bool SafeShardName(std::string_view name) {
 
 std::vector<std::string> ListSafetensors(const std::string& dir) {
   std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.size() > 12 && name.ends_with(".safetensors")) out.push_back(name);
+  for (std::string& name : ListDirectory(dir)) {
+    if (name.size() > 12 && name.ends_with(".safetensors")) out.push_back(std::move(name));
   }
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -135,3 +135,19 @@ TEST_CASE("environment parsing names the variable on error") {
   CHECK(MemAvailableBytes() > 0);
   CHECK(PeakRssBytes() > 0);
 }
+
+TEST_CASE("ListDirectory and MakeDirs") {
+  char tmpl[] = "/tmp/k3_core_dirs_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string deep = root + "/a/b/c";
+  k3::MakeDirs(deep);
+  CHECK(k3::IsDirectory(deep));
+  k3::MakeDirs(deep);  // already there: fine
+  k3::WriteFileAtomic(root + "/a/zz", "x");
+  k3::WriteFileAtomic(root + "/a/aa", "y");
+  CHECK(k3::ListDirectory(root + "/a") == std::vector<std::string>{"aa", "b", "zz"});
+  CHECK(k3::ListDirectory(root + "/nope").empty());
+  CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz"), k3::Error);        // a file is in the way
+  CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz/under"), k3::Error);  // ENOTDIR
+  CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
+}

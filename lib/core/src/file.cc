@@ -1,5 +1,6 @@
 #include "k3/core/file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -7,6 +8,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -132,6 +134,28 @@ void FsyncDirOrThrow(const std::string& dir) {
   if (::fsync(fd.get()) != 0 && errno != EINVAL && errno != EROFS) {
     ThrowErrno(errno, "fsync directory", dir);
   }
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(std::move(name));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void MakeDirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i != dir.size() && dir[i] != '/') continue;
+    const std::string partial = dir.substr(0, i);
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) ThrowErrno(errno, "mkdir", partial);
+  }
+  if (!IsDirectory(dir)) throw Error(ErrorCode::kExists, "exists and is not a directory", dir);
 }
 
 std::string DirName(const std::string& path) {

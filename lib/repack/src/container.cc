@@ -1,6 +1,5 @@
 #include "k3/repack/container.h"
 
-#include <dirent.h>
 #include <simdjson.h>
 
 #include <algorithm>
@@ -51,14 +50,9 @@ std::string FormatShardName(int64_t number, int64_t total) {
 
 std::vector<std::string> ListShardFiles(const std::string& dir) {
   std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
+  for (std::string& name : ListDirectory(dir)) {
     if (ParseShardName(name)) out.push_back(std::move(name));
   }
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
   return out;
 }
 

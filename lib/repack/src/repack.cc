@@ -1,6 +1,5 @@
 #include "k3/repack/repack.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -363,6 +362,13 @@ class Runner {
   void CopyMetadata();
   void UpdateChecksums(const std::vector<std::pair<std::string, std::string>>& fresh,
                        bool finalize);
+  // Pre-flight pieces of Run(), in order; none of them writes.
+  void CheckOptions();
+  bool CheckDestination(const Fingerprint& fp, const std::string& fp_text);
+  std::vector<const ShardPlan*> PlanWork(const std::vector<ShardPlan>& selected, bool force_clean,
+                                         std::vector<RepackEvent>* skipped, uint64_t* reclaimable);
+  void CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable);
+  void ConvertShards(const std::vector<const ShardPlan*>& todo);
 
   const RepackOptions& opt_;
   const RepackObserver& observer_;
@@ -394,29 +400,20 @@ void Runner::RemoveStaleTemps(const std::string& final_name) {
   // Only this pass owns `final_name` (passes are disjoint; shared files are
   // written under the lock), so any "<name>.tmp.*" is left over from a crash.
   const std::string prefix = final_name + ".tmp.";
-  DIR* d = ::opendir(opt_.dst.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    if (std::string_view(e->d_name).starts_with(prefix)) stale.emplace_back(e->d_name);
+  for (const auto& s : ListDirectory(opt_.dst)) {
+    if (s.starts_with(prefix)) ::unlink(JoinPath(opt_.dst, s).c_str());
   }
-  ::closedir(d);
-  for (const auto& s : stale) ::unlink(JoinPath(opt_.dst, s).c_str());
 }
 
 void Runner::RemoveForForce() {
   std::vector<std::string> victims;
-  DIR* d = ::opendir(opt_.dst.c_str());
-  if (!d) return;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
+  for (const std::string& name : ListDirectory(opt_.dst)) {
     std::string base = name.substr(0, name.find(".tmp."));
     bool ours = ParseShardName(base).has_value() || base == kIndexName || base == kChecksumsName ||
                 base == kFingerprintName;
     for (auto m : kMetadataFiles) ours = ours || base == m;
     if (ours) victims.push_back(name);
   }
-  ::closedir(d);
   for (const auto& v : victims) {
     std::string path = JoinPath(opt_.dst, v);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) ThrowErrno(errno, "unlink", path);
@@ -648,14 +645,8 @@ std::string ExistingAncestor(std::string p) {
   return p.empty() ? "." : p;
 }
 
-void MakeDirs(const std::string& dir) {
-  if (IsDirectory(dir)) return;
-  std::string parent = DirName(dir);
-  if (parent != dir) MakeDirs(parent);
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) ThrowErrno(errno, "mkdir", dir);
-}
 
-RepackEvent Runner::Run() {
+void Runner::CheckOptions() {
   ValidateBits(opt_.bits);
   if (opt_.worker_count < 1 || opt_.worker_index < 0 || opt_.worker_index >= opt_.worker_count) {
     throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
@@ -669,6 +660,127 @@ RepackEvent Runner::Run() {
       throw Error(ErrorCode::kInvalidArgument, "destination is the source directory", opt_.dst);
     }
   }
+}
+
+// An existing destination must be this conversion (same fingerprint), or --force.
+// Returns whether what it holds is to be discarded.
+bool Runner::CheckDestination(const Fingerprint& fp, const std::string& fp_text) {
+  const std::string fp_path = JoinPath(opt_.dst, kFingerprintName);
+  bool force_clean = false;
+  if (PathExists(fp_path)) {
+    std::string have = ReadFileOrThrow(fp_path, 64u << 20);
+    if (have != fp_text) {
+      std::string why;
+      try {
+        why = Fingerprint::ParseOrThrow(have, fp_path).Difference(fp);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (why.empty()) why = "fingerprint differs";
+      if (!opt_.force) {
+        throw Error(
+            ErrorCode::kExists,
+            why + "; rerun with the same parameters to resume, or add --force to start over",
+            fp_path);
+      }
+      force_clean = true;
+    }
+  } else if (!ListShardFiles(opt_.dst).empty()) {
+    if (!opt_.force) {
+      throw Error(ErrorCode::kExists,
+                  "the destination holds shards but no " + std::string(kFingerprintName) +
+                      " (not a k3-repack output); add --force to replace them",
+                  opt_.dst);
+    }
+    force_clean = true;
+  }
+  if (opt_.force && PathExists(opt_.dst)) force_clean = true;
+  return force_clean;
+}
+
+// Which selected shards to convert (the rest are complete, or --recheck proved them).
+std::vector<const ShardPlan*> Runner::PlanWork(const std::vector<ShardPlan>& selected, bool force_clean,
+                                                std::vector<RepackEvent>* skipped, uint64_t* reclaimable) {
+  std::vector<const ShardPlan*> todo;
+  // --recheck: a kept shard must also hash to what checksums.xxh128 recorded, so
+  // bytes damaged after the write are found and the shard converted again.
+  const bool recheck = (opt_.recheck || opt_.verify_full) && !force_clean;
+  ChecksumManifest recorded;
+  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
+  for (const auto& p : selected) {
+    std::string path = JoinPath(opt_.dst, p.out_name);
+    std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
+    if (why.empty() && recheck) why = RecheckProblem(path, p.out_name, recorded);
+    if (why.empty()) {
+      ++totals_.shards_skipped;
+      RepackEvent ev;
+      ev.shard = p.out_name;
+      ev.detail = recheck ? "complete, checksum verified" : "complete and valid";
+      ev.shard_src_bytes = p.src_bytes;
+      ev.shard_out_bytes = p.file_bytes;
+      skipped->push_back(ev);
+      continue;
+    }
+    if (why != "missing" && why != "--force") {
+      K3_LOG_WARN("%s: existing output is not usable (%s); converting it again", path.c_str(),
+                  why.c_str());
+    }
+    if (PathExists(path)) *reclaimable += FileSizeOrThrow(path);
+    todo.push_back(&p);
+    totals_.bytes_todo += p.src_bytes;
+    totals_.out_bytes_planned += p.file_bytes;
+  }
+  totals_.shards_selected = selected.size();
+  totals_.shards_todo = todo.size();
+  return todo;
+}
+
+void Runner::CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable) {
+  uint64_t need = totals_.out_bytes_planned + (1u << 20) + snap.num_tensors() * 160;
+  for (auto name : kMetadataFiles) {
+    std::string p = JoinPath(opt_.src, name);
+    if (PathExists(p)) need += FileSizeOrThrow(p);
+  }
+  totals_.free_bytes = FreeSpaceBytes(ExistingAncestor(opt_.dst)) + reclaimable;
+  if (opt_.space_check && need > totals_.free_bytes) {
+    throw Error(ErrorCode::kNoSpace,
+                "the plan needs " + FormatBytes(need) + " but only " +
+                    FormatBytes(totals_.free_bytes) +
+                    " is free: " + FormatBytes(need - totals_.free_bytes) + " missing",
+                opt_.dst);
+  }
+}
+
+// Converts each planned shard under its shard lock, recording its checksum.
+void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
+  const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
+  UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
+  for (const ShardPlan* p : todo) {
+    RepackEvent ev;
+    ev.shard = p->out_name;
+    ev.shard_src_bytes = p->src_bytes;
+    ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
+    if (shard_lock.waited() && ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+      ev.detail = "converted by a concurrent pass";
+      ev.shard_out_bytes = p->file_bytes;
+      ++totals_.shards_skipped;
+      Emit(RepackEvent::Kind::kShardSkipped, ev);
+      continue;
+    }
+    Emit(RepackEvent::Kind::kShardStart, ev);
+    ev.shard_xxh128 = WriteShard(*p, &ev);
+    {
+      ContainerLock lock(opt_.dst);
+      UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
+    }
+    ++totals_.shards_done;
+    totals_.bytes_done += p->src_bytes;
+    Emit(RepackEvent::Kind::kShardDone, ev);
+  }
+}
+
+RepackEvent Runner::Run() {
+  CheckOptions();
 
   // --- Pre-flight: nothing below writes until the source, the plan, the
   // fingerprint and the free space have all been checked.
@@ -760,90 +872,18 @@ RepackEvent Runner::Run() {
     }
   }
 
-  // Existing destination: fingerprint, then which shards are already complete.
-  const std::string fp_path = JoinPath(opt_.dst, kFingerprintName);
-  bool force_clean = false;
-  if (PathExists(fp_path)) {
-    std::string have = ReadFileOrThrow(fp_path, 64u << 20);
-    if (have != fp_text) {
-      std::string why;
-      try {
-        why = Fingerprint::ParseOrThrow(have, fp_path).Difference(fp);
-      } catch (const Error& e) {
-        why = e.what();
-      }
-      if (why.empty()) why = "fingerprint differs";
-      if (!opt_.force) {
-        throw Error(
-            ErrorCode::kExists,
-            why + "; rerun with the same parameters to resume, or add --force to start over",
-            fp_path);
-      }
-      force_clean = true;
-    }
-  } else if (!ListShardFiles(opt_.dst).empty()) {
-    if (!opt_.force) {
-      throw Error(ErrorCode::kExists,
-                  "the destination holds shards but no " + std::string(kFingerprintName) +
-                      " (not a k3-repack output); add --force to replace them",
-                  opt_.dst);
-    }
-    force_clean = true;
-  }
-  if (opt_.force && PathExists(opt_.dst)) force_clean = true;
+  const bool force_clean = CheckDestination(fp, fp_text);
 
-  std::vector<const ShardPlan*> todo;
   std::vector<RepackEvent> skipped;  // reported after the start event
   uint64_t reclaimable = 0;
-  // --recheck: a kept shard must also hash to what checksums.xxh128 recorded, so
-  // bytes damaged after the write are found and the shard converted again.
-  const bool recheck = (opt_.recheck || opt_.verify_full) && !force_clean;
-  ChecksumManifest recorded;
-  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
-  for (const auto& p : selected) {
-    std::string path = JoinPath(opt_.dst, p.out_name);
-    std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
-    if (why.empty() && recheck) why = RecheckProblem(path, p.out_name, recorded);
-    if (why.empty()) {
-      ++totals_.shards_skipped;
-      RepackEvent ev;
-      ev.shard = p.out_name;
-      ev.detail = recheck ? "complete, checksum verified" : "complete and valid";
-      ev.shard_src_bytes = p.src_bytes;
-      ev.shard_out_bytes = p.file_bytes;
-      skipped.push_back(ev);
-      continue;
-    }
-    if (why != "missing" && why != "--force") {
-      K3_LOG_WARN("%s: existing output is not usable (%s); converting it again", path.c_str(),
-                  why.c_str());
-    }
-    if (PathExists(path)) reclaimable += FileSizeOrThrow(path);
-    todo.push_back(&p);
-    totals_.bytes_todo += p.src_bytes;
-    totals_.out_bytes_planned += p.file_bytes;
-  }
-  totals_.shards_selected = selected.size();
-  totals_.shards_todo = todo.size();
-
-  uint64_t need = totals_.out_bytes_planned + (1u << 20) + snap.num_tensors() * 160;
-  for (auto name : kMetadataFiles) {
-    std::string p = JoinPath(opt_.src, name);
-    if (PathExists(p)) need += FileSizeOrThrow(p);
-  }
-  totals_.free_bytes = FreeSpaceBytes(ExistingAncestor(opt_.dst)) + reclaimable;
-  if (opt_.space_check && need > totals_.free_bytes) {
-    throw Error(ErrorCode::kNoSpace,
-                "the plan needs " + FormatBytes(need) + " but only " +
-                    FormatBytes(totals_.free_bytes) +
-                    " is free: " + FormatBytes(need - totals_.free_bytes) + " missing",
-                opt_.dst);
-  }
+  std::vector<const ShardPlan*> todo = PlanWork(selected, force_clean, &skipped, &reclaimable);
+  CheckFreeSpace(snap, reclaimable);
 
   Emit(RepackEvent::Kind::kStart);
   for (const auto& ev : skipped) Emit(RepackEvent::Kind::kShardSkipped, ev);
 
   // --- From here on the destination is written.
+  const std::string fp_path = JoinPath(opt_.dst, kFingerprintName);
   MakeDirs(opt_.dst);
   {
     ContainerLock lock(opt_.dst);
@@ -858,30 +898,7 @@ RepackEvent Runner::Run() {
     CopyMetadata();
   }
 
-  const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
-  UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
-  for (const ShardPlan* p : todo) {
-    RepackEvent ev;
-    ev.shard = p->out_name;
-    ev.shard_src_bytes = p->src_bytes;
-    ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
-    if (shard_lock.waited() && ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
-      ev.detail = "converted by a concurrent pass";
-      ev.shard_out_bytes = p->file_bytes;
-      ++totals_.shards_skipped;
-      Emit(RepackEvent::Kind::kShardSkipped, ev);
-      continue;
-    }
-    Emit(RepackEvent::Kind::kShardStart, ev);
-    ev.shard_xxh128 = WriteShard(*p, &ev);
-    {
-      ContainerLock lock(opt_.dst);
-      UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
-    }
-    ++totals_.shards_done;
-    totals_.bytes_done += p->src_bytes;
-    Emit(RepackEvent::Kind::kShardDone, ev);
-  }
+  ConvertShards(todo);
 
   RepackEvent summary;
   {

@@ -240,10 +240,10 @@ class Parser {
       if (!ParseValue(item, depth)) return false;
       // A dict keeps the first key's position and the last value.
       if (auto it = seen.find(key); it != seen.end()) {
-        v.fields[it->second].second = std::move(item);
+        v.fields[it->second].value = std::move(item);
       } else {
         seen.emplace(key, v.fields.size());
-        v.fields.emplace_back(std::move(key), std::move(item));
+        v.fields.push_back({std::move(key), std::move(item)});
       }
       SkipWs();
       if (i_ < s_.size() && s_[i_] == '}') { ++i_; return true; }
@@ -391,9 +391,9 @@ void AppendRepr(std::string& out, const Value& v) {
       out += '{';
       for (size_t i = 0; i < v.fields.size(); ++i) {
         if (i) out += ", ";
-        AppendStringRepr(out, v.fields[i].first);
+        AppendStringRepr(out, v.fields[i].key);
         out += ": ";
-        AppendRepr(out, v.fields[i].second);
+        AppendRepr(out, v.fields[i].value);
       }
       out += '}';
       return;
@@ -445,16 +445,16 @@ void AppendDumps(std::string& out, const Value& v, bool sort_keys, bool compact)
       out += ']';
       return;
     case Value::Kind::kObject: {
-      std::vector<const std::pair<std::string, Value>*> fields;
+      std::vector<const Value::Field*> fields;
       for (const auto& f : v.fields) fields.push_back(&f);
       // Keys are unique, and UTF-8 byte order is code point order (Python's).
-      if (sort_keys) std::sort(fields.begin(), fields.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (sort_keys) std::sort(fields.begin(), fields.end(), [](auto* a, auto* b) { return a->key < b->key; });
       out += '{';
       for (size_t i = 0; i < fields.size(); ++i) {
         if (i) out += item_sep;
-        AppendJsonString(out, fields[i]->first, InvalidUtf8::kPassThrough);
+        AppendJsonString(out, fields[i]->key, InvalidUtf8::kPassThrough);
         out += key_sep;
-        AppendDumps(out, fields[i]->second, sort_keys, compact);
+        AppendDumps(out, fields[i]->value, sort_keys, compact);
       }
       out += '}';
       return;

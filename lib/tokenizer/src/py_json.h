@@ -19,12 +19,13 @@ namespace k3::tok::py {
 
 struct Value {
   enum class Kind : uint8_t { kNull, kBool, kInt, kFloat, kString, kArray, kObject };
+  struct Field;  // {key, value}; a named struct because std::pair needs complete types
   Kind kind = Kind::kNull;
   bool boolean = false;
   double number = 0;   // kFloat
   std::string text;    // kInt: decimal digits as Python prints them; kString: UTF-8
   std::vector<Value> items;                           // kArray
-  std::vector<std::pair<std::string, Value>> fields;  // kObject: unique keys, first-seen order
+  std::vector<Field> fields;  // kObject: unique keys, first-seen order
 
   bool is(Kind k) const { return kind == k; }
   bool is_null() const { return kind == Kind::kNull; }
@@ -35,6 +36,11 @@ struct Value {
   bool Equals(std::string_view s) const { return kind == Kind::kString && text == s; }
   // dict.get(key): nullptr when absent or when this is not an object.
   const Value* Get(std::string_view key) const;
+};
+
+struct Value::Field {
+  std::string key;
+  Value value;
 };
 
 // Python's nesting limit is the interpreter's recursion limit (~1000); ours is

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 namespace k3 {
@@ -46,6 +47,11 @@ uint64_t FileSizeOrThrow(int fd, const std::string& path_for_errors);
 uint64_t FileSizeOrThrow(const std::string& path);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
+// The names in `dir` ("." and ".." excluded), sorted; empty when it cannot be read.
+std::vector<std::string> ListDirectory(const std::string& dir);
+// mkdir -p: creates `dir` and its missing parents (0755). Throws kIo naming the
+// component that failed, kExists when `dir` exists but is not a directory.
+void MakeDirs(const std::string& dir);
 
 // Reads exactly buf.size() bytes at `offset`; retries EINTR and short reads.
 // Throws kTruncated if the file ends first, kIo on errors.

@@ -1,0 +1,37 @@
+// k3-run info MODEL: what a model directory is (snapshot or container, complete
+// or not), its weights, experts, tokenizer, and the memory a run would take.
+// The logic is lib/model's (k3/model/info.h).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "command.h"
+#include "k3/core/sys.h"
+#include "k3/model/info.h"
+
+namespace k3::run {
+namespace {
+
+struct InfoArgs {
+  std::string model_dir;
+  bool json = false;
+};
+
+void SetupInfo(CLI::App& root) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* cmd = root.add_subcommand("info", "describe a snapshot or container: kind, weights, shards, experts, "
+                                              "tokenizer, fingerprint, projected memory");
+  cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container directory")->required();
+  cmd->add_flag("--json", args->json, "one JSON object");
+  cmd->callback([args] {
+    // The same budget generate uses (K3_EXPERT_GB, decimal GB; default 8).
+    const double cache = GetEnvDouble("K3_EXPERT_GB", 8.0) * 1e9;
+    ModelInfo info = DescribeModelOrThrow(args->model_dir, static_cast<uint64_t>(cache));
+    std::fputs(RenderModelInfo(info, args->json).c_str(), stdout);
+  });
+}
+
+K3_REGISTER_COMMAND(SetupInfo);
+
+}  // namespace
+}  // namespace k3::run
