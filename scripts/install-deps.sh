@@ -9,6 +9,7 @@ PACKAGES=(
   libvulkan-dev libvulkan-volk-dev glslc mesa-vulkan-drivers
   doctest-dev libpcre2-dev libopenblas-dev
   clang libclang-rt-14-dev libomp-dev fio
+  libcpp-httplib-dev chromium nodejs
 )
 
 missing=()
