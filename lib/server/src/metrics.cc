@@ -67,8 +67,12 @@ void Metrics::CountRejected(int status) {
 
 void Metrics::CountFinished(const RequestOutcome& o) {
   std::lock_guard lock(mu_);
-  if (o.cancelled) ++cancelled_;
-  else ++completed_;
+  if (o.cancelled) {
+    ++cancelled_;
+    ++cancelled_by_phase_[o.cancel_phase];
+  } else {
+    ++completed_;
+  }
   prompt_tokens_ += uint64_t(o.prompt_tokens);
   completion_tokens_ += uint64_t(o.completion_tokens);
   cached_tokens_ += uint64_t(o.cached_tokens);
@@ -89,6 +93,11 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   Counter(out, "k3_requests_completed_total", "Requests answered to the end.", completed_);
   Counter(out, "k3_requests_cancelled_total", "Requests whose client left (queued, prefill or decode).",
           cancelled_);
+  const char* phases[] = {"queued", "prefill", "decode"};
+  for (int i = 0; i < 3; ++i) {
+    out += std::string("k3_requests_cancelled_by_phase_total{phase=\"") + phases[i] + "\"} " +
+           std::to_string(cancelled_by_phase_[i]) + "\n";
+  }
   out += "# HELP k3_requests_rejected_total Requests refused before generation, by HTTP status.\n"
          "# TYPE k3_requests_rejected_total counter\n";
   out += "k3_requests_rejected_total " + std::to_string(rejected_) + "\n";

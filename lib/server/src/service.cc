@@ -157,6 +157,7 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
   outcome.queue_wait_s = Seconds(Clock::now() - job.arrived);
   if (!waited) {
     outcome.cancelled = true;
+    outcome.cancel_phase = RequestOutcome::kQueued;
     outcome.prompt_tokens = 0;
     metrics_.CountFinished(outcome);
     return;
@@ -202,7 +203,10 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     // one fails on); later ones once per heartbeat period.
     if (prefill_calls++ >= 2 && Clock::now() - last_write < beat) return true;
     std::string what = "prefill " + std::to_string(done) + "/" + std::to_string(total);
-    if (!heartbeat(what.c_str())) return !(client_gone = true);
+    if (!heartbeat(what.c_str())) {
+      outcome.cancel_phase = RequestOutcome::kPrefill;
+      return !(client_gone = true);
+    }
     last_write = Clock::now();
     return true;
   };
@@ -230,8 +234,10 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     } else {
       if (!write(whole.Finish(result.finish, result.usage, stats))) outcome.cancelled = true;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& ex) {
     job.ticket.reset();
+    const Error* k3e = dynamic_cast<const Error*>(&ex);
+    Error e = k3e ? *k3e : Error(ErrorCode::kInternal, ex.what());
     K3_LOG_WARN("serve: request %s failed during generation: %s", job.meta.id.c_str(), e.what());
     ApiError err = ApiErrorFor(e);
     metrics_.CountRejected(err.status);

@@ -213,6 +213,7 @@ TEST_CASE("a client gone while queued leaves the queue and never reaches the mod
   t1.join();
   CHECK(b.order == std::vector<int64_t>{1});
   CHECK(s.metrics().cancelled() == 1);
+  CHECK(s.MetricsText().body.find("k3_requests_cancelled_by_phase_total{phase=\"queued\"} 1") != std::string::npos);
 }
 
 TEST_CASE("a client gone during prefill or decode cancels the generation") {
@@ -232,6 +233,9 @@ TEST_CASE("a client gone during prefill or decode cancels the generation") {
     CHECK(out.find("[DONE]") == std::string::npos);
   }
   CHECK(s.metrics().cancelled() == 4);
+  std::string m = s.MetricsText().body;
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"prefill\"} 2") != std::string::npos);
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"decode\"} 2") != std::string::npos);
   // The service still serves afterwards.
   auto job = Admit(s, Chat(""));
   CHECK(Run(s, *job).find("Hello") != std::string::npos);

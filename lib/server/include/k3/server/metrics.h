@@ -27,6 +27,7 @@ class Histogram {
 
 struct RequestOutcome {
   bool cancelled = false;
+  enum Phase { kQueued, kPrefill, kDecode } cancel_phase = kDecode;  // where the client left
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double ttft_s = -1;         // < 0: no token was generated
   double decode_s_per_token = -1;
@@ -47,6 +48,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   uint64_t requests_ = 0, cancelled_ = 0, rejected_ = 0, completed_ = 0;
+  uint64_t cancelled_by_phase_[3] = {0, 0, 0};
   std::vector<std::pair<int, uint64_t>> rejected_by_status_;
   uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   Histogram ttft_, decode_, queue_wait_;
