@@ -31,7 +31,7 @@ struct ApiPolicy {
   int64_t default_max_tokens = 512;    // --max-tokens: the cap when the request sets none
   size_t max_body_bytes = 16u << 20;   // checked by the HTTP layer (413) and again here
   size_t max_depth = 64;               // JSON nesting
-  size_t max_messages = 10000;
+  size_t max_messages = 4096;          // longer conversations are 400 (tests: 10,000 messages)
   size_t max_stop = 4;                 // OpenAI's limit
   size_t max_stop_bytes = 256;
   size_t max_tool_name = 256;          // KVV: a 257-character name is refused
