@@ -19,7 +19,8 @@ fi
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DK3_FUZZ=ON -DK3_SANITIZE=ON -DK3_BUILD_TESTS=OFF -DK3_BUILD_BENCH=OFF >/dev/null
-TARGETS=(safetensors_header_fuzz)
+TARGETS=(safetensors_header_fuzz chat_request_fuzz)
+declare -A DICTS=([safetensors_header_fuzz]=fuzz/safetensors.dict [chat_request_fuzz]=fuzz/chat_request.dict)
 cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"
 
 mkdir -p "$BUILD_DIR/artifacts"
@@ -28,7 +29,7 @@ for t in "${TARGETS[@]}"; do
   work=$(mktemp -d /tmp/k3_fuzz_${t}.XXXXXX)
   echo "== fuzzing $t for ${FUZZ_SECONDS}s (seeds: $seeds)"
   "$BUILD_DIR/bin/$t" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -rss_limit_mb=2048 \
-    -dict=fuzz/safetensors.dict -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/" \
+    -dict="${DICTS[$t]}" -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/" \
     "$work" "$seeds"
   rm -rf "$work"
 done
