@@ -295,16 +295,17 @@ def test_queue_fifo():
 def test_queue_overflow():
     import threading
     with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "4") as srv:
-        # The tiny model decodes thousands of tokens a second and random weights
-        # stop early: a long prompt's prefill (seconds) keeps the model busy while
-        # the 15 others arrive. That it did is checked, not assumed; a machine fast
-        # enough to finish first gets a prompt twice as long.
-        for words in (1500, 3000, 6000):
+        # A long answer keeps the model busy while the 15 others arrive: on this
+        # model and sampler seed 5 runs for about 2,200 tokens before EOS. That
+        # the holder was still running is checked, not assumed; if it was not
+        # (a fast machine), a longer answer is tried.
+        seed = 5
+        for holder_tokens in (400, 1500, 4096):
             first = {}
-            long_text = " ".join(f"w{i}" for i in range(words))
 
             def run_first():
-                first["r"] = chat(srv.port, body(messages=user(long_text), max_tokens=1))
+                first["r"] = chat(srv.port, body(messages=user("hi"), max_tokens=holder_tokens, seed=seed,
+                                                 thinking={"type": "disabled"}))
                 first["t"] = time.monotonic()
 
             t = threading.Thread(target=run_first)
@@ -316,6 +317,7 @@ def test_queue_overflow():
             rejected = [r for r in results if r[0][0] == 429]
             if rejected and max(r[1] for r in rejected) < first["t"]:
                 break
+            print(f"   a {holder_tokens}-token holder ended before the others arrived; a longer one", flush=True)
         statuses = [r[0][0] for r in results]
         check(all(s in (200, 429) for s in statuses), f"each answered 200 or 429: {statuses}")
         check(all(r[0][1].get("retry-after") and error_object_ok(r[0][1], r[0][2]) for r in rejected),
@@ -332,12 +334,14 @@ def main():
     with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "8") as srv:
         for t in (test_routes, test_rules, test_whole_response, test_stream_contract, test_stream_equals_whole,
                   test_prompt_tokens_equal_render, test_prefix_reuse, test_cancel):
-            print("==", t.__name__, flush=True)
+            t0 = time.monotonic()
             t(srv)
+            print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
         check(srv.alive(), "server alive at the end")
     for t in (test_auth, test_queue_fifo, test_queue_overflow):
-        print("==", t.__name__, flush=True)
+        t0 = time.monotonic()
         t()
+        print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
     return check.done()
 
 
