@@ -11,9 +11,14 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
-TEST_CASE("fuzz corpus replays cleanly through the header harness") {
+// The corpus folder under fuzz/corpus/ (one replay test per harness).
+#ifndef K3_FUZZ_CORPUS
+#define K3_FUZZ_CORPUS "safetensors_header"
+#endif
+
+TEST_CASE("fuzz corpus replays cleanly through its harness") {
   const std::filesystem::path corpus =
-      std::filesystem::path(K3_TEST_DATA_DIR) / ".." / ".." / "fuzz" / "corpus" / "safetensors_header";
+      std::filesystem::path(K3_TEST_DATA_DIR) / ".." / ".." / "fuzz" / "corpus" / K3_FUZZ_CORPUS;
   REQUIRE(std::filesystem::is_directory(corpus));
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(corpus)) {

@@ -58,7 +58,7 @@ void RequestQueue::Leave(Ticket& t) {
 
 int RequestQueue::waiting() const {
   std::lock_guard lock(mu_);
-  return int(waiting_.size()) - (running_ ? 0 : 0);
+  return int(waiting_.size());
 }
 
 bool RequestQueue::busy() const {

@@ -16,6 +16,15 @@ int SequenceLength(unsigned char c) {
   return 0;
 }
 
+// The fields every response object starts with.
+JsonWriter& Envelope(JsonWriter& j, const ResponseMeta& meta, const char* object) {
+  return j.BeginObject()
+      .Field("id", meta.id)
+      .Field("object", object)
+      .Field("created", meta.created)
+      .Field("model", meta.model);
+}
+
 }  // namespace
 
 std::string Utf8Holder::Push(std::string_view bytes) {
@@ -93,11 +102,7 @@ std::string ChatStream::Event(const std::string& json) { return "data: " + json 
 
 std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_reason) {
   JsonWriter j;
-  j.BeginObject()
-      .Field("id", meta_.id)
-      .Field("object", "chat.completion.chunk")
-      .Field("created", meta_.created)
-      .Field("model", meta_.model)
+  Envelope(j, meta_, "chat.completion.chunk")
       .Key("choices")
       .BeginArray()
       .BeginObject()
@@ -113,33 +118,35 @@ std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_
   return Event(j.str());
 }
 
+std::string ChatStream::TextChunk(const char* field, const std::string& piece) {
+  JsonWriter d;
+  d.BeginObject();
+  if (!role_sent_) d.Field("role", "assistant");
+  role_sent_ = true;
+  d.Field(field, piece).EndObject();
+  return Chunk(d.str(), nullptr);
+}
+
+std::string ChatStream::ArgumentsChunk(int position, const std::string& piece) {
+  answer_.calls[size_t(position)].arguments += piece;
+  JsonWriter d;
+  d.BeginObject().Key("tool_calls").BeginArray().BeginObject().Field("index", position);
+  d.Key("function").BeginObject().Field("arguments", piece).EndObject().EndObject().EndArray().EndObject();
+  return Chunk(d.str(), nullptr);
+}
+
 std::string ChatStream::OnDelta(const engine::Delta& delta) {
   if (finished_) return {};
   std::string out;
-  auto emit = [&](auto&& fill) {
-    JsonWriter d;
-    d.BeginObject();
-    if (!role_sent_) {
-      d.Field("role", "assistant");
-      role_sent_ = true;
-    }
-    fill(d);
-    d.EndObject();
-    out += Chunk(d.str(), nullptr);
-  };
   if (!delta.reasoning.empty()) {
     std::string piece = reasoning_hold_.Push(delta.reasoning);
-    if (!piece.empty()) {
-      answer_.reasoning += piece;
-      emit([&](JsonWriter& d) { d.Field("reasoning_content", piece); });
-    }
+    answer_.reasoning += piece;
+    if (!piece.empty()) out += TextChunk("reasoning_content", piece);
   }
   if (!delta.content.empty()) {
     std::string piece = content_hold_.Push(delta.content);
-    if (!piece.empty()) {
-      answer_.content += piece;
-      emit([&](JsonWriter& d) { d.Field("content", piece); });
-    }
+    answer_.content += piece;
+    if (!piece.empty()) out += TextChunk("content", piece);
   }
   for (const engine::ToolCallDelta& tc : delta.tool_calls) {
     auto slot = call_slot_.find(tc.index);
@@ -151,22 +158,18 @@ std::string ChatStream::OnDelta(const engine::Delta& delta) {
       call.id = tc.id.empty() ? meta_.id + "-call-" + std::to_string(position) : tc.id;
       call.name = tc.name;
       answer_.calls.push_back(call);
-      emit([&](JsonWriter& d) {
-        d.Key("tool_calls").BeginArray().BeginObject().Field("index", position).Field("id", call.id);
-        d.Field("type", "function").Key("function").BeginObject().Field("name", call.name);
-        d.Field("arguments", "").EndObject().EndObject().EndArray();
-      });
+      JsonWriter d;
+      d.BeginObject();
+      if (!role_sent_) d.Field("role", "assistant");
+      role_sent_ = true;
+      d.Key("tool_calls").BeginArray().BeginObject().Field("index", position).Field("id", call.id);
+      d.Field("type", "function").Key("function").BeginObject().Field("name", call.name);
+      d.Field("arguments", "").EndObject().EndObject().EndArray().EndObject();
+      out += Chunk(d.str(), nullptr);
     }
     if (!tc.arguments.empty()) {
-      int position = slot->second;
-      std::string piece = args_hold_[position].Push(tc.arguments);
-      if (!piece.empty()) {
-        answer_.calls[position].arguments += piece;
-        emit([&](JsonWriter& d) {
-          d.Key("tool_calls").BeginArray().BeginObject().Field("index", position);
-          d.Key("function").BeginObject().Field("arguments", piece).EndObject().EndObject().EndArray();
-        });
-      }
+      std::string piece = args_hold_[slot->second].Push(tc.arguments);
+      if (!piece.empty()) out += ArgumentsChunk(slot->second, piece);
     }
   }
   return out;
@@ -178,37 +181,16 @@ std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage&
   std::string out;
   // Whatever UTF-8 was held back is flushed as it is (an incomplete sequence
   // at the very end becomes U+FFFD in the JSON writer).
-  engine::Delta rest;
-  rest.reasoning = reasoning_hold_.Flush();
-  rest.content = content_hold_.Flush();
-  reasoning_hold_ = {};
-  content_hold_ = {};
-  if (!rest.reasoning.empty()) {
-    answer_.reasoning += rest.reasoning;
-    JsonWriter d;
-    d.BeginObject();
-    if (!role_sent_) d.Field("role", "assistant");
-    role_sent_ = true;
-    d.Field("reasoning_content", rest.reasoning).EndObject();
-    out += Chunk(d.str(), nullptr);
+  if (std::string rest = reasoning_hold_.Flush(); !rest.empty()) {
+    answer_.reasoning += rest;
+    out += TextChunk("reasoning_content", rest);
   }
-  if (!rest.content.empty()) {
-    answer_.content += rest.content;
-    JsonWriter d;
-    d.BeginObject();
-    if (!role_sent_) d.Field("role", "assistant");
-    role_sent_ = true;
-    d.Field("content", rest.content).EndObject();
-    out += Chunk(d.str(), nullptr);
+  if (std::string rest = content_hold_.Flush(); !rest.empty()) {
+    answer_.content += rest;
+    out += TextChunk("content", rest);
   }
   for (auto& [position, hold] : args_hold_) {
-    std::string piece = hold.Flush();
-    if (piece.empty()) continue;
-    answer_.calls[position].arguments += piece;
-    JsonWriter d;
-    d.BeginObject().Key("tool_calls").BeginArray().BeginObject().Field("index", position);
-    d.Key("function").BeginObject().Field("arguments", piece).EndObject().EndObject().EndArray().EndObject();
-    out += Chunk(d.str(), nullptr);
+    if (std::string rest = hold.Flush(); !rest.empty()) out += ArgumentsChunk(position, rest);
   }
   std::string finish = FinishName(reason, !answer_.calls.empty());
   // The last choice chunk: role here when nothing was generated, so the first
@@ -218,11 +200,7 @@ std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage&
   out += Chunk(last_delta, finish.c_str());
   if (include_usage_) {
     JsonWriter j;
-    j.BeginObject()
-        .Field("id", meta_.id)
-        .Field("object", "chat.completion.chunk")
-        .Field("created", meta_.created)
-        .Field("model", meta_.model)
+    Envelope(j, meta_, "chat.completion.chunk")
         .Key("choices")
         .BeginArray()
         .EndArray()
@@ -253,11 +231,7 @@ std::string ChatAccumulator::Finish(engine::FinishReason reason, const engine::U
   stream_.Finish(reason, usage, stats);
   const AnswerState& a = stream_.answer();
   JsonWriter j;
-  j.BeginObject()
-      .Field("id", meta_.id)
-      .Field("object", "chat.completion")
-      .Field("created", meta_.created)
-      .Field("model", meta_.model)
+  Envelope(j, meta_, "chat.completion")
       .Key("choices")
       .BeginArray()
       .BeginObject()

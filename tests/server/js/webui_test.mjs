@@ -43,6 +43,11 @@ try {
   });
   const streaming = await page.$eval("#stop", (e) => !e.disabled);
   check.ok(streaming, "text streams in while the request is still running (Stop enabled)");
+  const visible = await page.$eval(".msg.assistant:last-child", (a) => {
+    const d = a.querySelector("details");
+    return a.querySelector(".content").textContent.length > 0 || (d.open && !d.hidden);
+  });
+  check.ok(visible, "the streaming text is visible (reasoning block open while the model thinks)");
   const lenA = await page.$eval(".msg.assistant:last-child", (a) => a.textContent.length);
   await page.waitForFunction((n) => document.querySelector(".msg.assistant:last-child").textContent.length > n, {}, lenA);
   check.ok(true, "more text arrives over time");
@@ -59,11 +64,14 @@ try {
 
   // A short answer runs to the end and reports TTFT and tok/s.
   await page.$eval("#maxtok", (e) => { e.value = "12"; });
+  await page.click("#thinking");  // thinking off: the answer lands in the content
   await page.type("#input", "Say hi");
   await page.click("#send");
   await page.waitForFunction(() => document.getElementById("status").textContent === "done");
   const stats = await page.$eval(".msg.assistant:last-child .stats", (e) => e.textContent);
   check.ok(/TTFT [0-9.]+ s/.test(stats) && /tok\/s/.test(stats), `stats shown: ${stats}`);
+  check.ok((await page.$eval(".msg.assistant:last-child .content", (e) => e.textContent)).length > 0,
+           "thinking off: the answer text is in the content");
   check.ok(/\d/.test(await page.$eval("#hitrate", (e) => e.textContent)), "expert cache hit rate shown");
   // Conversations are kept in the browser.
   const kept = await page.evaluate(() => JSON.parse(localStorage.getItem("k3.convs"))[0].messages.length);

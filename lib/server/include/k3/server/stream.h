@@ -75,6 +75,8 @@ class ChatStream {
 
  private:
   std::string Chunk(const std::string& delta_json, const char* finish_reason);
+  std::string TextChunk(const char* field, const std::string& piece);  // role on the first
+  std::string ArgumentsChunk(int position, const std::string& piece);
   std::string Event(const std::string& json);
   ResponseMeta meta_;
   bool include_usage_;
