@@ -266,13 +266,15 @@ std::string EffortOf(element v, const std::string& param) {
   return e;
 }
 
-// Thinking controls, in the verifier's precedence (test_thinking_effort.py):
-// thinking{type, effort} (Moonshot's form) over chat_template_kwargs{thinking,
-// thinking_effort} (the open-source form); reasoning_effort overrides any
-// effort; effort is ignored when thinking is disabled; default enabled, "max".
+// Thinking controls, in the verifier's precedence (test_thinking_effort.py:
+// test_reasoning_effort_ignored_when_effort_present / _effective_when_effort_
+// absent): thinking{type, effort} (Moonshot's form) over chat_template_kwargs
+// {thinking, thinking_effort} (the open-source form); reasoning_effort applies
+// only when thinking.effort is absent; effort is ignored when thinking is
+// disabled; default enabled, "max".
 void ResolveThinking(element root, ChatRequest& out) {
   std::optional<bool> thinking;
-  std::optional<std::string> effort;
+  std::optional<std::string> effort, thinking_effort;
   if (auto kw = GetSet(root, "chat_template_kwargs")) {
     if (!kw->is_object()) ThrowBadParam("chat_template_kwargs", "chat_template_kwargs must be an object");
     if (auto t = GetSet(*kw, "thinking")) {
@@ -297,12 +299,13 @@ void ResolveThinking(element root, ChatRequest& out) {
       if (auto keep = GetSet(*t, "keep"); keep && !keep->is_string()) {
         ThrowBadParam("thinking.keep", "thinking.keep must be a string (\"all\")");
       }
-      if (auto e = GetSet(*t, "effort")) effort = EffortOf(*e, "thinking.effort");
+      if (auto e = GetSet(*t, "effort")) thinking_effort = EffortOf(*e, "thinking.effort");
     } else {
       ThrowBadParam("thinking", "thinking must be an object {\"type\": \"enabled\" | \"disabled\", \"effort\": ...}");
     }
   }
   if (auto e = GetSet(root, "reasoning_effort")) effort = EffortOf(*e, "reasoning_effort");
+  if (thinking_effort) effort = thinking_effort;
   out.thinking = thinking.value_or(true);
   if (out.thinking) out.effort = effort.value_or("max");
 }

@@ -158,7 +158,12 @@ TEST_CASE("thinking controls resolve in the verifier's precedence") {
   };
   CHECK(resolved("") == std::make_pair(true, std::string("max")));
   CHECK(resolved(R"("thinking":{"type":"enabled","effort":"low"})") == std::make_pair(true, std::string("low")));
-  CHECK(resolved(R"("thinking":{"effort":"high"},"reasoning_effort":"low")") ==
+  // thinking.effort wins; reasoning_effort only when it is absent (KVV).
+  CHECK(resolved(R"("thinking":{"effort":"low"},"reasoning_effort":"max")") ==
+        std::make_pair(true, std::string("low")));
+  CHECK(resolved(R"("thinking":{"type":"enabled"},"reasoning_effort":"low")") ==
+        std::make_pair(true, std::string("low")));
+  CHECK(resolved(R"("chat_template_kwargs":{"thinking_effort":"high"},"reasoning_effort":"low")") ==
         std::make_pair(true, std::string("low")));
   CHECK(resolved(R"("thinking":{"type":"disabled","effort":"low"})") == std::make_pair(false, std::string("-")));
   CHECK(resolved(R"("chat_template_kwargs":{"thinking":false})") == std::make_pair(false, std::string("-")));
