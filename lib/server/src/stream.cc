@@ -25,6 +25,11 @@ JsonWriter& Envelope(JsonWriter& j, const ResponseMeta& meta, const char* object
       .Field("model", meta.model);
 }
 
+// usage and the k3 stats close both the usage chunk and the whole response.
+JsonWriter& UsageAndStats(JsonWriter& j, const engine::Usage& usage, const ResponseStats& stats) {
+  return j.Key("usage").Raw(UsageJson(usage)).Key("k3").Raw(StatsJson(stats)).EndObject();
+}
+
 }  // namespace
 
 std::string Utf8Holder::Push(std::string_view bytes) {
@@ -200,15 +205,8 @@ std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage&
   out += Chunk(last_delta, finish.c_str());
   if (include_usage_) {
     JsonWriter j;
-    Envelope(j, meta_, "chat.completion.chunk")
-        .Key("choices")
-        .BeginArray()
-        .EndArray()
-        .Key("usage")
-        .Raw(UsageJson(usage))
-        .Key("k3")
-        .Raw(StatsJson(stats))
-        .EndObject();
+    Envelope(j, meta_, "chat.completion.chunk").Key("choices").BeginArray().EndArray();
+    UsageAndStats(j, usage, stats);
     out += Event(j.str());
   }
   out += "data: [DONE]\n\n";
@@ -257,12 +255,8 @@ std::string ChatAccumulator::Finish(engine::FinishReason reason, const engine::U
       .Null()
       .Field("finish_reason", FinishName(reason, !a.calls.empty()))
       .EndObject()
-      .EndArray()
-      .Key("usage")
-      .Raw(UsageJson(usage))
-      .Key("k3")
-      .Raw(StatsJson(stats))
-      .EndObject();
+      .EndArray();
+  UsageAndStats(j, usage, stats);
   return j.Take();
 }
 
