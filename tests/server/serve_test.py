@@ -279,6 +279,14 @@ def test_auth():
         check(chat(srv.port, body())[0] == 401, "K3_API_KEY sets the key")
 
 
+def test_sampling_free():
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--sampling", "free", "--no-webui") as srv:
+        s, _, j = chat(srv.port, body(temperature=0.3, top_p=0.5))
+        check(s == 200, f"--sampling free lifts the temperature / top_p lock, got {s}")
+        check(chat(srv.port, body(presence_penalty=0.5))[0] == 400, "penalties stay refused (not implemented)")
+        check(request(srv.port, "GET", "/")[0] == 404, "--no-webui: no page")
+
+
 def test_queue_fifo():
     with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "16") as srv:
         b = body(max_tokens=16, stream=True, stream_options={"include_usage": True})
@@ -338,7 +346,7 @@ def main():
             t(srv)
             print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
         check(srv.alive(), "server alive at the end")
-    for t in (test_auth, test_queue_fifo, test_queue_overflow):
+    for t in (test_auth, test_sampling_free, test_queue_fifo, test_queue_overflow):
         t0 = time.monotonic()
         t()
         print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
