@@ -6,9 +6,11 @@
 #include "k3/core/sys.h"
 #include "k3/engine/engine.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-run: run Moonshot's Kimi K3 from an HF snapshot or a k3 container"};
+  k3::cli::InitApp(app, "k3-run", k3::quant::KernelsVersionDetail);
   // A bad K3_LOG fails every command up front; only a forced ISA is checked
   // here too: the tokenizer commands never touch a kernel and should not log
   // the kernel choice.
