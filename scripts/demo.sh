@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded tiny model: install, build, check the snapshot,
-# repack, verify and generate. Output goes to ${K3_DEMO_DIR:-/tmp/k3-demo}.
+# repack, verify, generate, and serve one question over HTTP. Output goes to ${K3_DEMO_DIR:-/tmp/k3-demo}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -25,4 +25,20 @@ echo "== k3-run generate: 16 greedy tokens from the container, streamed as text"
 "$BIN/k3-run" generate "$OUT/container" "Hello, K3! 你好" --ngen 16
 echo "== k3-run render + chat: one XTML chat turn on the container"
 "$BIN/k3-run" chat "$OUT/container" "What is 2+2?" --max-tokens 24 --temp 0
+echo "== k3-run serve: the OpenAI-compatible server on a free port, one question with curl, stopped by PID"
+"$BIN/k3-run" serve "$OUT/container" --port 0 --model-id k3-tiny >"$OUT/serve.log" 2>&1 &
+SERVE_PID=$!
+trap 'kill "$SERVE_PID" 2>/dev/null || true' EXIT
+PORT=
+for _ in $(seq 300); do
+  PORT=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$OUT/serve.log" | head -1)
+  [ -n "$PORT" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ] && break
+  sleep 0.1
+done
+curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"k3-tiny","messages":[{"role":"user","content":"What is 2+2?"}],"max_tokens":16,"temperature":0}'
+echo
+kill "$SERVE_PID"
+wait "$SERVE_PID" 2>/dev/null || true
+trap - EXIT
 echo "== done: outputs in $OUT"

@@ -1,0 +1,121 @@
+// k3-run serve: the OpenAI-compatible server and the web page (lib/server,
+// docs/server.md) on one engine (lib/engine). Thin: flags -> options, bind,
+// load, serve until SIGINT / SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "command.h"
+#include "k3/core/error.h"
+#include "k3/core/file.h"
+#include "k3/core/sys.h"
+#include "k3/engine/engine.h"
+#include "k3/server/server.h"
+
+namespace k3::run {
+namespace {
+
+struct ServeArgs {
+  std::string model_dir;
+  server::ServerOptions server;
+  std::string sampling = "k3";
+  bool no_webui = false;
+  int64_t max_body_mb = 16;
+  int threads = 0;
+};
+
+void RunServe(ServeArgs args) {
+  server::ServerOptions& o = args.server;
+  if (o.api_key.empty()) {
+    if (auto key = GetEnv("K3_API_KEY")) o.api_key = *key;
+  }
+  if (args.sampling != "k3" && args.sampling != "free") {
+    throw Error(ErrorCode::kInvalidArgument, "--sampling must be k3 or free, not '" + args.sampling + "'");
+  }
+  o.api.sampling_free = args.sampling == "free";
+  o.webui = !args.no_webui;
+  if (args.max_body_mb < 1 || args.max_body_mb > 1024) {
+    throw Error(ErrorCode::kInvalidArgument, "--max-body-mb must be 1..1024");
+  }
+  o.api.max_body_bytes = size_t(args.max_body_mb) << 20;
+  if (o.queue < 0) throw Error(ErrorCode::kInvalidArgument, "--queue must be >= 0");
+  if (o.api.default_max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  if (o.model_id.empty()) {
+    std::string dir = args.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    o.model_id = dir.substr(dir.find_last_of('/') + 1);
+  }
+  engine::EngineOptions eo = engine::EngineOptions::FromEnv(args.model_dir);
+  eo.threads = args.threads;
+
+  // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
+  // below inherits the blocked mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  server::Service service(o);
+  server::HttpServer http(service);
+  http.BindOrThrow();  // /health answers 503 while the model loads
+  std::fprintf(stderr, "k3-run serve: listening on http://%s:%d (model id %s, queue %d%s)\n", o.host.c_str(),
+               http.port(), o.model_id.c_str(), o.queue, o.api_key.empty() ? "" : ", API key required");
+  std::fflush(stderr);
+  std::thread serving([&] { http.Serve(); });
+
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<server::Backend> backend;
+  try {
+    engine = engine::Engine::LoadOrThrow(eo);
+    if (!engine->tokenizer()) {
+      throw Error(ErrorCode::kNotFound, "serve needs tiktoken.model in the model directory", args.model_dir);
+    }
+    backend = server::MakeEngineBackend(*engine);
+    service.SetBackend(backend.get());
+    std::fprintf(stderr, "k3-run serve: ready\n");
+    std::fflush(stderr);
+  } catch (...) {
+    http.Stop();
+    serving.join();
+    throw;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "k3-run serve: stopping (signal %d)\n", sig);
+  http.Stop();
+  serving.join();
+  service.SetBackend(nullptr);
+}
+
+void SetupServe(CLI::App& root) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server and web chat page (docs/server.md)");
+  cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container with tiktoken.model")->required();
+  cmd->add_option("--host", args->server.host, "address to bind (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", args->server.port, "port (0: any free port, printed on stderr)");
+  cmd->add_option("--api-key", args->server.api_key,
+                  "require Authorization: Bearer KEY on /v1 (default: K3_API_KEY, else no key)");
+  cmd->add_option("--queue", args->server.queue, "requests that may wait behind the running one; more get 429");
+  cmd->add_option("--model-id", args->server.model_id, "model id served (default: the directory name)");
+  cmd->add_option("--sampling", args->sampling,
+                  "k3: temperature/top_p locked to K3's values (as Moonshot's API); free: any value");
+  cmd->add_flag("--no-webui", args->no_webui, "do not serve the web page at /");
+  cmd->add_option("--max-tokens", args->server.api.default_max_tokens,
+                  "completion cap for requests that set no max_tokens (default 512)");
+  cmd->add_option("--max-body-mb", args->max_body_mb, "request body cap in MiB; larger is 413 (default 16)");
+  cmd->add_option("--read-timeout", args->server.read_timeout_s,
+                  "seconds a client may stall while sending a request (default 10)");
+  cmd->add_option("--threads", args->threads, "compute threads (default: every CPU)");
+  cmd->callback([args] { RunServe(*args); });
+}
+
+K3_REGISTER_COMMAND(SetupServe);
+
+}  // namespace
+}  // namespace k3::run

@@ -1,0 +1,81 @@
+// k3::server — the OpenAI / Kimi K3 chat-completions request contract: one
+// parser that validates a request body completely (size and depth caps first,
+// every rule of Moonshot's Kimi-Vendor-Verifier, docs/server.md) and turns it
+// into a prompt exactly as `k3-run render` builds it, plus the error object.
+//
+// Pure functions, thread-safe. Failures: ParseChatRequestOrThrow throws
+// k3::Error kInvalidArgument (object() = the offending parameter, for the
+// error's "param"); kUnsupported for valid requests k3 cannot serve (images,
+// logprobs). ApiErrorFor maps any k3::Error to an HTTP status and error body.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "k3/core/error.h"
+#include "k3/tokenizer/chat.h"
+
+namespace k3::server {
+
+// Operator choices that shape what a request may ask for.
+struct ApiPolicy {
+  // Sampling values a client may send without --sampling free: the model's
+  // generation_config defaults and the K3 values Moonshot's API accepts
+  // (KVV tests/params: temperature 0.6 / 0.0 / 1.0, top_p 0.95 / 1.0).
+  float default_temperature = 1.0f;
+  float default_top_p = 1.0f;
+  bool sampling_free = false;          // --sampling free: any temperature in [0,2], top_p in (0,1]
+  int64_t default_max_tokens = 512;    // --max-tokens: the cap when the request sets none
+  size_t max_body_bytes = 16u << 20;   // checked by the HTTP layer (413) and again here
+  size_t max_depth = 64;               // JSON nesting
+  size_t max_messages = 4096;          // longer conversations are 400 (tests: 10,000 messages)
+  size_t max_stop = 4;                 // OpenAI's limit
+  size_t max_stop_bytes = 256;
+  size_t max_tool_name = 256;          // KVV: a 257-character name is refused
+};
+
+// A validated request, ready for the queue.
+struct ChatRequest {
+  std::string model;  // as sent (may be empty)
+  bool stream = false;
+  bool include_usage = false;
+  int64_t max_tokens = 0;  // resolved: max_completion_tokens, max_tokens or the policy default
+  bool max_tokens_from_request = false;
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  bool thinking = true;                 // resolved
+  std::optional<std::string> effort;    // resolved, when thinking
+  bool has_tools = false;               // global or dynamic
+  // The request as `k3-run render --request` takes it: the body with a leading
+  // "options" object that carries the resolved thinking settings. Rendering it
+  // gives `chat`.
+  std::string render_json;
+  tok::RenderedChat chat;
+};
+
+// Validates `body` (a chat.completions request) and renders its prompt.
+ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& policy);
+
+// An error as the API answers it: HTTP status and the OpenAI error object.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // empty -> null
+  std::string code;   // empty -> null
+  std::string Json() const;  // {"error":{"message","type","param","code"}}
+};
+
+ApiError ApiErrorFor(const Error& e);
+ApiError MakeApiError(int status, std::string type, std::string message, std::string code = {},
+                      std::string param = {});
+
+// Throws kInvalidArgument naming `param`.
+[[noreturn]] void ThrowBadParam(std::string_view param, std::string message);
+
+}  // namespace k3::server

@@ -1,0 +1,57 @@
+// Server counters and histograms, rendered as Prometheus text (GET /metrics).
+// Thread-safe: every update takes one mutex (a few per request).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "k3/model/expert_store.h"
+
+namespace k3::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double v);
+  // name_bucket{le=...}, name_sum, name_count lines.
+  void Render(std::string& out, const std::string& name, const std::string& help) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); last = +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct RequestOutcome {
+  bool cancelled = false;
+  enum Phase { kQueued, kPrefill, kDecode } cancel_phase = kDecode;  // where the client left
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  double ttft_s = -1;         // < 0: no token was generated
+  double decode_s_per_token = -1;
+  double queue_wait_s = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void CountRequest();                      // every chat request received
+  void CountRejected(int status);           // 400 / 401 / 413 / 429 / 503 answers
+  void CountFinished(const RequestOutcome& o);
+  // `queue_depth` and the store's cumulative stats are sampled at render time.
+  std::string Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts) const;
+
+  uint64_t cancelled() const;
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t requests_ = 0, cancelled_ = 0, rejected_ = 0, completed_ = 0;
+  uint64_t cancelled_by_phase_[3] = {0, 0, 0};
+  std::vector<std::pair<int, uint64_t>> rejected_by_status_;
+  uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
+  Histogram ttft_, decode_, queue_wait_;
+};
+
+}  // namespace k3::server

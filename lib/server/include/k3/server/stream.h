@@ -1,0 +1,107 @@
+// The chat-completions response, streamed (SSE chunks) and whole (one JSON
+// object), built from the same engine::Delta events so both forms carry the
+// same answer. See docs/server.md "Responses" for the contract.
+//
+// ChatStream is a per-request state machine, not thread-safe, and never
+// throws on model output: it holds back incomplete UTF-8 so no chunk ever
+// splits a character, sends role once, tool calls as one opening fragment then
+// argument pieces, finish_reason exactly once, the usage chunk last.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "k3/engine/engine.h"
+#include "k3/server/api.h"
+
+namespace k3::server {
+
+struct ResponseMeta {
+  std::string id;       // "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+  bool thinking = true;  // reasoning_content is part of the message
+};
+
+// What the server adds beside OpenAI's usage: the engine's timings, the expert
+// cache and the request's place in the queue ("k3" object; clients ignore it).
+struct ResponseStats {
+  engine::Timings timings;
+  double queue_wait_s = 0;
+  int64_t queue_ticket = 0;    // arrival order among admitted requests
+  int64_t start_index = 0;     // order in which requests reached the model
+  double expert_hit_rate = 0;
+  uint64_t expert_bytes_read = 0;
+};
+
+// Splits off a trailing incomplete UTF-8 sequence (kept for the next piece).
+class Utf8Holder {
+ public:
+  std::string Push(std::string_view bytes);
+  std::string Flush();  // whatever is held (invalid bytes are replaced later)
+ private:
+  std::string held_;
+};
+
+// The answer as the deltas built it (also the non-streamed message).
+struct AnswerState {
+  std::string reasoning, content;
+  struct Call {
+    std::string id, name, arguments;
+  };
+  std::vector<Call> calls;  // by index
+};
+
+std::string FinishName(engine::FinishReason reason, bool had_tool_calls);
+
+class ChatStream {
+ public:
+  ChatStream(ResponseMeta meta, bool include_usage);
+
+  // SSE bytes for one delta (possibly empty when everything is held back).
+  std::string OnDelta(const engine::Delta& delta);
+  // The final chunk (finish_reason), the usage chunk when asked, [DONE].
+  std::string Finish(engine::FinishReason reason, const engine::Usage& usage, const ResponseStats& stats);
+  // After the stream started: one error event, then [DONE].
+  std::string Error(const ApiError& error);
+  // An SSE comment line: clients ignore it, proxies and timeouts see traffic.
+  static std::string Heartbeat(std::string_view what);
+
+  const AnswerState& answer() const { return answer_; }
+  bool finished() const { return finished_; }
+
+ private:
+  std::string Chunk(const std::string& delta_json, const char* finish_reason);
+  std::string TextChunk(const char* field, const std::string& piece);  // role on the first
+  std::string ArgumentsChunk(int position, const std::string& piece);
+  std::string Event(const std::string& json);
+  ResponseMeta meta_;
+  bool include_usage_;
+  bool role_sent_ = false;
+  bool finished_ = false;
+  Utf8Holder reasoning_hold_, content_hold_;
+  std::map<int, Utf8Holder> args_hold_;
+  std::map<int, int> call_slot_;  // engine index -> position in answer_.calls
+  AnswerState answer_;
+};
+
+// The non-streamed response: folds deltas exactly as ChatStream does.
+class ChatAccumulator {
+ public:
+  explicit ChatAccumulator(ResponseMeta meta);
+  void OnDelta(const engine::Delta& delta) { stream_.OnDelta(delta); }
+  std::string Finish(engine::FinishReason reason, const engine::Usage& usage, const ResponseStats& stats);
+
+ private:
+  ChatStream stream_;
+  ResponseMeta meta_;
+};
+
+// JSON pieces shared by both forms.
+std::string UsageJson(const engine::Usage& usage);
+std::string StatsJson(const ResponseStats& stats);
+
+}  // namespace k3::server

@@ -1,0 +1,122 @@
+#include "k3/server/metrics.h"
+
+#include <cstdio>
+
+namespace k3::server {
+namespace {
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void Counter(std::string& out, const char* name, const char* help, uint64_t v) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+         std::to_string(v) + "\n";
+}
+void Gauge(std::string& out, const char* name, const char* help, double v) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + Num(v) + "\n";
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::Render(std::string& out, const std::string& name, const std::string& help) const {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += name + "_bucket{le=\"" + Num(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  cumulative += counts_.back();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += name + "_sum " + Num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics()
+    : ttft_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}),
+      decode_({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}),
+      queue_wait_({0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300}) {}
+
+void Metrics::CountRequest() {
+  std::lock_guard lock(mu_);
+  ++requests_;
+}
+
+void Metrics::CountRejected(int status) {
+  std::lock_guard lock(mu_);
+  ++rejected_;
+  for (auto& [s, n] : rejected_by_status_) {
+    if (s == status) {
+      ++n;
+      return;
+    }
+  }
+  rejected_by_status_.emplace_back(status, 1);
+}
+
+void Metrics::CountFinished(const RequestOutcome& o) {
+  std::lock_guard lock(mu_);
+  if (o.cancelled) {
+    ++cancelled_;
+    ++cancelled_by_phase_[o.cancel_phase];
+  } else {
+    ++completed_;
+  }
+  prompt_tokens_ += uint64_t(o.prompt_tokens);
+  completion_tokens_ += uint64_t(o.completion_tokens);
+  cached_tokens_ += uint64_t(o.cached_tokens);
+  if (o.ttft_s >= 0) ttft_.Observe(o.ttft_s);
+  if (o.decode_s_per_token >= 0) decode_.Observe(o.decode_s_per_token);
+  queue_wait_.Observe(o.queue_wait_s);
+}
+
+uint64_t Metrics::cancelled() const {
+  std::lock_guard lock(mu_);
+  return cancelled_;
+}
+
+std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  Counter(out, "k3_requests_total", "Chat completion requests received.", requests_);
+  Counter(out, "k3_requests_completed_total", "Requests answered to the end.", completed_);
+  Counter(out, "k3_requests_cancelled_total", "Requests whose client left (queued, prefill or decode).",
+          cancelled_);
+  const char* phases[] = {"queued", "prefill", "decode"};
+  for (int i = 0; i < 3; ++i) {
+    out += std::string("k3_requests_cancelled_by_phase_total{phase=\"") + phases[i] + "\"} " +
+           std::to_string(cancelled_by_phase_[i]) + "\n";
+  }
+  out += "# HELP k3_requests_rejected_total Requests refused before generation, by HTTP status.\n"
+         "# TYPE k3_requests_rejected_total counter\n";
+  out += "k3_requests_rejected_total " + std::to_string(rejected_) + "\n";
+  for (auto& [s, n] : rejected_by_status_) {
+    out += "k3_requests_rejected_by_status_total{status=\"" + std::to_string(s) + "\"} " + std::to_string(n) + "\n";
+  }
+  Counter(out, "k3_prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
+  Counter(out, "k3_completion_tokens_total", "Generated tokens.", completion_tokens_);
+  Counter(out, "k3_cached_tokens_total", "Prompt tokens reused from the session (not prefilled).", cached_tokens_);
+  Gauge(out, "k3_queue_depth", "Requests waiting for the model.", queue_depth);
+  Gauge(out, "k3_busy", "1 while a request holds the model.", busy ? 1 : 0);
+  ttft_.Render(out, "k3_ttft_seconds", "Time from the model starting a request to its first token.");
+  decode_.Render(out, "k3_decode_seconds_per_token", "Decode time per generated token.");
+  queue_wait_.Render(out, "k3_queue_wait_seconds", "Time a request waited for the model.");
+  Counter(out, "k3_expert_bytes_read_total", "Expert bytes read from disk.", experts.bytes_read);
+  Counter(out, "k3_expert_cache_hits_total", "Expert acquisitions served from the cache.", experts.hits);
+  Counter(out, "k3_expert_cache_misses_total", "Expert acquisitions that needed a read.", experts.misses);
+  Gauge(out, "k3_expert_cache_hit_rate", "Expert cache hit rate since load.", experts.hit_rate());
+  return out;
+}
+
+}  // namespace k3::server

@@ -1,0 +1,251 @@
+// Route logic without sockets: admission, generation, response writing.
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "k3/core/json_writer.h"
+#include "k3/core/log.h"
+#include "k3/server/server.h"
+
+namespace k3::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+HttpReply Json(int status, std::string body) {
+  HttpReply r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+}  // namespace
+
+Service::Service(ServerOptions options) : options_(std::move(options)), queue_(options_.queue) {}
+Service::~Service() = default;
+
+void Service::SetBackend(Backend* backend) {
+  if (backend) {
+    engine::SamplingParams s = backend->default_sampling();
+    options_.api.default_temperature = s.temperature;
+    options_.api.default_top_p = s.top_p;
+  }
+  backend_.store(backend);
+}
+
+HttpReply Service::Health() const {
+  if (!backend_.load()) return Json(503, "{\"status\":\"loading\"}");
+  return Json(200, "{\"status\":\"ok\"}");
+}
+
+HttpReply Service::Models() const {
+  JsonWriter j;
+  j.BeginObject().Field("object", "list").Key("data").BeginArray().BeginObject();
+  j.Field("id", options_.model_id).Field("object", "model").Field("created", int64_t(0)).Field("owned_by", "k3");
+  if (Backend* b = backend_.load()) j.Field("context_length", b->context_limit());
+  j.EndObject().EndArray().EndObject();
+  return Json(200, j.Take());
+}
+
+HttpReply Service::MetricsText() const {
+  HttpReply r;
+  r.content_type = "text/plain; version=0.0.4";
+  Backend* b = backend_.load();
+  r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{});
+  return r;
+}
+
+HttpReply Service::Page() const {
+  HttpReply r;
+  if (!options_.webui) return NotFound("/");
+  r.content_type = "text/html; charset=utf-8";
+  r.body = std::string(WebPage());
+  // The page is self-contained: nothing may load from elsewhere, and model
+  // text is inserted as text (the page never uses innerHTML for it).
+  r.headers.push_back({"Content-Security-Policy",
+                       "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                       "connect-src 'self'; img-src 'self' data:"});
+  r.headers.push_back({"X-Content-Type-Options", "nosniff"});
+  return r;
+}
+
+HttpReply Service::NotFound(std::string_view path) const {
+  return Json(404, MakeApiError(404, "invalid_request_error", "no route " + std::string(path), "not_found").Json());
+}
+
+HttpReply Service::ErrorReply(const ApiError& e) const {
+  metrics_.CountRejected(e.status);
+  HttpReply r = Json(e.status, e.Json());
+  if (e.status == 429) r.headers.push_back({"Retry-After", std::to_string(options_.retry_after_s)});
+  if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
+  return r;
+}
+
+bool Service::Authorized(std::string_view authorization) const {
+  if (options_.api_key.empty()) return true;
+  std::string expected = "Bearer " + options_.api_key;
+  // Constant time in the key: every byte of the longer string is compared.
+  size_t n = std::max(expected.size(), authorization.size());
+  unsigned char diff = expected.size() == authorization.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char a = i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0;
+    unsigned char b = i < authorization.size() ? static_cast<unsigned char>(authorization[i]) : 0;
+    diff |= a ^ b;
+  }
+  return diff == 0;
+}
+
+HttpReply Service::Unauthorized() const {
+  return ErrorReply(MakeApiError(401, "authentication_error",
+                                 "missing or wrong API key: send Authorization: Bearer <key>", "invalid_api_key"));
+}
+
+bool Service::IsStream(const Job& job) { return job.request.stream; }
+
+std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std::string_view body) {
+  metrics_.CountRequest();
+  Backend* backend = backend_.load();
+  if (!backend) {
+    return ErrorReply(MakeApiError(503, "server_error", "the model is still loading", "loading"));
+  }
+  auto job = std::make_unique<Job>();
+  try {
+    job->request = ParseChatRequestOrThrow(body, options_.api);
+    job->prompt_ids = backend->PromptIds(job->request.chat);
+  } catch (const Error& e) {
+    return ErrorReply(ApiErrorFor(e));
+  }
+  int64_t limit = backend->context_limit();
+  if (limit > 0 && int64_t(job->prompt_ids.size()) >= limit) {
+    return ErrorReply(MakeApiError(400, "invalid_request_error",
+                                   "the prompt has " + std::to_string(job->prompt_ids.size()) +
+                                       " tokens; the context holds " + std::to_string(limit),
+                                   "context_length_exceeded", "messages"));
+  }
+  job->ticket = queue_.TryEnqueue();
+  if (!job->ticket) {
+    return ErrorReply(MakeApiError(429, "rate_limit_error",
+                                   "the queue is full (" + std::to_string(queue_.capacity()) +
+                                       " requests wait for the model); retry later",
+                                   "queue_full"));
+  }
+  uint64_t n = next_id_.fetch_add(1);
+  char id[64];
+  std::snprintf(id, sizeof id, "chatcmpl-k3-%llx-%llu", static_cast<unsigned long long>(std::time(nullptr)),
+                static_cast<unsigned long long>(n));
+  job->meta.id = id;
+  job->meta.created = int64_t(std::time(nullptr));
+  job->meta.model = options_.model_id;
+  job->meta.thinking = job->request.thinking;
+  return job;
+}
+
+void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& write) {
+  const bool stream = job.request.stream;
+  // A heartbeat is an SSE comment when streaming, JSON whitespace otherwise:
+  // both are ignored by clients, and a failed write shows the client left.
+  auto heartbeat = [&](const char* what) {
+    return stream ? write(ChatStream::Heartbeat(what)) : write(" ");
+  };
+  RequestOutcome outcome;
+  outcome.prompt_tokens = int64_t(job.prompt_ids.size());
+  bool waited = job.ticket->WaitTurn([&] { return heartbeat("queued"); },
+                                     std::chrono::milliseconds(options_.heartbeat_ms));
+  outcome.queue_wait_s = Seconds(Clock::now() - job.arrived);
+  if (!waited) {
+    outcome.cancelled = true;
+    outcome.cancel_phase = RequestOutcome::kQueued;
+    outcome.prompt_tokens = 0;
+    metrics_.CountFinished(outcome);
+    return;
+  }
+  Backend* backend = backend_.load();
+
+  engine::GenerateRequest gen;
+  gen.prompt_ids = job.prompt_ids;
+  gen.chat_start = job.request.thinking ? tok::ChatStreamParser::Start::kThink : tok::ChatStreamParser::Start::kResponse;
+  gen.max_tokens = job.request.max_tokens;
+  gen.stop = job.request.stop;
+  gen.sampling.temperature = job.request.temperature;
+  gen.sampling.top_p = job.request.top_p;
+  gen.sampling.seed = job.request.seed ? *job.request.seed : std::random_device{}();
+
+  ChatStream sse(job.meta, job.request.include_usage);
+  ChatAccumulator whole(job.meta);
+  bool client_gone = false;
+  auto last_write = Clock::now();
+  const auto beat = std::chrono::milliseconds(options_.heartbeat_ms);
+  int prefill_calls = 0;
+
+  engine::Callbacks cb;
+  cb.on_delta = [&](const engine::Delta& d) {
+    if (stream) {
+      std::string bytes = sse.OnDelta(d);
+      if (!bytes.empty()) {
+        if (!write(bytes)) return !(client_gone = true);
+        last_write = Clock::now();
+      }
+    } else {
+      whole.OnDelta(d);
+      if (Clock::now() - last_write >= beat) {
+        if (!write(" ")) return !(client_gone = true);
+        last_write = Clock::now();
+      }
+    }
+    return true;
+  };
+  cb.on_prefill_progress = [&](int64_t done, int64_t total) {
+    // The first two calls always write (a client that left before prefill
+    // is seen at once: the first write after its FIN draws the RST the second
+    // one fails on); later ones once per heartbeat period.
+    if (prefill_calls++ >= 2 && Clock::now() - last_write < beat) return true;
+    std::string what = "prefill " + std::to_string(done) + "/" + std::to_string(total);
+    if (!heartbeat(what.c_str())) {
+      outcome.cancel_phase = RequestOutcome::kPrefill;
+      return !(client_gone = true);
+    }
+    last_write = Clock::now();
+    return true;
+  };
+
+  ResponseStats stats;
+  stats.queue_wait_s = outcome.queue_wait_s;
+  stats.queue_ticket = job.ticket->number();
+  stats.start_index = job.ticket->start_index();
+  try {
+    engine::GenerateResult result = backend->Generate(gen, cb);
+    job.ticket.reset();  // the next request may start while this one's last bytes go out
+    stats.timings = result.timings;
+    stats.expert_hit_rate = result.experts.hit_rate();
+    stats.expert_bytes_read = result.experts.bytes_read;
+    outcome.cached_tokens = result.usage.cached_tokens;
+    outcome.completion_tokens = result.usage.completion_tokens;
+    if (result.usage.completion_tokens > 0) outcome.ttft_s = result.timings.ttft_s;
+    if (result.usage.completion_tokens > 1 && result.timings.decode_tok_per_s > 0) {
+      outcome.decode_s_per_token = 1.0 / result.timings.decode_tok_per_s;
+    }
+    if (client_gone || result.finish == engine::FinishReason::kCancelled) {
+      outcome.cancelled = true;
+    } else if (stream) {
+      if (!write(sse.Finish(result.finish, result.usage, stats))) outcome.cancelled = true;
+    } else {
+      if (!write(whole.Finish(result.finish, result.usage, stats))) outcome.cancelled = true;
+    }
+  } catch (const std::exception& ex) {
+    job.ticket.reset();
+    const Error* k3e = dynamic_cast<const Error*>(&ex);
+    Error e = k3e ? *k3e : Error(ErrorCode::kInternal, ex.what());
+    K3_LOG_WARN("serve: request %s failed during generation: %s", job.meta.id.c_str(), e.what());
+    ApiError err = ApiErrorFor(e);
+    metrics_.CountRejected(err.status);
+    // The 200 status is already sent: the error goes in the body (docs/server.md).
+    if (stream) write(sse.Error(err));
+    else write(err.Json());
+  }
+  metrics_.CountFinished(outcome);
+}
+
+}  // namespace k3::server

@@ -1,0 +1,278 @@
+// Service without sockets, on a scripted backend: loading, admission (400 /
+// 429 / 503), FIFO order, cancel while queued / in prefill / in decode, the
+// streamed and whole answers agreeing, auth and metrics. The real model and
+// sockets are covered by tests/server (black-box against `k3-run serve`).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "k3/server/server.h"
+
+namespace k3::server {
+namespace {
+
+// Emits the same deltas for every request; can hold a request in prefill
+// until released, and records the order requests reached it.
+class ScriptedBackend : public Backend {
+ public:
+  std::vector<int32_t> PromptIds(const tok::RenderedChat& chat) const override {
+    std::vector<int32_t> ids = {1};
+    for (const tok::ChatSegment& s : chat.segments) ids.push_back(int32_t(s.text.size()));
+    return ids;
+  }
+  int64_t context_limit() const override { return 4096; }
+  engine::SamplingParams default_sampling() const override { return {}; }
+  model::ExpertStoreStats expert_stats() const override { return {}; }
+
+  engine::GenerateResult Generate(const engine::GenerateRequest& req, const engine::Callbacks& cb) override {
+    {
+      std::unique_lock lock(mu);
+      order.push_back(req.max_tokens);  // tests tag requests by max_tokens
+      ++entered;
+      cv.notify_all();
+    }
+    engine::GenerateResult r;
+    r.usage.prompt_tokens = int64_t(req.prompt_ids.size());
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      if (cb.on_prefill_progress && !cb.on_prefill_progress(layer, 3)) {
+        r.finish = engine::FinishReason::kCancelled;
+        return r;
+      }
+      if (layer == 0 && hold) {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return !hold; });
+      }
+    }
+    std::vector<engine::Delta> script(3);
+    script[0].reasoning = "hmm, ";
+    script[1].reasoning = "ok";
+    script[2].content = "Hello, 世界";
+    for (const engine::Delta& d : script) {
+      ++r.usage.completion_tokens;
+      if (!cb.on_delta(d)) {
+        r.finish = engine::FinishReason::kCancelled;
+        return r;
+      }
+    }
+    r.usage.reasoning_tokens = 2;
+    r.finish = engine::FinishReason::kStop;
+    return r;
+  }
+
+  void Release() {
+    std::lock_guard lock(mu);
+    hold = false;
+    cv.notify_all();
+  }
+  void WaitEntered(int n) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return entered >= n; });
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;
+  int entered = 0;
+  std::vector<int64_t> order;
+};
+
+ServerOptions Options(int queue) {
+  ServerOptions o;
+  o.queue = queue;
+  o.model_id = "k3-test";
+  o.heartbeat_ms = 5;
+  return o;
+}
+
+std::string Chat(const std::string& extra) {
+  return R"({"model":"x","messages":[{"role":"user","content":"hi"}])" + (extra.empty() ? "" : "," + extra) + "}";
+}
+
+std::unique_ptr<Service::Job> Admit(Service& s, const std::string& body) {
+  auto prepared = s.PrepareChat(body);
+  REQUIRE(std::holds_alternative<std::unique_ptr<Service::Job>>(prepared));
+  return std::move(std::get<std::unique_ptr<Service::Job>>(prepared));
+}
+
+int RejectStatus(Service& s, const std::string& body) {
+  auto prepared = s.PrepareChat(body);
+  REQUIRE(std::holds_alternative<HttpReply>(prepared));
+  return std::get<HttpReply>(prepared).status;
+}
+
+// Strips heartbeats (SSE comments, JSON whitespace) and the per-request id.
+std::string Run(Service& s, Service::Job& job) {
+  std::string out;
+  s.RunChat(job, [&](std::string_view b) {
+    out += b;
+    return true;
+  });
+  return out;
+}
+
+TEST_CASE("503 while loading, then served") {
+  Service s(Options(2));
+  CHECK(s.Health().status == 503);
+  CHECK(RejectStatus(s, Chat("")) == 503);
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  CHECK(s.Health().status == 200);
+  auto job = Admit(s, Chat(""));
+  std::string body = Run(s, *job);
+  CHECK(body.find("\"content\":\"Hello, 世界\"") != std::string::npos);
+  CHECK(body.find("\"reasoning_content\":\"hmm, ok\"") != std::string::npos);
+  CHECK(body.find("\"model\":\"k3-test\"") != std::string::npos);
+}
+
+TEST_CASE("invalid requests are 400 with an error object and take no queue place") {
+  Service s(Options(0));
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  auto prepared = s.PrepareChat(Chat(R"("n":3)"));
+  REQUIRE(std::holds_alternative<HttpReply>(prepared));
+  HttpReply& r = std::get<HttpReply>(prepared);
+  CHECK(r.status == 400);
+  CHECK(r.body.find("\"param\":\"n\"") != std::string::npos);
+  CHECK(s.queue().waiting() == 0);
+}
+
+TEST_CASE("streamed and whole answers carry the same message") {
+  Service s(Options(2));
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  auto whole = Admit(s, Chat(R"("seed":5)"));
+  std::string body = Run(s, *whole);
+  auto streamed = Admit(s, Chat(R"("seed":5,"stream":true,"stream_options":{"include_usage":true})"));
+  std::string sse = Run(s, *streamed);
+  std::string content, reasoning;
+  for (size_t pos = 0; (pos = sse.find("\"content\":\"", pos)) != std::string::npos; pos += 11) {
+    content += sse.substr(pos + 11, sse.find('"', pos + 11) - pos - 11);
+  }
+  for (size_t pos = 0; (pos = sse.find("\"reasoning_content\":\"", pos)) != std::string::npos; pos += 21) {
+    reasoning += sse.substr(pos + 21, sse.find('"', pos + 21) - pos - 21);
+  }
+  CHECK(content == "Hello, 世界");
+  CHECK(reasoning == "hmm, ok");
+  CHECK(body.find("\"content\":\"" + content + "\"") != std::string::npos);
+  CHECK(body.find("\"reasoning_content\":\"" + reasoning + "\"") != std::string::npos);
+  // Same usage in both.
+  std::string usage = body.substr(body.find("\"usage\":"), body.find(",\"k3\"") - body.find("\"usage\":"));
+  CHECK(sse.find(usage) != std::string::npos);
+  CHECK(sse.rfind("data: [DONE]\n\n") == sse.size() - 14);
+}
+
+TEST_CASE("FIFO: requests reach the model in arrival order; beyond the queue 429 with Retry-After") {
+  Service s(Options(3));
+  ScriptedBackend b;
+  b.hold = true;
+  s.SetBackend(&b);
+  std::vector<std::unique_ptr<Service::Job>> jobs;
+  std::vector<std::thread> threads;
+  jobs.push_back(Admit(s, Chat(R"("max_tokens":1)")));
+  threads.emplace_back([&, j = jobs.back().get()] { Run(s, *j); });
+  b.WaitEntered(1);  // request 1 holds the model
+  for (int i = 2; i <= 4; ++i) {
+    jobs.push_back(Admit(s, Chat("\"max_tokens\":" + std::to_string(i))));
+    threads.emplace_back([&, j = jobs.back().get()] { Run(s, *j); });
+  }
+  CHECK(s.queue().waiting() == 3);
+  auto prepared = s.PrepareChat(Chat(R"("max_tokens":5)"));
+  REQUIRE(std::holds_alternative<HttpReply>(prepared));
+  HttpReply& r = std::get<HttpReply>(prepared);
+  CHECK(r.status == 429);
+  bool retry_after = false;
+  for (auto& [k, v] : r.headers) retry_after |= (k == "Retry-After" && v == "1");
+  CHECK(retry_after);
+  b.Release();
+  for (auto& t : threads) t.join();
+  CHECK(b.order == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(s.MetricsText().body.find("k3_requests_rejected_by_status_total{status=\"429\"} 1") != std::string::npos);
+}
+
+TEST_CASE("a client gone while queued leaves the queue and never reaches the model") {
+  Service s(Options(3));
+  ScriptedBackend b;
+  b.hold = true;
+  s.SetBackend(&b);
+  auto first = Admit(s, Chat(R"("max_tokens":1)"));
+  std::thread t1([&] { Run(s, *first); });
+  b.WaitEntered(1);
+  auto gone = Admit(s, Chat(R"("max_tokens":2)"));
+  std::atomic<int> writes{0};
+  std::thread t2([&] {
+    s.RunChat(*gone, [&](std::string_view) { return ++writes < 3; });  // fails on the third heartbeat
+  });
+  t2.join();
+  CHECK(s.queue().waiting() == 0);
+  b.Release();
+  t1.join();
+  CHECK(b.order == std::vector<int64_t>{1});
+  CHECK(s.metrics().cancelled() == 1);
+  CHECK(s.MetricsText().body.find("k3_requests_cancelled_by_phase_total{phase=\"queued\"} 1") != std::string::npos);
+}
+
+TEST_CASE("a client gone during prefill or decode cancels the generation") {
+  Service s(Options(3));
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  for (int fail_at : {1, 2, 3, 4}) {  // 1-2: prefill heartbeats, 3+: deltas (stream)
+    CAPTURE(fail_at);
+    auto job = Admit(s, Chat(R"("stream":true)"));
+    int writes = 0;
+    std::string out;
+    s.RunChat(*job, [&](std::string_view bytes) {
+      if (++writes >= fail_at) return false;
+      out += bytes;
+      return true;
+    });
+    CHECK(out.find("[DONE]") == std::string::npos);
+  }
+  CHECK(s.metrics().cancelled() == 4);
+  std::string m = s.MetricsText().body;
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"prefill\"} 2") != std::string::npos);
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"decode\"} 2") != std::string::npos);
+  // The service still serves afterwards.
+  auto job = Admit(s, Chat(""));
+  CHECK(Run(s, *job).find("Hello") != std::string::npos);
+}
+
+TEST_CASE("auth: constant-time Bearer compare; no key means any header is ignored") {
+  ServerOptions o = Options(1);
+  Service open(o);
+  CHECK(open.Authorized(""));
+  CHECK(open.Authorized("Bearer whatever"));
+  o.api_key = "sk-local";
+  Service keyed(o);
+  CHECK(keyed.Authorized("Bearer sk-local"));
+  CHECK_FALSE(keyed.Authorized("Bearer sk-loca"));
+  CHECK_FALSE(keyed.Authorized("Bearer sk-local2"));
+  CHECK_FALSE(keyed.Authorized(""));
+  HttpReply r = keyed.Unauthorized();
+  CHECK(r.status == 401);
+  CHECK(r.body.find("\"type\":\"authentication_error\"") != std::string::npos);
+}
+
+TEST_CASE("metrics name every required series") {
+  Service s(Options(1));
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  auto job = Admit(s, Chat(""));
+  Run(s, *job);
+  std::string m = s.MetricsText().body;
+  for (const char* name :
+       {"k3_requests_total 1", "k3_requests_cancelled_total 0", "k3_requests_rejected_total 0",
+        "k3_prompt_tokens_total", "k3_completion_tokens_total 3", "k3_cached_tokens_total", "k3_queue_depth 0",
+        "k3_ttft_seconds_bucket", "k3_decode_seconds_per_token_count", "k3_expert_bytes_read_total",
+        "k3_expert_cache_hit_rate"}) {
+    CAPTURE(name);
+    CHECK(m.find(name) != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace k3::server

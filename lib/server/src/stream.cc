@@ -1,0 +1,263 @@
+// SSE chunks and the whole response from engine::Delta events.
+#include "k3/server/stream.h"
+
+#include "k3/core/json_writer.h"
+
+namespace k3::server {
+namespace {
+
+// Length of the UTF-8 sequence a lead byte opens (0 for a continuation or an
+// invalid lead, which is passed on and replaced by the JSON writer).
+int SequenceLength(unsigned char c) {
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return 2;
+  if (c >= 0xE0 && c <= 0xEF) return 3;
+  if (c >= 0xF0 && c <= 0xF4) return 4;
+  return 0;
+}
+
+// The fields every response object starts with.
+JsonWriter& Envelope(JsonWriter& j, const ResponseMeta& meta, const char* object) {
+  return j.BeginObject()
+      .Field("id", meta.id)
+      .Field("object", object)
+      .Field("created", meta.created)
+      .Field("model", meta.model);
+}
+
+// usage and the k3 stats close both the usage chunk and the whole response.
+JsonWriter& UsageAndStats(JsonWriter& j, const engine::Usage& usage, const ResponseStats& stats) {
+  return j.Key("usage").Raw(UsageJson(usage)).Key("k3").Raw(StatsJson(stats)).EndObject();
+}
+
+}  // namespace
+
+std::string Utf8Holder::Push(std::string_view bytes) {
+  held_.append(bytes);
+  // Look back at most 3 bytes for the lead of an unfinished sequence.
+  size_t n = held_.size();
+  size_t keep_from = n;
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    unsigned char c = static_cast<unsigned char>(held_[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation: keep looking for its lead
+    int len = SequenceLength(c);
+    if (len > int(back)) keep_from = n - back;  // the sequence is not complete yet
+    break;
+  }
+  std::string out = held_.substr(0, keep_from);
+  held_.erase(0, keep_from);
+  return out;
+}
+
+std::string Utf8Holder::Flush() {
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+std::string FinishName(engine::FinishReason reason, bool had_tool_calls) {
+  switch (reason) {
+    case engine::FinishReason::kLength: return "length";
+    case engine::FinishReason::kToolCalls: return "tool_calls";
+    case engine::FinishReason::kStop:
+    case engine::FinishReason::kCancelled: break;
+  }
+  return had_tool_calls ? "tool_calls" : "stop";
+}
+
+std::string UsageJson(const engine::Usage& usage) {
+  JsonWriter j;
+  j.BeginObject()
+      .Field("prompt_tokens", usage.prompt_tokens)
+      .Field("completion_tokens", usage.completion_tokens)
+      .Field("total_tokens", usage.prompt_tokens + usage.completion_tokens)
+      .Key("prompt_tokens_details")
+      .BeginObject()
+      .Field("cached_tokens", usage.cached_tokens)
+      .EndObject()
+      .Key("completion_tokens_details")
+      .BeginObject()
+      .Field("reasoning_tokens", usage.reasoning_tokens)
+      .EndObject()
+      .EndObject();
+  return j.Take();
+}
+
+std::string StatsJson(const ResponseStats& s) {
+  JsonWriter j;
+  j.BeginObject()
+      .Field("ttft_s", s.timings.ttft_s)
+      .Field("prefill_s", s.timings.prefill_s)
+      .Field("prefill_tok_per_s", s.timings.prefill_tok_per_s)
+      .Field("decode_s", s.timings.decode_s)
+      .Field("decode_tok_per_s", s.timings.decode_tok_per_s)
+      .Field("queue_wait_s", s.queue_wait_s)
+      .Field("queue_ticket", s.queue_ticket)
+      .Field("start_index", s.start_index)
+      .Field("expert_hit_rate", s.expert_hit_rate)
+      .Field("expert_bytes_read", s.expert_bytes_read)
+      .EndObject();
+  return j.Take();
+}
+
+ChatStream::ChatStream(ResponseMeta meta, bool include_usage)
+    : meta_(std::move(meta)), include_usage_(include_usage) {}
+
+std::string ChatStream::Event(const std::string& json) { return "data: " + json + "\n\n"; }
+
+std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_reason) {
+  JsonWriter j;
+  Envelope(j, meta_, "chat.completion.chunk")
+      .Key("choices")
+      .BeginArray()
+      .BeginObject()
+      .Field("index", 0)
+      .Key("delta")
+      .Raw(delta_json)
+      .Key("logprobs")
+      .Null()
+      .Key("finish_reason");
+  if (finish_reason) j.String(finish_reason);
+  else j.Null();
+  j.EndObject().EndArray().EndObject();
+  return Event(j.str());
+}
+
+std::string ChatStream::TextChunk(const char* field, const std::string& piece) {
+  JsonWriter d;
+  d.BeginObject();
+  if (!role_sent_) d.Field("role", "assistant");
+  role_sent_ = true;
+  d.Field(field, piece).EndObject();
+  return Chunk(d.str(), nullptr);
+}
+
+std::string ChatStream::ArgumentsChunk(int position, const std::string& piece) {
+  answer_.calls[size_t(position)].arguments += piece;
+  JsonWriter d;
+  d.BeginObject().Key("tool_calls").BeginArray().BeginObject().Field("index", position);
+  d.Key("function").BeginObject().Field("arguments", piece).EndObject().EndObject().EndArray().EndObject();
+  return Chunk(d.str(), nullptr);
+}
+
+std::string ChatStream::OnDelta(const engine::Delta& delta) {
+  if (finished_) return {};
+  std::string out;
+  if (!delta.reasoning.empty()) {
+    std::string piece = reasoning_hold_.Push(delta.reasoning);
+    answer_.reasoning += piece;
+    if (!piece.empty()) out += TextChunk("reasoning_content", piece);
+  }
+  if (!delta.content.empty()) {
+    std::string piece = content_hold_.Push(delta.content);
+    answer_.content += piece;
+    if (!piece.empty()) out += TextChunk("content", piece);
+  }
+  for (const engine::ToolCallDelta& tc : delta.tool_calls) {
+    auto slot = call_slot_.find(tc.index);
+    if (slot == call_slot_.end()) {
+      // A call opens: id, type and name once, arguments "" (OpenAI's shape).
+      int position = int(answer_.calls.size());
+      slot = call_slot_.emplace(tc.index, position).first;
+      AnswerState::Call call;
+      call.id = tc.id.empty() ? meta_.id + "-call-" + std::to_string(position) : tc.id;
+      call.name = tc.name;
+      answer_.calls.push_back(call);
+      JsonWriter d;
+      d.BeginObject();
+      if (!role_sent_) d.Field("role", "assistant");
+      role_sent_ = true;
+      d.Key("tool_calls").BeginArray().BeginObject().Field("index", position).Field("id", call.id);
+      d.Field("type", "function").Key("function").BeginObject().Field("name", call.name);
+      d.Field("arguments", "").EndObject().EndObject().EndArray().EndObject();
+      out += Chunk(d.str(), nullptr);
+    }
+    if (!tc.arguments.empty()) {
+      std::string piece = args_hold_[slot->second].Push(tc.arguments);
+      if (!piece.empty()) out += ArgumentsChunk(slot->second, piece);
+    }
+  }
+  return out;
+}
+
+std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage& usage,
+                               const ResponseStats& stats) {
+  if (finished_) return {};
+  std::string out;
+  // Whatever UTF-8 was held back is flushed as it is (an incomplete sequence
+  // at the very end becomes U+FFFD in the JSON writer).
+  if (std::string rest = reasoning_hold_.Flush(); !rest.empty()) {
+    answer_.reasoning += rest;
+    out += TextChunk("reasoning_content", rest);
+  }
+  if (std::string rest = content_hold_.Flush(); !rest.empty()) {
+    answer_.content += rest;
+    out += TextChunk("content", rest);
+  }
+  for (auto& [position, hold] : args_hold_) {
+    if (std::string rest = hold.Flush(); !rest.empty()) out += ArgumentsChunk(position, rest);
+  }
+  std::string finish = FinishName(reason, !answer_.calls.empty());
+  // The last choice chunk: role here when nothing was generated, so the first
+  // chunk always carries role.
+  std::string last_delta = role_sent_ ? "{}" : "{\"role\":\"assistant\",\"content\":\"\"}";
+  role_sent_ = true;
+  out += Chunk(last_delta, finish.c_str());
+  if (include_usage_) {
+    JsonWriter j;
+    Envelope(j, meta_, "chat.completion.chunk").Key("choices").BeginArray().EndArray();
+    UsageAndStats(j, usage, stats);
+    out += Event(j.str());
+  }
+  out += "data: [DONE]\n\n";
+  finished_ = true;
+  return out;
+}
+
+std::string ChatStream::Error(const ApiError& error) {
+  if (finished_) return {};
+  finished_ = true;
+  return Event(error.Json()) + "data: [DONE]\n\n";
+}
+
+std::string ChatStream::Heartbeat(std::string_view what) { return ": " + std::string(what) + "\n\n"; }
+
+ChatAccumulator::ChatAccumulator(ResponseMeta meta) : stream_(meta, false), meta_(std::move(meta)) {}
+
+std::string ChatAccumulator::Finish(engine::FinishReason reason, const engine::Usage& usage,
+                                    const ResponseStats& stats) {
+  stream_.Finish(reason, usage, stats);
+  const AnswerState& a = stream_.answer();
+  JsonWriter j;
+  Envelope(j, meta_, "chat.completion")
+      .Key("choices")
+      .BeginArray()
+      .BeginObject()
+      .Field("index", 0)
+      .Key("message")
+      .BeginObject()
+      .Field("role", "assistant")
+      .Key("content");
+  // content is always a string, "" when empty; null only beside tool calls.
+  if (a.content.empty() && !a.calls.empty()) j.Null();
+  else j.String(a.content);
+  if (meta_.thinking || !a.reasoning.empty()) j.Field("reasoning_content", a.reasoning);
+  if (!a.calls.empty()) {
+    j.Key("tool_calls").BeginArray();
+    for (const AnswerState::Call& c : a.calls) {
+      j.BeginObject().Field("id", c.id).Field("type", "function").Key("function").BeginObject();
+      j.Field("name", c.name).Field("arguments", c.arguments).EndObject().EndObject();
+    }
+    j.EndArray();
+  }
+  j.EndObject()
+      .Key("logprobs")
+      .Null()
+      .Field("finish_reason", FinishName(reason, !a.calls.empty()))
+      .EndObject()
+      .EndArray();
+  UsageAndStats(j, usage, stats);
+  return j.Take();
+}
+
+}  // namespace k3::server

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Black-box tests of `k3-run serve` on the tiny model: routes, every request
+rule (exactly 400 with an error object, nothing streamed), 401, the stream
+contract, streamed == whole for one seed, prompt_tokens == `k3-run render`,
+prefix reuse, FIFO with --queue 16, 429 with --queue 4, cancel in prefill and
+in decode. The server is started on a free loopback port and stopped by PID.
+
+usage: serve_test.py K3_RUN MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_lib import Check, Server, accumulate, chat, parse_sse, raw_socket, request, run_threads, user  # noqa: E402
+
+K3_RUN, MODEL = sys.argv[1], sys.argv[2]
+MODEL_ID = "k3-tiny"
+check = Check()
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def fn(name):
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+
+
+def body(extra=None, messages=None, **kw):
+    b = {"model": MODEL_ID, "messages": user("hello") if messages is None else messages, "max_tokens": 4}
+    b.update(extra or {})
+    b.update(kw)
+    return b
+
+
+BAD = {
+    "dynamic tool on a user message": body(messages=[{"role": "user", "content": "hi", "tools": [WEATHER]}]),
+    "dynamic tool on an assistant message": body(messages=[{"role": "user", "content": "a"},
+                                                           {"role": "assistant", "content": "b", "tools": [WEATHER]},
+                                                           {"role": "user", "content": "c"}]),
+    "system content beside dynamic tools": body(messages=[{"role": "system", "content": "x", "tools": [WEATHER]},
+                                                          {"role": "user", "content": "hi"}]),
+    "tool without type": body(messages=[{"role": "system", "content": "", "tools": [{"function": {"name": "a"}}]},
+                                        {"role": "user", "content": "hi"}]),
+    "tool name with @": body(messages=[{"role": "system", "content": "", "tools": [fn("bad@name")]},
+                                       {"role": "user", "content": "hi"}]),
+    "tool name of 257 characters": body(tools=[fn("a" * 257)]),
+    "duplicate tool names": body(tools=[fn("dup")], messages=[{"role": "system", "content": "", "tools": [fn("dup")]},
+                                                              {"role": "user", "content": "hi"}]),
+    "tool message without tool_call_id": body(messages=[{"role": "tool", "content": "r"}, {"role": "user", "content": "q"}]),
+    "tool_choice required without tools": body(tool_choice="required"),
+    "tool_choice invalid": body(tools=[WEATHER], tool_choice="bogus"),
+    "tool_choice named function": body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    "response_format bogus": body(response_format={"type": "bogus"}),
+    "json_schema without name": body(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+    "json_schema strict not boolean": body(response_format={"type": "json_schema", "json_schema": {
+        "name": "w", "strict": "yes", "schema": {"type": "object"}}}),
+    "temperature 1.1": body(temperature=1.1),
+    "top_p 0.8": body(top_p=0.8),
+    "presence_penalty 0.5": body(presence_penalty=0.5),
+    "frequency_penalty 0.5": body(frequency_penalty=0.5),
+    "n 2": body(n=2),
+    "max_tokens 0": body(max_tokens=0),
+    "stop of 5 strings": body(stop=["a", "b", "c", "d", "e"]),
+    "reasoning_effort medium": body(reasoning_effort="medium"),
+    "thinking type bogus": body(thinking={"type": "maybe"}),
+    "no messages": {"model": MODEL_ID},
+    "empty messages": body(messages=[]),
+    "unknown role": body(messages=[{"role": "wizard", "content": "x"}]),
+    "image content": body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+    "logprobs": body(logprobs=True),
+}
+
+
+def error_object_ok(h, j) -> bool:
+    return (h.get("content-type", "").startswith("application/json") and isinstance(j, dict)
+            and set(j.get("error", {})) >= {"message", "type", "param", "code"})
+
+
+def test_routes(srv):
+    s, h, b = request(srv.port, "GET", "/health")
+    check(s == 200 and json.loads(b)["status"] == "ok", "/health is 200 when ready")
+    s, h, b = request(srv.port, "GET", "/v1/models")
+    check(s == 200 and json.loads(b)["data"][0]["id"] == MODEL_ID, "/v1/models lists --model-id")
+    s, h, b = request(srv.port, "GET", "/metrics")
+    text = b.decode()
+    for name in ["k3_requests_total", "k3_requests_cancelled_total", "k3_requests_rejected_total",
+                 "k3_prompt_tokens_total", "k3_completion_tokens_total", "k3_cached_tokens_total",
+                 "k3_queue_depth", "k3_ttft_seconds_bucket", "k3_decode_seconds_per_token_bucket",
+                 "k3_expert_bytes_read_total", "k3_expert_cache_hit_rate"]:
+        check(f"\n{name}" in "\n" + text, f"/metrics has {name}")
+    s, h, b = request(srv.port, "GET", "/")
+    check(s == 200 and h.get("content-type", "").startswith("text/html") and b"<title>k3 chat</title>" in b,
+          "/ serves the embedded page")
+    s, h, b = request(srv.port, "GET", "/v1/nothing")
+    check(s == 404 and error_object_ok(h, json.loads(b)), "unknown route is 404 with an error object")
+
+
+def test_rules(srv):
+    for name, b in BAD.items():
+        for stream in (False, True):
+            bb = dict(b, stream=True) if stream else b
+            s, h, j = chat(srv.port, bb)
+            check(s == 400, f"{name} (stream={stream}): 400, got {s}")
+            check(error_object_ok(h, j) and not h.get("content-type", "").startswith("text/event-stream"),
+                  f"{name} (stream={stream}): an error object, nothing streamed")
+    s, h, j = chat(srv.port, body(temperature=1.1))
+    check("--sampling free" in j["error"]["message"] and j["error"]["param"] == "temperature",
+          "a locked temperature names the parameter and --sampling free")
+    # Malformed tool-call arguments in history are rendered as they are (2xx).
+    hist = [{"role": "user", "content": "a"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    s, h, j = chat(srv.port, body(messages=hist))
+    check(s == 200, f"malformed tool-call arguments in history are accepted, got {s}")
+    # An Authorization header is ignored when no key is configured.
+    s, h, j = chat(srv.port, body(), headers={"Authorization": "Bearer whatever"})
+    check(s == 200, "Authorization ignored without --api-key")
+
+
+def test_whole_response(srv):
+    s, h, j = chat(srv.port, body(max_tokens=8, seed=3))
+    check(s == 200, f"plain request 200, got {s}")
+    msg = j["choices"][0]["message"]
+    check(isinstance(msg["content"], str), "message.content is a string")
+    check(j["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), "finish_reason in the set")
+    u = j["usage"]
+    check("reasoning_tokens" in u["completion_tokens_details"] and "cached_tokens" in u["prompt_tokens_details"],
+          "usage carries reasoning_tokens and cached_tokens")
+    check(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], "total = prompt + completion")
+    check(j["model"] == MODEL_ID and j["object"] == "chat.completion", "model and object")
+
+
+def test_stream_contract(srv):
+    for include_usage in (True, False):
+        b = body(max_tokens=12, seed=5, stream=True, stream_options={"include_usage": include_usage})
+        s, h, events = chat(srv.port, b)
+        check(s == 200 and h.get("content-type", "").startswith("text/event-stream"), "stream is text/event-stream")
+        check(events[-1] == "[DONE]" and events.count("[DONE]") == 1, "stream ends with one data: [DONE]")
+        chunks = [e for e in events if e != "[DONE]"]
+        ids = {(c["id"], c["created"], c["model"]) for c in chunks}
+        check(len(ids) == 1, "id / created / model constant")
+        roles = [i for i, c in enumerate(chunks) for ch in c["choices"] if "role" in ch["delta"]]
+        check(roles == [0], f"role only in the first chunk ({roles})")
+        finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")]
+        check(len(finishes) == 1 and finishes[0] in ("stop", "length", "tool_calls"), f"finish once: {finishes}")
+        usage_chunks = [i for i, c in enumerate(chunks) if c.get("usage")]
+        if include_usage:
+            check(usage_chunks == [len(chunks) - 1] and chunks[-1]["choices"] == [],
+                  "usage only in the final chunk, with choices: []")
+        else:
+            check(usage_chunks == [], "no usage without include_usage")
+
+
+def test_stream_equals_whole(srv):
+    for extra in ({"seed": 7}, {"seed": 11, "thinking": {"type": "disabled"}}, {"seed": 2, "tools": [WEATHER]}):
+        b = body(extra, max_tokens=24)
+        s1, _, whole = chat(srv.port, b)
+        s2, _, events = chat(srv.port, dict(b, stream=True, stream_options={"include_usage": True}))
+        acc = accumulate(events)
+        wm = whole["choices"][0]["message"]
+        same = (acc["message"]["content"] == (wm["content"] or "")
+                and acc["message"]["reasoning_content"] == wm.get("reasoning_content", "")
+                and acc["finish_reason"] == whole["choices"][0]["finish_reason"]
+                and acc["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+                and acc["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+                and [(c["name"], c["arguments"]) for _, c in sorted(acc["message"]["tool_calls"].items())]
+                == [(c["function"]["name"], c["function"]["arguments"]) for c in wm.get("tool_calls") or []])
+        check(s1 == 200 and s2 == 200 and same, f"streamed == whole for {extra}")
+
+
+def render_ids(request_obj) -> list:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(request_obj, f)
+        path = f.name
+    out = subprocess.run([K3_RUN, "render", MODEL, "--request", path, "--bos", "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    os.unlink(path)
+    return json.loads(out)["ids"]
+
+
+def test_prompt_tokens_equal_render(srv):
+    convs = [
+        (body(messages=user("What is 2+2?")), {"messages": user("What is 2+2?")}),
+        (body(messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "你好"}],
+              thinking={"type": "disabled"}),
+         {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "你好"}],
+          "options": {"thinking": False}}),
+        (body(tools=[WEATHER], reasoning_effort="low", messages=user("weather in Paris?")),
+         {"messages": user("weather in Paris?"), "options": {"tools": [WEATHER], "thinking_effort": "low"}}),
+    ]
+    for server_body, render_body in convs:
+        s, _, j = chat(srv.port, server_body)
+        ids = render_ids(render_body)
+        check(s == 200 and j["usage"]["prompt_tokens"] == len(ids),
+              f"prompt_tokens {j['usage']['prompt_tokens'] if s == 200 else s} == render's {len(ids)}")
+
+
+def test_prefix_reuse(srv):
+    first = body(messages=user("Tell me about MoE routing."), max_tokens=6, seed=1)
+    s, _, j = chat(srv.port, first)
+    answer = j["choices"][0]["message"]
+    follow = body(messages=user("Tell me about MoE routing.") + [
+        {"role": "assistant", "content": answer["content"], "reasoning_content": answer.get("reasoning_content", "")},
+        {"role": "user", "content": "And shared experts?"}], max_tokens=4)
+    s2, _, j2 = chat(srv.port, follow)
+    cached = j2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    check(s2 == 200 and 0 < cached < j2["usage"]["prompt_tokens"],
+          f"a follow-up prefills only its tail (cached {cached} of {j2['usage']['prompt_tokens']})")
+
+
+def long_seed(srv, max_tokens: int) -> int:
+    """A seed whose answer runs to max_tokens on this model (random weights may stop early)."""
+    for seed in range(1, 40):
+        s, _, j = chat(srv.port, body(max_tokens=max_tokens, seed=seed, thinking={"type": "disabled"}))
+        if s == 200 and j["choices"][0]["finish_reason"] == "length":
+            return seed
+    raise AssertionError("no seed runs to the length limit")
+
+
+def stream_until_first_token(port: int, b: dict) -> socket.socket:
+    s = raw_socket(port)
+    data = json.dumps(b).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    buf = b""
+    while b"data: {" not in buf:
+        got = s.recv(65536)
+        if not got:
+            break
+        buf += got
+    return s
+
+
+def test_cancel(srv):
+    seed = long_seed(srv, 64)
+    before = srv.metric('k3_requests_cancelled_by_phase_total{phase="decode"}')
+    s = stream_until_first_token(srv.port, body(max_tokens=100000, seed=seed, stream=True,
+                                                thinking={"type": "disabled"}))
+    s.close()
+    srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="decode"}', before + 1)
+    check(True, "a client leaving during decode cancels it")
+    # Prefill: a long prompt, the client gone before the first token.
+    before = srv.metric('k3_requests_cancelled_by_phase_total{phase="prefill"}')
+    tokens_before = srv.metric("k3_completion_tokens_total")
+    long_text = " ".join(f"word{i}" for i in range(6000))
+    data = json.dumps(body(messages=user(long_text), stream=True, max_tokens=8)).encode()
+    s = raw_socket(srv.port)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode() +
+              b"\r\n\r\n" + data)
+    s.close()
+    srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="prefill"}', before + 1)
+    check(srv.metric("k3_completion_tokens_total") == tokens_before, "cancelled in prefill: no token generated")
+    s2, _, j = chat(srv.port, body())
+    check(s2 == 200, "the server serves after cancels")
+
+
+def test_auth():
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--api-key", "sk-test") as srv:
+        s, h, j = chat(srv.port, body())
+        check(s == 401 and error_object_ok(h, j), f"no key: 401 with an error object, got {s}")
+        s, h, j = chat(srv.port, body(), headers={"Authorization": "Bearer sk-wrong"})
+        check(s == 401, "wrong key: 401")
+        s, _, _ = request(srv.port, "GET", "/v1/models")
+        check(s == 401, "every /v1 route needs the key")
+        s, _, _ = chat(srv.port, body(), headers={"Authorization": "Bearer sk-test"})
+        check(s == 200, "right key: 200")
+        s, _, _ = request(srv.port, "GET", "/health")
+        check(s == 200, "/health stays public")
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, env={"K3_API_KEY": "sk-env"}) as srv:
+        check(chat(srv.port, body())[0] == 401, "K3_API_KEY sets the key")
+
+
+def test_sampling_free():
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--sampling", "free", "--no-webui") as srv:
+        s, _, j = chat(srv.port, body(temperature=0.3, top_p=0.5))
+        check(s == 200, f"--sampling free lifts the temperature / top_p lock, got {s}")
+        check(chat(srv.port, body(presence_penalty=0.5))[0] == 400, "penalties stay refused (not implemented)")
+        check(request(srv.port, "GET", "/")[0] == 404, "--no-webui: no page")
+
+
+def test_queue_fifo():
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "16") as srv:
+        b = body(max_tokens=16, stream=True, stream_options={"include_usage": True})
+        results = run_threads([lambda i=i: chat(srv.port, dict(b, seed=i + 1)) for i in range(16)])
+        ok = [r for r in results if r[0] == 200 and r[2][-1] == "[DONE]"]
+        check(len(ok) == 16, f"16 concurrent clients with --queue 16: all answered ({len(ok)})")
+        stats = sorted((e["k3"]["queue_ticket"], e["k3"]["start_index"]) for r in ok for e in r[2]
+                       if e != "[DONE]" and e.get("k3"))
+        starts = [s for _, s in stats]
+        check(len(stats) == 16 and starts == sorted(starts) and len(set(starts)) == 16,
+              f"served in arrival order (ticket, start) = {stats}")
+
+
+def test_queue_overflow():
+    import threading
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "4") as srv:
+        # A long answer keeps the model busy while the 15 others arrive: on this
+        # model and sampler seed 5 runs for about 2,200 tokens before EOS. That
+        # the holder was still running is checked, not assumed; if it was not
+        # (a fast machine), a longer answer is tried.
+        seed = 5
+        for holder_tokens in (400, 1500, 4096):
+            first = {}
+
+            def run_first():
+                first["r"] = chat(srv.port, body(messages=user("hi"), max_tokens=holder_tokens, seed=seed,
+                                                 thinking={"type": "disabled"}))
+                first["t"] = time.monotonic()
+
+            t = threading.Thread(target=run_first)
+            t.start()
+            srv.wait_metric("k3_busy", 1)
+            results = run_threads([lambda: (chat(srv.port, body(max_tokens=4)), time.monotonic())
+                                   for _ in range(15)])
+            t.join()
+            rejected = [r for r in results if r[0][0] == 429]
+            if rejected and max(r[1] for r in rejected) < first["t"]:
+                break
+            print(f"   a {holder_tokens}-token holder ended before the others arrived; a longer one", flush=True)
+        statuses = [r[0][0] for r in results]
+        check(all(s in (200, 429) for s in statuses), f"each answered 200 or 429: {statuses}")
+        check(all(r[0][1].get("retry-after") and error_object_ok(r[0][1], r[0][2]) for r in rejected),
+              "429s carry Retry-After and an error object")
+        last_reject = max((r[1] for r in rejected), default=float("inf"))
+        if check(last_reject < first["t"], "the first request was still running while the rest arrived"):
+            check(statuses.count(200) == 4 and len(rejected) == 11,
+                  f"--queue 4 behind a running request: 4 served, 11 rejected ({statuses.count(200)}, {len(rejected)})")
+        check(first["r"][0] == 200, "the running request completes")
+        check(all(r[0][2]["choices"][0]["finish_reason"] for r in results if r[0][0] == 200), "the served complete")
+
+
+def main():
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "8") as srv:
+        for t in (test_routes, test_rules, test_whole_response, test_stream_contract, test_stream_equals_whole,
+                  test_prompt_tokens_equal_render, test_prefix_reuse, test_cancel):
+            t0 = time.monotonic()
+            t(srv)
+            print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
+        check(srv.alive(), "server alive at the end")
+    for t in (test_auth, test_sampling_free, test_queue_fifo, test_queue_overflow):
+        t0 = time.monotonic()
+        t()
+        print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
+    return check.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
