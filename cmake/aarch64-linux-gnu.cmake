@@ -13,6 +13,8 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
+# simdjson: see aarch64-simdjson/simdjson-config.cmake.
+set(simdjson_DIR ${CMAKE_CURRENT_LIST_DIR}/aarch64-simdjson CACHE PATH "" FORCE)
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig)
 # -L / : the arm64 loader and libraries of the multiarch packages (libc6:arm64).
 # Not /usr/aarch64-linux-gnu: that loader with the multiarch libstdc++/libgomp
