@@ -145,7 +145,10 @@ float RowDotQ8(const Q8Row<F>& r, const int8_t* xq, const float* xs, size_t grou
   float total = 0.0f;
   size_t g = 0;
   for (; g + 4 <= groups; g += 4) {
-    if (pf != 0) PrefetchLine(r.bytes + g * kRowBytesPerGroup, pf);
+    if (pf != 0) {  // 64 bytes of nibbles or 128 of int8 per four groups
+      PrefetchLine(r.bytes + g * kRowBytesPerGroup, pf);
+      if constexpr (F == WeightFormat::kInt8) PrefetchLine(r.bytes + g * kRowBytesPerGroup + 64, pf);
+    }
     const int32x4_t a0 = GroupDot<F>(r.bytes, xq, g);
     const int32x4_t a1 = GroupDot<F>(r.bytes, xq, g + 1);
     const int32x4_t a2 = GroupDot<F>(r.bytes, xq, g + 2);
