@@ -1,10 +1,9 @@
 // aarch64 ASIMD ("NEON") kernels: the IDOT path (int8 activations against
-// MXFP4, int4-g64 and int8 weights) and the four quantizers. Built twice: here
+// MXFP4, int4-g64 and int8 weights), the four quantizers and the f32 path. Built twice: here
 // for baseline armv8-a (vmull_s8 + vpadalq_s16), and again as
 // kernels_neon_dot.cc with the dot-product extension (K3_NEON_DOT: sdot in
-// place of the widening multiply-add). The f32-activation path (MatMul, RowDot,
-// AddRow) is the scalar reference on aarch64 (NeonKernels() takes those
-// entries from ScalarKernels()).
+// place of the widening multiply-add), plus the f32-activation path (MatMul,
+// RowDot, AddRow; the same in both builds).
 //
 // IDOT. Per output element the scalar reference computes, group by group,
 // gi = Σ w·xq as an exact int32, then total += (float)gi · factor_g in group
@@ -196,6 +195,196 @@ void MatMulQ8Neon(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 }
 
 // ---------------------------------------------------------------------------
+// f32-activation path (MatMul, RowDot, AddRow)
+//
+// One routine per (row, activation): 16 columns per step into four FMA
+// accumulators (a 4-column step into the first, then a scalar FMA tail), the
+// result ((a0 + a1) + (a2 + a3)) summed across lanes. int4/MXFP4 rows sum each
+// group in lanes first (two accumulators), scale it (MXFP4: the doubled codes'
+// 0.5 folded into E8M0), and add it to a vector total. Batched MatMul loops the
+// same routine, so batch, row split and threads cannot change a bit, and RowDot
+// is MatMul's element; the summation order differs from scalar (within the
+// documented tolerance, exact on the exact domains).
+
+inline float32x4_t I8ToF32x4(int8x8_t v, bool high) {
+  const int16x8_t w = vmovl_s8(v);
+  return vcvtq_f32_s32(high ? vmovl_high_s16(w) : vmovl_s16(vget_low_s16(w)));
+}
+
+// Plain rows: f32 (`q8` null) or int8 (`f` null, the row scale applied by the caller).
+float DotPlain(const float* f, const int8_t* q8, const float* x, size_t n, size_t pf) noexcept {
+  float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    float32x4_t w0, w1, w2, w3;
+    if (f != nullptr) {
+      w0 = vld1q_f32(f + i);
+      w1 = vld1q_f32(f + i + 4);
+      w2 = vld1q_f32(f + i + 8);
+      w3 = vld1q_f32(f + i + 12);
+    } else {
+      if (pf != 0 && (i & 63) == 0) PrefetchLine(q8 + i, pf);
+      const int8x16_t b = vld1q_s8(q8 + i);
+      w0 = I8ToF32x4(vget_low_s8(b), false);
+      w1 = I8ToF32x4(vget_low_s8(b), true);
+      w2 = I8ToF32x4(vget_high_s8(b), false);
+      w3 = I8ToF32x4(vget_high_s8(b), true);
+    }
+    a0 = vfmaq_f32(a0, vld1q_f32(x + i), w0);
+    a1 = vfmaq_f32(a1, vld1q_f32(x + i + 4), w1);
+    a2 = vfmaq_f32(a2, vld1q_f32(x + i + 8), w2);
+    a3 = vfmaq_f32(a3, vld1q_f32(x + i + 12), w3);
+  }
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t w;
+    if (f != nullptr) {
+      w = vld1q_f32(f + i);
+    } else {
+      int8_t t[8] = {q8[i], q8[i + 1], q8[i + 2], q8[i + 3], 0, 0, 0, 0};
+      w = I8ToF32x4(vld1_s8(t), false);
+    }
+    a0 = vfmaq_f32(a0, vld1q_f32(x + i), w);
+  }
+  float total = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+  for (; i < n; ++i) {
+    total = std::fma(x[i], f != nullptr ? f[i] : static_cast<float>(q8[i]), total);
+  }
+  return total;
+}
+
+// 16 packed bytes (32 columns) as f32 values: ev[k] = even columns 8k..8k+6,
+// od[k] = odd columns, matching vld2q_f32 of the activations at column 8k.
+template <WeightFormat F>
+inline void NibbleValues32(const uint8_t* p, float32x4_t (&ev)[4], float32x4_t (&od)[4]) {
+  const uint8x16_t b = vld1q_u8(p);
+  int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15)));
+  int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(b, 4));
+  if constexpr (F == WeightFormat::kMxfp4) {
+    const int8x16_t lut = vld1q_s8(kE2m1x2);  // doubled codes, exact in int8
+    lo = vqtbl1q_s8(lut, vreinterpretq_u8_s8(lo));
+    hi = vqtbl1q_s8(lut, vreinterpretq_u8_s8(hi));
+  } else {
+    lo = vsubq_s8(lo, vdupq_n_s8(8));
+    hi = vsubq_s8(hi, vdupq_n_s8(8));
+  }
+  ev[0] = I8ToF32x4(vget_low_s8(lo), false);
+  ev[1] = I8ToF32x4(vget_low_s8(lo), true);
+  ev[2] = I8ToF32x4(vget_high_s8(lo), false);
+  ev[3] = I8ToF32x4(vget_high_s8(lo), true);
+  od[0] = I8ToF32x4(vget_low_s8(hi), false);
+  od[1] = I8ToF32x4(vget_low_s8(hi), true);
+  od[2] = I8ToF32x4(vget_high_s8(hi), false);
+  od[3] = I8ToF32x4(vget_high_s8(hi), true);
+}
+
+// Lanes of Σ x·w over the 32 columns at c (nibble row bytes at p).
+template <WeightFormat F>
+inline void Nibble32(const uint8_t* p, const float* x, float32x4_t& s0, float32x4_t& s1) {
+  float32x4_t ev[4], od[4];
+  NibbleValues32<F>(p, ev, od);
+  for (int k = 0; k < 4; ++k) {
+    const float32x4x2_t xv = vld2q_f32(x + 8 * k);
+    s0 = vfmaq_f32(s0, xv.val[0], ev[k]);
+    s1 = vfmaq_f32(s1, xv.val[1], od[k]);
+  }
+}
+
+template <WeightFormat F>
+float DotNibble(const WeightView& w, size_t o, const float* x, size_t pf) noexcept {
+  const size_t n = w.cols;
+  const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2);
+  float32x4_t total = vdupq_n_f32(0.0f);
+  if constexpr (F == WeightFormat::kMxfp4) {
+    const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
+    for (size_t g = 0; g < n / kMxGroup; ++g) {
+      if (pf != 0 && (g & 3) == 0) PrefetchLine(p + g * 16, pf);
+      float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
+      Nibble32<F>(p + g * 16, x + g * 32, s0, s1);
+      total = vfmaq_n_f32(total, vaddq_f32(s0, s1), E8m0ToF32(e[g]) * 0.5f);
+    }
+  } else {
+    const float* sc = w.scales + o * (n / kInt4Group);
+    for (size_t g = 0; g < n / kInt4Group; ++g) {
+      if (pf != 0 && (g & 1) == 0) PrefetchLine(p + g * 32, pf);
+      float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
+      Nibble32<F>(p + g * 32, x + g * 64, s0, s1);
+      Nibble32<F>(p + g * 32 + 16, x + g * 64 + 32, s0, s1);
+      total = vfmaq_n_f32(total, vaddq_f32(s0, s1), sc[g]);
+    }
+  }
+  return vaddvq_f32(total);
+}
+
+float RowDotNeon(const WeightView& w, size_t o, const float* x) noexcept {
+  const size_t n = w.cols;
+  const size_t pf = PrefetchBytes();
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return DotPlain(static_cast<const float*>(w.data) + o * n, nullptr, x, n, 0);
+    case WeightFormat::kInt8:
+      return DotPlain(nullptr, static_cast<const int8_t*>(w.data) + o * n, x, n, pf) * w.scales[o];
+    case WeightFormat::kInt4G64:
+      return DotNibble<WeightFormat::kInt4G64>(w, o, x, pf);
+    case WeightFormat::kMxfp4:
+      return DotNibble<WeightFormat::kMxfp4>(w, o, x, pf);
+  }
+  return 0.0f;
+}
+
+void MatMulNeon(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
+                size_t r1) noexcept {
+  for (size_t o = r0; o < r1; ++o) {
+    for (size_t b = 0; b < batch; ++b) y[b * w.rows + o] = RowDotNeon(w, o, x + b * w.cols);
+  }
+}
+
+// acc[i] += k·w_i, one FMA per element in column order (k = c·scale; MXFP4's
+// doubled codes carry the 0.5 in k, exactly).
+void AddRowNeon(const WeightView& w, size_t row, float c, float* acc) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kF32 || w.format == WeightFormat::kInt8) {
+    const bool f32 = w.format == WeightFormat::kF32;
+    const float* f = f32 ? static_cast<const float*>(w.data) + row * n : nullptr;
+    const int8_t* q = f32 ? nullptr : static_cast<const int8_t*>(w.data) + row * n;
+    const float k = f32 ? c : c * w.scales[row];
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      float32x4_t w0, w1;
+      if (f32) {
+        w0 = vld1q_f32(f + i);
+        w1 = vld1q_f32(f + i + 4);
+      } else {
+        const int8x8_t b = vld1_s8(q + i);
+        w0 = I8ToF32x4(b, false);
+        w1 = I8ToF32x4(b, true);
+      }
+      vst1q_f32(acc + i, vfmaq_n_f32(vld1q_f32(acc + i), w0, k));
+      vst1q_f32(acc + i + 4, vfmaq_n_f32(vld1q_f32(acc + i + 4), w1, k));
+    }
+    for (; i < n; ++i) acc[i] = std::fma(k, f32 ? f[i] : static_cast<float>(q[i]), acc[i]);
+    return;
+  }
+  const bool mx = w.format == WeightFormat::kMxfp4;
+  const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
+  for (size_t c0 = 0; c0 < n; c0 += 32) {
+    const float k = mx ? c * (E8m0ToF32(w.e8m0[row * (n / kMxGroup) + c0 / kMxGroup]) * 0.5f)
+                       : c * w.scales[row * (n / kInt4Group) + c0 / kInt4Group];
+    float32x4_t ev[4], od[4];
+    if (mx) {
+      NibbleValues32<WeightFormat::kMxfp4>(p + c0 / 2, ev, od);
+    } else {
+      NibbleValues32<WeightFormat::kInt4G64>(p + c0 / 2, ev, od);
+    }
+    for (int j = 0; j < 4; ++j) {
+      float32x4x2_t a = vld2q_f32(acc + c0 + 8 * j);  // even, odd columns
+      a.val[0] = vfmaq_n_f32(a.val[0], ev[j], k);
+      a.val[1] = vfmaq_n_f32(a.val[1], od[j], k);
+      vst2q_f32(acc + c0 + 8 * j, a);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Quantizers
 
 // max |x_i| skipping NaN, exactly as quant.cc's AbsMax (order-independent).
@@ -337,12 +526,15 @@ void QuantizeActsNeon(const float* x, size_t rows, size_t cols, int8_t* q, float
 }
 
 KernelTable MakeTable() {
-  KernelTable t = ScalarKernels();  // f32-activation path: the scalar reference
+  KernelTable t = ScalarKernels();
 #ifdef K3_NEON_DOT
   t.isa = Isa::kNeonDot;
 #else
   t.isa = Isa::kNeon;
 #endif
+  t.matmul = MatMulNeon;
+  t.row_dot = RowDotNeon;
+  t.add_row = AddRowNeon;
   t.matmul_q8 = MatMulQ8Neon;
   t.quantize_int8_rows = QuantizeInt8RowsNeon;
   t.quantize_int4_rows = QuantizeInt4RowsNeon;
