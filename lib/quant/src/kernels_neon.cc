@@ -101,8 +101,8 @@ Q8Row<F> RowOf(const WeightView& w, size_t o) {
     return {static_cast<const uint8_t*>(w.data) + o * (n / 2), w.scales + o * (n / kInt4Group),
             nullptr, 0.0f};
   } else {
-    return {static_cast<const uint8_t*>(w.data) + o * (n / 2), nullptr,
-            w.e8m0 + o * (n / kMxGroup), 0.0f};
+    return {static_cast<const uint8_t*>(w.data) + o * (n / 2), nullptr, w.e8m0 + o * (n / kMxGroup),
+            0.0f};
   }
 }
 
@@ -146,7 +146,8 @@ float RowDotQ8(const Q8Row<F>& r, const int8_t* xq, const float* xs, size_t grou
   for (; g + 4 <= groups; g += 4) {
     if (pf != 0) {  // 64 bytes of nibbles or 128 of int8 per four groups
       PrefetchLine(r.bytes + g * kRowBytesPerGroup, pf);
-      if constexpr (F == WeightFormat::kInt8) PrefetchLine(r.bytes + g * kRowBytesPerGroup + 64, pf);
+      if constexpr (F == WeightFormat::kInt8)
+        PrefetchLine(r.bytes + g * kRowBytesPerGroup + 64, pf);
     }
     const int32x4_t a0 = GroupDot<F>(r.bytes, xq, g);
     const int32x4_t a1 = GroupDot<F>(r.bytes, xq, g + 1);
@@ -175,8 +176,8 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   for (size_t o = r0; o < r1; ++o) {
     const Q8Row<F> r = RowOf<F>(w, o);
     for (size_t b = 0; b < x.batch; ++b) {
-      y[b * w.rows + o] = RowDotQ8<F>(r, x.q.data() + b * w.cols,
-                                      x.scales.data() + b * groups, groups, pf);
+      y[b * w.rows + o] =
+          RowDotQ8<F>(r, x.q.data() + b * w.cols, x.scales.data() + b * groups, groups, pf);
     }
   }
 }

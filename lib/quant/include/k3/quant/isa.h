@@ -13,8 +13,8 @@ namespace k3::quant {
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx2Vnni = 3, kNeon = 4, kNeonDot = 5 };
 // Every ISA, in order of preference from lowest within each architecture; loop
 // over this, not a hand list.
-inline constexpr Isa kAllIsas[] = {Isa::kScalar,   Isa::kAvx2, Isa::kAvx2Vnni,
-                                   Isa::kAvx512,   Isa::kNeon, Isa::kNeonDot};
+inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni,
+                                   Isa::kAvx512, Isa::kNeon, Isa::kNeonDot};
 
 Isa ActiveIsa();                 // the ISA the dispatched kernels use
 bool IsaSupported(Isa isa);      // what this CPU can run
