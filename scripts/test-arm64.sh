@@ -12,7 +12,7 @@
 # plus two golden tests (model_container_test, model_repack_test: the oracle's
 # logits through every load path).
 # Left out (emulation is slow, or qemu-user cannot do it here): unit tests that
-# spawn the k3 binaries themselves (repack_integration_test, fixture_cli_tiny:
+# spawn the k3 binaries themselves (repack_integration_test, fixture_cli_tiny, cli_test:
 # this machine has no binfmt_misc, so a child aarch64 binary cannot start; the
 # steps above run those binaries directly); model_golden_test (passes, but takes
 # ~3 min under qemu); stream_store_test (qemu-user has no io_uring, so its
@@ -55,7 +55,7 @@ MODEL=tests/data/oracle/k3-tiny
 
 step "unit label under qemu (CPU 'max': neon + neondot)"
 # K3_ARM64_EXCLUDE: more test names to leave out (a regex; printed when used).
-EXCLUDE='repack_integration_test|fixture_cli_tiny'
+EXCLUDE='repack_integration_test|fixture_cli_tiny|cli_test'
 if [ -n "${K3_ARM64_EXCLUDE:-}" ]; then
   echo "also leaving out (K3_ARM64_EXCLUDE): $K3_ARM64_EXCLUDE"
   EXCLUDE="$EXCLUDE|$K3_ARM64_EXCLUDE"
