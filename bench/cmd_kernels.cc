@@ -474,7 +474,7 @@ void Setup(CLI::App& root) {
   cmd->add_option("--ws-mib", opt->ws_mib, "decode working set per repetition, MiB");
   cmd->add_option("--batch-ws-mib", opt->batch_ws_mib, "batched working set per repetition, MiB");
   cmd->add_option("--isa", opt->isas,
-                  "comma list of scalar,avx2,avx2vnni,avx512 (unsupported ones skipped)");
+                  "comma list of scalar,avx2,avx2vnni,avx512,neon,neondot (unsupported ones skipped)");
   cmd->add_option("--threads", opt->threads, "thread counts")->delimiter(',');
   cmd->add_option("--batch", opt->batches, "batch sizes")->delimiter(',');
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");

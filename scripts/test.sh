@@ -2,7 +2,8 @@
 # The whole test suite: installs dependencies, builds, runs every ctest label
 # (unit, golden, slow) on the ISA the kernels pick, then the unit and golden
 # suites again on every other ISA this CPU runs (K3_FORCE_ISA), a short
-# differential pass against the npm tiktoken, and the fuzzers.
+# differential pass against the npm tiktoken, the aarch64 cross build under
+# qemu-user (scripts/test-arm64.sh) and the fuzzers.
 # CI=true (set by .ci/run) turns the skips of data a user's clone may lack
 # (../shared/oracle, node/npm for tiktoken) into failures.
 set -euo pipefail
@@ -24,6 +25,12 @@ if has avx2 && has fma; then
   if has avx_vnni; then isas+=(avx2vnni); fi
 fi
 if has avx512f && has avx512bw && has avx512vl && has avx512_vnni && has fma; then isas+=(avx512); fi
+# aarch64 hosts list "Features" (asimd, asimddp) instead of x86 "flags".
+flags=" $(grep -m1 '^Features' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+if has asimd; then
+  isas+=(neon)
+  if has asimddp; then isas+=(neondot); fi
+fi
 best=${isas[${#isas[@]}-1]}
 echo "== kernel ISAs on this CPU: ${isas[*]}; the run above used $best"
 # Per-ISA loops inside the tests cover only the forced ISA, so each rerun is
@@ -48,6 +55,9 @@ elif [[ ${CI:-} == true ]]; then
 else
   echo "SKIPPED: tiktoken differential pass: node/npm not installed (CI=true makes this fail)"
 fi
+
+echo "== aarch64: cross build, unit label and repack / verify / generate under qemu-user"
+scripts/test-arm64.sh
 
 echo "== fuzzing the untrusted-input parsers (clang, ASan/UBSan, ${K3_FUZZ_SECONDS:-30}s per target)"
 scripts/fuzz.sh

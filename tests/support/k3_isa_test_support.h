@@ -51,7 +51,7 @@ inline std::vector<quant::Isa> IsasToTest(const std::string& what) {
 // initialisation, hence the explicit CPU-feature init.
 inline bool SkipUnlessCpuRuns(quant::Isa isa, const char* test) {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
+  __builtin_cpu_init();  // x86 only; aarch64 reads AT_HWCAP, valid from the start
 #endif
   if (quant::IsaSupported(isa)) return false;
   std::fprintf(stderr, "SKIPPED: \"%s\": this CPU cannot run %s\n", test, quant::IsaName(isa));

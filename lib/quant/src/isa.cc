@@ -1,6 +1,13 @@
-// Run-time ISA choice: CPUID (through libgcc's __builtin_cpu_supports, which also
-// checks that the OS saves the wide registers), K3_FORCE_ISA, one log line.
+// Run-time ISA choice: CPUID on x86-64 (through libgcc's __builtin_cpu_supports,
+// which also checks that the OS saves the wide registers), the kernel's
+// AT_HWCAP bits on aarch64, K3_FORCE_ISA, one log line. Only the kernel files of
+// the architecture being built exist, so every table reference is guarded.
 #include "k3/quant/isa.h"
+
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include <atomic>
 #include <cstdlib>
@@ -19,24 +26,34 @@ std::atomic<const internal::KernelTable*> g_test_override{nullptr};
 
 const internal::KernelTable& TableFor(Isa isa) {
   switch (isa) {
+#if defined(__x86_64__)
     case Isa::kAvx512:
       return internal::Avx512Kernels();
     case Isa::kAvx2:
       return internal::Avx2Kernels();
     case Isa::kAvx2Vnni:
       return internal::Avx2VnniKernels();
-    case Isa::kScalar:
-      break;
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+      return internal::NeonKernels();
+    case Isa::kNeonDot:
+      return internal::NeonDotKernels();
+#endif
+    default:
+      break;  // scalar, or an ISA of the other architecture (IsaSupported is false)
   }
   return internal::ScalarKernels();
 }
 
 Isa ParseIsa(const std::string& s) {
+  std::string names;
   for (Isa i : kAllIsas) {
     if (s == IsaName(i)) return i;
+    names += names.empty() ? "" : ", ";
+    names += IsaName(i);
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              "K3_FORCE_ISA='" + s + "' is not one of scalar, avx2, avx2vnni, avx512");
+  throw Error(ErrorCode::kInvalidArgument, "K3_FORCE_ISA='" + s + "' is not one of " + names);
 }
 
 Isa BestIsa() {
@@ -76,6 +93,7 @@ bool IsaSupported(Isa isa) {
   switch (isa) {
     case Isa::kScalar:
       return true;
+#if defined(__x86_64__)
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx2Vnni:
@@ -86,8 +104,19 @@ bool IsaSupported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("fma");
+#endif
+#if defined(__aarch64__)
+    // ASIMD is part of armv8-a, but a kernel may still hide it; the dot-product
+    // extension (armv8.2-a optional, v8.4-a mandatory) is what sdot/udot need.
+    case Isa::kNeon:
+      return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+    case Isa::kNeonDot:
+      return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0 &&
+             (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif
+    default:
+      return false;  // the other architecture's ISAs
   }
-  return false;
 }
 
 const char* IsaName(Isa isa) {
@@ -100,6 +129,10 @@ const char* IsaName(Isa isa) {
       return "avx2vnni";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kNeon:
+      return "neon";
+    case Isa::kNeonDot:
+      return "neondot";
   }
   return "?";
 }

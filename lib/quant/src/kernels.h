@@ -87,10 +87,17 @@ void QuantizeActsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
 inline constexpr float kMinScale = 1e-20f;
 
 const KernelTable& ScalarKernels() noexcept;
-// Only call after CPUID says the ISA runs here (IsaSupported).
+// Only call after CPUID / AT_HWCAP says the ISA runs here (IsaSupported). Each
+// architecture compiles only its own kernel files (lib/quant/CMakeLists.txt).
+#if defined(__x86_64__)
 const KernelTable& Avx2Kernels() noexcept;
 const KernelTable& Avx2VnniKernels() noexcept;  // kernels_avx2.cc built with AVX-VNNI
 const KernelTable& Avx512Kernels() noexcept;
+#endif
+#if defined(__aarch64__)
+const KernelTable& NeonKernels() noexcept;     // baseline armv8-a ASIMD
+const KernelTable& NeonDotKernels() noexcept;  // kernels_neon.cc built with +dotprod
+#endif
 
 // The table of ActiveIsa(); aborts with a message if K3_FORCE_ISA is invalid
 // (kernels are noexcept; apps call ActiveIsa() first to get a k3::Error instead).

@@ -34,7 +34,12 @@ inline float AbsMax(const float* x, size_t n) {
 }
 
 // clamp(lrintf(v), lo, hi): lrintf rounds half to even in the default mode.
+// NaN (x·inv for a NaN x, or any x once an inf made inv 0) is `lo`, written out
+// because lrint's NaN result is the architecture's: LONG_MIN on x86-64 (so lo
+// after the clamp, the bytes k3 has always written), 0 on aarch64. Containers
+// must not depend on the host that wrote them.
 inline int RoundClamp(float v, long lo, long hi) {
+  if (std::isnan(v)) return static_cast<int>(lo);
   long r = std::lrint(v);
   return static_cast<int>(std::clamp(r, lo, hi));
 }

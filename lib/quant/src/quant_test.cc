@@ -677,11 +677,65 @@ TEST_CASE("K3_FORCE_ISA names and CPUID") {
   CHECK(IsaSupported(Isa::kScalar));
   CHECK(std::string(IsaName(Isa::kAvx512)) == "avx512");
   CHECK(std::string(IsaName(Isa::kAvx2Vnni)) == "avx2vnni");
+  CHECK(std::string(IsaName(Isa::kNeon)) == "neon");
+  CHECK(std::string(IsaName(Isa::kNeonDot)) == "neondot");
   if (IsaSupported(Isa::kAvx2Vnni)) CHECK(IsaSupported(Isa::kAvx2));
+  if (IsaSupported(Isa::kNeonDot)) CHECK(IsaSupported(Isa::kNeon));
   CHECK(IsaSupported(ActiveIsa()));
-  if (!IsaSupported(Isa::kAvx512)) CHECK_THROWS(SetIsaForTesting(Isa::kAvx512));
+  // Only the ISAs of the architecture this was built for can ever be chosen.
+  const bool x86 = IsaSupported(Isa::kAvx2) || IsaSupported(Isa::kAvx512);
+  const bool arm = IsaSupported(Isa::kNeon) || IsaSupported(Isa::kNeonDot);
+  CHECK_FALSE((x86 && arm));
+#if defined(__aarch64__)
+  CHECK(arm);  // ASIMD is part of armv8-a
+  CHECK_FALSE(x86);
+#endif
+#if defined(__x86_64__)
+  CHECK_FALSE(arm);
+#endif
+  for (Isa i : kAllIsas) {
+    if (!IsaSupported(i)) CHECK_THROWS(SetIsaForTesting(i));
+  }
   IsasToTest("this machine");
   MESSAGE("active (start-up) ISA: " << IsaStr(ActiveIsa()));
+}
+
+// A CPU without NEON (every x86-64) reports this case as skipped, with a line on
+// stderr; scripts/test-arm64.sh runs it under qemu (neon and neondot).
+TEST_CASE("NEON IDOT is bit-identical to the scalar reference (both NEON builds)" *
+          doctest::skip(k3::test::SkipUnlessCpuRuns(Isa::kNeon, "NEON IDOT == scalar bits"))) {
+  // The NEON IDOT kernels add the per-group products in the scalar order (see
+  // kernels_neon.cc), so not only the exact domains but random data, tails,
+  // batch 1 and batched must equal the scalar bits; the sdot build likewise.
+  std::vector<Isa> neon;
+  for (Isa i : {Isa::kNeon, Isa::kNeonDot}) {
+    if (IsaSupported(i)) neon.push_back(i);
+  }
+  IsaGuard guard;
+  std::mt19937 rng(43);
+  for (WeightFormat fmt : {WeightFormat::kInt8, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    // 32/96/160: 1, 3, 5 groups (the 4-group blocks' tails); 3584: a real row.
+    for (size_t cols : {size_t{32}, size_t{128}, size_t{160}, size_t{448}, size_t{3584}}) {
+      if (fmt == WeightFormat::kInt4G64 && cols % 64 != 0) continue;
+      Mat m = RandomMat(fmt, 13, cols, rng);
+      if (fmt == WeightFormat::kInt8) m.data[5] = 0x80;  // -128 is storable; products must not wrap
+      for (size_t batch : {size_t{1}, size_t{6}}) {
+        std::vector<float> x = RandomVec(batch * cols, rng);
+        ActsQ8 a;
+        QuantizeActs(x.data(), batch, cols, &a);
+        std::vector<float> ys(batch * m.rows);
+        SetIsaForTesting(Isa::kScalar);
+        MatMulQ8(m.View(), a, ys.data());
+        for (Isa isa : neon) {
+          std::vector<float> yn(batch * m.rows, -1.0f);
+          SetIsaForTesting(isa);
+          MatMulQ8(m.View(), a, yn.data());
+          INFO(FmtName(fmt) << " cols " << cols << " b" << batch << " " << IsaStr(isa));
+          CHECK(std::memcmp(ys.data(), yn.data(), ys.size() * 4) == 0);
+        }
+      }
+    }
+  }
 }
 
 // A CPU without AVX-VNNI (e.g. AVX-512 VNNI only) reports this case as skipped,
@@ -759,6 +813,14 @@ TEST_CASE("quantizers produce identical bytes on every ISA (ties, NaN, inf, zero
   CHECK(ref.q8[0] == 127);
   CHECK(ref.q8[1] == -126);  // -125.5 -> -126 (even)
   CHECK(ref.q8[2] == -124);  // -124.5 -> -124 (even)
+  // Row 4 has an inf, so s = inf and inv = 0: finite x give 0, NaN and inf·0 =
+  // NaN give lo on every architecture (lrint's own NaN answer differs between
+  // x86-64 and aarch64; containers must not).
+  CHECK(ref.q8[4 * cols + 5] == -127);
+  CHECK(ref.q8[4 * cols + 70] == -127);
+  CHECK(ref.q8[4 * cols + 6] == 0);
+  CHECK((ref.p4[(4 * cols + 5) / 2] >> 4) == 0);  // int4: NaN -> -8, nibble 0 (odd column)
+  CHECK(ref.acts.q[4 * cols + 5] == -127);       // its act group has no inf: NaN alone
   for (Isa isa : isas) {
     const Out o = run(isa);
     INFO("ISA " << IsaStr(isa));

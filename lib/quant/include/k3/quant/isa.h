@@ -1,14 +1,20 @@
-// Run-time ISA selection for the kernels: chosen once from CPUID, overridable
-// with K3_FORCE_ISA=scalar|avx2|avx2vnni|avx512 (an unavailable ISA is an error),
-// logged once. Preference: avx512 (F/BW/VL + VNNI) > avx2vnni (AVX2 + AVX-VNNI,
-// e.g. Alder Lake and later client cores) > avx2 > scalar.
+// Run-time ISA selection for the kernels: chosen once from CPUID (x86-64) or
+// getauxval(AT_HWCAP) (aarch64), overridable with
+// K3_FORCE_ISA=scalar|avx2|avx2vnni|avx512|neon|neondot (an ISA this CPU cannot
+// run is an error), logged once. Preference on x86-64: avx512 (F/BW/VL + VNNI) >
+// avx2vnni (AVX2 + AVX-VNNI, e.g. Alder Lake and later client cores) > avx2 >
+// scalar; on aarch64: neondot (ASIMD + the dot-product extension, sdot/udot) >
+// neon (baseline armv8-a ASIMD) > scalar. The other architecture's ISAs are
+// never supported (their kernels are not even compiled there).
 #pragma once
 
 namespace k3::quant {
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx2Vnni = 3 };
-// Every ISA, in order of preference from lowest; loop over this, not a hand list.
-inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512};
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx2Vnni = 3, kNeon = 4, kNeonDot = 5 };
+// Every ISA, in order of preference from lowest within each architecture; loop
+// over this, not a hand list.
+inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni,
+                                   Isa::kAvx512, Isa::kNeon, Isa::kNeonDot};
 
 Isa ActiveIsa();                 // the ISA the dispatched kernels use
 bool IsaSupported(Isa isa);      // what this CPU can run
