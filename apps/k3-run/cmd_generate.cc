@@ -16,6 +16,9 @@
 #include "k3/model/model.h"
 #include "k3/stream/streaming_store.h"
 #include "k3/tokenizer/tokenizer.h"
+#if K3_HAVE_VULKAN
+#include "k3/vulkan/tier.h"
+#endif
 
 namespace k3::run {
 namespace {
@@ -49,6 +52,10 @@ void RunGenerate(const GenerateArgs& args) {
   const ModelConfig& c = m->config();
   // Routed experts: io_uring streaming store sized by K3_EXPERT_GB or the machine.
   stream::StreamingExpertStore& streaming = stream::InstallStreamingStoreFromEnv(*m);
+#if K3_HAVE_VULKAN
+  // Routed experts on a Vulkan device when K3_VK=1 (docs/vulkan.md).
+  const vulkan::VulkanTier* vk = vulkan::InstallTier(*m, vulkan::TierOptions::FromEnv());
+#endif
 
   // The tokenizer is optional with --ids (a container may not ship tiktoken.model).
   std::optional<tok::Tokenizer> tokenizer;
@@ -173,6 +180,9 @@ void RunGenerate(const GenerateArgs& args) {
         static_cast<uint64_t>(T) * static_cast<uint64_t>(c.num_experts_per_token) *
             static_cast<uint64_t>(c.num_moe_layers()),
         (T + static_cast<size_t>(ro.chunk) - 1) / static_cast<size_t>(ro.chunk), j);
+#if K3_HAVE_VULKAN
+    vulkan::WriteTierStatsJson(vk, j);
+#endif
     j.EndObject();
     j.EndObject();
     std::printf("%s\n", j.str().c_str());
@@ -189,6 +199,9 @@ void RunGenerate(const GenerateArgs& args) {
       m->load_seconds(), T, prefill_tps, decode_steps, decode_spt,
       FormatBytes(es.bytes_read).c_str(), 100.0 * es.hit_rate(),
       FormatBytes(PeakRssBytes()).c_str());
+#if K3_HAVE_VULKAN
+  vulkan::LogTierSummary(vk);
+#endif
 }
 
 void SetupGenerate(CLI::App& root) {

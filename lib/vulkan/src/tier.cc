@@ -130,7 +130,10 @@ void History::SaveOrThrow(const std::string& path) const {
 
 // --- the tier ----------------------------------------------------------------------------
 VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
-    : model_(model), options_(options), cpu_(model.config()) {
+    : model_(model),
+      options_(options),
+      cpu_(model.config()),
+      table_(model.snapshot(), model.config()) {
   const ModelConfig& c = model.config();
   num_layers_ = static_cast<size_t>(c.num_hidden_layers);
   num_experts_ = static_cast<size_t>(c.num_experts);
@@ -157,7 +160,7 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
   uint64_t budget = options.budget_bytes;
   if (budget == 0 && options.budget_gb > 0) budget = static_cast<uint64_t>(options.budget_gb * 1e9);
   if (budget == 0) budget = info.device_local_bytes / 4;
-  const model::ExpertTable& table = model.experts().table();
+  const model::ExpertTable& table = table_;
   uint64_t present = 0;
   for (size_t l = 0; l < num_layers_; ++l) {
     if (!c.is_moe(static_cast<int64_t>(l))) continue;
@@ -362,7 +365,7 @@ void VulkanTier::Run(const model::ExpertBatch& batch, model::ExpertStore& store)
 }
 
 void VulkanTier::QueuePromotions(int64_t layer, const std::vector<int32_t>& cpu_experts) {
-  const model::ExpertTable& table = model_.experts().table();
+  const model::ExpertTable& table = table_;
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<size_t> cand;
   for (int32_t e : cpu_experts) {
@@ -393,7 +396,7 @@ void VulkanTier::QueuePromotions(int64_t layer, const std::vector<int32_t>& cpu_
 }
 
 void VulkanTier::UploadLoop() {
-  const model::ExpertTable& table = model_.experts().table();
+  const model::ExpertTable& table = table_;
   const SlotLayout& L = kernels_->layout();
   std::vector<std::byte> raw(table.slot_bytes()), dev(L.slot_bytes);
   std::unique_ptr<Uploader> up;

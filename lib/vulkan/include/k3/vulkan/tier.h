@@ -112,6 +112,8 @@ class VulkanTier final : public model::ExpertExecutor {
   model::Model& model_;
   TierOptions options_;
   model::CpuExpertExecutor cpu_;
+  // Our own copy: the model's store (and its table) may be replaced later.
+  model::ExpertTable table_;
   uint64_t fingerprint_ = 0;
   size_t num_layers_ = 0, num_experts_ = 0;
   size_t lt_ = 0, mi_ = 0;
