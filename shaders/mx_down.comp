@@ -39,7 +39,7 @@ void main() {
     for (uint j = 0; j < 4u; ++j) {
       const uint q = weights[wa + j];
       for (uint k = 0; k < 8u; ++k) {
-        const float v = kE2m1[(q >> (4u * k)) & 15u];
+        const float v = E2m1((q >> (4u * k)) & 15u);
         const uint col = g * 32u + j * 8u + k;
         for (uint t = 0; t < kTokens; ++t) {
           const uint r = t0 + t;

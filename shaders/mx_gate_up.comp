@@ -44,8 +44,8 @@ void main() {
       const uint qa = weights[wa + j];
       const uint qb = weights[wb + j];
       for (uint k = 0; k < 8u; ++k) {
-        const float va = kE2m1[(qa >> (4u * k)) & 15u];
-        const float vb = kE2m1[(qb >> (4u * k)) & 15u];
+        const float va = E2m1((qa >> (4u * k)) & 15u);
+        const float vb = E2m1((qb >> (4u * k)) & 15u);
         const uint col = g * 32u + j * 8u + k;
         for (uint t = 0; t < kTokens; ++t) {
           const uint r = t0 + t;
