@@ -164,12 +164,20 @@ std::unique_ptr<Device> Device::OpenOrThrow(const DeviceOptions& options) {
                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
   mci.pfnUserCallback = &Device::OnMessage;
   mci.pUserData = d.get();
+  // Synchronization validation too: it catches a missing barrier between the
+  // uploads' copies and the shaders that read them.
+  const VkValidationFeatureEnableEXT features[] = {
+      VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+  VkValidationFeaturesEXT vf{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+  vf.enabledValidationFeatureCount = 1;
+  vf.pEnabledValidationFeatures = features;
+  vf.pNext = &mci;  // the messenger also reports instance creation itself
   if (validate) {
     ici.enabledLayerCount = 1;
     ici.ppEnabledLayerNames = layers;
     ici.enabledExtensionCount = 1;
     ici.ppEnabledExtensionNames = exts;
-    ici.pNext = &mci;  // also reports instance creation itself
+    ici.pNext = &vf;
   }
   Check(vkCreateInstance(&ici, nullptr, &d->instance_), "vkCreateInstance");
   // Instance-level loading dispatches device calls through the loader's
@@ -570,12 +578,14 @@ void ExpertKernels::SubmitOrThrow(std::span<const Job> jobs) {
   VkCommandBuffer cmd = ctx_.Begin();
   const SlotLayout& L = layout_;
   auto words = [](uint64_t byte) { return static_cast<uint32_t>(byte / 4); };
-  // Host writes to the mapped activations are visible to the shaders.
+  // Host writes to the mapped activations, and the uploads' copies submitted
+  // earlier on this queue (the first scope of a barrier covers every command
+  // before it in submission order), are visible to the shaders.
   VkMemoryBarrier host{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  host.srcAccessMask = VK_ACCESS_HOST_WRITE_BIT;
+  host.srcAccessMask = VK_ACCESS_HOST_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   host.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_HOST_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0,
-                       1, &host, 0, nullptr, 0, nullptr);
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &host, 0, nullptr, 0, nullptr);
   for (int pass = 0; pass < 2; ++pass) {
     vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pass == 0 ? gate_up_ : down_);
     for (const Job& j : jobs) {
