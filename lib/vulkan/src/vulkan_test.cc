@@ -24,11 +24,13 @@
 #include "k3/quant/quant.h"
 #include "k3/vulkan/device.h"
 #include "k3/vulkan/tier.h"
+#include "k3_test_json.h"
 #include "k3_test_support.h"
 
 using namespace k3;
 using namespace k3::vulkan;
 using k3::test::RelL2;
+using k3::test::JsonIds;
 
 namespace {
 
@@ -42,22 +44,6 @@ const bool kLoader = [] {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
-
-std::vector<int32_t> JsonIds(const std::string& path, const char* key) {
-  std::string text = ReadFileOrThrow(path, 1 << 20);
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  REQUIRE(parser.parse(text).get(doc) == simdjson::SUCCESS);
-  simdjson::dom::array arr;
-  REQUIRE(doc[key].get_array().get(arr) == simdjson::SUCCESS);
-  std::vector<int32_t> ids;
-  for (auto v : arr) {
-    int64_t id = 0;
-    REQUIRE(v.get_int64().get(id) == simdjson::SUCCESS);
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  return ids;
-}
 
 // --- shader parity --------------------------------------------------------------
 
