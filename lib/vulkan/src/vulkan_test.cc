@@ -22,6 +22,7 @@
 #include "k3/model/model.h"
 #include "k3/quant/ops.h"
 #include "k3/quant/quant.h"
+#include "k3/repack/repack.h"
 #include "k3/vulkan/device.h"
 #include "k3/vulkan/tier.h"
 #include "k3_test_json.h"
@@ -312,6 +313,40 @@ TEST_CASE("other shapes: the tier agrees with the CPU's f32 path (MI != LT, no s
     CHECK(tier->stats().validation_errors == 0);
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("K3_MMAP=1 on a k3-repack container: the tier matches k3-tiny.int8.golden") {
+  const std::string dst = test::MakeTempDir("k3_vk_mmap");
+  repack::RepackOptions ro;
+  ro.src = kTiny;
+  ro.dst = dst + "/c";
+  ro.bits.bits = 8;
+  ro.bits.mla_bits = 8;
+  ro.bits.head_bits = 8;
+  ro.space_check = false;
+  repack::RunRepack(ro, [](const repack::RepackEvent&) {});
+  model::LoadOptions lo;
+  lo.mmap = true;  // the container's own bytes, mapped
+  lo.progress = false;
+  auto m = model::Model::LoadOrThrow(ro.dst, lo);
+  TierOptions o = Opts(NumRoutedExperts(*m) * DeviceSlotBytes(*m));
+  o.promotions_per_step = 1 << 10;
+  VulkanTier* tier = InstallTier(*m, o);
+  REQUIRE(tier != nullptr);
+  const std::string golden = kOracle + "/k3-tiny.int8.golden";
+  const std::vector<int32_t> prompt = JsonIds(golden + "/greedy.json", "prompt_ids");
+  const std::vector<int32_t> greedy = JsonIds(golden + "/greedy.json", "greedy_ids");
+  RunPrompt(*m, prompt, static_cast<int>(greedy.size()));
+  tier->WaitUploads();
+  const Run r = RunPrompt(*m, prompt, static_cast<int>(greedy.size()));
+  const double e = RelL2(r.logits, test::ReadF32File(golden + "/logits.f32"));
+  MESSAGE("mmap'd int8 container with the tier: logits rel-L2 " << e << ", pairs on device "
+                                                                << tier->stats().pairs_on_device);
+  CHECK(e <= 1e-4);
+  CHECK(r.greedy == greedy);
+  CHECK(tier->stats().pairs_on_device > 0);
+  m.reset();
+  std::filesystem::remove_all(dst);
 }
 
 TEST_CASE("pairs the CPU computes keep the CPU's bits (nothing promoted)") {
