@@ -70,7 +70,8 @@ double HostReadGbps(size_t bytes, int reps) {
 void RunShaders(const VkArgs& a) {
   auto dev = vulkan::Device::OpenOrThrow({});
   const vulkan::DeviceInfo& info = dev->info();
-  const uint32_t max_batch = static_cast<uint32_t>(*std::max_element(a.batches.begin(), a.batches.end()));
+  const uint32_t max_batch =
+      static_cast<uint32_t>(*std::max_element(a.batches.begin(), a.batches.end()));
   vulkan::ExpertKernels k(*dev, {a.moe_inter, a.latent, 4.0f, 25.0f},
                           max_batch * static_cast<uint32_t>(a.experts));
   const uint64_t slot = k.layout().slot_bytes;
@@ -84,7 +85,8 @@ void RunShaders(const VkArgs& a) {
   for (int e = 0; e < a.experts; ++e) {
     for (int p : {1, 3, 5}) {
       std::byte* s = bytes.data() + static_cast<uint64_t>(e) * slot + k.layout().offset[p];
-      for (uint64_t i = 0; i < k.layout().bytes[p]; ++i) s[i] = static_cast<std::byte>(120 + rng() % 8);
+      for (uint64_t i = 0; i < k.layout().bytes[p]; ++i)
+        s[i] = static_cast<std::byte>(120 + rng() % 8);
     }
   }
   // Uploads vs host memcpy of the same bytes.
@@ -154,9 +156,11 @@ void RunShaders(const VkArgs& a) {
     const double gbps = static_cast<double>(weight_bytes) * a.experts / med / 1e9;
     JsonWriter j = Line("shader", info.name);
     j.Field("type", info.type).Field("moe_inter", static_cast<int64_t>(a.moe_inter));
-    j.Field("latent", static_cast<int64_t>(a.latent)).Field("experts", static_cast<int64_t>(a.experts));
+    j.Field("latent", static_cast<int64_t>(a.latent))
+        .Field("experts", static_cast<int64_t>(a.experts));
     j.Field("batch", static_cast<int64_t>(batch)).Field("reps", a.reps);
-    j.Field("median_ms", med * 1e3).Field("min_ms", *std::min_element(secs.begin(), secs.end()) * 1e3);
+    j.Field("median_ms", med * 1e3)
+        .Field("min_ms", *std::min_element(secs.begin(), secs.end()) * 1e3);
     j.Field("max_ms", *std::max_element(secs.begin(), secs.end()) * 1e3);
     j.Field("weight_gbps", gbps).Field("host_read_gbps", host_gbps);
     j.Field("ratio_vs_host_read", gbps / host_gbps);

@@ -61,9 +61,9 @@ TEST_CASE("k3-run generate with K3_VK=1: oracle tokens, stats.vulkan, history in
     CAPTURE(run);
     const Result r = Generate(dir, "");
     CHECK(r.json.find(kGreedy) != std::string::npos);
-    for (const char* key : {"\"vulkan\":{\"device\":", "\"experts_resident\":",
-                            "\"pairs_on_device\":", "\"uploads\":", "\"upload_bytes\":",
-                            "\"device_ms\":", "\"active\":true"}) {
+    for (const char* key :
+         {"\"vulkan\":{\"device\":", "\"experts_resident\":", "\"pairs_on_device\":",
+          "\"uploads\":", "\"upload_bytes\":", "\"device_ms\":", "\"active\":true"}) {
       CHECK_MESSAGE(r.json.find(key) != std::string::npos, key);
     }
     CHECK(Count(r.err, "k3-run: vulkan ") == 1);

@@ -58,8 +58,7 @@ void CpuExpertExecutor::Run(const ExpertBatch& b, ExpertStore& store) {
     }
     store.Release(b.layer, e);
     for (size_t r = 0; r < n; ++r) {
-      std::memcpy(b.out + static_cast<size_t>(us[r]) * LT, y_.data() + r * LT,
-                  LT * sizeof(float));
+      std::memcpy(b.out + static_cast<size_t>(us[r]) * LT, y_.data() + r * LT, LT * sizeof(float));
     }
   }
   store.EndLayer(b.layer);

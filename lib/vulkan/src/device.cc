@@ -14,20 +14,29 @@ namespace {
 
 constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 constexpr uint64_t kWaitNs = 120ull * 1000 * 1000 * 1000;  // a hung device is a lost one
-constexpr uint32_t kMaxWeightBuffers = 64;
 
 const char* ResultName(VkResult r) {
   switch (r) {
-    case VK_SUCCESS: return "VK_SUCCESS";
-    case VK_TIMEOUT: return "VK_TIMEOUT";
-    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
-    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
-    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
-    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
-    case VK_ERROR_LAYER_NOT_PRESENT: return "VK_ERROR_LAYER_NOT_PRESENT";
-    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
-    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
-    default: return "VkResult";
+    case VK_SUCCESS:
+      return "VK_SUCCESS";
+    case VK_TIMEOUT:
+      return "VK_TIMEOUT";
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+      return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+      return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED:
+      return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST:
+      return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_LAYER_NOT_PRESENT:
+      return "VK_ERROR_LAYER_NOT_PRESENT";
+    case VK_ERROR_EXTENSION_NOT_PRESENT:
+      return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER:
+      return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    default:
+      return "VkResult";
   }
 }
 
@@ -38,30 +47,39 @@ const char* ResultName(VkResult r) {
 
 void Check(VkResult r, const char* what) {
   if (r == VK_SUCCESS) return;
-  Fail(r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY
-           ? ErrorCode::kNoSpace
-           : ErrorCode::kIo,
+  Fail(r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? ErrorCode::kNoSpace
+                                                                              : ErrorCode::kIo,
        what, r);
 }
 
 const char* TypeName(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
-    default: return "other";
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "cpu";
+    default:
+      return "other";
   }
 }
 
 // discrete > integrated > virtual > CPU (lavapipe) > other.
 int TypeRank(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
-    default: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -203,8 +221,8 @@ std::unique_ptr<Device> Device::OpenOrThrow(const DeviceOptions& options) {
     }
     pick = options.device_index;
     if (ComputeQueueFamily(pds[static_cast<size_t>(pick)]) < 0) {
-      throw Error(ErrorCode::kUnsupported, "vulkan: device " + std::to_string(pick) +
-                                               " has no compute queue");
+      throw Error(ErrorCode::kUnsupported,
+                  "vulkan: device " + std::to_string(pick) + " has no compute queue");
     }
   } else {
     int best_rank = -1;
@@ -238,8 +256,8 @@ std::unique_ptr<Device> Device::OpenOrThrow(const DeviceOptions& options) {
   d->info_.max_allocation = m3.maxMemoryAllocationSize;
   if (lim.maxComputeWorkGroupSize[0] < 64 || lim.maxComputeWorkGroupInvocations < 64 ||
       lim.maxPushConstantsSize < 40) {
-    throw Error(ErrorCode::kUnsupported, "vulkan: " + d->info_.name +
-                                             ": compute limits below 64 invocations / 40 bytes");
+    throw Error(ErrorCode::kUnsupported,
+                "vulkan: " + d->info_.name + ": compute limits below 64 invocations / 40 bytes");
   }
   vkGetPhysicalDeviceMemoryProperties(d->physical_, &d->memory_);
   for (uint32_t i = 0; i < d->memory_.memoryHeapCount; ++i) {
@@ -272,8 +290,8 @@ Device::~Device() {
 }
 
 Buffer Device::CreateBufferOrThrow(uint64_t bytes, Buffer::Kind kind) {
-  if (InjectNow(Fault::kAlloc)) Fail(ErrorCode::kNoSpace, "vkAllocateMemory (injected)",
-                                     VK_ERROR_OUT_OF_DEVICE_MEMORY);
+  if (InjectNow(Fault::kAlloc))
+    Fail(ErrorCode::kNoSpace, "vkAllocateMemory (injected)", VK_ERROR_OUT_OF_DEVICE_MEMORY);
   Buffer b;
   b.device_ = device_;
   b.bytes_ = bytes;
@@ -294,7 +312,7 @@ Buffer Device::CreateBufferOrThrow(uint64_t bytes, Buffer::Kind kind) {
   int type = -1;
   for (int pass = 0; pass < 2 && type < 0; ++pass) {
     // Device-local falls back to any type the buffer accepts (pass 1).
-    const VkMemoryPropertyFlags need = pass == 0 ? want
+    const VkMemoryPropertyFlags need = pass == 0                            ? want
                                        : kind == Buffer::Kind::kDeviceLocal ? 0
                                                                             : want;
     for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
@@ -306,8 +324,8 @@ Buffer Device::CreateBufferOrThrow(uint64_t bytes, Buffer::Kind kind) {
     }
   }
   if (type < 0) {
-    throw Error(ErrorCode::kUnsupported, "vulkan: no memory type for a buffer of " +
-                                             std::to_string(bytes) + " bytes");
+    throw Error(ErrorCode::kUnsupported,
+                "vulkan: no memory type for a buffer of " + std::to_string(bytes) + " bytes");
   }
   VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   mai.allocationSize = req.size;
@@ -341,8 +359,7 @@ void Device::WaitOrThrow(VkFence fence, bool compute) {
 }
 
 // --- CommandContext --------------------------------------------------------------
-CommandContext::CommandContext(Device& device, bool compute)
-    : device_(device), compute_(compute) {
+CommandContext::CommandContext(Device& device, bool compute) : device_(device), compute_(compute) {
   VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pci.queueFamilyIndex = device.queue_family();
@@ -444,9 +461,8 @@ ExpertKernels::ExpertKernels(Device& device, Shape shape, uint32_t max_pairs)
       layout_(SlotLayout::For(shape.moe_inter, shape.latent)),
       ctx_(device, true) {
   if (shape.moe_inter % 32 || shape.latent % 32 || max_pairs == 0) {
-    throw Error(ErrorCode::kUnsupported, "vulkan: expert shape " +
-                                             std::to_string(shape.moe_inter) + "x" +
-                                             std::to_string(shape.latent) +
+    throw Error(ErrorCode::kUnsupported, "vulkan: expert shape " + std::to_string(shape.moe_inter) +
+                                             "x" + std::to_string(shape.latent) +
                                              " is not a multiple of 32");
   }
   const uint64_t wide = std::max(shape.moe_inter, shape.latent);
@@ -489,9 +505,10 @@ ExpertKernels::ExpertKernels(Device& device, Shape shape, uint32_t max_pairs)
     Check(vkCreatePipelineLayout(dev, &pl, nullptr, &pipeline_layout_), "vkCreatePipelineLayout");
     gate_up_ = MakePipeline(kMxGateUpSpv);
     down_ = MakePipeline(kMxDownSpv);
-    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 * 3 * kMaxWeightBuffers};
+    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                            2 * 3 * ExpertKernels::kMaxWeightBuffers};
     VkDescriptorPoolCreateInfo dp{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-    dp.maxSets = 2 * kMaxWeightBuffers;
+    dp.maxSets = 2 * ExpertKernels::kMaxWeightBuffers;
     dp.poolSizeCount = 1;
     dp.pPoolSizes = &ps;
     Check(vkCreateDescriptorPool(dev, &dp, nullptr, &pool_), "vkCreateDescriptorPool");
@@ -540,8 +557,10 @@ VkPipeline ExpertKernels::MakePipeline(std::span<const uint32_t> spirv) {
 }
 
 uint32_t ExpertKernels::AddWeights(const Buffer& slab) {
-  if (sets_.size() >= kMaxWeightBuffers) {
-    throw Error(ErrorCode::kUnsupported, "vulkan: more than 64 weight buffers");
+  if (sets_.size() >= ExpertKernels::kMaxWeightBuffers) {
+    throw Error(ErrorCode::kUnsupported, "vulkan: more than " +
+                                             std::to_string(ExpertKernels::kMaxWeightBuffers) +
+                                             " weight buffers");
   }
   if (slab.bytes() > device_.info().max_storage_range) {
     throw Error(ErrorCode::kUnsupported, "vulkan: weight buffer exceeds the binding limit");
@@ -591,18 +610,32 @@ void ExpertKernels::SubmitOrThrow(std::span<const Job> jobs) {
     for (const Job& j : jobs) {
       K3_CHECK(j.weights < sets_.size() && j.row + j.n <= max_pairs_);
       VkDescriptorSet set = pass == 0 ? sets_[j.weights].first : sets_[j.weights].second;
-      vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &set,
-                              0, nullptr);
+      vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout_, 0, 1, &set, 0,
+                              nullptr);
       Push p{};
       const uint64_t s = j.slot_offset;
       if (pass == 0) {
-        p = {words(s + L.offset[0]), static_cast<uint32_t>(s + L.offset[1]),
-             words(s + L.offset[4]), static_cast<uint32_t>(s + L.offset[5]),
-             shape_.moe_inter, shape_.latent, j.row, j.n, shape_.situ_beta,
+        p = {words(s + L.offset[0]),
+             static_cast<uint32_t>(s + L.offset[1]),
+             words(s + L.offset[4]),
+             static_cast<uint32_t>(s + L.offset[5]),
+             shape_.moe_inter,
+             shape_.latent,
+             j.row,
+             j.n,
+             shape_.situ_beta,
              shape_.situ_linear_beta};
       } else {
-        p = {words(s + L.offset[2]), static_cast<uint32_t>(s + L.offset[3]), 0, 0,
-             shape_.latent, shape_.moe_inter, j.row, j.n, 0.0f, 0.0f};
+        p = {words(s + L.offset[2]),
+             static_cast<uint32_t>(s + L.offset[3]),
+             0,
+             0,
+             shape_.latent,
+             shape_.moe_inter,
+             j.row,
+             j.n,
+             0.0f,
+             0.0f};
       }
       vkCmdPushConstants(cmd, pipeline_layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push), &p);
       vkCmdDispatch(cmd, p.rows, (j.n + kTokensPerGroup - 1) / kTokensPerGroup, 1);
@@ -610,10 +643,10 @@ void ExpertKernels::SubmitOrThrow(std::span<const Job> jobs) {
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
     mb.dstAccessMask = pass == 0 ? VK_ACCESS_SHADER_READ_BIT : VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         pass == 0 ? VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-                                   : VK_PIPELINE_STAGE_HOST_BIT,
-                         0, 1, &mb, 0, nullptr, 0, nullptr);
+    vkCmdPipelineBarrier(
+        cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+        pass == 0 ? VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT : VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+        nullptr, 0, nullptr);
   }
   ctx_.SubmitOrThrow();
 }

@@ -79,8 +79,8 @@ std::string HistoryPath(const std::string& cache_dir, uint64_t fingerprint) {
   return JoinPath(cache_dir, name);
 }
 
-std::optional<History> History::Load(const std::string& path, uint64_t fingerprint,
-                                     uint32_t layers, uint32_t experts) {
+std::optional<History> History::Load(const std::string& path, uint64_t fingerprint, uint32_t layers,
+                                     uint32_t experts) {
   if (!PathExists(path)) return std::nullopt;
   const uint64_t want = kHeaderBytes + 8ull * layers * experts + 8;
   std::string s;
@@ -159,7 +159,12 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
   const uint64_t slot_bytes = kernels_->layout().slot_bytes;
   uint64_t budget = options.budget_bytes;
   if (budget == 0 && options.budget_gb > 0) budget = static_cast<uint64_t>(options.budget_gb * 1e9);
-  if (budget == 0) budget = info.device_local_bytes / 4;
+  if (budget == 0) {
+    // A quarter of device-local memory; a CPU device's "device memory" is the
+    // host's own RAM, which the CPU path needs too: at most 2 GB there.
+    budget = info.device_local_bytes / 4;
+    if (info.type == "cpu") budget = std::min<uint64_t>(budget, 2000000000ull);
+  }
   const model::ExpertTable& table = table_;
   uint64_t present = 0;
   for (size_t l = 0; l < num_layers_; ++l) {
@@ -168,7 +173,7 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
       present += table.present(static_cast<int64_t>(l), static_cast<int64_t>(e));
     }
   }
-  const uint64_t nslots = std::min<uint64_t>(budget / slot_bytes, present);
+  uint64_t nslots = std::min<uint64_t>(budget / slot_bytes, present);
   if (nslots == 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "vulkan: budget of " + std::to_string(budget) + " bytes holds no expert (one is " +
@@ -178,6 +183,13 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
       {info.max_storage_range, info.max_allocation ? info.max_allocation : UINT64_MAX,
        uint64_t{1} << 30});
   const uint64_t per_slab = std::max<uint64_t>(1, slab_max / slot_bytes);
+  const uint64_t max_slots = per_slab * ExpertKernels::kMaxWeightBuffers;
+  if (nslots > max_slots) {
+    K3_LOG_WARN("vulkan: budget capped at %llu experts (%u weight buffers of %llu)",
+                static_cast<unsigned long long>(max_slots), ExpertKernels::kMaxWeightBuffers,
+                static_cast<unsigned long long>(per_slab));
+    nslots = max_slots;
+  }
   for (uint64_t done = 0; done < nslots;) {
     const uint64_t n = std::min(per_slab, nslots - done);
     slabs_.push_back(device_->CreateBufferOrThrow(n * slot_bytes, Buffer::Kind::kDeviceLocal));
@@ -207,8 +219,8 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
   // Warm start: the hottest experts of earlier runs, as many as fit.
   std::vector<size_t> hot;
   for (size_t k = 0; k < keys; ++k) {
-    if (history_heat_[k] > 0 &&
-        table.present(static_cast<int64_t>(k / num_experts_), static_cast<int64_t>(k % num_experts_))) {
+    if (history_heat_[k] > 0 && table.present(static_cast<int64_t>(k / num_experts_),
+                                              static_cast<int64_t>(k % num_experts_))) {
       hot.push_back(k);
     }
   }
@@ -329,8 +341,8 @@ void VulkanTier::Run(const model::ExpertBatch& batch, model::ExpertStore& store)
       for (size_t i = 0; i < on_dev.size(); ++i) {
         const auto& us = users[static_cast<size_t>(on_dev[i])];
         for (size_t r = 0; r < us.size(); ++r) {
-          std::memcpy(batch.out + static_cast<size_t>(us[r]) * lt_,
-                      out + (jobs[i].row + r) * lt_, lt_ * sizeof(float));
+          std::memcpy(batch.out + static_cast<size_t>(us[r]) * lt_, out + (jobs[i].row + r) * lt_,
+                      lt_ * sizeof(float));
         }
       }
     } catch (const Error& e) {
@@ -413,7 +425,10 @@ void VulkanTier::UploadLoop() {
       key = *it;
       queue_.erase(it);
       queued_[key] = 0;
-      if (slot_of_[key] >= 0) continue;
+      if (slot_of_[key] >= 0) {  // promoted meanwhile
+        if (queue_.empty()) idle_cv_.notify_all();
+        continue;
+      }
       bool found = false;
       uint64_t coldest = UINT64_MAX;
       for (size_t i = 0; i < slots_.size(); ++i) {
@@ -459,8 +474,8 @@ void VulkanTier::UploadLoop() {
       up->UploadOrThrow(slabs_[s.weights], s.offset, dev);
       ok = true;
     } catch (const Error& e) {
-      std::string why = std::string("vulkan: upload of layer ") + std::to_string(layer) + " expert " +
-                        std::to_string(expert) + " failed: " + e.what();
+      std::string why = std::string("vulkan: upload of layer ") + std::to_string(layer) +
+                        " expert " + std::to_string(expert) + " failed: " + e.what();
       Disable(why.c_str());
     }
     {
@@ -545,16 +560,15 @@ void LogTierSummary(const VulkanTier* tier) {
   if (tier == nullptr) return;
   const TierStats s = tier->stats();
   const uint64_t all = s.pairs_on_device + s.pairs_on_cpu;
-  std::fprintf(stderr,
-               "k3-run: vulkan %s%s | %llu/%llu experts resident | pairs on device %llu (%.1f%%) "
-               "| uploads %llu (%s) | device %.1f ms\n",
-               s.device.c_str(), s.active ? "" : " (fell back to the CPU)",
-               static_cast<unsigned long long>(s.experts_resident),
-               static_cast<unsigned long long>(s.slots),
-               static_cast<unsigned long long>(s.pairs_on_device),
-               all ? 100.0 * static_cast<double>(s.pairs_on_device) / static_cast<double>(all) : 0.0,
-               static_cast<unsigned long long>(s.uploads), FormatBytes(s.upload_bytes).c_str(),
-               s.device_ms);
+  std::fprintf(
+      stderr,
+      "k3-run: vulkan %s%s | %llu/%llu experts resident | pairs on device %llu (%.1f%%) "
+      "| uploads %llu (%s) | device %.1f ms\n",
+      s.device.c_str(), s.active ? "" : " (fell back to the CPU)",
+      static_cast<unsigned long long>(s.experts_resident), static_cast<unsigned long long>(s.slots),
+      static_cast<unsigned long long>(s.pairs_on_device),
+      all ? 100.0 * static_cast<double>(s.pairs_on_device) / static_cast<double>(all) : 0.0,
+      static_cast<unsigned long long>(s.uploads), FormatBytes(s.upload_bytes).c_str(), s.device_ms);
 }
 
 }  // namespace k3::vulkan

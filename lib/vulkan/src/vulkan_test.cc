@@ -30,8 +30,8 @@
 
 using namespace k3;
 using namespace k3::vulkan;
-using k3::test::RelL2;
 using k3::test::JsonIds;
+using k3::test::RelL2;
 
 namespace {
 
@@ -65,7 +65,8 @@ struct SyntheticExpert {
         if (rng() % 2) p[i] = static_cast<uint8_t>(rng());
       }
       for (size_t i = 0; i < s.size(); ++i) {
-        s[i] = static_cast<uint8_t>(i % 11 == 5 ? 0 : e_lo + static_cast<int>(rng() % (e_hi - e_lo + 1)));
+        s[i] = static_cast<uint8_t>(
+            i % 11 == 5 ? 0 : e_lo + static_cast<int>(rng() % (e_hi - e_lo + 1)));
       }
     };
     fill(w1p, w1s, mi, lt, 118, 130);
@@ -241,8 +242,8 @@ TEST_CASE("the model with the tier matches the oracle at budgets of one expert, 
   auto cpu_model = model::Model::LoadOrThrow(kTiny, F32());
   const Run cpu = RunPrompt(*cpu_model, f.prompt, f.ngen());
   CHECK(cpu.greedy == f.greedy);
-  for (const uint64_t experts : {uint64_t{1}, NumRoutedExperts(*cpu_model) / 2,
-                                 NumRoutedExperts(*cpu_model)}) {
+  for (const uint64_t experts :
+       {uint64_t{1}, NumRoutedExperts(*cpu_model) / 2, NumRoutedExperts(*cpu_model)}) {
     CAPTURE(experts);
     auto m = model::Model::LoadOrThrow(kTiny, F32());
     TierOptions o = Opts(experts * DeviceSlotBytes(*m));
@@ -451,8 +452,9 @@ TEST_CASE("a corrupt, truncated or foreign history file is ignored, not trusted"
   flipped[40] ^= 1;  // a count byte: checksum mismatch
   std::string magic = bytes;
   magic[0] = 'X';
-  const std::string cases[] = {flipped, magic, bytes.substr(0, bytes.size() - 9),
-                               bytes.substr(0, 10), bytes + "extra", std::string()};
+  const std::string cases[] = {
+      flipped,         magic,        bytes.substr(0, bytes.size() - 9), bytes.substr(0, 10),
+      bytes + "extra", std::string()};
   for (const std::string& c : cases) {
     write(c);
     CHECK_FALSE(History::Load(path, fp, L, E).has_value());
@@ -463,7 +465,7 @@ TEST_CASE("a corrupt, truncated or foreign history file is ignored, not trusted"
     }());
     tier->WaitUploads();
     CHECK(tier->stats().experts_resident == 0);  // nothing warm-started from it
-    tier.reset();  // (rewrites the file: a valid, all-zero history)
+    tier.reset();                                // (rewrites the file: a valid, all-zero history)
   }
   // Another model's file (valid checksum, other fingerprint) and another shape.
   History foreign = good;

@@ -33,8 +33,8 @@ namespace k3::model {
 // out[pair * LT .. +LT) for every listed pair and touches no other row.
 struct ExpertBatch {
   int64_t layer = 0;
-  size_t num_tokens = 0;  // C
-  size_t top_k = 0;       // K
+  size_t num_tokens = 0;          // C
+  size_t top_k = 0;               // K
   const float* latent = nullptr;  // [C][LT] f32 latent inputs (latent_down output)
   std::span<const int32_t> experts;
   const std::vector<std::vector<uint32_t>>* users = nullptr;  // [num_experts]

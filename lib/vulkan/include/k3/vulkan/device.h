@@ -12,6 +12,8 @@
 // (an allocation failed). Injected faults (tests) take exactly those paths.
 #pragma once
 
+#include <volk.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -20,8 +22,6 @@
 #include <span>
 #include <string>
 #include <vector>
-
-#include <volk.h>
 
 namespace k3::vulkan {
 
@@ -32,20 +32,20 @@ namespace k3::vulkan {
 enum class Fault : uint8_t { kNone = 0, kAlloc, kSubmit, kDeviceLost };
 
 struct DeviceOptions {
-  int device_index = -1;   // K3_VK_DEVICE: index into vkEnumeratePhysicalDevices; -1 = best
-  bool validate = false;   // enable VK_LAYER_KHRONOS_validation when installed
+  int device_index = -1;  // K3_VK_DEVICE: index into vkEnumeratePhysicalDevices; -1 = best
+  bool validate = false;  // enable VK_LAYER_KHRONOS_validation when installed
   Fault fault = Fault::kNone;
-  int fault_after = 0;     // the fault fires on call number fault_after (0 = the first)
+  int fault_after = 0;  // the fault fires on call number fault_after (0 = the first)
 };
 
 struct DeviceInfo {
   std::string name;
-  std::string type;                  // "discrete", "integrated", "virtual", "cpu", "other"
+  std::string type;  // "discrete", "integrated", "virtual", "cpu", "other"
   uint32_t subgroup_size = 0;
-  uint64_t max_storage_range = 0;    // bytes one storage-buffer binding may span
-  uint64_t max_allocation = 0;       // bytes one VkDeviceMemory may hold
-  uint64_t device_local_bytes = 0;   // the largest device-local heap
-  bool validation = false;           // the validation layer is active
+  uint64_t max_storage_range = 0;   // bytes one storage-buffer binding may span
+  uint64_t max_allocation = 0;      // bytes one VkDeviceMemory may hold
+  uint64_t device_local_bytes = 0;  // the largest device-local heap
+  bool validation = false;          // the validation layer is active
 };
 
 // True when a Vulkan loader can be opened (volkInitialize succeeds).
@@ -186,6 +186,9 @@ class ExpertKernels {
     uint32_t row = 0;
     uint32_t n = 0;
   };
+
+  // Weight buffers one ExpertKernels can bind (its descriptor pool's size).
+  static constexpr uint32_t kMaxWeightBuffers = 64;
 
   ExpertKernels(Device& device, Shape shape, uint32_t max_pairs);
   ~ExpertKernels();

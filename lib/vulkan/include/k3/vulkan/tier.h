@@ -31,21 +31,21 @@ namespace k3::vulkan {
 // K3_VK_FAULT, K3_VK_FAULT_AFTER, XDG_CACHE_HOME / HOME); lib/engine's
 // EngineOptions::FromEnv can call it.
 struct TierOptions {
-  bool enabled = false;      // K3_VK=1
-  double budget_gb = 0;      // K3_VK_GB (1e9 bytes); <= 0: a quarter of device-local memory
-  uint64_t budget_bytes = 0; // exact budget (tests); wins over budget_gb when > 0
-  int device_index = -1;     // K3_VK_DEVICE
-  bool validate = false;     // K3_VK_VALIDATE=1: validation layer + error count
+  bool enabled = false;         // K3_VK=1
+  double budget_gb = 0;         // K3_VK_GB (1e9 bytes); <= 0: a quarter of device-local memory
+  uint64_t budget_bytes = 0;    // exact budget (tests); wins over budget_gb when > 0
+  int device_index = -1;        // K3_VK_DEVICE
+  bool validate = false;        // K3_VK_VALIDATE=1: validation layer + error count
   int promotions_per_step = 4;  // K3_VK_PROMOTE: uploads queued per MoE step, at most
-  std::string cache_dir;     // history directory; empty: no history file
-  Fault fault = Fault::kNone;  // K3_VK_FAULT=alloc|submit|lost (tests)
-  int fault_after = 0;         // K3_VK_FAULT_AFTER: which call fails (0 = first)
+  std::string cache_dir;        // history directory; empty: no history file
+  Fault fault = Fault::kNone;   // K3_VK_FAULT=alloc|submit|lost (tests)
+  int fault_after = 0;          // K3_VK_FAULT_AFTER: which call fails (0 = first)
 
   static TierOptions FromEnv();
 };
 
 struct TierStats {
-  std::string device;  // "" when the tier never opened one
+  std::string device;   // "" when the tier never opened one
   bool active = false;  // false after a fallback
   uint64_t experts_resident = 0;
   uint64_t slots = 0;  // capacity in experts
@@ -67,8 +67,8 @@ struct History {
   uint32_t experts = 0;
   std::vector<uint64_t> counts;  // [layers][experts]
 
-  static std::optional<History> Load(const std::string& path, uint64_t fingerprint,
-                                     uint32_t layers, uint32_t experts);
+  static std::optional<History> Load(const std::string& path, uint64_t fingerprint, uint32_t layers,
+                                     uint32_t experts);
   void SaveOrThrow(const std::string& path) const;
 };
 // Identity of a model for the history: config.json and the shards' names/sizes.
@@ -128,7 +128,7 @@ class VulkanTier final : public model::ExpertExecutor {
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_;  // [layer * E + expert] -> slot or -1
   std::vector<uint64_t> history_heat_, run_heat_;
-  std::vector<size_t> queue_;     // keys to upload, hottest first
+  std::vector<size_t> queue_;  // keys to upload, hottest first
   std::vector<char> queued_;
   bool busy_ = false, stop_ = false;
   TierStats stats_;
