@@ -1,10 +1,17 @@
 // k3-bench: benchmarks that print JSON lines (docs/PERFORMANCE.md). Each area
 // lives in its own cmd_*.cc and registers its subcommand (command.h).
+#include <cstdlib>
+
 #include "command.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-bench: k3 benchmarks (JSON lines with a same-run baseline ratio)"};
-  return k3::cli::RunRegisteredCommands<k3::bench::BenchTag>(
-      app, "k3-bench", argc, argv, [] { k3::quant::ActiveIsa(); });
+  k3::cli::InitApp(app, "k3-bench", k3::quant::KernelsVersionDetail);
+  // Only a forced ISA is checked up front (a bad one is a clean error); --help
+  // and --version do not choose, so they do not log, the kernels.
+  return k3::cli::RunRegisteredCommands<k3::bench::BenchTag>(app, "k3-bench", argc, argv, [] {
+    if (std::getenv("K3_FORCE_ISA") != nullptr) k3::quant::ActiveIsa();
+  });
 }

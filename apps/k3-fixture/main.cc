@@ -8,12 +8,15 @@
 #include <CLI/CLI.hpp>
 
 #include "k3/container/snapshot.h"
+#include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
 #include "k3/core/sys.h"
+#include "k3/core/tool.h"
 #include "k3/fixture/check.h"
 #include "k3/fixture/spec.h"
 #include "k3/fixture/writer.h"
 #include "k3/model/config.h"
+#include "k3/quant/isa_info.h"
 
 namespace {
 
@@ -71,7 +74,7 @@ int RunCheck(const std::string& dir) {
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   for (const auto& p : r.problems) std::printf("PROBLEM: %s\n", p.c_str());
   if (!r.ok()) {
-    std::printf("result     INVALID (%zu problems)\n", r.problems.size());
+    std::printf("result     INVALID (%zu problems)\n", r.num_problems);
     return k3::ExitCodeFor(k3::ErrorCode::kCorrupt);
   }
   std::printf("result     OK\n");
@@ -80,8 +83,9 @@ int RunCheck(const std::string& dir) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"k3-fixture: K3-shaped HF snapshots for tests and benchmarks"};
+  k3::cli::InitApp(app, "k3-fixture", k3::quant::KernelsVersionDetail);
   std::string preset_name, out_dir, check_dir;
   uint64_t seed = 0;
   int64_t experts = 0, layers = 0;
@@ -133,7 +137,7 @@ int main(int argc, char** argv) {
                 k3::FormatBytes(st.file_bytes).c_str(), st.seconds,
                 st.seconds > 0 ? st.file_bytes / st.seconds / 1e6 : 0.0);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return k3::cli::UsageExit(app, e);
   } catch (const k3::Error& e) {
     std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
     return k3::ExitCodeFor(e.code());
@@ -143,3 +147,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return k3::FinishStdout("k3-fixture", Main(argc, argv)); }

@@ -6,10 +6,14 @@
 #include <cstdio>
 #include <string>
 
+#include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
+#include "k3/core/log.h"
+#include "k3/core/tool.h"
 #include "k3/core/sys.h"
 #include "k3/quant/isa.h"
+#include "k3/quant/isa_info.h"
 #include "k3/repack/repack.h"
 
 namespace {
@@ -105,21 +109,10 @@ void PrintHuman(const RepackEvent& e, bool tty) {
     case RepackEvent::Kind::kShardStart:
       break;
     case RepackEvent::Kind::kProgress:
-      if (tty) {
-        // No ETA until something has moved: a rate of zero predicts nothing.
-        double rate = Rate(e);
-        std::string eta = "--";
-        if (rate > 0 && e.bytes_done > 0) {
-          double left = static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done));
-          eta = std::to_string(static_cast<long long>(left / (rate * 1e9) + 0.5)) + " s";
-        }
-        std::fprintf(stderr, "\r  %s  %s / %s  %.2f GB/s  ETA %s   ", e.shard.c_str(),
-                     k3::FormatBytes(e.bytes_done).c_str(), k3::FormatBytes(e.bytes_todo).c_str(),
-                     rate, eta.c_str());
-      }
+      if (tty) std::fputs(k3::repack::ProgressLine(e).c_str(), stderr);
       break;
     case RepackEvent::Kind::kShardDone:
-      std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r" : "",
+      std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r\033[K" : "",
                    e.shard.c_str(), e.shards_done, e.shards_todo,
                    k3::FormatBytes(e.shard_out_bytes).c_str(), e.shard_seconds,
                    e.expert_bytes_verified ? ", experts verified against the source" : "");
@@ -137,37 +130,49 @@ void PrintHuman(const RepackEvent& e, bool tty) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"k3-repack: convert a Kimi K3 HF snapshot into a k3 container (docs/repack.md)"};
+  k3::cli::InitApp(app, "k3-repack", k3::quant::KernelsVersionDetail);
   k3::repack::RepackOptions opt;
   int mla_bits = -1, head_bits = -1;
   std::string shards, worker;
-  bool json = false;
+  bool json = false, quiet = false;
   uint64_t block_mib = 16;
   app.add_option("SRC", opt.src, "HF snapshot directory")->required();
   app.add_option("DST", opt.dst, "container directory (created if missing)")->required();
   app.add_option("--bits", opt.bits.bits, "bits for KDA/MoE-latent/shared/dense matrices (4 or 8)")
       ->default_val(8);
-  app.add_option("--mla-bits", mla_bits, "bits for MLA projections (default max(bits, 8))");
-  app.add_option("--head-bits", head_bits, "bits for lm_head (default max(bits, 8))");
+  CLI::Option* mla_opt =
+      app.add_option("--mla-bits", mla_bits, "bits for MLA projections, 4 or 8 (default max(bits, 8))");
+  CLI::Option* head_opt = app.add_option("--head-bits", head_bits, "bits for lm_head, 4 or 8 (default max(bits, 8))");
   app.add_option("--shards", shards, "source shard numbers to convert, e.g. 1,2,5-9");
   app.add_option("--worker", worker,
                  "I/N: convert every N-th selected shard starting at I (0-based)");
-  app.add_flag("--verify-full", opt.verify_full, "compare every expert byte with the source");
+  app.add_flag("--verify-full", opt.verify_full,
+               "compare every expert byte with the source (implies --recheck)");
+  app.add_flag("--recheck", opt.recheck,
+               "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
   app.add_flag("--json", json, "one JSON event per line on stdout");
+  app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
   app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return k3::cli::UsageExit(app, e);
+  }
 
   const bool tty = ::isatty(2);
+  if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
   try {
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
-    opt.bits.mla_bits = mla_bits > 0 ? mla_bits : std::max(opt.bits.bits, 8);
-    opt.bits.head_bits = head_bits > 0 ? head_bits : std::max(opt.bits.bits, 8);
+    // Given values are checked as given (--mla-bits 0 is an error, not the default).
+    opt.bits.mla_bits = mla_opt->count() ? mla_bits : std::max(opt.bits.bits, 8);
+    opt.bits.head_bits = head_opt->count() ? head_bits : std::max(opt.bits.bits, 8);
     if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     opt.block_bytes = block_mib << 20;
@@ -175,7 +180,7 @@ int main(int argc, char** argv) {
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
       if (json)
         PrintJson(e);
-      else
+      else if (!quiet)
         PrintHuman(e, tty);
     });
     return 0;
@@ -193,10 +198,12 @@ int main(int argc, char** argv) {
       w.EndObject();
       std::printf("%s\n", w.str().c_str());
     }
-    std::fprintf(stderr, "%sk3-repack: error: %s\n", tty ? "\n" : "", e.what());
+    std::fprintf(stderr, "%sk3-repack: error: %s\n", tty ? "\r\033[K" : "", e.what());
     return k3::ExitCodeFor(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k3-repack: internal error: %s\n", e.what());
     return k3::ExitCodeFor(k3::ErrorCode::kInternal);
   }
 }
+
+int main(int argc, char** argv) { return k3::FinishStdout("k3-repack", Main(argc, argv)); }

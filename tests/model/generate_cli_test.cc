@@ -52,8 +52,13 @@ TEST_CASE("k3-run generate reproduces the oracle (f32 weights, f32 activations)"
                             "\"expert_bytes_read\"", "\"expert_hit_rate\"", "\"peak_rss_bytes\""}) {
       CHECK(json.find(key) != std::string::npos);
     }
-    CHECK(RelL2(F32(Tmp(tag + ".logits")), F32(kOracle + "/k3-tiny.golden/logits.f32")) <= 1e-4);
-    CHECK(RelL2(F32(Tmp(tag + ".trace")), F32(kOracle + "/k3-tiny.golden/hidden.f32")) <= 1e-4);
+    // The f32 golden bounds (k3_test_support.h): the whole trace is held to the
+    // per-layer bound, the logits to the logits bound.
+    const double el = RelL2(F32(Tmp(tag + ".logits")), F32(kOracle + "/k3-tiny.golden/logits.f32"));
+    const double et = RelL2(F32(Tmp(tag + ".trace")), F32(kOracle + "/k3-tiny.golden/hidden.f32"));
+    MESSAGE("k3-run chunk " << tag << ": logits rel-L2 " << el << ", trace " << et);
+    CHECK(el <= k3::test::kGoldenRelL2);
+    CHECK(et <= k3::test::kGoldenLayerRelL2);
   }
   CHECK(ReadFileOrThrow(Tmp("32.logits"), 1 << 26) == ReadFileOrThrow(Tmp("1.logits"), 1 << 26));
   CHECK(ReadFileOrThrow(Tmp("32.trace"), 1 << 26) == ReadFileOrThrow(Tmp("1.trace"), 1 << 26));

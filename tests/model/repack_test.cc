@@ -84,7 +84,7 @@ TEST_CASE("k3-repack container == snapshot == mmap, and matches the quantized go
         REQUIRE(g.size() == b.size());
         double e = RelL2(b, g);
         MESSAGE("container bits " << bits << ": logits rel-L2 vs golden " << e);
-        CHECK(e <= 1e-4);
+        CHECK(e <= k3::test::kGoldenRelL2);
       }
     }
     fs::remove_all(dst);

@@ -58,9 +58,10 @@ struct SpawnOptions {
   std::function<void()> pre_exec;  // runs in the child (rlimits, signals)
 };
 
-inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = {}) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
+// In the forked child: env, log, pre_exec, then exec. On exec failure writes one
+// byte to `report_fd` (when >= 0) and exits 127.
+[[noreturn]] inline void ExecChild(const std::vector<std::string>& argv, const SpawnOptions& o,
+                                   int report_fd) {
   for (const auto& e : o.env) ::putenv(const_cast<char*>(e.c_str()));
   int fd = ::open(o.log.empty() ? "/dev/null" : o.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd >= 0) {
@@ -72,7 +73,42 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o =
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   ::execv(args[0], args.data());
+  const char failed = 1;
+  if (report_fd >= 0 && ::write(report_fd, &failed, 1) != 1) {
+  }
   ::_exit(127);
+}
+
+inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = {}) {
+  pid_t pid = ::fork();
+  if (pid == 0) ExecChild(argv, o, -1);
+  return pid;
+}
+
+inline int Wait(pid_t pid);
+
+// Like Spawn, but returns only once the child has exec'd the binary (a CLOEXEC
+// pipe reaches EOF at exec), so a kill sent afterwards lands in the program, not
+// in the forked copy of the test before exec. -1 (child reaped) when exec failed.
+inline pid_t SpawnExeced(const std::vector<std::string>& argv, const SpawnOptions& o = {}) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    ExecChild(argv, o, fds[1]);
+  }
+  ::close(fds[1]);
+  char c;
+  ssize_t n = -1;
+  while (pid > 0 && (n = ::read(fds[0], &c, 1)) < 0 && errno == EINTR) {
+  }
+  ::close(fds[0]);
+  if (pid > 0 && n != 0) {
+    Wait(pid);
+    return -1;
+  }
+  return pid;
 }
 
 // Exit status, or 128 + signal number.

@@ -7,13 +7,51 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "k3/core/file.h"
 
 namespace k3::test {
+
+// Bounds for an f32-activation forward pass (f32 weights, or int8/int4 weights
+// against their own goldens) vs the oracle, as rel-L2. Measured 2026-12 on every
+// ISA (scalar, avx2, avx2vnni, avx512): worst layer 5.9e-6 (int8 golden, layer 6,
+// avx512), logits/final 3.3e-6, incremental greedy logits 4.5e-6. The oracle's
+// 1e-4 is 20-35x above that and blind to the known near miss (the MLA LoRA-norm
+// eps 1e-5 for 1e-6 reads 4e-6..1e-5), so these sit a few times above today.
+inline constexpr double kGoldenLayerRelL2 = 1.5e-5;  // each layer of hidden.f32
+inline constexpr double kGoldenRelL2 = 1e-5;         // logits.f32, final.f32, greedy logits
+
+// True in CI (CI=true, as CI services and .ci/run set it): data that a user's
+// clone may lack is mandatory there, so its tests fail instead of skipping.
+inline bool InCi() {
+  const char* v = std::getenv("CI");
+  return v != nullptr && std::string(v) == "true";
+}
+
+// For doctest::skip(): true, with one line on stderr, when `dir` is absent and
+// this is not CI (doctest's summary only counts skipped cases). In CI the case
+// runs, and should REQUIRE the folder. Evaluated at static initialisation.
+inline bool SkipWithoutDir(const std::string& dir, const char* test) {
+  if (std::filesystem::is_directory(dir) || InCi()) return false;
+  std::fprintf(stderr, "SKIPPED: \"%s\": %s is absent (a fresh clone; CI=true makes this fail)\n",
+               test, dir.c_str());
+  return true;
+}
+
+// For doctest::skip(): true, with one line on stderr, when the environment
+// variable `var` is unset or empty.
+inline bool SkipWithoutEnv(const char* var, const char* test) {
+  const char* v = std::getenv(var);
+  if (v != nullptr && *v != '\0') return false;
+  std::fprintf(stderr, "SKIPPED: \"%s\": %s is not set\n", test, var);
+  return true;
+}
 
 // Creates a fresh directory /tmp/<prefix>_XXXXXX and returns its path; the test
 // fails (REQUIRE) when it cannot be made. Callers remove it when they need to.

@@ -289,12 +289,12 @@ void ExpectRefused(const std::string& dir, const Case& c) {
     SafetensorsFile::OpenOrThrow(path);
     FAIL("accepted");
   } catch (const Error& e) {
-    CHECK_MESSAGE(e.code() == c.code, e.what());
-    CHECK_MESSAGE(e.path() == path, e.what());
-    if (!c.object.empty()) CHECK_MESSAGE(e.object() == c.object, e.what());
-    if (c.offset != -2) CHECK_MESSAGE(e.offset() == c.offset, e.what());
+    CHECK_MESSAGE(e.code() == c.code, std::string(e.what()));
+    CHECK_MESSAGE(e.path() == path, std::string(e.what()));
+    if (!c.object.empty()) CHECK_MESSAGE(e.object() == c.object, std::string(e.what()));
+    if (c.offset != -2) CHECK_MESSAGE(e.offset() == c.offset, std::string(e.what()));
     if (!c.message_part.empty()) {
-      CHECK_MESSAGE(std::string(e.what()).find(c.message_part) != std::string::npos, e.what());
+      CHECK_MESSAGE(std::string(e.what()).find(c.message_part) != std::string::npos, std::string(e.what()));
     }
   }
 }
@@ -318,7 +318,7 @@ TEST_CASE("every named file corruption is refused with its own code") {
   std::string dir = TempDir();
   for (int i = 0; i < static_cast<int>(FileCorruption::kCount); ++i) {
     Case c = MakeCase(static_cast<FileCorruption>(i));
-    INFO("corruption: ", c.name);
+    INFO("corruption: " << std::string(c.name));
     ExpectRefused(dir, c);
   }
   std::filesystem::remove_all(dir);
@@ -557,18 +557,18 @@ TEST_CASE("every named snapshot corruption is refused with its own code") {
   for (int i = 0; i < static_cast<int>(DirCorruption::kCount); ++i) {
     DirFixture f = MakeValidDir();
     DirCase c = Apply(static_cast<DirCorruption>(i), f);
-    INFO("corruption: ", c.name);
+    INFO("corruption: " << std::string(c.name));
     try {
       Snapshot::OpenOrThrow(c.open_dir.empty() ? f.dir : c.open_dir);
       FAIL("accepted");
     } catch (const Error& e) {
-      CHECK_MESSAGE(e.code() == c.code, e.what());
-      if (!c.object.empty()) CHECK_MESSAGE(e.object() == c.object, e.what());
+      CHECK_MESSAGE(e.code() == c.code, std::string(e.what()));
+      if (!c.object.empty()) CHECK_MESSAGE(e.object() == c.object, std::string(e.what()));
       if (!c.path_part.empty()) {
-        CHECK_MESSAGE(e.path().find(c.path_part) != std::string::npos, e.what());
+        CHECK_MESSAGE(e.path().find(c.path_part) != std::string::npos, std::string(e.what()));
       }
       if (!c.message_part.empty()) {
-        CHECK_MESSAGE(std::string(e.what()).find(c.message_part) != std::string::npos, e.what());
+        CHECK_MESSAGE(std::string(e.what()).find(c.message_part) != std::string::npos, std::string(e.what()));
       }
     }
     std::filesystem::remove_all(f.dir);

@@ -37,6 +37,34 @@ std::vector<std::string> ListSafetensors(const std::string& dir) {
   return out;
 }
 
+// A container k3-repack has not finished (a pass interrupted, or some --worker
+// passes not run yet) holds fewer shards than its fingerprint promises. Said
+// first, so the user reads "rerun k3-repack", not the missing tensor that follows.
+// The fingerprint's layout: docs/container.md.
+void ThrowIfIncompleteContainer(const std::string& dir) {
+  const std::string fp_path = JoinPath(dir, "k3-repack.fingerprint.json");
+  if (!PathExists(fp_path)) return;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  int64_t want = 0;
+  std::string text = ReadFileOrThrow(fp_path, 64ull << 20);
+  if (parser.parse(text).get(doc) || doc["output_shards"].get_int64().get(want) || want <= 0) {
+    throw Error(ErrorCode::kCorrupt, "fingerprint without a valid output_shards; rerun k3-repack with --force",
+                fp_path);
+  }
+  int64_t have = 0;
+  for (const auto& name : ListSafetensors(dir)) {
+    if (name.starts_with("model-") && name.find("-of-") != std::string::npos) ++have;
+  }
+  if (have < want) {
+    throw Error(ErrorCode::kNotFound,
+                "incomplete container: " + std::to_string(have) + " of " + std::to_string(want) +
+                    " shards; rerun k3-repack SRC " + dir + " with the same flags to finish it (k3-verify " + dir +
+                    " lists what is missing)",
+                dir);
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> SplitDirList(std::string_view list) {
@@ -72,6 +100,7 @@ Snapshot Snapshot::OpenOrThrow(const std::string& dir, const Options& options) {
   Snapshot s;
   s.dir_ = dir;
   s.config_json_ = ReadFileOrThrow(JoinPath(dir, "config.json"), kMaxConfigBytes);
+  ThrowIfIncompleteContainer(dir);
 
   // The index is validated against the shard headers while its parsed document is
   // alive, so its ~500k names (real model) are views, not copies: opening the

@@ -71,6 +71,18 @@ TEST_CASE("AtomicFileWriter publishes only on commit") {
   CHECK_THROWS_AS(ReadFileOrThrow(path, 2), Error);
 }
 
+TEST_CASE("AtomicFileWriter names the caller's path, not its temp file, when it cannot create it") {
+  try {
+    k3::AtomicFileWriter w("/no/such/dir/l.bin");
+    FAIL("created");
+  } catch (const k3::Error& e) {
+    CHECK(e.code() == k3::ErrorCode::kNotFound);
+    CHECK(e.path() == "/no/such/dir/l.bin");
+    CHECK(std::string(e.what()).find(".tmp.") == std::string::npos);
+    CHECK(std::string(e.what()).find("directory does not exist") != std::string::npos);
+  }
+}
+
 TEST_CASE("PreadFull reports truncation with the offset") {
   std::string dir = TempDir();
   std::string path = JoinPath(dir, "f");

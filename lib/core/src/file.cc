@@ -158,7 +158,13 @@ std::string JoinPath(std::string_view a, std::string_view b) {
 AtomicFileWriter::AtomicFileWriter(std::string final_path)
     : final_path_(std::move(final_path)),
       temp_path_(final_path_ + ".tmp." + std::to_string(::getpid())) {
-  fd_ = OpenOrThrow(temp_path_, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  fd_ = TryOpen(temp_path_, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (!fd_.valid()) {
+    // The temp name is ours, not the caller's: name the file they asked for.
+    const int err = errno;
+    ThrowErrno(err, "cannot create " + final_path_ + (err == ENOENT ? " (its directory does not exist)" : ""),
+               final_path_);
+  }
 }
 
 AtomicFileWriter::~AtomicFileWriter() { Abort(); }

@@ -15,6 +15,7 @@
 #include "k3/container/safetensors.h"
 #include "k3/quant/isa.h"
 #include "k3/quant/quant.h"
+#include "k3_isa_test_support.h"
 
 using namespace k3;
 using namespace k3::quant;
@@ -91,8 +92,7 @@ void SpecInt4(const std::vector<float>& x, size_t rows, size_t cols, std::vector
 TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights, every ISA") {
   const Isa saved = ActiveIsa();
   int int8_tensors = 0, int4_tensors = 0;
-  for (Isa isa : kAllIsas) {
-  if (!IsaSupported(isa)) continue;
+  for (Isa isa : k3::test::IsasToTest("quantizers on the oracle's weights")) {
   SetIsaForTesting(isa);
   for (const std::string& path : Shards()) {
     SafetensorsFile f = SafetensorsFile::OpenOrThrow(path);
@@ -100,7 +100,7 @@ TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights, e
       if (t.dtype != DType::kBF16 || t.shape.size() != 2) continue;
       const size_t rows = size_t(t.shape[0]), cols = size_t(t.shape[1]);
       std::vector<float> x = Bf16Rows(f, t);
-      INFO(t.name << " [" << rows << "x" << cols << "] " << IsaName(isa));
+      INFO(t.name << " [" << rows << "x" << cols << "] " << k3::test::IsaStr(isa));
 
       std::vector<int8_t> q_ref, q(rows * cols);
       std::vector<float> s_ref, s(rows);
@@ -151,6 +151,7 @@ TEST_CASE("quantizers reproduce the spec's bytes on the oracle's BF16 weights, e
 
 TEST_CASE("the oracle's MXFP4 experts through every ISA's kernels") {
   const Isa saved = ActiveIsa();
+  const std::vector<Isa> isas = k3::test::IsasToTest("the oracle's MXFP4 experts");
   int experts = 0;
   double worst = 0;
   for (const std::string& path : Shards()) {
@@ -194,14 +195,13 @@ TEST_CASE("the oracle's MXFP4 experts through every ISA's kernels") {
         bound[o] = (cols + 4) / 16777216.0 * sa + 1e-30;
         bound_q[o] = (cols + 6) / 16777216.0 * qa + 1e-30;
       }
-      for (Isa isa : kAllIsas) {
-        if (!IsaSupported(isa)) continue;
+      for (Isa isa : isas) {
         SetIsaForTesting(isa);
         std::vector<float> y(rows), yq(rows);
         MatMul(w, x.data(), 1, y.data());
         MatMulQ8(w, a, yq.data());
         for (size_t o = 0; o < rows; ++o) {
-          INFO(n << " " << IsaName(isa) << " row " << o);
+          INFO(n << " " << k3::test::IsaStr(isa) << " row " << o);
           const double e1 = std::fabs(y[o] - ref[o]) / bound[o];
           const double e2 = std::fabs(yq[o] - ref_q[o]) / bound_q[o];
           worst = std::max({worst, e1, e2});

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "k3/quant/quant.h"
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
+#include "model_check.h"
 #include "queue.h"
 #include "transform.h"
 
@@ -217,6 +219,18 @@ std::string ExistingShardProblem(const std::string& path, const ShardPlan& p) {
   return {};
 }
 
+// Why a kept shard fails --recheck, or "" when it hashes to its recorded digest.
+std::string RecheckProblem(const std::string& path, const std::string& name, const ChecksumManifest& recorded) {
+  auto it = recorded.find(name);
+  if (it == recorded.end()) return "not in " + std::string(kChecksumsName) + ", so it cannot be trusted";
+  std::string have = HashFileXxh128(path);
+  if (have != it->second) {
+    return "XXH3-128 is " + have + " but " + std::string(kChecksumsName) + " says " + it->second +
+           " (damaged after it was written)";
+  }
+  return {};
+}
+
 // Header fields of a freshly written temp file against the plan.
 void CheckWrittenShard(const std::string& tmp_path, const ShardPlan& p) {
   SafetensorsFile f = SafetensorsFile::OpenOrThrow(tmp_path);
@@ -268,6 +282,73 @@ uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_
   return compared;
 }
 
+// Every tensor config.json implies, by name, dtype and shape, before anything is
+// written: a config that contradicts its tensors would otherwise convert into a
+// container k3-verify rejects. The problems are k3-verify's (same rules, same text).
+void CheckSourceMatchesConfig(const Snapshot& snap, const ModelConfig& config, const std::string& src) {
+  auto find = [&](const std::string& full) -> std::optional<FoundTensor> {
+    auto r = snap.FindExact(full);
+    if (!r) return std::nullopt;
+    return FoundTensor{r->file->path(), static_cast<int64_t>(r->offset), r->info};
+  };
+  const std::string prefix = ModelPrefix([&](const std::string& n) { return snap.FindExact(n).has_value(); });
+  std::vector<Problem> problems =
+      CheckModelTensors(config, TensorForm::kSnapshot, find, src, prefix, /*bits=*/nullptr);
+  if (problems.empty()) return;
+  std::string detail = "contradicts the snapshot's tensors (" + std::to_string(problems.size()) +
+                       " problem(s); nothing was written):";
+  constexpr size_t kShown = 5;
+  for (size_t i = 0; i < std::min(kShown, problems.size()); ++i) detail += "\n  " + problems[i].ToString();
+  if (problems.size() > kShown) detail += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  throw Error(problems.front().code, detail, JoinPath(src, "config.json"));
+}
+
+// Exclusive fcntl lock on byte `number` of DST/.k3-repack.shards.lock: held while
+// a pass converts that shard, so two passes that chose the same shard never
+// write it at once (one waits, then keeps what the other wrote). A separate file
+// from ContainerLock's, because closing any descriptor of a file drops all of a
+// process's fcntl locks on it.
+class ShardLock {
+ public:
+  ShardLock(int fd, int64_t number, const std::string& path, const std::string& shard) : fd_(fd), number_(number) {
+    struct flock fl = Range(F_WRLCK);
+    if (::fcntl(fd_, F_SETLK, &fl) == 0) return;
+    if (errno != EACCES && errno != EAGAIN) ThrowErrno(errno, "lock", path);
+    struct flock who = Range(F_WRLCK);
+    std::string holder = "another process";
+    if (::fcntl(fd_, F_GETLK, &who) == 0 && who.l_type != F_UNLCK) {
+      holder = "process " + std::to_string(who.l_pid);
+    }
+    K3_LOG_WARN("%s is being converted by %s (another k3-repack into this destination); waiting for it",
+                shard.c_str(), holder.c_str());
+    while (::fcntl(fd_, F_SETLKW, &fl) != 0) {
+      if (errno == EINTR) continue;
+      ThrowErrno(errno, "lock", path);
+    }
+    waited_ = true;
+  }
+  ~ShardLock() {
+    struct flock fl = Range(F_UNLCK);
+    ::fcntl(fd_, F_SETLK, &fl);
+  }
+  ShardLock(const ShardLock&) = delete;
+  ShardLock& operator=(const ShardLock&) = delete;
+  bool waited() const { return waited_; }
+
+ private:
+  struct flock Range(short type) const {
+    struct flock fl {};
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(number_);
+    fl.l_len = 1;
+    return fl;
+  }
+  int fd_;
+  int64_t number_;
+  bool waited_ = false;
+};
+
 class Runner {
  public:
   Runner(const RepackOptions& o, const RepackObserver& obs) : opt_(o), observer_(obs) {}
@@ -287,6 +368,7 @@ class Runner {
   const RepackObserver& observer_;
   RepackEvent totals_;
   double t0_ = NowSeconds();
+  double convert_t0_ = 0;  // when the first shard started
   double last_progress_ = 0;
   int threads_ = 1;
 };
@@ -303,6 +385,8 @@ void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
   ev.out_bytes_planned = totals_.out_bytes_planned;
   ev.free_bytes = totals_.free_bytes;
   ev.elapsed_seconds = NowSeconds() - t0_;
+  if (kind == RepackEvent::Kind::kShardStart && convert_t0_ == 0) convert_t0_ = NowSeconds();
+  ev.convert_seconds = convert_t0_ > 0 ? NowSeconds() - convert_t0_ : 0;
   observer_(ev);
 }
 
@@ -591,6 +675,7 @@ RepackEvent Runner::Run() {
   Snapshot snap = Snapshot::OpenOrThrow(opt_.src);  // every shard of the index, validated
   ModelConfig config =
       ModelConfig::ParseOrThrow(snap.config_json(), JoinPath(opt_.src, "config.json"));
+  CheckSourceMatchesConfig(snap, config, opt_.src);
 
   struct Src {
     int64_t number;
@@ -710,14 +795,20 @@ RepackEvent Runner::Run() {
   std::vector<const ShardPlan*> todo;
   std::vector<RepackEvent> skipped;  // reported after the start event
   uint64_t reclaimable = 0;
+  // --recheck: a kept shard must also hash to what checksums.xxh128 recorded, so
+  // bytes damaged after the write are found and the shard converted again.
+  const bool recheck = (opt_.recheck || opt_.verify_full) && !force_clean;
+  ChecksumManifest recorded;
+  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
   for (const auto& p : selected) {
     std::string path = JoinPath(opt_.dst, p.out_name);
     std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
+    if (why.empty() && recheck) why = RecheckProblem(path, p.out_name, recorded);
     if (why.empty()) {
       ++totals_.shards_skipped;
       RepackEvent ev;
       ev.shard = p.out_name;
-      ev.detail = "complete and valid";
+      ev.detail = recheck ? "complete, checksum verified" : "complete and valid";
       ev.shard_src_bytes = p.src_bytes;
       ev.shard_out_bytes = p.file_bytes;
       skipped.push_back(ev);
@@ -767,10 +858,20 @@ RepackEvent Runner::Run() {
     CopyMetadata();
   }
 
+  const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
+  UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
   for (const ShardPlan* p : todo) {
     RepackEvent ev;
     ev.shard = p->out_name;
     ev.shard_src_bytes = p->src_bytes;
+    ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
+    if (shard_lock.waited() && ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+      ev.detail = "converted by a concurrent pass";
+      ev.shard_out_bytes = p->file_bytes;
+      ++totals_.shards_skipped;
+      Emit(RepackEvent::Kind::kShardSkipped, ev);
+      continue;
+    }
     Emit(RepackEvent::Kind::kShardStart, ev);
     ev.shard_xxh128 = WriteShard(*p, &ev);
     {
@@ -846,15 +947,29 @@ void ParseWorker(const std::string& spec, int* index, int* count) {
 }
 
 void ValidateBits(const QuantBits& b) {
+  // Only the two layouts a container has (docs/container.md): values in between
+  // used to be accepted and silently rounded to one of them.
   for (auto [name, v] : {std::pair{"--bits", b.bits}, std::pair{"--mla-bits", b.mla_bits},
                          std::pair{"--head-bits", b.head_bits}}) {
-    if (v < 1 || v > 31) {
+    if (v != 4 && v != 8) {
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(name) + " " + std::to_string(v) +
-                      ": a container stores int4-g64 (<= 4) or int8 (5..31); for f32 use the "
-                      "source snapshot directly");
+                      ": must be 4 (int4-g64) or 8 (int8); for f32 use the source snapshot directly");
     }
   }
+}
+
+std::string ProgressLine(const RepackEvent& e) {
+  const double rate = e.convert_seconds > 0 ? static_cast<double>(e.bytes_done) / e.convert_seconds : 0;
+  std::string eta = "--";
+  if (e.convert_seconds >= 1.0 && e.bytes_done > 0 && rate > 0) {
+    const double left = static_cast<double>(e.bytes_todo - std::min(e.bytes_todo, e.bytes_done));
+    eta = std::to_string(static_cast<long long>(left / rate + 0.5)) + " s";
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\r\033[K  %s  %s / %s  %.2f GB/s  ETA %s", e.shard.c_str(),
+                FormatBytes(e.bytes_done).c_str(), FormatBytes(e.bytes_todo).c_str(), rate / 1e9, eta.c_str());
+  return buf;
 }
 
 RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer) {

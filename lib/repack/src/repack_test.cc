@@ -101,6 +101,13 @@ TEST_CASE("--shards and --worker parsing") {
   CHECK_THROWS_AS(ParseWorker("1", &i, &n), k3::Error);
   CHECK_THROWS_AS(ValidateBits({32, 8, 8}), k3::Error);
   CHECK_NOTHROW(ValidateBits({4, 8, 8}));
+  CHECK_NOTHROW(ValidateBits({8, 4, 4}));
+  // Only the two container layouts: everything in between is refused, naming the flag.
+  for (int v : {0, 1, 3, 5, 6, 7, 16}) {
+    CHECK_THROWS_WITH_AS(ValidateBits({v, 8, 8}), doctest::Contains(("--bits " + std::to_string(v)).c_str()), k3::Error);
+    CHECK_THROWS_WITH_AS(ValidateBits({8, v, 8}), doctest::Contains("--mla-bits"), k3::Error);
+    CHECK_THROWS_WITH_AS(ValidateBits({8, 8, v}), doctest::Contains("--head-bits"), k3::Error);
+  }
 }
 
 TEST_CASE("XXH3-128 digests in xxhsum's canonical form; manifest round trip") {
@@ -135,4 +142,23 @@ TEST_CASE("fingerprint: deterministic text, round trip, differences named") {
   h.source_shards[0].size = 124;
   CHECK(f.Difference(h).find("different source") != std::string::npos);
   CHECK_THROWS_AS(Fingerprint::ParseOrThrow("{}", "fp"), k3::Error);
+}
+
+TEST_CASE("TTY progress line: erases what was there; ETA from the conversion's own rate, not before 1 s") {
+  k3::repack::RepackEvent e;
+  e.kind = k3::repack::RepackEvent::Kind::kProgress;
+  e.shard = "model-00001-of-000002.safetensors";
+  e.bytes_todo = 10'000'000'000ull;
+  e.bytes_done = 50'000'000ull;
+  e.elapsed_seconds = 120;  // a long pre-flight (hashing the source headers) ...
+  e.convert_seconds = 0.4;  // ... but converting only just began
+  std::string l = k3::repack::ProgressLine(e);
+  CHECK(l.rfind("\r\033[K", 0) == 0);
+  CHECK(l.find("ETA --") != std::string::npos);
+  CHECK(l.find("   ") == std::string::npos);  // no padding to wipe a previous line
+  e.bytes_done = 1'000'000'000ull;
+  e.convert_seconds = 2;  // 0.5 GB/s: 9 GB left is 18 s (elapsed_seconds would say 1071 s)
+  l = k3::repack::ProgressLine(e);
+  CHECK(l.find("0.50 GB/s") != std::string::npos);
+  CHECK(l.find("ETA 18 s") != std::string::npos);
 }

@@ -23,6 +23,7 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/classify.h"
 #include "k3/repack/container.h"
+#include "model_check.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -38,94 +39,6 @@ std::string Problem::ToString() const {
 int VerifyReport::ExitCode() const { return ok() ? 0 : ExitCodeFor(problems.front().code); }
 
 namespace {
-
-enum class Want : uint8_t { kFloat, kQuant, kExpert };
-
-struct Expected {
-  std::string name;  // without prefix
-  Want want;
-  std::vector<int64_t> shape;
-  bool at_least = false;  // numel >= product (A_log is padded to head_dim)
-};
-
-// Tensors config.json says the text model has (spec §3), in container form.
-std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
-  std::vector<Expected> e;
-  const int64_t d = c.hidden_size;
-  auto f = [&](std::string n, std::vector<int64_t> s, bool at_least = false) {
-    e.push_back({std::move(n), Want::kFloat, std::move(s), at_least});
-  };
-  auto q = [&](std::string n, int64_t o, int64_t i) {
-    e.push_back({std::move(n), Want::kQuant, {o, i}});
-  };
-  auto x = [&](std::string n, int64_t o, int64_t i) {
-    e.push_back({std::move(n), Want::kExpert, {o, i}});
-  };
-  f("model.embed_tokens.weight", {c.vocab_size, d});
-  f("model.norm.weight", {d});
-  f("model.output_attn_res_norm.weight", {d});
-  f("model.output_attn_res_proj.weight", {d});
-  q("lm_head.weight", c.vocab_size, d);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* n : {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm",
-                          "self_attention_res_proj", "mlp_res_norm", "mlp_res_proj"}) {
-      f(p + n + ".weight", {d});
-    }
-    const std::string a = p + "self_attn.";
-    if (c.is_kda[static_cast<size_t>(l)]) {
-      const int64_t kp = c.kda_proj();
-      for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"}) q(a + n + ".weight", kp, d);
-      q(a + "o_proj.weight", d, kp);
-      for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
-        f(a + n + ".weight", {kp * c.kda_conv_kernel});
-      }
-      f(a + "f_a_proj.weight", {c.kda_head_dim, d});
-      f(a + "f_b_proj.weight", {kp, c.kda_head_dim});
-      f(a + "b_proj.weight", {c.kda_num_heads, d});
-      f(a + "dt_bias", {kp});
-      f(a + "A_log", {c.kda_num_heads}, /*at_least=*/true);
-      f(a + "o_norm.weight", {c.kda_head_dim});
-    } else {
-      const int64_t h = c.num_attention_heads;
-      q(a + "q_a_proj.weight", c.q_lora_rank, d);
-      f(a + "q_a_layernorm.weight", {c.q_lora_rank});
-      q(a + "q_b_proj.weight", h * c.qk_head_dim(), c.q_lora_rank);
-      q(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, d);
-      f(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
-      q(a + "kv_b_proj.weight", h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-      q(a + "o_proj.weight", d, h * c.v_head_dim);
-      q(a + "g_proj.weight", h * c.v_head_dim, d);
-    }
-    if (!c.is_moe(l)) {
-      q(p + "mlp.gate_proj.weight", c.intermediate_size, d);
-      q(p + "mlp.up_proj.weight", c.intermediate_size, d);
-      q(p + "mlp.down_proj.weight", d, c.intermediate_size);
-      continue;
-    }
-    const std::string m = p + "block_sparse_moe.";
-    const int64_t lat = c.routed_expert_hidden_size, mi = c.moe_intermediate_size;
-    const int64_t si = c.shared_intermediate();
-    f(m + "gate.weight", {c.num_experts, d});
-    f(m + "gate.e_score_correction_bias", {c.num_experts});
-    q(m + "routed_expert_down_proj.weight", lat, d);
-    q(m + "routed_expert_up_proj.weight", d, lat);
-    f(m + "routed_expert_norm.weight", {lat});
-    q(m + "shared_experts.gate_proj.weight", si, d);
-    q(m + "shared_experts.up_proj.weight", si, d);
-    q(m + "shared_experts.down_proj.weight", d, si);
-    for (int64_t x_id = 0; x_id < c.num_experts; ++x_id) {
-      const std::string ep = m + "experts." + std::to_string(x_id) + ".";
-      x(ep + "w1.weight_packed", mi, lat / 2);
-      x(ep + "w1.weight_scale", mi, lat / 32);
-      x(ep + "w2.weight_packed", lat, mi / 2);
-      x(ep + "w2.weight_scale", lat, mi / 32);
-      x(ep + "w3.weight_packed", mi, lat / 2);
-      x(ep + "w3.weight_scale", mi, lat / 32);
-    }
-  }
-  return e;
-}
 
 struct Located {
   size_t shard;
@@ -147,6 +60,8 @@ class Verifier {
   void CheckIndex();
   void CheckModel();
   void CheckChecksums();
+  void CheckCopiedFiles();
+  void FoldConsequences();
   // Streams one shard: hash, and with a source compare every byte it can.
   std::string StreamShard(size_t s);
   std::string Path(const std::string& name) const { return JoinPath(opt_.dst, name); }
@@ -157,6 +72,7 @@ class Verifier {
   std::vector<std::string> shard_names_;
   std::vector<std::optional<SafetensorsFile>> shards_;
   std::unordered_map<std::string, Located> by_name_;
+  std::map<std::string, std::string> index_shard_of_;  // tensor -> shard, as the index says
   std::optional<Fingerprint> fingerprint_;
   std::optional<Snapshot> source_;
   std::string prefix_;
@@ -199,6 +115,7 @@ void Verifier::CheckIndex() {
       Add(ErrorCode::kCorrupt, path, name, -1, "tensor listed twice in the index");
       continue;
     }
+    index_shard_of_[name] = std::string(shard);
     auto it = by_name_.find(name);
     if (it == by_name_.end()) {
       Add(ErrorCode::kNotFound, path, name, -1,
@@ -233,85 +150,19 @@ void Verifier::CheckModel() {
     Add(e.code(), e.path().empty() ? Path("config.json") : e.path(), e.object(), -1, e.detail());
     return;
   }
-  auto find = [&](const std::string& n) -> const Located* {
-    auto it = by_name_.find(prefix_ + n);
-    return it == by_name_.end() ? nullptr : &it->second;
-  };
   auto where = [&](const Located& l) {
     return std::pair(Path(shard_names_[l.shard]),
                      static_cast<int64_t>(shards_[l.shard]->AbsoluteOffset(*l.info)));
   };
-  for (const Expected& e : ExpectedTensors(config)) {
-    const std::string full = prefix_ + e.name;
-    const Located* l = find(e.name);
-    if (!l) {
-      Add(ErrorCode::kNotFound, opt_.dst, full, -1, "tensor the model needs is missing");
-      continue;
-    }
-    auto [file, off] = where(*l);
-    const TensorInfo& t = *l->info;
-    if (e.want == Want::kFloat) {
-      if (!IsFloatReadable(t.dtype)) {
-        Add(ErrorCode::kUnsupported, file, full, off,
-            "dtype " + std::string(DTypeName(t.dtype)) + ", expected BF16/F16/F32");
-      }
-      bool shape_ok =
-          e.at_least ? t.numel() >= ShapeNumel(e.shape)
-                     : (e.shape.size() == 1 ? t.numel() == ShapeNumel(e.shape) : t.shape == e.shape);
-      if (!shape_ok) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            "shape " + ShapeString(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
-                ShapeString(e.shape));
-      }
-      continue;
-    }
-    if (e.want == Want::kExpert) {
-      if (t.dtype != DType::kU8 || t.shape != e.shape) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            std::string(DTypeName(t.dtype)) + " " + ShapeString(t.shape) + ", expected U8 " +
-                ShapeString(e.shape));
-      }
-      continue;
-    }
-    // Quantized: U8 payload + F32 .qs sidecar, int8 [O,I]+[O] or int4 [O,I/2]+[O,I/64].
-    const int64_t o = e.shape[0], i = e.shape[1];
-    if (t.dtype != DType::kU8) {
-      Add(ErrorCode::kCorrupt, file, full, off,
-          "dtype " + std::string(DTypeName(t.dtype)) +
-              ": a container stores this matrix quantized (U8 + .qs)");
-      continue;
-    }
-    const Located* s = find(e.name + ".qs");
-    if (!s) {
-      Add(ErrorCode::kNotFound, file, full + ".qs", -1, "scale sidecar missing");
-      continue;
-    }
-    const TensorInfo& st = *s->info;
-    const bool int8 = t.shape == std::vector<int64_t>{o, i} && st.shape == std::vector<int64_t>{o};
-    const bool int4 = i % 64 == 0 && t.shape == std::vector<int64_t>{o, i / 2} &&
-                      st.shape == std::vector<int64_t>{o, i / 64};
-    if (st.dtype != DType::kF32) {
-      auto [sf, so] = where(*s);
-      Add(ErrorCode::kCorrupt, sf, full + ".qs", so,
-          "dtype " + std::string(DTypeName(st.dtype)) + ", expected F32");
-    }
-    if (!int8 && !int4) {
-      Add(ErrorCode::kCorrupt, file, full, off,
-          "U8 " + ShapeString(t.shape) + " with .qs " + ShapeString(st.shape) + " is neither int8 [" +
-              std::to_string(o) + "," + std::to_string(i) + "]+[" + std::to_string(o) +
-              "] nor int4-g64 for a [" + std::to_string(o) + "," + std::to_string(i) + "] matrix");
-      continue;
-    }
-    if (fingerprint_) {
-      TensorRole role = ClassifyTensor(full, config.is_kda);
-      bool want4 = quant::UsesInt4(fingerprint_->bits.For(role), static_cast<size_t>(i));
-      if (want4 != int4) {
-        Add(ErrorCode::kCorrupt, file, full, off,
-            std::string("stored as ") + (int4 ? "int4-g64" : "int8") + " but the fingerprint's " +
-                std::string(TensorRoleName(role)) + " bits ask for " +
-                (want4 ? "int4-g64" : "int8"));
-      }
-    }
+  auto find = [&](const std::string& full) -> std::optional<FoundTensor> {
+    auto it = by_name_.find(full);
+    if (it == by_name_.end()) return std::nullopt;
+    auto [file, off] = where(it->second);
+    return FoundTensor{file, off, it->second.info};
+  };
+  for (Problem& p : CheckModelTensors(config, TensorForm::kContainer, find, opt_.dst, prefix_,
+                                      fingerprint_ ? &fingerprint_->bits : nullptr)) {
+    Add(p.code, std::move(p.file), std::move(p.tensor), p.offset, std::move(p.detail));
   }
   // Every .qs belongs to a U8 tensor; experts are contiguous and id-ordered.
   for (const auto& [name, loc] : by_name_) {
@@ -502,6 +353,38 @@ std::string Verifier::StreamShard(size_t s) {
   return h.HexDigest();
 }
 
+// With a source: the files k3-repack copies verbatim (config, tokenizer, ...)
+// must equal the source's, byte for byte; a checksum only proves they are what
+// was written, not what the snapshot holds.
+void Verifier::CheckCopiedFiles() {
+  constexpr uint64_t kMaxCopiedFileBytes = 512ull << 20;
+  for (auto name : kMetadataFiles) {
+    const std::string from = JoinPath(opt_.source, std::string(name)), to = Path(std::string(name));
+    const bool in_src = PathExists(from), in_dst = PathExists(to);
+    if (!in_src && !in_dst) continue;
+    if (!in_dst) {
+      Add(ErrorCode::kNotFound, to, {}, -1, "missing; the source has " + from);
+      continue;
+    }
+    if (!in_src) {
+      Add(ErrorCode::kCorrupt, to, {}, -1, "not in the source snapshot (" + opt_.source + ")");
+      continue;
+    }
+    try {
+      const std::string a = ReadFileOrThrow(from, kMaxCopiedFileBytes), b = ReadFileOrThrow(to, kMaxCopiedFileBytes);
+      report_.source_bytes_read += a.size();
+      if (a == b) continue;
+      size_t k = 0;
+      while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+      Add(ErrorCode::kChecksumMismatch, to, {}, static_cast<int64_t>(k),
+          "differs from the source's " + from + " (" + std::to_string(b.size()) + " vs " + std::to_string(a.size()) +
+              " bytes; first difference shown)");
+    } catch (const Error& e) {
+      Add(e.code(), e.path().empty() ? to : e.path(), {}, -1, e.detail());
+    }
+  }
+}
+
 void Verifier::CheckChecksums() {
   const std::string mpath = Path(std::string(kChecksumsName));
   ChecksumManifest manifest;
@@ -548,6 +431,7 @@ void Verifier::CheckChecksums() {
   std::map<std::string, size_t> shard_pos;
   for (size_t s = 0; s < shard_names_.size(); ++s) shard_pos[shard_names_[s]] = s;
   const int threads = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
+  size_t files_done = 0;
   // Files stream in parallel; re-quantization inside each may use every core too
   // (one big dense shard would otherwise run on a single thread at the end).
   inner_threads_ = threads;
@@ -567,6 +451,10 @@ void Verifier::CheckChecksums() {
     } catch (const Error& e) {
       Add(e.code(), e.path().empty() ? Path(name) : e.path(), e.object(), e.offset(), e.detail());
     }
+    if (opt_.progress) {
+      std::lock_guard<std::mutex> lock(mu_);
+      opt_.progress(++files_done, to_hash.size(), report_.bytes_hashed);
+    }
   }
   report_.files_hashed = to_hash.size();
   for (size_t k = 0; k < to_hash.size(); ++k) {
@@ -578,6 +466,91 @@ void Verifier::CheckChecksums() {
               it->second);
     }
   }
+}
+
+// A missing or unreadable shard explains every tensor, index entry, size total
+// and checksum that depends on it: those are counted, not listed, and the shard
+// itself is reported first (so the exit code is its cause: 3 missing, 4 truncated).
+void Verifier::FoldConsequences() {
+  std::map<std::string, size_t> mapped;  // shard -> tensors the index maps to it
+  for (const auto& [tensor, shard] : index_shard_of_) ++mapped[shard];
+  std::set<std::string> present(shard_names_.begin(), shard_names_.end()), lost, broken;
+  for (const auto& [shard, n] : mapped) {
+    if (!present.count(shard)) lost.insert(shard);
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (!shards_[s]) broken.insert(shard_names_[s]);
+  }
+  if (lost.empty() && broken.empty()) return;
+  auto gone = [&](const std::string& shard) { return lost.count(shard) > 0 || broken.count(shard) > 0; };
+  auto in_gone_shard = [&](const std::string& tensor) {
+    auto it = index_shard_of_.find(tensor);
+    return it != index_shard_of_.end() && gone(it->second);
+  };
+  std::string incomplete;
+  std::vector<Problem> roots, rest;
+  for (Problem& p : report_.problems) {
+    const std::string file = BaseName(p.file);
+    if (p.detail.starts_with("container incomplete: ")) {
+      incomplete = p.detail;
+      ++report_.consequences_folded;
+      continue;
+    }
+    const bool consequence =
+        ((p.detail == "tensor the model needs is missing" || p.detail == "scale sidecar missing" ||
+          p.detail.find("but no shard holds it") != std::string::npos) &&
+         in_gone_shard(p.tensor)) ||
+        p.detail.starts_with("metadata.total_size is ") ||
+        (gone(file) && (p.detail.starts_with("XXH3-128 is ") || p.detail.starts_with("listed in ")));
+    if (consequence) {
+      ++report_.consequences_folded;
+      continue;
+    }
+    if (broken.count(file) && p.tensor.empty() && !p.detail.starts_with("XXH3-128 is ")) {
+      p.detail += "; the index maps " + std::to_string(mapped[file]) + " tensors to it";
+      roots.push_back(std::move(p));
+      continue;
+    }
+    rest.push_back(std::move(p));
+  }
+  for (const std::string& shard : lost) {
+    roots.push_back({ErrorCode::kNotFound, Path(shard), {}, -1,
+                     "shard missing" + (incomplete.empty() ? std::string() : " (" + incomplete + ")") +
+                         "; the index maps " + std::to_string(mapped[shard]) + " tensors to it"});
+  }
+  if (roots.empty() && !incomplete.empty()) {
+    roots.push_back({ErrorCode::kNotFound, opt_.dst, {}, -1, incomplete});
+    --report_.consequences_folded;
+  }
+  report_.problems = std::move(roots);
+  for (Problem& p : rest) report_.problems.push_back(std::move(p));
+}
+
+// A path as a POSIX shell word (single-quoted when it needs to be).
+std::string ShellWord(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@") ==
+                        std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A rerun converts what is missing, --recheck also what hashes wrong, and the
+// shared files are rebuilt at the end; the fingerprint's bits make it a resume.
+// Without a usable fingerprint only --force can rebuild the container.
+std::string RepairCommand(const VerifyOptions& o, const std::optional<Fingerprint>& fp) {
+  std::string cmd = "k3-repack " + (o.source.empty() ? std::string("SRC") : ShellWord(o.source)) + " " +
+                    ShellWord(o.dst);
+  if (!fp) return cmd + " --force";
+  const QuantBits& b = fp->bits;
+  cmd += " --recheck";
+  if (b.bits != 8) cmd += " --bits " + std::to_string(b.bits);
+  const int dflt = std::max(b.bits, 8);
+  if (b.mla_bits != dflt) cmd += " --mla-bits " + std::to_string(b.mla_bits);
+  if (b.head_bits != dflt) cmd += " --head-bits " + std::to_string(b.head_bits);
+  return cmd;
 }
 
 VerifyReport Verifier::Run() {
@@ -636,17 +609,17 @@ VerifyReport Verifier::Run() {
         "container incomplete: " + std::to_string(shard_names_.size()) + " of " +
             std::to_string(want_shards) + " shards present");
   }
-  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight") ||
-      by_name_.count("language_model.model.embed_tokens.weight")) {
-    prefix_ = "language_model.";
-  }
+  prefix_ = ModelPrefix([&](const std::string& n) { return by_name_.count(n) > 0; });
   CheckIndex();
   CheckModel();
+  if (source_) CheckCopiedFiles();
   CheckChecksums();
   std::stable_sort(report_.problems.begin(), report_.problems.end(),
                    [](const Problem& a, const Problem& b) {
                      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
                    });
+  FoldConsequences();
+  if (!report_.ok()) report_.repair_command = RepairCommand(opt_, fingerprint_);
   report_.seconds = NowSeconds() - t0;
   return std::move(report_);
 }

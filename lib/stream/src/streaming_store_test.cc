@@ -169,7 +169,7 @@ TEST_CASE("streaming store: bit-identical logits for every backend, mode and bud
       StreamOptions o = Quiet();
       o.window = window;
       o.queue_depth = qd;
-      o.load_threads = qd;
+      o.io_threads = qd;
       o.budget_bytes = one_slot;
       variants.push_back({"window/qd", o});
       o.uring = false;
@@ -190,7 +190,7 @@ TEST_CASE("streaming store: bit-identical logits for every backend, mode and bud
     for (int chunk : {32, 5, 1}) {
       StreamingExpertStore& store = Install(*model, v.o);
       std::vector<float> got = Run(*model, chunk);
-      INFO(v.name << " uring " << v.o.uring << " direct " << v.o.direct << " pipe " << v.o.pipe
+      INFO(std::string(v.name) << " uring " << v.o.uring << " direct " << v.o.direct << " pipe " << v.o.pipe
                   << " budget " << v.o.budget_bytes / one_slot << " slots, window " << v.o.window
                   << " qd " << v.o.queue_depth << " chunk " << chunk << " backend "
                   << store.backend());
@@ -365,7 +365,7 @@ TEST_CASE("fault injection: short reads, EAGAIN, EINTR, EINVAL on O_DIRECT give 
       o.budget_bytes = 0;
       o.fault_hook = &hook;
       StreamingExpertStore& store = Install(*model, o);
-      INFO(c.name << " uring " << uring);
+      INFO(std::string(c.name) << " uring " << uring);
       CHECK(SameBits(Run(*model, 7), Baseline()));
       CHECK(hook.calls() > 0);
       const StreamStats& st = store.stream_stats();

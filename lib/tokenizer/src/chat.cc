@@ -1,20 +1,25 @@
-// XTML rendering (encoding_k3.py's rules, read off its recorded segment lists) and
-// the generated-output stream parser. See docs/tokenizer.md "Chat format".
+// XTML rendering (the rules of Moonshot's encoding_k3.py, restated; see
+// docs/tokenizer.md "Chat format") and the generated-output stream parser.
+//
+// The renderer reads the request with Python's json.loads semantics (py_json.h)
+// because the encoder's behaviour is defined on Python values: str(None) is
+// "None", integers have any size, `x or y` tests truthiness, dict.get(k, d)
+// returns a present null. Each step below names the encoder function it follows.
 #include "k3/tokenizer/chat.h"
 
-#include <simdjson.h>
-
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
+#include <cstdint>
 #include <map>
-#include <tuple>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
+#include "py_json.h"
 
 namespace k3::tok {
 namespace {
@@ -24,175 +29,19 @@ constexpr const char* kClose = "<|close|>";
 constexpr const char* kSep = "<|sep|>";
 constexpr const char* kEndOfMsg = "<|end_of_msg|>";
 
-using simdjson::dom::element;
-using simdjson::dom::element_type;
-
-// Copies out of simdjson_result so no range-for iterates a dead temporary.
-simdjson::dom::array ArrayOf(element e) {
-  simdjson::dom::array a;
-  if (e.get_array().get(a) != simdjson::SUCCESS) return {};
-  return a;
-}
-simdjson::dom::object ObjectOf(element e) {
-  simdjson::dom::object o;
-  if (e.get_object().get(o) != simdjson::SUCCESS) return {};
-  return o;
-}
+using py::Value;
+using Kind = py::Value::Kind;
+using Attrs = std::vector<std::pair<std::string, std::string>>;
 
 Error BadRequest(const std::string& detail) { return Error(ErrorCode::kInvalidArgument, detail); }
 
-// ---------------------------------------------------------------------------
-// JSON text as Python's json.dumps writes it (the encoder's serialiser).
-
-// repr(float): shortest round-trip digits; fixed notation for decimal exponents
-// -4..15, scientific ("1e+16", "1.5e-05") outside.
-void AppendPythonFloat(std::string& out, double v) {
-  if (v != v) { out += "NaN"; return; }
-  if (v == __builtin_inf()) { out += "Infinity"; return; }
-  if (v == -__builtin_inf()) { out += "-Infinity"; return; }
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);
-  std::string sign;
-  if (sci[0] == '-') { sign = "-"; sci.erase(0, 1); }
-  size_t e = sci.find('e');
-  std::string mant = sci.substr(0, e);
-  int exp = std::stoi(sci.substr(e + 1));
-  std::string digits;
-  for (char c : mant) if (c != '.') digits += c;
-  out += sign;
-  if (exp >= -4 && exp < 16) {
-    if (exp >= 0) {
-      if (digits.size() <= size_t(exp) + 1) {
-        out += digits + std::string(exp + 1 - digits.size(), '0') + ".0";
-      } else {
-        out += digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
-      }
-    } else {
-      out += "0." + std::string(-exp - 1, '0') + digits;
-    }
-  } else {
-    out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
-    char eb[16];
-    std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-    out += eb;
-  }
-}
-
-// A JSON string literal, non-ASCII kept as UTF-8 byte for byte
-// (ensure_ascii=False); the goldens expect invalid bytes passed through too.
+// A JSON string literal, non-ASCII kept as UTF-8 byte for byte (ensure_ascii=False).
 void AppendJsonText(std::string& out, std::string_view s) {
   AppendJsonString(out, s, InvalidUtf8::kPassThrough);
 }
 
-// sort_keys: the encoder deep-sorts tool schemas; compact: "," and ":" separators
-// (tool declarations) versus Python's default ", " and ": " (argument values).
-void AppendJson(std::string& out, element v, bool sort_keys, bool compact) {
-  const char* item_sep = compact ? "," : ", ";
-  const char* key_sep = compact ? ":" : ": ";
-  switch (v.type()) {
-    case element_type::ARRAY: {
-      out += '[';
-      bool first = true;
-      for (element x : ArrayOf(v)) {
-        if (!first) out += item_sep;
-        first = false;
-        AppendJson(out, x, sort_keys, compact);
-      }
-      out += ']';
-      break;
-    }
-    case element_type::OBJECT: {
-      std::vector<std::pair<std::string_view, element>> fields;
-      for (auto f : ObjectOf(v)) fields.emplace_back(f.key, f.value);
-      if (sort_keys) {
-        std::stable_sort(fields.begin(), fields.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
-      }
-      out += '{';
-      bool first = true;
-      for (auto& [k, x] : fields) {
-        if (!first) out += item_sep;
-        first = false;
-        AppendJsonText(out, k);
-        out += key_sep;
-        AppendJson(out, x, sort_keys, compact);
-      }
-      out += '}';
-      break;
-    }
-    case element_type::STRING: AppendJsonText(out, v.get_string().value_unsafe()); break;
-    case element_type::INT64: out += std::to_string(v.get_int64().value_unsafe()); break;
-    case element_type::UINT64: out += std::to_string(v.get_uint64().value_unsafe()); break;
-    case element_type::DOUBLE: AppendPythonFloat(out, v.get_double().value_unsafe()); break;
-    case element_type::BOOL: out += v.get_bool().value_unsafe() ? "true" : "false"; break;
-    case element_type::NULL_VALUE: out += "null"; break;
-  }
-}
-
-// ---------------------------------------------------------------------------
-
-std::optional<element> Field(element obj, std::string_view key) {
-  element v;
-  if (!obj.is_object() || obj[key].get(v) != simdjson::SUCCESS) return std::nullopt;
-  return v;
-}
-
-std::optional<std::string_view> StringField(element obj, std::string_view key) {
-  auto v = Field(obj, key);
-  if (!v || !v->is_string()) return std::nullopt;
-  return v->get_string().value_unsafe();
-}
-
-// Python truthiness, for the encoder's `if message.get("name")` style tests.
-bool Truthy(const std::optional<element>& v) {
-  if (!v) return false;
-  switch (v->type()) {
-    case element_type::NULL_VALUE: return false;
-    case element_type::BOOL: return v->get_bool().value_unsafe();
-    case element_type::STRING: return !v->get_string().value_unsafe().empty();
-    case element_type::ARRAY: return ArrayOf(*v).size() > 0;
-    case element_type::OBJECT: return ObjectOf(*v).size() > 0;
-    case element_type::INT64: return v->get_int64().value_unsafe() != 0;
-    case element_type::UINT64: return v->get_uint64().value_unsafe() != 0;
-    case element_type::DOUBLE: return v->get_double().value_unsafe() != 0;
-  }
-  return false;
-}
-
-// An attribute value as text (ids and names may arrive as numbers).
-std::string ScalarText(element v) {
-  if (v.is_string()) return std::string(v.get_string().value_unsafe());
-  std::string out;
-  AppendJson(out, v, false, false);
-  return out;
-}
-
-// Message content: a string, null, or a list of text parts.
-std::string ContentText(const std::optional<element>& content) {
-  if (!content || content->is_null()) return {};
-  if (content->is_string()) return std::string(content->get_string().value_unsafe());
-  if (content->is_array()) {
-    std::string out;
-    for (element part : ArrayOf(*content)) {
-      if (part.is_string()) {
-        out += part.get_string().value_unsafe();
-        continue;
-      }
-      auto type = StringField(part, "type");
-      if (type && (*type == "text" || *type == "input_text" || *type == "output_text")) {
-        if (auto t = StringField(part, "text")) out += *t;
-        continue;
-      }
-      throw Error(ErrorCode::kUnsupported,
-                  "message content part of type '" + std::string(type.value_or("?")) +
-                      "' is not supported (text only)");
-    }
-    return out;
-  }
-  throw BadRequest("message content must be a string, null or a list of parts");
-}
+// "message 3" for errors (1-based, as a person counts).
+std::string Where(size_t message_idx) { return "message " + std::to_string(message_idx + 1); }
 
 class Builder {
  public:
@@ -200,7 +49,7 @@ class Builder {
   void Text(std::string_view text) {
     if (!text.empty()) segments_.push_back({std::string(text), false});
   }
-  // Attribute values escape only & and " (the encoder's rule; < and > stay).
+  // _escape_attr_value: only & and " (< and > stay; the brackets are tokens).
   static std::string Escape(std::string_view v) {
     std::string out;
     for (char c : v) {
@@ -210,7 +59,7 @@ class Builder {
     }
     return out;
   }
-  void Open(std::string_view tag, const std::vector<std::pair<std::string, std::string>>& attrs = {}) {
+  void Open(std::string_view tag, const Attrs& attrs = {}) {
     Special(kOpen);
     Text(tag);
     for (auto& [k, v] : attrs) {
@@ -227,13 +76,14 @@ class Builder {
     Special(kSep);
   }
   void EndOfMessage() { Special(kEndOfMsg); }
-  // An encoder-generated system message (tool declarations, effort, ...).
+  // _internal_system_message: an encoder-written system message.
   void InternalSystem(std::string_view type, std::string_view body) {
     Open("message", {{"role", "system"}, {"type", std::string(type)}});
-    Text(Strip(body));
+    Text(py::Strip(body));
     Close("message");
     EndOfMessage();
   }
+  // ASCII whitespace trim, for the stream parser's argument values.
   static std::string_view Strip(std::string_view s) {
     auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
     while (!s.empty() && space(s.front())) s.remove_prefix(1);
@@ -246,9 +96,172 @@ class Builder {
   std::vector<ChatSegment> segments_;
 };
 
-void RenderToolDeclare(Builder& b, element tools, bool dynamic) {
+// ---------------------------------------------------------------------------
+// Request options (_normalize_vllm_chat_options and build_chat_segments' kwargs)
+
+struct RenderOptions {
+  bool thinking = true;
+  std::string effort = "max";
+  const Value* tools = nullptr;
+  const Value* tool_choice = nullptr;
+  const Value* response_format = nullptr;
+  const Value* response_schema = nullptr;
+  bool add_generation_prompt = true;
+};
+
+// The effort is checked whether or not thinking is on, as the encoder does.
+void ValidateEffort(const Value& effort) {
+  if (effort.Equals("low") || effort.Equals("high") || effort.Equals("max")) return;
+  std::string shown;
+  py::AppendRepr(shown, effort);
+  throw BadRequest("thinking_effort must be one of low, high, max (got " + shown +
+                   "); Kimi K3's encoder refuses anything else, \"medium\" included");
+}
+
+// extract_response_schema: json_schema.schema, else json_schema.json_schema,
+// else json_schema itself; a response_format without json_schema has none.
+const Value* ExtractResponseSchema(const Value* rf) {
+  if (rf == nullptr || rf->is_null()) return nullptr;
+  const Value* js = rf->Get("json_schema");
+  if (js == nullptr || js->is_null()) return nullptr;
+  if (js->is_object()) {
+    if (const Value* s = js->Get("schema")) return s;
+    if (const Value* s = js->Get("json_schema")) return s;
+  }
+  return js;
+}
+
+RenderOptions ResolveOptions(const Value& root) {
+  const Value* options = root.Get("options");
+  if (options && !options->is_object()) options = nullptr;
+  // Option keys live in "options" (the oracle cases' shape) or at the top level
+  // (an OpenAI request body); a key present in "options" wins, even as null.
+  auto option = [&](std::string_view key) -> const Value* {
+    if (options) {
+      if (const Value* v = options->Get(key)) return v;
+    }
+    return root.Get(key);
+  };
+  auto present = [](const Value* v) { return v != nullptr && !v->is_null(); };
+  RenderOptions o;
+  const Value* thinking = option("thinking");
+  const Value* enable_thinking = option("enable_thinking");
+  const Value* reasoning_effort = option("reasoning_effort");
+  const Value* effort = option("thinking_effort");
+  o.thinking = present(thinking) ? py::Truthy(*thinking) : present(enable_thinking) ? py::Truthy(*enable_thinking) : true;
+  if (reasoning_effort && reasoning_effort->Equals("none")) {
+    o.thinking = false;
+  } else if (!present(effort) && present(reasoning_effort)) {
+    effort = reasoning_effort;
+  }
+  if (present(effort)) {
+    ValidateEffort(*effort);
+    o.effort = effort->text;
+  }
+  o.tools = option("tools");
+  o.tool_choice = option("tool_choice");
+  o.response_format = option("response_format");
+  if (const Value* schema = option("response_schema")) {
+    o.response_schema = schema;
+  } else {
+    o.response_schema = ExtractResponseSchema(o.response_format);
+  }
+  // add_generation_prompt=None is falsy: a present null turns the prompt off.
+  if (const Value* g = option("add_generation_prompt")) o.add_generation_prompt = py::Truthy(*g);
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Messages
+
+// tool_call.get("function", tool_call): a present key wins, whatever its value.
+const Value& FunctionOf(const Value& call) {
+  const Value* fn = call.Get("function");
+  return fn ? *fn : call;
+}
+
+// normalize_tool_arguments: an object, a JSON object string, or a string that
+// is not JSON at all (kept raw for a json block); None and blank are empty.
+struct Arguments {
+  Value parsed;                          // the object, when arguments is a string
+  const Value* object = nullptr;         // the object to render (may be &parsed)
+  std::optional<std::string> json_block;
+};
+
+Arguments NormalizeArguments(const Value* args, const std::string& where) {
+  Arguments out;
+  if (args == nullptr || args->is_null()) return out;
+  if (args->is_object()) {
+    out.object = args;
+    return out;
+  }
+  if (!args->is_string()) {
+    throw BadRequest(where + ": tool call arguments must be an object or a JSON object string");
+  }
+  if (py::Strip(args->text).empty()) return out;
+  std::string error;
+  if (!py::Parse(args->text, out.parsed, error)) {
+    out.json_block = args->text;  // not JSON: the model sees back what it wrote
+    return out;
+  }
+  if (!out.parsed.is_object()) throw BadRequest(where + ": tool call arguments must be a JSON object");
+  out.object = &out.parsed;
+  return out;
+}
+
+// normalize_conversation: every message's tool_calls are iterated and their
+// arguments normalized before anything renders, user messages included.
+void ValidateToolCalls(const Value& messages) {
+  for (size_t i = 0; i < messages.items.size(); ++i) {
+    const Value* calls = messages.items[i].Get("tool_calls");
+    if (!py::Truthy(calls)) continue;
+    if (calls->is(Kind::kInt) || calls->is(Kind::kFloat) || calls->is(Kind::kBool)) {
+      throw BadRequest(Where(i) + ": tool_calls must be a list");
+    }
+    if (!calls->is_array()) continue;  // a str or dict iterates; rendering refuses it
+    for (size_t c = 0; c < calls->items.size(); ++c) {
+      const Value& call = calls->items[c];
+      if (!call.is_object()) continue;
+      const Value* fn = call.Get("function");
+      const Value* args = fn && fn->is_object() ? fn->Get("arguments") : call.Get("arguments");
+      NormalizeArguments(args, Where(i) + " tool call " + std::to_string(c + 1));
+    }
+  }
+}
+
+// _render_content_segments: a str, None, or an iterable of parts; each part is
+// its own segment (no joining). A part that is not an image is read as text,
+// whatever its type; part["type"] and part["text"] must exist.
+void RenderContent(Builder& b, const Value* content, const std::string& where) {
+  if (content == nullptr || content->is_null()) return;
+  if (content->is_string()) {
+    b.Text(content->text);
+    return;
+  }
+  if (!content->is_array()) {
+    // A dict iterates its keys (str parts), a number does not iterate: both
+    // are TypeErrors in the encoder.
+    throw BadRequest(where + ": content must be a string, null or a list of parts");
+  }
+  for (size_t p = 0; p < content->items.size(); ++p) {
+    const Value& part = content->items[p];
+    std::string at = where + " content part " + std::to_string(p + 1);
+    if (!part.is_object()) throw BadRequest(at + " must be an object with \"type\" and \"text\"");
+    const Value* type = part.Get("type");
+    if (type == nullptr) throw BadRequest(at + " has no \"type\"");
+    if (type->Equals("image") || type->Equals("image_url")) {
+      throw Error(ErrorCode::kUnsupported, at + " is an image; this engine is text-only");
+    }
+    const Value* text = part.Get("text");
+    if (text == nullptr) throw BadRequest(at + " has no \"text\"");
+    b.Text(py::Str(*text));
+  }
+}
+
+// _render_tool_declare: the tools, deep-sorted by key, as compact JSON.
+void RenderToolDeclare(Builder& b, const Value& tools, bool dynamic) {
   std::string json;
-  AppendJson(json, tools, /*sort_keys=*/true, /*compact=*/true);
+  py::AppendDumps(json, tools, /*sort_keys=*/true, /*compact=*/true);
   std::string body = dynamic
                          ? "## New Tools Available\nThe system dynamically extends the toolset via "
                            "lazy-loading.\nYou have access to all existing and extended tools.\nHere are "
@@ -262,337 +275,279 @@ void RenderToolDeclare(Builder& b, element tools, bool dynamic) {
   b.EndOfMessage();
 }
 
-// JSON type names the encoder writes into <|open|>argument type="...".
-const char* XtmlType(element v) {
-  switch (v.type()) {
-    case element_type::BOOL: return "boolean";
-    case element_type::NULL_VALUE: return "null";
-    case element_type::INT64:
-    case element_type::UINT64:
-    case element_type::DOUBLE: return "number";
-    case element_type::STRING: return "string";
-    case element_type::ARRAY: return "array";
-    case element_type::OBJECT: return "object";
+// _xtml_type
+const char* XtmlType(const Value& v) {
+  switch (v.kind) {
+    case Kind::kBool: return "boolean";
+    case Kind::kNull: return "null";
+    case Kind::kInt:
+    case Kind::kFloat: return "number";
+    case Kind::kString: return "string";
+    case Kind::kObject: return "object";
+    case Kind::kArray: return "array";
   }
-  return "null";
+  return "array";
 }
 
-void RenderArguments(Builder& b, element obj) {
-  for (auto f : ObjectOf(obj)) {
-    std::string value;
-    if (f.value.is_string()) {
-      value = std::string(f.value.get_string().value_unsafe());
-    } else {
-      AppendJson(value, f.value, false, false);  // json.dumps defaults
-    }
-    b.Open("argument", {{"key", std::string(f.key)}, {"type", XtmlType(f.value)}});
-    b.Text(value);
-    b.Close("argument");
-  }
-}
-
-void RenderToolCalls(Builder& b, element calls) {
-  simdjson::dom::parser arg_parser;  // one per message; arguments arrive as JSON text
+void RenderToolCalls(Builder& b, const Value& calls, const std::string& where) {
+  if (!calls.is_array()) throw BadRequest(where + ": tool_calls must be a list of objects");
   b.Open("tools");
-  int index = 0;
-  for (element call : ArrayOf(calls)) {
-    ++index;
-    element fn = Field(call, "function").value_or(call);
-    auto name = Field(fn, "name");
-    if (!name || name->is_null()) throw BadRequest("tool call " + std::to_string(index) + " has no function name");
-    b.Open("call", {{"tool", ScalarText(*name)}, {"index", std::to_string(index)}});
-    auto args = Field(fn, "arguments");
-    if (args && args->is_object()) {
-      RenderArguments(b, *args);
-    } else if (args && args->is_string()) {
-      std::string_view text = args->get_string().value_unsafe();
-      if (!text.empty()) {
-        simdjson::padded_string padded(text);
-        element parsed;
-        if (arg_parser.parse(padded).get(parsed) == simdjson::SUCCESS && parsed.is_object()) {
-          RenderArguments(b, parsed);
-        } else {
-          // Not a JSON object: the encoder carries the raw text in a json block.
-          b.Open("json", {{"type", "object"}});
-          b.Text(text);
-          b.Close("json");
-        }
+  for (size_t c = 0; c < calls.items.size(); ++c) {
+    std::string at = where + " tool call " + std::to_string(c + 1);
+    const Value& call = calls.items[c];
+    if (!call.is_object()) throw BadRequest(at + " must be an object");
+    const Value& fn = FunctionOf(call);
+    if (!fn.is_object()) throw BadRequest(at + ": function must be an object");
+    const Value* name = fn.Get("name");
+    if (name == nullptr) throw BadRequest(at + " has no function name");
+    b.Open("call", {{"tool", py::Str(*name)}, {"index", std::to_string(c + 1)}});
+    Arguments args = NormalizeArguments(fn.Get("arguments"), at);
+    if (args.json_block) {
+      b.Open("json", {{"type", "object"}});
+      b.Text(*args.json_block);
+      b.Close("json");
+    } else if (args.object) {
+      for (const auto& [key, value] : args.object->fields) {
+        b.Open("argument", {{"key", key}, {"type", XtmlType(value)}});
+        // _xtml_value: a string raw, anything else as json.dumps defaults.
+        std::string text;
+        if (value.is_string()) text = value.text;
+        else py::AppendDumps(text, value, false, false);
+        b.Text(text);
+        b.Close("argument");
       }
-    } else if (args && !args->is_null()) {
-      throw BadRequest("tool call arguments must be an object or a JSON object string");
     }
     b.Close("call");
   }
   b.Close("tools");
 }
 
-// Tool results arrive in any order; the encoder puts each run of tool messages
-// back into the order of the preceding assistant's tool_calls (by tool_call_id)
-// and names each after its call. A run with any unknown id is left as it is.
-struct ToolMessage {
-  element msg;
-  std::optional<std::string> resolved_name;
+// normalize_xtml_tool_result_messages: each run of tool messages is put back
+// into the order of the preceding assistant's tool_calls (by tool_call_id, as
+// str()) and named after its call; a run with any unmatched id is left as it is.
+struct MessageRef {
+  const Value* msg;
+  size_t original_idx;
+  const Value* resolved_name = nullptr;  // the matched call's function name
 };
 
-std::vector<ToolMessage> ReorderToolResults(simdjson::dom::array messages) {
-  std::vector<element> all(messages.begin(), messages.end());
-  std::vector<ToolMessage> out;
-  std::map<std::string, std::pair<int, std::optional<std::string>>> index;
+std::vector<MessageRef> ReorderToolResults(const Value& messages) {
+  const auto& all = messages.items;
+  std::vector<MessageRef> out;
+  std::map<std::string, std::pair<size_t, const Value*>> index;  // id -> (position, name)
+  auto role_is = [](const Value& m, std::string_view r) {
+    const Value* role = m.Get("role");
+    return role && role->Equals(r);
+  };
   size_t i = 0;
   while (i < all.size()) {
-    auto role = StringField(all[i], "role");
-    if (role == "assistant") {
+    if (role_is(all[i], "assistant")) {
       index.clear();
-      if (auto calls = Field(all[i], "tool_calls"); calls && calls->is_array()) {
-        int position = 0;
-        for (element call : ArrayOf(*calls)) {
-          ++position;
-          auto id = Field(call, "id");
-          if (!id || id->is_null()) continue;
-          element fn = Field(call, "function").value_or(call);
-          std::optional<std::string> name;
-          if (auto n = Field(fn, "name"); n && !n->is_null()) name = ScalarText(*n);
-          index.emplace(ScalarText(*id), std::make_pair(position, name));
+      const Value* calls = all[i].Get("tool_calls");
+      if (calls && calls->is_array()) {
+        for (size_t p = 0; p < calls->items.size(); ++p) {
+          const Value& call = calls->items[p];
+          const Value* id = call.Get("id");
+          if (id == nullptr || id->is_null()) continue;
+          const Value* fn = call.Get("function");
+          const Value* name = fn && fn->is_object() ? fn->Get("name") : call.Get("name");
+          index.emplace(py::Str(*id), std::make_pair(p + 1, name));  // first occurrence wins
         }
       }
-      out.push_back({all[i], std::nullopt});
-      ++i;
-      continue;
     }
-    if (role != "tool") {
-      out.push_back({all[i], std::nullopt});
+    if (!role_is(all[i], "tool")) {
+      out.push_back({&all[i], i});
       ++i;
       continue;
     }
     struct Item {
-      int position;
-      size_t offset;
-      element msg;
-      std::optional<std::string> name;
+      size_t position, offset;
+      MessageRef ref;
     };
     std::vector<Item> run;
     bool unresolved = false;
-    for (size_t offset = 0; i < all.size() && StringField(all[i], "role") == "tool"; ++i, ++offset) {
-      auto id = Field(all[i], "tool_call_id");
-      if (!id || id->is_null()) id = Field(all[i], "id");
-      auto it = (id && !id->is_null()) ? index.find(ScalarText(*id)) : index.end();
+    for (size_t offset = 0; i < all.size() && role_is(all[i], "tool"); ++i, ++offset) {
+      // tool_message.get("tool_call_id", tool_message.get("id"))
+      const Value* id = all[i].Get("tool_call_id");
+      if (id == nullptr) id = all[i].Get("id");
+      auto it = (id && !id->is_null()) ? index.find(py::Str(*id)) : index.end();
       if (it == index.end()) {
         unresolved = true;
-        run.push_back({0, offset, all[i], std::nullopt});
+        run.push_back({0, offset, {&all[i], i}});
       } else {
-        run.push_back({it->second.first, offset, all[i], it->second.second});
+        const Value* name = it->second.second;
+        run.push_back({it->second.first, offset, {&all[i], i, name && !name->is_null() ? name : nullptr}});
       }
     }
-    if (!unresolved) {
-      std::stable_sort(run.begin(), run.end(), [](const Item& a, const Item& b) {
-        return std::tie(a.position, a.offset) < std::tie(b.position, b.offset);
-      });
+    if (unresolved) {
+      for (auto& item : run) out.push_back({item.ref.msg, item.ref.original_idx});
+      continue;
     }
-    for (auto& item : run) out.push_back({item.msg, unresolved ? std::nullopt : item.name});
+    std::stable_sort(run.begin(), run.end(), [](const Item& a, const Item& b) {
+      return std::tie(a.position, a.offset) < std::tie(b.position, b.offset);
+    });
+    for (auto& item : run) out.push_back(item.ref);
   }
   return out;
 }
 
-void ValidateEffort(const std::string& effort) {
-  if (effort != "low" && effort != "high" && effort != "max") {
-    throw BadRequest("thinking_effort must be one of low, high, max (got '" + effort + "')");
+struct History {
+  const Value* last_tool_calls = nullptr;  // the latest assistant's tool_calls
+  size_t tool_index = 0;
+};
+
+void RenderToolMessage(Builder& b, const MessageRef& ref, History& h, const std::string& where) {
+  const Value& m = *ref.msg;
+  ++h.tool_index;
+  // message.get("tool", message.get("name")), unless the reorder matched a call.
+  const Value* name = ref.resolved_name;
+  if (name == nullptr) {
+    name = m.Get("tool");
+    if (name == nullptr) name = m.Get("name");
+  }
+  if ((name == nullptr || name->is_null()) && h.last_tool_calls && !h.last_tool_calls->is_null()) {
+    const Value& calls = *h.last_tool_calls;
+    size_t n = calls.is_array() ? calls.items.size() : calls.is_object() ? calls.fields.size()
+               : calls.is_string() ? calls.text.size() : SIZE_MAX;
+    if (n == SIZE_MAX) throw BadRequest(where + ": the preceding assistant's tool_calls is not a list");
+    if (h.tool_index <= n && calls.is_array()) {
+      const Value& call = calls.items[h.tool_index - 1];
+      const Value& fn = FunctionOf(call);
+      name = fn.Get("name");
+      if (name == nullptr) throw BadRequest(where + ": the matching tool call has no function name");
+    }
+  }
+  if (name == nullptr || name->is_null()) {
+    throw BadRequest(where + ": a tool message needs a resolvable tool name: carry \"tool\" or \"name\", "
+                             "or follow an assistant whose tool_calls it answers in order");
+  }
+  b.Open("message", {{"role", "tool"}, {"tool", py::Str(*name)}, {"index", std::to_string(h.tool_index)}});
+  RenderContent(b, m.Get("content"), where);
+  b.Close("message");
+  b.EndOfMessage();
+}
+
+// _render_assistant_segments
+void RenderAssistant(Builder& b, const Value& m, bool thinking, History& h, const std::string& where) {
+  h.last_tool_calls = m.Get("tool_calls");
+  h.tool_index = 0;
+  Attrs attrs{{"role", "assistant"}};
+  if (const Value* name = m.Get("name"); py::Truthy(name)) attrs.push_back({"name", py::Str(*name)});
+  b.Open("message", attrs);
+  if (thinking) {
+    // The think channel is structural: always present in thinking mode.
+    // `reasoning_content or reasoning`; a text that is only whitespace (by
+    // str.strip(), Unicode spaces included) leaves the channel empty, any other
+    // is written as it is.
+    const Value* reasoning = m.Get("reasoning_content");
+    if (!py::Truthy(reasoning)) reasoning = m.Get("reasoning");
+    b.Open("think");
+    if (reasoning && !reasoning->is_null()) {
+      std::string text = py::Str(*reasoning);
+      if (!py::Strip(text).empty()) b.Text(text);
+    }
+    b.Close("think");
+  }
+  b.Open("response");
+  RenderContent(b, m.Get("content"), where);
+  b.Close("response");
+  if (py::Truthy(h.last_tool_calls)) RenderToolCalls(b, *h.last_tool_calls, where);
+  b.Close("message");
+  b.EndOfMessage();
+}
+
+void RenderMessages(Builder& b, const Value& messages, bool thinking) {
+  History h;
+  for (const MessageRef& ref : ReorderToolResults(messages)) {
+    const Value& m = *ref.msg;
+    std::string where = Where(ref.original_idx);
+    if (!m.is_object()) continue;  // the encoder skips anything that is not a dict
+    const Value* role = m.Get("role");
+    if (role == nullptr) throw BadRequest(where + " has no \"role\"");
+    if (role->Equals("user") || (role->Equals("system") && !py::Truthy(m.Get("tools")))) {
+      Attrs attrs{{"role", role->text}};
+      if (const Value* name = m.Get("name"); py::Truthy(name)) attrs.push_back({"name", py::Str(*name)});
+      b.Open("message", attrs);
+      RenderContent(b, m.Get("content"), where);
+      b.Close("message");
+      b.EndOfMessage();
+    } else if (role->Equals("system")) {
+      RenderToolDeclare(b, *m.Get("tools"), /*dynamic=*/true);
+    } else if (role->Equals("tool")) {
+      RenderToolMessage(b, ref, h, where);
+    } else if (role->Equals("assistant")) {
+      RenderAssistant(b, m, thinking, h, where);
+    }
+    // Any other role (developer, function, a non-string ...) is skipped, as the encoder does.
   }
 }
 
-struct RenderInputs {
-  simdjson::dom::array messages;
-  std::optional<element> tools, tool_choice, response_format;
-  bool thinking = true;
-  std::optional<std::string> effort;
-  bool add_generation_prompt = true;
-};
+void RenderTrailer(Builder& b, const RenderOptions& o) {
+  if (o.tool_choice && o.tool_choice->Equals("required")) {
+    b.InternalSystem("tool-choice",
+                     "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
+  } else if (o.tool_choice && o.tool_choice->Equals("none")) {
+    b.InternalSystem("tool-choice",
+                     "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.");
+  }
+  // rf.get("type", rf) for a dict, rf itself otherwise.
+  const Value* rf_type = o.response_format;
+  if (rf_type && rf_type->is_object()) {
+    const Value* t = rf_type->Get("type");
+    if (t) rf_type = t;
+  }
+  const char* kRaw = "Your response must be raw JSON data without markdown code blocks (```json) or any additional "
+                     "formatting.";
+  if (rf_type && rf_type->Equals("json_object")) {
+    b.InternalSystem("response-format", std::string("The system is invoked with `response_format=json_object`.\n") + kRaw);
+  } else if (rf_type && rf_type->Equals("json_schema")) {
+    std::string schema = "null";
+    if (o.response_schema) {
+      schema.clear();
+      py::AppendDumps(schema, *o.response_schema, /*sort_keys=*/true, /*compact=*/true);
+    }
+    b.InternalSystem("response-format", std::string("The system is invoked with `response_format=json_schema`.\n") +
+                                            kRaw + "\nThe JSON data must match the following schema:\n```json\n" +
+                                            schema + "\n```");
+  }
+}
 
-RenderedChat Render(const RenderInputs& in) {
+RenderedChat Render(const Value& root) {
+  RenderOptions o = ResolveOptions(root);
+  const Value* messages = root.Get("messages");
+  if (messages == nullptr || !messages->is_array()) throw BadRequest("request needs a \"messages\" list");
+  ValidateToolCalls(*messages);
+
   RenderedChat result;
-  result.resolved.thinking = in.thinking;
-  if (in.thinking) {
-    result.resolved.thinking_effort = in.effort.value_or("max");
-    ValidateEffort(*result.resolved.thinking_effort);
-  }
+  result.resolved.thinking = o.thinking;
+  if (o.thinking) result.resolved.thinking_effort = o.effort;
   Builder b;
-  if (in.tools && in.tools->is_array() && ArrayOf(*in.tools).size() > 0) {
-    RenderToolDeclare(b, *in.tools, false);
-  } else if (in.tools && !in.tools->is_null() && !in.tools->is_array()) {
-    throw BadRequest("tools must be a list");
-  }
-  if (in.thinking) {
+  if (py::Truthy(o.tools)) RenderToolDeclare(b, *o.tools, /*dynamic=*/false);
+  if (o.thinking) {
     b.InternalSystem("thinking-effort",
                      "`thinking_effort` guides on how much to think in your thinking channel (not "
                      "including the response channel), supported values include `low`, `medium`, "
                      "`high`, and `max`.\nNow the system is invoked with `thinking_effort=" +
-                         *result.resolved.thinking_effort + "`.");
+                         o.effort + "`.");
   }
-
-  std::optional<element> last_tool_calls;
-  int tool_index = 0;
-  for (const ToolMessage& tm : ReorderToolResults(in.messages)) {
-    element m = tm.msg;
-    if (!m.is_object()) throw BadRequest("every message must be an object");
-    auto role_field = StringField(m, "role");
-    if (!role_field) throw BadRequest("every message needs a string role");
-    std::string_view role = *role_field;
-    auto name_attr = [&](std::vector<std::pair<std::string, std::string>>& attrs) {
-      auto name = Field(m, "name");
-      if (Truthy(name)) attrs.push_back({"name", ScalarText(*name)});
-    };
-    if (role == "user" || (role == "system" && !Truthy(Field(m, "tools")))) {
-      std::vector<std::pair<std::string, std::string>> attrs{{"role", std::string(role)}};
-      name_attr(attrs);
-      b.Open("message", attrs);
-      b.Text(ContentText(Field(m, "content")));
-      b.Close("message");
-      b.EndOfMessage();
-    } else if (role == "system") {
-      RenderToolDeclare(b, *Field(m, "tools"), true);
-    } else if (role == "tool") {
-      ++tool_index;
-      std::optional<std::string> tool_name = tm.resolved_name;
-      if (!tool_name) {
-        if (auto t = Field(m, "tool"); t && !t->is_null()) tool_name = ScalarText(*t);
-      }
-      if (!tool_name) {
-        if (auto n = Field(m, "name"); n && !n->is_null()) tool_name = ScalarText(*n);
-      }
-      if (!tool_name && last_tool_calls) {
-        auto calls = ArrayOf(*last_tool_calls);
-        if (size_t(tool_index) <= calls.size()) {
-          element fn = Field(calls.at(tool_index - 1).value_unsafe(), "function")
-                           .value_or(calls.at(tool_index - 1).value_unsafe());
-          if (auto n = Field(fn, "name"); n && !n->is_null()) tool_name = ScalarText(*n);
-        }
-      }
-      if (!tool_name) {
-        throw BadRequest("tool message " + std::to_string(tool_index) +
-                         " has no tool_call_id matching a call, no name, and no preceding call to name it");
-      }
-      b.Open("message", {{"role", "tool"}, {"tool", *tool_name}, {"index", std::to_string(tool_index)}});
-      b.Text(ContentText(Field(m, "content")));
-      b.Close("message");
-      b.EndOfMessage();
-    } else if (role == "assistant") {
-      auto calls = Field(m, "tool_calls");
-      last_tool_calls = (calls && calls->is_array()) ? calls : std::nullopt;
-      tool_index = 0;
-      std::vector<std::pair<std::string, std::string>> attrs{{"role", "assistant"}};
-      name_attr(attrs);
-      b.Open("message", attrs);
-      if (in.thinking) {
-        // Preserved thinking: the think channel is always present in history.
-        auto reasoning = Field(m, "reasoning_content");
-        if (!Truthy(reasoning)) reasoning = Field(m, "reasoning");
-        b.Open("think");
-        if (reasoning && !reasoning->is_null()) b.Text(ContentText(reasoning));
-        b.Close("think");
-      }
-      b.Open("response");
-      b.Text(ContentText(Field(m, "content")));
-      b.Close("response");
-      if (last_tool_calls && ArrayOf(*last_tool_calls).size() > 0) {
-        RenderToolCalls(b, *last_tool_calls);
-      }
-      b.Close("message");
-      b.EndOfMessage();
-    }
-    // Any other role (developer, function, ...) is skipped, as the encoder does.
-  }
-
-  if (in.tool_choice && in.tool_choice->is_string()) {
-    std::string_view choice = in.tool_choice->get_string().value_unsafe();
-    if (choice == "required") {
-      b.InternalSystem("tool-choice",
-                       "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
-    } else if (choice == "none") {
-      b.InternalSystem("tool-choice",
-                       "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.");
-    }
-  } else if (in.tool_choice && in.tool_choice->is_object()) {
-    element fn = Field(*in.tool_choice, "function").value_or(*in.tool_choice);
-    auto name = StringField(fn, "name");
-    if (!name) throw BadRequest("tool_choice object needs function.name");
-    b.InternalSystem("tool-choice", "The system is invoked with `tool_choice=specified`.\nYou MUST call the tool `" +
-                                        std::string(*name) + "` in the next message.");
-  }
-
-  if (in.response_format && !in.response_format->is_null()) {
-    std::optional<std::string_view> type;
-    if (in.response_format->is_string()) type = in.response_format->get_string().value_unsafe();
-    else type = StringField(*in.response_format, "type");
-    if (type == "json_object") {
-      b.InternalSystem("response-format",
-                       "The system is invoked with `response_format=json_object`.\nYour response must be raw "
-                       "JSON data without markdown code blocks (```json) or any additional formatting.");
-    } else if (type == "json_schema") {
-      std::optional<element> schema = Field(*in.response_format, "json_schema");
-      if (schema) {
-        if (auto inner = Field(*schema, "schema")) schema = inner;
-      } else {
-        schema = Field(*in.response_format, "schema");
-      }
-      std::string json = "null";
-      if (schema) {
-        json.clear();
-        AppendJson(json, *schema, true, true);
-      }
-      b.InternalSystem("response-format",
-                       "The system is invoked with `response_format=json_schema`.\nYour response must be raw "
-                       "JSON data without markdown code blocks (```json) or any additional formatting.\nThe "
-                       "JSON data must match the following schema:\n```json\n" +
-                           json + "\n```");
-    }
-  }
-
-  if (in.add_generation_prompt) {
+  RenderMessages(b, *messages, o.thinking);
+  RenderTrailer(b, o);
+  if (o.add_generation_prompt) {
     b.Open("message", {{"role", "assistant"}});
-    b.Open(in.thinking ? "think" : "response");
+    b.Open(o.thinking ? "think" : "response");
   }
   result.segments = b.Take();
   return result;
 }
 
-std::optional<element> Option(element root, std::optional<element> options, std::string_view key) {
-  if (options) {
-    if (auto v = Field(*options, key)) return v;
-  }
-  return Field(root, key);
-}
-
 }  // namespace
 
 RenderedChat RenderChatRequestOrThrow(std::string_view request_json) {
-  simdjson::dom::parser parser;
-  simdjson::padded_string padded(request_json);
-  element root;
-  if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
-    throw BadRequest(std::string("request is not valid JSON: ") + simdjson::error_message(err));
-  }
+  Value root;
+  std::string error;
+  if (!py::Parse(request_json, root, error)) throw BadRequest("request is not valid JSON: " + error);
   if (!root.is_object()) throw BadRequest("request must be a JSON object");
-  RenderInputs in;
-  auto messages = Field(root, "messages");
-  if (!messages || !messages->is_array()) throw BadRequest("request needs a \"messages\" list");
-  in.messages = ArrayOf(*messages);
-  std::optional<element> options = Field(root, "options");
-  if (options && !options->is_object()) options.reset();
-  if (auto t = Option(root, options, "thinking"); t && !t->is_null()) {
-    if (!t->is_bool()) throw BadRequest("thinking must be true or false");
-    in.thinking = t->get_bool().value_unsafe();
-  }
-  if (auto e = Option(root, options, "thinking_effort"); e && !e->is_null()) {
-    if (!e->is_string()) throw BadRequest("thinking_effort must be a string: low, high or max");
-    in.effort = std::string(e->get_string().value_unsafe());
-  }
-  if (auto g = Option(root, options, "add_generation_prompt"); g && !g->is_null()) {
-    if (!g->is_bool()) throw BadRequest("add_generation_prompt must be true or false");
-    in.add_generation_prompt = g->get_bool().value_unsafe();
-  }
-  in.tools = Option(root, options, "tools");
-  in.tool_choice = Option(root, options, "tool_choice");
-  in.response_format = Option(root, options, "response_format");
-  return Render(in);
+  return Render(root);
 }
 
 RenderedChat RenderChatOrThrow(const std::vector<ChatMessage>& messages, const ChatOptions& options) {
@@ -709,30 +664,78 @@ void ChatStreamParser::OnText(std::string_view bytes, ChatDelta& delta) {
       break;
     }
     case Channel::kArgument:
-    case Channel::kJson: arg_value_ += bytes; break;
+    case Channel::kJson:
+      if (!arg_drop_) OnArgumentText(arg_decoder_.Push(bytes), delta);
+      break;
   }
 }
 
-void ChatStreamParser::FinishCall() {
-  if (!in_call_) return;
-  if (call_.arguments_json.empty()) {
-    std::string json = "{";
-    for (size_t i = 0; i < call_args_.size(); ++i) {
-      if (i) json += ',';
-      AppendJsonText(json, call_args_[i].first);
-      json += ':';
-      json += call_args_[i].second;
-    }
-    json += '}';
-    call_.arguments_json = std::move(json);
+void ChatStreamParser::EmitArguments(std::string piece, ChatDelta& delta) {
+  if (piece.empty()) return;
+  call_stream_ += piece;
+  if (!delta.tool_calls.empty() && delta.tool_calls.back().call == call_pos_ &&
+      !delta.tool_calls.back().begin) {
+    delta.tool_calls.back().arguments += piece;
+  } else {
+    delta.tool_calls.push_back({call_pos_, false, {}, std::move(piece)});
   }
+}
+
+// Whole characters of an argument value or json block, as they arrive.
+void ChatStreamParser::OnArgumentText(std::string_view text, ChatDelta& delta) {
+  if (text.empty()) return;
+  if (channel_ == Channel::kJson) {
+    EmitArguments(std::string(text), delta);
+  } else if (arg_string_) {
+    std::string quoted;
+    AppendJsonText(quoted, text);  // "..." : keep the escaped body only
+    EmitArguments(quoted.substr(1, quoted.size() - 2), delta);
+  } else {
+    // JSON text already; trimmed like Strip(): leading whitespace dropped,
+    // inner whitespace held until something follows it.
+    std::string out;
+    for (char ch : text) {
+      const bool space = ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
+      if (space) {
+        if (arg_started_) arg_ws_ += ch;
+        continue;
+      }
+      out += arg_ws_;
+      arg_ws_.clear();
+      out += ch;
+      arg_started_ = true;
+    }
+    EmitArguments(std::move(out), delta);
+  }
+}
+
+void ChatStreamParser::CloseArgument(ChatDelta& delta) {
+  if (!arg_drop_) OnArgumentText(arg_decoder_.Flush(), delta);
+  if (channel_ == Channel::kArgument && !arg_drop_) {
+    if (arg_string_) EmitArguments("\"", delta);
+    else if (!arg_started_) EmitArguments("null", delta);
+  }
+  arg_decoder_ = Utf8StreamDecoder();
+  arg_ws_.clear();
+  arg_drop_ = false;
+  channel_ = Channel::kNone;
+}
+
+void ChatStreamParser::FinishCall(ChatDelta& delta) {
+  if (!in_call_) return;
+  if (channel_ == Channel::kArgument || channel_ == Channel::kJson) CloseArgument(delta);
+  if (call_args_ > 0) EmitArguments("}", delta);
+  else if (call_stream_.empty()) EmitArguments("{}", delta);
+  call_.arguments_json = std::move(call_stream_);
   tool_calls_.push_back(std::move(call_));
   call_ = ToolCall{};
-  call_args_.clear();
+  call_stream_.clear();
+  call_args_ = 0;
+  call_json_ = false;
   in_call_ = false;
 }
 
-void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
+void ChatStreamParser::OnTag(bool is_open, std::string_view header_text, ChatDelta& delta) {
   TagHeader h = ParseHeader(header_text);
   const std::string& tag = h.name;
   if (is_open) {
@@ -745,20 +748,35 @@ void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
     } else if (tag == "tools") {
       channel_ = Channel::kNone;
     } else if (tag == "call") {
-      FinishCall();
+      FinishCall(delta);
       in_call_ = true;
       call_.name = Attr(h, "tool");
       std::string index = Attr(h, "index");
       call_.index = index.empty() ? int(tool_calls_.size()) + 1 : std::atoi(index.c_str());
+      call_pos_ = int(tool_calls_.size());
+      delta.tool_calls.push_back({call_pos_, true, call_.name, {}});
       channel_ = Channel::kNone;
-    } else if (tag == "argument" && in_call_) {
-      arg_key_ = Attr(h, "key");
-      arg_type_ = Attr(h, "type");
-      arg_value_.clear();
-      channel_ = Channel::kArgument;
-    } else if (tag == "json" && in_call_) {
-      arg_value_.clear();
-      channel_ = Channel::kJson;
+    } else if ((tag == "argument" || tag == "json") && in_call_) {
+      if (channel_ == Channel::kArgument || channel_ == Channel::kJson) CloseArgument(delta);
+      const bool json = tag == "json";
+      channel_ = json ? Channel::kJson : Channel::kArgument;
+      // One call carries either <argument>s or one <json> block; the first form wins.
+      arg_drop_ = call_json_ || (json && call_args_ > 0);
+      if (arg_drop_) {
+        warnings_.push_back("call mixes <argument> and <json>; '" + tag + "' ignored");
+        return;
+      }
+      if (json) {
+        call_json_ = true;
+        return;
+      }
+      const std::string type = Attr(h, "type");
+      arg_string_ = type == "string" || type.empty();
+      arg_started_ = false;
+      std::string piece = call_args_++ == 0 ? "{" : ",";
+      AppendJsonText(piece, Attr(h, "key"));
+      piece += arg_string_ ? ":\"" : ":";
+      EmitArguments(std::move(piece), delta);
     } else if (tag == "message") {
       channel_ = Channel::kNone;
     } else {
@@ -776,24 +794,13 @@ void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
   } else if (tag == "response") {
     if (channel_ != Channel::kResponse) warnings_.push_back("response closed while not open");
     if (channel_ == Channel::kResponse) channel_ = Channel::kNone;
-  } else if (tag == "argument" && channel_ == Channel::kArgument) {
-    std::string value;
-    if (arg_type_ == "string" || arg_type_.empty()) {
-      AppendJsonText(value, arg_value_);
-    } else {
-      // Non-string values are JSON text already; an empty one is null.
-      std::string_view v = Builder::Strip(arg_value_);
-      value = v.empty() ? "null" : std::string(v);
-    }
-    call_args_.emplace_back(arg_key_, std::move(value));
-    channel_ = Channel::kNone;
-  } else if (tag == "json" && channel_ == Channel::kJson) {
-    call_.arguments_json = arg_value_;
-    channel_ = Channel::kNone;
+  } else if ((tag == "argument" && channel_ == Channel::kArgument) ||
+             (tag == "json" && channel_ == Channel::kJson)) {
+    CloseArgument(delta);
   } else if (tag == "call") {
-    FinishCall();
+    FinishCall(delta);
   } else if (tag == "tools" || tag == "message") {
-    FinishCall();
+    FinishCall(delta);
     channel_ = Channel::kNone;
   } else {
     warnings_.push_back("unexpected close of '" + tag + "'");
@@ -822,7 +829,7 @@ ChatDelta ChatStreamParser::Push(TokenId id) {
     bool is_open = tag_mode_ == TagMode::kOpen;
     tag_mode_ = TagMode::kNone;
     // Flush held-back bytes of the channel being left before switching.
-    OnTag(is_open, tag_header_);
+    OnTag(is_open, tag_header_, delta);
     return delta;
   }
   if (tok_.IsSpecial(id)) {
@@ -857,7 +864,7 @@ ChatDelta ChatStreamParser::Finish() {
   delta.reasoning = std::move(r);
   delta.content = std::move(c);
   if (channel_ == Channel::kArgument || channel_ == Channel::kJson) warnings_.push_back("tool call truncated");
-  if (in_call_) FinishCall();
+  if (in_call_) FinishCall(delta);
   if (!ended_) warnings_.push_back("output ended without <|end_of_msg|>");
   channel_ = Channel::kNone;
   return delta;

@@ -18,6 +18,7 @@
 #include "k3/core/log.h"
 #include "k3/tokenizer/tokenizer.h"
 #include "bpe_internal.h"
+#include "py_json.h"
 #include "regex_pattern.h"
 
 namespace k3::tok {
@@ -165,15 +166,6 @@ struct RegexScratch {
 RegexScratch& ThreadScratch() {
   thread_local RegexScratch scratch;
   return scratch;
-}
-
-// Python's str.isspace(), which Kimi's wrapper uses for its run cutting (it also
-// counts U+001C..U+001F, unlike the regex's \s).
-inline bool PythonIsSpace(uint32_t cp) {
-  if (cp <= 0x20) return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20);
-  if (cp < 0x85) return false;
-  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-         cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // Decodes one code point of valid UTF-8 at s[i]; advances i.
@@ -467,7 +459,7 @@ struct Tokenizer::Impl {
         slice_chars = 0;
       }
       size_t at = i;
-      bool space = PythonIsSpace(NextCodePoint(s, i));
+      bool space = py::IsSpace(NextCodePoint(s, i));  // str.isspace(): U+001C..U+001F too
       if (slice_chars == 0 || space != run_is_space) {
         run_is_space = space;  // a slice starts a fresh run, as in Kimi's code
         run_len = 1;

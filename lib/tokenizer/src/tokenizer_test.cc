@@ -2,10 +2,10 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
-#include <chrono>
 #include <thread>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +13,7 @@
 #include "k3/core/file.h"
 #include "k3/tokenizer/tokenizer.h"
 #include "bpe_internal.h"
+#include "k3_test_support.h"
 #include "regex_pattern.h"
 
 using k3::tok::TokenId;
@@ -120,40 +121,103 @@ TEST_CASE("special text: ordinary vs allowed") {
   CHECK(tok.Encode("<|reserved_token_2100|>", true) == std::vector<TokenId>{2100});
 }
 
-TEST_CASE("10 KB of one character encodes in milliseconds") {
+// Long single-character runs (the large-piece BPE path) round-trip. Their speed is
+// a benchmark's business (k3-bench tokenizer), not a timed test's.
+TEST_CASE("10 KB of one character round-trips through the large-piece path") {
   std::string text(10240, 'o');
-  auto t0 = std::chrono::steady_clock::now();
   auto ids = Tiny().EncodeOrdinary(text);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(Tiny().Decode(ids) == text);
-  CHECK(ms < 50.0);
   // A character with no merges at all and a multi-byte one.
   std::string x;
   for (int i = 0; i < 5000; ++i) x += "\xC3\xA9";
-  t0 = std::chrono::steady_clock::now();
   ids = Tiny().EncodeOrdinary(x);
-  ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(Tiny().Decode(ids) == x);
-  CHECK(ms < 50.0);
 }
 
+namespace {
+
+// tiktoken's merge rule written the slow, obvious way from tiktoken.model
+// itself: repeatedly merge the adjacent pair whose concatenation has the lowest
+// rank (leftmost on ties), then map the parts to their ranks.
+std::map<std::string, TokenId> LoadRanks() {
+  static const std::string kB64 =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::map<std::string, TokenId> ranks;
+  std::ifstream f(kModelDir + "/tiktoken.model");
+  REQUIRE(f.good());
+  std::string b64;
+  TokenId rank;
+  while (f >> b64 >> rank) {
+    std::string bytes;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char ch : b64) {
+      if (ch == '=') break;
+      const size_t v = kB64.find(ch);
+      REQUIRE(v != std::string::npos);
+      acc = (acc << 6) | uint32_t(v);
+      bits += 6;
+      if (bits >= 8) {
+        bits -= 8;
+        bytes += char((acc >> bits) & 0xff);
+      }
+    }
+    ranks[bytes] = rank;
+  }
+  REQUIRE(ranks.size() == 2048);
+  return ranks;
+}
+
+std::vector<TokenId> NaiveBpe(const std::string& piece, const std::map<std::string, TokenId>& r) {
+  std::vector<std::string> parts;
+  for (char ch : piece) parts.emplace_back(1, ch);
+  for (;;) {
+    size_t best_i = parts.size();
+    TokenId best = 0;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      auto it = r.find(parts[i] + parts[i + 1]);
+      if (it != r.end() && (best_i == parts.size() || it->second < best)) {
+        best = it->second;
+        best_i = i;
+      }
+    }
+    if (best_i == parts.size()) break;
+    parts[best_i] += parts[best_i + 1];
+    parts.erase(parts.begin() + long(best_i) + 1);
+  }
+  std::vector<TokenId> ids;
+  for (const auto& p : parts) ids.push_back(r.at(p));
+  return ids;
+}
+
+}  // namespace
+
 TEST_CASE("large-piece BPE agrees with the small-piece path") {
-  // Pieces just below and above the switch-over, built from merge-rich text.
-  for (int n : {100, 127, 128, 129, 200, 1000}) {
+  // Single pre-tokenizer pieces (letters only) just below, at and above the
+  // 128-byte switch-over, merge-rich and tie-rich ('o' runs: every "oo" pair has
+  // the same rank). Pieces up to 128 bytes go through both paths (the heap path
+  // forced with threshold 1); every length is checked against the naive rule.
+  const auto ranks = LoadRanks();
+  std::vector<std::string> words;
+  for (int n : {1, 2, 3, 17, 64, 100, 127, 128, 129, 200, 1000}) {
     std::string word;
     const char* alphabet = "thequickbrownfoxjumps";
     for (int i = 0; i < n; ++i) word += alphabet[(i * 7 + i / 3) % 21];
-    auto whole = Tiny().EncodeOrdinary(word);
-    CHECK(Tiny().Decode(whole) == word);
+    words.push_back(word);
+    words.push_back(std::string(size_t(n), 'o'));
   }
-  // Same piece encoded as one long word vs the heap path: compare against the
-  // oracle's 10 KB case already covers heap == tiktoken; here check equality of
-  // both paths on a piece that both can take.
-  std::string w(128, 'o');
-  std::string w2(129, 'o');
-  auto a = Tiny().EncodeOrdinary(w), b = Tiny().EncodeOrdinary(w2);
-  CHECK(Tiny().Decode(a) == w);
-  CHECK(Tiny().Decode(b) == w2);
+  for (const std::string& w : words) {
+    INFO(w.size() << " bytes: " << w.substr(0, 40));
+    const std::vector<TokenId> want = NaiveBpe(w, ranks);
+    const std::vector<TokenId> by_default = Tiny().EncodeOrdinary(w);  // small path up to 128
+    k3::tok::internal::SetHeapBpeThresholdForTest(1);
+    const std::vector<TokenId> heap = Tiny().EncodeOrdinary(w);
+    k3::tok::internal::SetHeapBpeThresholdForTest(128);
+    CHECK(Tiny().PreTokenize(w).size() == 1);
+    CHECK(by_default == want);
+    CHECK(heap == want);
+    CHECK(Tiny().Decode(heap) == w);
+  }
 }
 
 TEST_CASE("pre-tokenizer: Han is Script=Han, not Script_Extensions") {
@@ -179,8 +243,8 @@ TEST_CASE("pre-tokenizer: Han is Script=Han, not Script_Extensions") {
 TEST_CASE("letters and numbers of Unicode 15-16 split as tiktoken splits them") {
   // Strings where PCRE2's own Unicode 14 tables give different ids; the ids were
   // produced by tiktoken 1.0.22 (npm) with this vocabulary.
-  std::string path = std::string(__FILE__);
-  path = path.substr(0, path.rfind('/')) + "/../testdata/tiktoken_unicode16.jsonl";
+  // From CMake, not __FILE__: a compiler cache may rewrite source paths to relative ones.
+  std::string path = std::string(K3_TOKENIZER_TESTDATA) + "/tiktoken_unicode16.jsonl";
   std::ifstream f(path);
   REQUIRE(f.good());
   simdjson::dom::parser parser;
@@ -204,9 +268,12 @@ TEST_CASE("letters and numbers of Unicode 15-16 split as tiktoken splits them") 
   CHECK_FALSE(k3::tok::NeedsUnicode16Pattern("\xF0\x93\x9D"));      // truncated
 }
 
-TEST_CASE("tiktoken fuzz file (lib/tokenizer/tools/tiktoken-fuzz.sh)") {
+// scripts/test.sh runs a short pass (lib/tokenizer/tools/tiktoken-fuzz.sh) with
+// ids from the npm tiktoken; a plain ctest run has no file and says so.
+TEST_CASE("tiktoken fuzz file (lib/tokenizer/tools/tiktoken-fuzz.sh)" *
+          doctest::skip(k3::test::SkipWithoutEnv("K3_TIKTOKEN_FUZZ_FILE", "tiktoken fuzz file"))) {
   const char* file = std::getenv("K3_TIKTOKEN_FUZZ_FILE");
-  if (!file) return;  // only when the tool provides one
+  REQUIRE(file != nullptr);
   std::ifstream f(file);
   REQUIRE(f.good());
   simdjson::dom::parser parser;
@@ -225,6 +292,7 @@ TEST_CASE("tiktoken fuzz file (lib/tokenizer/tools/tiktoken-fuzz.sh)") {
     }
   }
   MESSAGE(n << " strings, " << bad << " mismatches");
+  CHECK(n > 0);  // an empty or unreadable file proves nothing
   CHECK(bad == 0);
 }
 
@@ -320,15 +388,13 @@ TEST_CASE("loader rejects broken vocabularies") {
   CHECK_THROWS_AS(Tokenizer::FromStringsOrThrow(full, tcfg, R"({"eos_token_id":99999})"), k3::Error);
 }
 
-TEST_CASE("repository copy of the oracle matches ../shared/oracle when present") {
+TEST_CASE("repository copy of the oracle matches ../shared/oracle when present" *
+          doctest::skip(k3::test::SkipWithoutDir(K3_SHARED_ORACLE_DIR, "tokenizer oracle copy"))) {
   std::string shared = K3_SHARED_ORACLE_DIR;
-  if (!k3::IsDirectory(shared)) {
-    MESSAGE("shared oracle not present; skipped");
-    return;
-  }
+  REQUIRE_MESSAGE(k3::IsDirectory(shared), shared << " is absent and CI=true");
   for (const char* rel : {"tokenizer/cases.json", "chat/cases.json", "k3-tiny/tiktoken.model",
                           "k3-tiny/tokenizer_config.json"}) {
-    INFO(rel);
+    INFO(std::string(rel));
     CHECK(k3::ReadFileOrThrow(kData + "/oracle/" + rel, 64 << 20) ==
           k3::ReadFileOrThrow(shared + "/" + rel, 64 << 20));
   }

@@ -535,6 +535,10 @@ VulkanTier* InstallTier(model::Model& model, const TierOptions& options) {
   }
 }
 
+VulkanTier* InstalledTier(model::Model& model) {
+  return dynamic_cast<VulkanTier*>(model.executor());
+}
+
 void WriteTierStatsJson(const VulkanTier* tier, JsonWriter& j) {
   j.Key("vulkan");
   if (tier == nullptr) {

@@ -10,12 +10,16 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "k3/core/error.h"
+#include "k3/core/tool.h"
 
 namespace k3::cli {
 
@@ -35,12 +39,73 @@ struct CommandRegistrar {
   }
 };
 
+// --version: prints "<VersionLine(tool)>; <detail()>" on stdout and exits 0.
+inline void AddVersionFlag(CLI::App& app, const char* tool, std::function<std::string()> detail = {}) {
+  app.set_version_flag(
+      "--version",
+      [tool, detail] {
+        std::string line = VersionLine(tool);
+        if (detail) line += "; " + detail();
+        return line;
+      },
+      "print version, git sha, build type and kernel ISA, then exit");
+}
+
+// CLI11's messages, made readable: an unknown flag is reported as unknown (CLI11
+// checks required arguments first and would say "SRC is required"), and the
+// open ends of its number validators are not printed as 1.79769e+308.
+inline std::string ClearFailureMessage(const CLI::App* app, const CLI::Error& e) {
+  std::string msg = e.what();
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+    std::vector<std::string> extra = app->remaining();
+    if (!extra.empty()) {
+      msg = "unknown option or extra argument: ";
+      for (size_t i = 0; i < extra.size(); ++i) msg += (i ? " " : "") + extra[i];
+    }
+  }
+  // "Value 0 not in range 0.000000 to 179769313486...000000" (a validator with
+  // an open upper end, printed as DBL_MAX) -> "Value 0: must be > 0".
+  const size_t at = msg.find(" not in range ");
+  const size_t to = at == std::string::npos ? at : msg.find(" to ", at + 14);
+  if (to != std::string::npos &&
+      (msg.compare(to + 4, 12, "1.79769e+308") == 0 || msg.compare(to + 4, 18, "179769313486231570") == 0)) {
+    const size_t value_at = msg.rfind(' ', at - 1) + 1;
+    const double value = std::strtod(msg.c_str() + value_at, nullptr);
+    std::string lo = msg.substr(at + 14, to - at - 14);
+    const double lo_value = std::strtod(lo.c_str(), nullptr);
+    if (lo.find('.') != std::string::npos) {
+      while (lo.back() == '0') lo.pop_back();
+      if (lo.back() == '.') lo.pop_back();
+    }
+    if (lo.starts_with("2.22507e-308")) lo = "0";
+    size_t end = msg.find_first_not_of("0123456789.e+", to + 4);
+    msg = msg.substr(0, at) + (value >= lo_value ? ": must be > " : ": must be >= ") + lo +
+          (end == std::string::npos ? std::string() : msg.substr(end));
+  }
+  return msg + "\nRun with --help for more information.\n";
+}
+
+// Prints a parse error (or --help / --version) as CLI11 does and returns the
+// exit code: 0 for --help / --version, 2 (invalid-argument, docs/errors.md) for
+// every usage error, instead of CLI11's 101..115 that differ by kind.
+inline int UsageExit(CLI::App& app, const CLI::ParseError& e) {
+  const int rc = app.exit(e);
+  return rc == 0 ? 0 : ExitCodeFor(ErrorCode::kInvalidArgument);
+}
+
+// --version and readable parse errors: what every k3 tool sets up first.
+inline void InitApp(CLI::App& app, const char* tool, std::function<std::string()> detail = {}) {
+  AddVersionFlag(app, tool, std::move(detail));
+  app.failure_message(ClearFailureMessage);
+}
+
 // Adds every setup registered under `Tag` to `app`, requires exactly one
 // subcommand, runs `preflight` (if any: start-up checks such as a valid
 // K3_FORCE_ISA, so they fail as clean errors rather than later in a kernel),
-// then parses and runs it. Returns the process exit code: CLI11's for parse
-// errors, ExitCodeFor(code) for k3::Error, 1 for other exceptions; errors are
-// printed as "<tool>: error: <what>".
+// then parses and runs it. Returns the process exit code: 2 for usage errors
+// (UsageExit), ExitCodeFor(code) for k3::Error, 70 (internal) for other exceptions; errors are
+// printed as "<tool>: error: <what>". A failed write to stdout is an error too
+// (FinishStdout).
 template <typename Tag>
 int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv,
                           const std::function<void()>& preflight = {}) {
@@ -50,15 +115,18 @@ int RunRegisteredCommands(CLI::App& app, const char* tool, int argc, char** argv
     if (preflight) preflight();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return FinishStdout(tool, UsageExit(app, e));
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
-    return ExitCodeFor(e.code());
+    return FinishStdout(tool, ExitCodeFor(e.code()));
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: internal error: out of memory\n", tool);
+    return FinishStdout(tool, ExitCodeFor(ErrorCode::kInternal));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
-    return 1;
+    std::fprintf(stderr, "%s: internal error: %s\n", tool, e.what());
+    return FinishStdout(tool, ExitCodeFor(ErrorCode::kInternal));
   }
-  return 0;
+  return FinishStdout(tool, 0);
 }
 
 }  // namespace k3::cli

@@ -8,7 +8,8 @@
 //
 // Ownership and threads: an Engine owns the Model, the Tokenizer and one
 // Session. It is not thread-safe: one Generate() at a time (the server's queue
-// serialises requests). Callbacks run on the calling thread, inside Generate().
+// serialises requests); only expert_stats() may be called from other threads.
+// Callbacks run on the calling thread, inside Generate().
 // Failures: LoadOrThrow and Generate throw k3::Error (kInvalidArgument for a
 // bad request: ids out of the vocabulary, a prompt past the context limit);
 // a cancel is not an error: Generate returns with finish == kCancelled.
@@ -46,9 +47,24 @@ struct EngineOptions {
   // Context capacity in tokens (K3_MAXT); 0 = the model's max_position_embeddings.
   int64_t max_context = 0;
   bool progress = true;           // load progress lines on stderr
+  // Compute threads (OpenMP) for the forward pass; 0 = every CPU. A flag, not
+  // an environment variable (OMP_NUM_THREADS still applies when this is 0).
+  int threads = 0;
+  // Called once after the model is loaded and the streaming store installed,
+  // before the session is made: the place to install further expert
+  // executors (e.g. a GPU tier) on every command. Empty: nothing.
+  std::function<void(model::Model&)> on_model_loaded;
 
+  // Reads every K3_* runtime variable (docs/environment.md) with core's strict
+  // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
+  // Also validates K3_LOG and applies it (SetLogLevel).
   static EngineOptions FromEnv(std::string model_dir);
 };
+
+// Validates K3_LOG (debug|info|warn|error|quiet) and applies it; throws
+// kInvalidArgument for any other value. EngineOptions::FromEnv calls it; tools
+// that load no model call it at start-up.
+void ApplyLogLevelFromEnv();
 
 // Sampling choices. The defaults of a model come from its generation_config.json
 // (K3 ships temperature 1.0, top_p 1.0); temperature <= 0 is greedy.
@@ -73,6 +89,16 @@ struct GenerateRequest {
   // stop string (or any part of one that may still complete) is never emitted.
   std::vector<std::string> stop;
   SamplingParams sampling;
+  // Extra outputs of the prefill (k3-run generate's --logits / --trace dumps),
+  // sized for the whole prompt: the session is reset and every prompt id fed.
+  const model::ForwardOutputs* prefill_outputs = nullptr;
+  // Feed the prompt and generate nothing (a --ngen 0 trace; works without a head).
+  bool prefill_only = false;
+  // Tool-call ids are "call_<id_tag>_<index>"; empty: derived from the prompt and seed.
+  std::string call_id_tag;
+  // A sampler whose random stream continues across requests (k3-run chat's
+  // turns); null: a fresh one from `sampling`. Borrowed for the call.
+  model::Sampler* sampler = nullptr;
 };
 
 // A tool-call fragment. The first fragment of a call has begin = true and
@@ -96,6 +122,10 @@ struct Delta {
 
 enum class FinishReason { kStop, kLength, kToolCalls, kCancelled };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "tool_calls", "cancelled"
+
+// Where a rendered chat leaves the model (GenerateRequest::chat_start): inside
+// the think channel when thinking is on, else inside the response.
+tok::ChatStreamParser::Start ChatStartFor(const tok::RenderedChat& chat);
 
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -122,6 +152,8 @@ struct GenerateResult {
   Usage usage;
   Timings timings;
   model::ExpertStoreStats experts;  // this request only
+  std::vector<std::string> warnings;  // the stream parser's notes on malformed output
+  int64_t prefill_steps = 0;          // prefill chunks fed (for the streaming stats)
 };
 
 // Hooks into one generation, all optional, all on the Generate() thread.
@@ -155,8 +187,17 @@ class Engine {
   // One generation; see the header comment for threads and failures.
   GenerateResult Generate(const GenerateRequest& request, const Callbacks& callbacks = {});
 
-  // Cumulative expert-store stats since load (for /metrics).
+  // Cumulative expert-store stats since load (for /metrics). The one call that
+  // is safe from any thread, also while Generate runs (a copy refreshed after
+  // every prefill and decode step).
   model::ExpertStoreStats expert_stats() const;
+
+  // The streaming store every engine installs (its plan and per-step stats).
+  const stream::StreamingExpertStore& streaming() const;
+  // Ids the session holds (prefix reuse compares new prompts with these).
+  const std::vector<int32_t>& session_ids() const;
+  // Forgets the session (the next Generate prefills from position 0).
+  void ResetSession();
 
  private:
   Engine();

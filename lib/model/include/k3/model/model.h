@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -28,7 +29,8 @@
 
 namespace k3::model {
 
-// Inference choices. FromEnv() reads K3_IDOT, K3_CHUNK and K3_TOPP.
+// Inference choices. k3::engine::EngineOptions::FromEnv fills them from K3_IDOT,
+// K3_CHUNK and K3_TOPP (docs/environment.md).
 struct RunOptions {
   // Quantized matmuls take int8 activations (quant::MatMulQ8). False: every
   // matmul takes f32 activations (the configuration of the oracle goldens).
@@ -38,8 +40,6 @@ struct RunOptions {
   // prefix of a token's top-k whose mass reaches topp, renormalised; fewer
   // experts means less I/O and compute. 0 or >= 1: off (the default).
   float topp = 0.0f;
-
-  static RunOptions FromEnv();
 };
 
 class Model {
@@ -111,6 +111,17 @@ class Session {
   const std::vector<int32_t>& history() const { return history_; }
   const RunOptions& options() const { return options_; }
 
+  // Cancellation: `poll(tokens_done, layer)` is called before every layer of
+  // every chunk (tokens_done counts this Forward call's tokens before the
+  // chunk). When it returns true, Forward stops and interrupted() is true. A
+  // stop before a chunk's first layer keeps the chunks already fed (position()
+  // and history() say how far); a stop inside a chunk Reset()s the session,
+  // since KDA state cannot be rolled back. Either way no state is half-fed.
+  // Outputs of an interrupted call are incomplete. Empty function: never.
+  using InterruptPoll = std::function<bool(int64_t tokens_done, int64_t layer)>;
+  void SetInterrupt(InterruptPoll poll) { interrupt_ = std::move(poll); }
+  bool interrupted() const { return interrupted_; }
+
   // When enabled, every MoE routing decision is appended here.
   void RecordRouting(bool on) { record_routing_ = on; }
   const std::vector<RoutingRecord>& routing() const { return routing_; }
@@ -123,9 +134,13 @@ class Session {
   void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
   void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  // True (and interrupted_ set) when the poll asks to stop; see SetInterrupt.
+  bool PollInterrupt(int64_t tokens_done, int64_t layer);
 
   Model& model_;
   RunOptions options_;
+  InterruptPoll interrupt_;
+  bool interrupted_ = false;
   int64_t pos_ = 0;
   std::vector<int32_t> history_;
   bool record_routing_ = false;

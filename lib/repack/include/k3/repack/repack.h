@@ -24,7 +24,8 @@ struct RepackOptions {
   std::vector<int64_t> shards;  // source shard numbers; empty = all
   int worker_index = 0;         // --worker I/N: this pass takes every N-th selected shard
   int worker_count = 1;
-  bool verify_full = false;  // re-read every expert byte of src and dst and compare
+  bool verify_full = false;  // re-read every expert byte of src and dst and compare; implies recheck
+  bool recheck = false;      // re-hash kept shards against checksums.xxh128; reconvert the bad ones
   int threads = 0;           // quantization threads; 0 = all online CPUs
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
@@ -35,7 +36,7 @@ struct RepackOptions {
 std::vector<int64_t> ParseShardList(const std::string& list);
 // Parses "I/N" (0 <= I < N); throws kInvalidArgument.
 void ParseWorker(const std::string& spec, int* index, int* count);
-// Checks bits values (1..31: <= 4 is int4-g64, 5..31 int8); throws kInvalidArgument.
+// Checks bits values: 4 (int4-g64) or 8 (int8), nothing else; throws kInvalidArgument.
 void ValidateBits(const QuantBits& bits);
 
 struct RepackEvent {
@@ -58,6 +59,7 @@ struct RepackEvent {
   uint64_t out_bytes_planned = 0;
   uint64_t free_bytes = 0;
   double elapsed_seconds = 0;
+  double convert_seconds = 0;  // since the first shard started (0 before): the rate's clock
   // Summary only.
   size_t index_shards = 0;
   size_t index_tensors = 0;
@@ -66,6 +68,12 @@ struct RepackEvent {
 };
 
 using RepackObserver = std::function<void(const RepackEvent&)>;
+
+// The TTY progress line for a kProgress event: starts with "\r\033[K" (back to
+// column 0, erase the line) so nothing of a longer previous line remains. The
+// ETA comes from the conversion's own rate (pre-flight hashing excluded) and is
+// "--" until a second of converting has passed.
+std::string ProgressLine(const RepackEvent& e);
 
 // Runs the conversion; returns the summary event (also sent to the observer).
 RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer);

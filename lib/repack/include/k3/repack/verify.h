@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct VerifyOptions {
   bool full = false;
   int threads = 0;  // files verified in parallel; 0 = online CPUs
   uint64_t block_bytes = 16u << 20;
+  // Called after each file is hashed (from worker threads, one call at a time).
+  std::function<void(size_t files_done, size_t files_total, uint64_t bytes_hashed)> progress;
 };
 
 struct Problem {
@@ -31,7 +34,10 @@ struct Problem {
 };
 
 struct VerifyReport {
-  std::vector<Problem> problems;  // sorted by file, then offset
+  // Root causes first (a missing or unreadable shard), then the rest sorted by
+  // file and offset; what a root cause explains is counted, not listed.
+  std::vector<Problem> problems;
+  size_t consequences_folded = 0;
   size_t shards = 0;
   size_t tensors = 0;
   size_t files_hashed = 0;
@@ -41,6 +47,9 @@ struct VerifyReport {
   size_t quantized_tensors_rederived = 0;
   size_t passthrough_tensors_compared = 0;
   double seconds = 0;
+  // When not ok: the k3-repack command that repairs what was found (the source
+  // path is the one given to --source, else the placeholder SRC).
+  std::string repair_command;
   bool ok() const { return problems.empty(); }
   // Exit code: 0 when ok, else that of the first problem's code.
   int ExitCode() const;

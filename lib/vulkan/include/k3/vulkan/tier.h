@@ -140,6 +140,9 @@ class VulkanTier final : public model::ExpertExecutor {
 // null. K3_VK=0 never opens the device.
 VulkanTier* InstallTier(model::Model& model, const TierOptions& options);
 
+// The tier installed on `model` (its executor), or null.
+VulkanTier* InstalledTier(model::Model& model);
+
 // The `stats.vulkan` object of `k3-run generate --json` (call between
 // BeginObject of "stats" and its EndObject); writes null when tier is null.
 void WriteTierStatsJson(const VulkanTier* tier, JsonWriter& j);
