@@ -46,13 +46,12 @@ Fault ParseFault(const std::string& v) {
 TierOptions TierOptions::FromEnv() {
   TierOptions o;
   o.enabled = GetEnvBool("K3_VK", false);
-  o.budget_gb = GetEnvDouble("K3_VK_GB", 0.0);
-  o.device_index = static_cast<int>(GetEnvInt("K3_VK_DEVICE", -1));
+  o.budget_gb = GetEnvDouble("K3_VK_GB", 0.0, 0.0, 1e6);
+  o.device_index = static_cast<int>(GetEnvInt("K3_VK_DEVICE", -1, -1, 1023));
   o.validate = GetEnvBool("K3_VK_VALIDATE", false);
-  o.promotions_per_step =
-      static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_VK_PROMOTE", 4), 0, 1 << 20));
-  o.fault = ParseFault(GetEnv("K3_VK_FAULT").value_or(""));
-  o.fault_after = static_cast<int>(std::max<int64_t>(0, GetEnvInt("K3_VK_FAULT_AFTER", 0)));
+  o.promotions_per_step = static_cast<int>(GetEnvInt("K3_VK_PROMOTE", 4, 0, 1 << 20));
+  o.fault = ParseFault(GetEnvChoice("K3_VK_FAULT", "none", {"none", "alloc", "submit", "lost"}));
+  o.fault_after = static_cast<int>(GetEnvInt("K3_VK_FAULT_AFTER", 0, 0, 1 << 30));
   if (auto x = GetEnv("XDG_CACHE_HOME"); x && !x->empty()) {
     o.cache_dir = JoinPath(*x, "k3");
   } else if (auto h = GetEnv("HOME"); h && !h->empty()) {
