@@ -19,6 +19,7 @@
 #include "command.h"
 #include "k3/core/json_writer.h"
 #include "k3/core/sys.h"
+#include "k3/engine/engine.h"
 #include "k3/model/model.h"
 #include "k3/quant/quant.h"
 #include "k3/vulkan/device.h"
@@ -192,7 +193,8 @@ double DecodeSecondsPerToken(model::Model& m, int tokens, int reps) {
 }
 
 void RunDecode(const VkArgs& a) {
-  model::LoadOptions lo = model::LoadOptions::FromEnv();
+  // K3_BITS etc. as k3-run reads them (the engine's one reader).
+  model::LoadOptions lo = engine::EngineOptions::FromEnv(a.model_dir).load;
   lo.progress = false;
   auto m = model::Model::LoadOrThrow(a.model_dir, lo);
   const double cpu = DecodeSecondsPerToken(*m, a.decode_tokens, a.reps);
