@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libcli11-dev libsimdjson-dev libxxhash-dev xxhash liburing-dev
-  libvulkan-dev libvulkan-volk-dev glslc mesa-vulkan-drivers
+  libvulkan-dev libvulkan-volk-dev glslc mesa-vulkan-drivers vulkan-validationlayers spirv-tools
   doctest-dev libpcre2-dev libopenblas-dev
   clang libclang-rt-14-dev libomp-dev fio
   python3-jsonschema

@@ -7,6 +7,9 @@
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
+#if K3_HAVE_VULKAN
+#include "k3/vulkan/tier.h"
+#endif
 
 namespace k3::run {
 
@@ -86,6 +89,11 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags) {
   engine::EngineOptions o = engine::EngineOptions::FromEnv(model_dir);
   o.threads = flags.threads;
+#if K3_HAVE_VULKAN
+  // The Vulkan expert tier for every command when K3_VK=1 (docs/vulkan.md).
+  const vulkan::TierOptions vk = vulkan::TierOptions::FromEnv();
+  o.on_model_loaded = [vk](model::Model& m) { vulkan::InstallTier(m, vk); };
+#endif
   if (flags.quiet) {
     o.progress = false;
     if (CurrentLogLevel() < LogLevel::kWarn) SetLogLevel(LogLevel::kWarn);

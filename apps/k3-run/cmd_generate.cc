@@ -18,6 +18,9 @@
 #include "k3/model/model.h"
 #include "k3/stream/streaming_store.h"
 #include "k3/tokenizer/tokenizer.h"
+#if K3_HAVE_VULKAN
+#include "k3/vulkan/tier.h"
+#endif
 
 namespace k3::run {
 namespace {
@@ -44,6 +47,10 @@ void RunGenerate(const GenerateArgs& args) {
   const engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.flags);
   std::unique_ptr<engine::Engine> eng = engine::Engine::LoadOrThrow(eo);
   const ModelConfig& c = eng->config();
+#if K3_HAVE_VULKAN
+  // The tier EngineOptionsFor's hook installed when K3_VK=1 (docs/vulkan.md).
+  const vulkan::VulkanTier* vk = vulkan::InstalledTier(eng->model());
+#endif
   // The tokenizer is optional with --ids (a container may not ship tiktoken.model).
   const tok::Tokenizer* tokenizer = eng->tokenizer();
   std::vector<int32_t> ids;
@@ -151,6 +158,9 @@ void RunGenerate(const GenerateArgs& args) {
         static_cast<uint64_t>(T) * static_cast<uint64_t>(c.num_experts_per_token) *
             static_cast<uint64_t>(c.num_moe_layers()),
         static_cast<size_t>(r.prefill_steps), j);
+#if K3_HAVE_VULKAN
+    vulkan::WriteTierStatsJson(vk, j);
+#endif
     j.EndObject();
     j.EndObject();
     std::printf("%s\n", j.str().c_str());
@@ -168,6 +178,9 @@ void RunGenerate(const GenerateArgs& args) {
       load_s, static_cast<long long>(T), r.timings.prefill_tok_per_s,
       static_cast<long long>(decode_steps), decode_spt, FormatBytes(es.bytes_read).c_str(),
       100.0 * es.hit_rate(), FormatBytes(PeakRssBytes()).c_str());
+#if K3_HAVE_VULKAN
+  vulkan::LogTierSummary(vk);
+#endif
 }
 
 void SetupGenerate(CLI::App& root) {

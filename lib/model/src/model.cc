@@ -105,8 +105,10 @@ struct Session::Impl {
   int64_t cache_cap = 0;
 
   quant::ActsQ8 acts;  // scratch for Linear()
-  quant::ActsQ8 acts_expert;
-  quant::ActsQ8 acts_latent;
+  // Routed experts when the model has no executor of its own.
+  CpuExpertExecutor cpu_experts;
+
+  explicit Impl(const ModelConfig& config) : cpu_experts(config) {}
 };
 
 namespace {
@@ -152,7 +154,7 @@ void Mix(const float* const* entries, size_t n, const float* w, size_t d, float 
 }  // namespace
 
 Session::Session(Model& model, RunOptions options, int64_t max_tokens)
-    : model_(model), options_(options), impl_(std::make_unique<Impl>()) {
+    : model_(model), options_(options), impl_(std::make_unique<Impl>(model.config())) {
   options_.chunk = std::clamp(options_.chunk, 1, kMaxChunk);
   const ModelConfig& c = model_.config();
   impl_->kda.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -535,7 +537,6 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t K = static_cast<size_t>(c.num_experts_per_token);
   const size_t LT = static_cast<size_t>(c.routed_expert_hidden_size);
-  const size_t MI = static_cast<size_t>(c.moe_intermediate_size);
 
   // Router: sigmoid scores; top-k by score + bias (strict >, ties -> lowest
   // id); weights = raw scores renormalised.
@@ -593,7 +594,8 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   }
 
   // Latent down-projection, then the union of the chunk's experts, each
-  // fetched once and applied to all its tokens.
+  // fetched once and applied to all its tokens by the executor (the CPU one
+  // unless the model has another, e.g. the Vulkan tier).
   std::vector<float> zlat(C * LT);
   Linear(w.latent_down, x, C, zlat.data(), idot, &impl_->acts);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert
@@ -608,56 +610,19 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::stable_sort(uni.begin(), uni.end(), [&](int32_t a, int32_t b) {
     return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
   });
-  if (idot) quant::QuantizeActs(zlat.data(), C, LT, &impl_->acts_latent);
-
   std::vector<float> contrib(C * K * LT);  // each (token, rank) expert output
-  std::vector<float> zg, g, u, y;
-  store.BeginLayer(layer, uni);
-  for (int32_t e : uni) {
-    const auto& us = users[static_cast<size_t>(e)];
-    const size_t n = us.size();
-    ExpertView ev = store.Acquire(layer, e);
-    g.resize(n * MI);
-    u.resize(n * MI);
-    y.resize(n * LT);
-    if (idot) {
-      // Gather the pre-quantized latent rows (quantization is per row, so this
-      // equals quantizing the gathered rows).
-      quant::ActsQ8& ga = impl_->acts_expert;
-      const quant::ActsQ8& za = impl_->acts_latent;
-      const size_t groups = LT / 32;
-      ga.batch = n;
-      ga.cols = LT;
-      ga.q.resize(n * LT);
-      ga.scales.resize(n * groups);
-      for (size_t r = 0; r < n; ++r) {
-        const size_t t = us[r] / K;
-        std::memcpy(ga.q.data() + r * LT, za.q.data() + t * LT, LT);
-        std::memcpy(ga.scales.data() + r * groups, za.scales.data() + t * groups,
-                    groups * sizeof(float));
-      }
-      quant::MatMulQ8(ev.w1, ga, g.data());
-      quant::MatMulQ8(ev.w3, ga, u.data());
-      quant::SituGlu(g.data(), u.data(), n * MI, c.situ_beta, c.situ_linear_beta, g.data());
-      quant::QuantizeActs(g.data(), n, MI, &ga);
-      quant::MatMulQ8(ev.w2, ga, y.data());
-    } else {
-      zg.resize(n * LT);
-      for (size_t r = 0; r < n; ++r) {
-        std::memcpy(zg.data() + r * LT, zlat.data() + (us[r] / K) * LT, LT * sizeof(float));
-      }
-      quant::MatMul(ev.w1, zg.data(), n, g.data());
-      quant::MatMul(ev.w3, zg.data(), n, u.data());
-      quant::SituGlu(g.data(), u.data(), n * MI, c.situ_beta, c.situ_linear_beta, g.data());
-      quant::MatMul(ev.w2, g.data(), n, y.data());
-    }
-    store.Release(layer, e);
-    for (size_t r = 0; r < n; ++r) {
-      std::memcpy(contrib.data() + static_cast<size_t>(us[r]) * LT, y.data() + r * LT,
-                  LT * sizeof(float));
-    }
-  }
-  store.EndLayer(layer);
+  ExpertBatch batch;
+  batch.layer = layer;
+  batch.num_tokens = C;
+  batch.top_k = K;
+  batch.latent = zlat.data();
+  batch.experts = uni;
+  batch.users = &users;
+  batch.int8_acts = idot;
+  batch.out = contrib.data();
+  ExpertExecutor* ex = model_.executor();
+  if (ex == nullptr) ex = &impl_->cpu_experts;
+  ex->Run(batch, store);
 
   // Per token: sum its experts in ascending expert id — an order fixed by the
   // routing alone, so it is the same for any chunking, any store and any

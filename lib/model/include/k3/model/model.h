@@ -22,6 +22,7 @@
 
 #include "k3/container/snapshot.h"
 #include "k3/model/config.h"
+#include "k3/model/expert_executor.h"
 #include "k3/model/expert_store.h"
 #include "k3/model/weights.h"
 #include "k3/quant/quant.h"
@@ -54,6 +55,13 @@ class Model {
   ExpertStore& experts() { return *experts_; }
   // Replaces the expert store (e.g. the streaming store of issue 6).
   void SetExpertStore(std::unique_ptr<ExpertStore> store) { experts_ = std::move(store); }
+  // Who computes the routed experts: null (the default) = the CPU over
+  // experts(); otherwise e.g. the Vulkan tier. The executor is handed the
+  // current store on every call, so the store may be replaced either side of this.
+  ExpertExecutor* executor() { return executor_.get(); }
+  void SetExpertExecutor(std::unique_ptr<ExpertExecutor> executor) {
+    executor_ = std::move(executor);
+  }
   double load_seconds() const { return load_seconds_; }
 
  private:
@@ -62,6 +70,7 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<ExpertStore> experts_;
+  std::unique_ptr<ExpertExecutor> executor_;
   double load_seconds_ = 0;
 };
 
