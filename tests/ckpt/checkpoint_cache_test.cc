@@ -449,3 +449,48 @@ TEST_CASE("RAM stays within the configured slots; shared MLA rows are counted on
   Session t(*model, Opts(), 0);
   CHECK(none.RestoreDeepest(t, ids, 59) == 0);
 }
+
+TEST_CASE("a prefill cancelled midway resumes from its K-token checkpoint, bit-identically") {
+  auto model = LoadTiny();
+  const size_t V = static_cast<size_t>(model->config().vocab_size);
+  Session s(*model, Opts(), 0);
+  CheckpointCacheOptions co;
+  co.ram_slots = 4;
+  CheckpointCache cache(co, s.Fingerprint(), StateLayout::For(model->config()));
+  std::vector<int32_t> prompt = TurnIds(6, 0, 45);
+  // Cancel before the third piece: pieces end at 16 and 32 (K = 16).
+  int polls = 0;
+  std::vector<float> logits(V);
+  ForwardOutputs out;
+  out.logits_last = logits.data();
+  PrefillResult a = PrefillWithCheckpoints(s, &cache, prompt, 16, [&] { return ++polls == 3; }, out);
+  CHECK(a.cancelled);
+  CHECK(a.fed == 32);
+  CHECK(s.position() == 32);
+  CHECK(cache.stats().saves == 2);
+  // The same request again, in another session (the first was handed to
+  // another conversation meanwhile): resumes at 32 and feeds 13.
+  Session other(*model, Opts(), 0);
+  other.Forward(std::span<const int32_t>(TurnIds(7, 0, 5)), {});
+  PrefillResult b = PrefillWithCheckpoints(other, &cache, prompt, 16, {}, out);
+  CHECK(!b.cancelled);
+  CHECK(b.restored == 32);
+  CHECK(b.fed == 13);
+  Session fresh(*model, Opts(), 0);
+  std::vector<float> ref(V);
+  ForwardOutputs ro;
+  ro.logits_last = ref.data();
+  fresh.Forward(prompt, ro);
+  CHECK(std::memcmp(logits.data(), ref.data(), V * 4) == 0);
+  // The session that was cancelled keeps its prefix: prefix reuse, no restore.
+  PrefillResult c = PrefillWithCheckpoints(s, &cache, prompt, 16, {}, out);
+  CHECK(c.reused == 32);
+  CHECK(c.restored == 0);
+  CHECK(c.fed == 13);
+  CHECK(std::memcmp(logits.data(), ref.data(), V * 4) == 0);
+  // Without a cache it is a plain prefill.
+  Session plain(*model, Opts(), 0);
+  PrefillResult d = PrefillWithCheckpoints(plain, nullptr, prompt, 16, {}, out);
+  CHECK(d.fed == 45);
+  CHECK(std::memcmp(logits.data(), ref.data(), V * 4) == 0);
+}

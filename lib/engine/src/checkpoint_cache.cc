@@ -297,4 +297,40 @@ CheckpointCacheStats CheckpointCache::stats() const {
   return s;
 }
 
+PrefillResult PrefillWithCheckpoints(model::Session& session, CheckpointCache* cache,
+                                     std::span<const int32_t> prompt, int64_t every_k,
+                                     const std::function<bool()>& cancel,
+                                     const model::ForwardOutputs& last_out) {
+  K3_CHECK(last_out.logits_all == nullptr && last_out.trace == nullptr &&
+           last_out.final_hidden == nullptr);
+  if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "empty prompt");
+  PrefillResult r;
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  const std::vector<int32_t>& h = session.history();
+  if (static_cast<int64_t>(h.size()) < len && std::equal(h.begin(), h.end(), prompt.begin())) {
+    r.reused = session.position();
+  }
+  if (cache != nullptr) r.restored = cache->RestoreDeepest(session, prompt, len - 1, r.reused);
+  if (r.restored > 0) {
+    r.reused = 0;
+  } else if (r.reused == 0) {
+    session.Reset();
+  }
+  while (session.position() < len) {
+    if (cancel && cancel()) {
+      r.cancelled = true;
+      return r;
+    }
+    const int64_t pos = session.position();
+    int64_t end = len;
+    if (every_k > 0) end = std::min(len, (pos / every_k + 1) * every_k);
+    const bool last = end == len;
+    session.Forward(prompt.subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)),
+                    last ? last_out : model::ForwardOutputs{});
+    r.fed += end - pos;
+    if (!last && cache != nullptr) cache->Save(session);
+  }
+  return r;
+}
+
 }  // namespace k3::engine

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <span>
@@ -148,5 +149,29 @@ class CheckpointCache {
   std::list<Entry> entries_;
   CheckpointCacheStats stats_;
 };
+
+// ---------------------------------------------------------------------------
+// A prefill that resumes and can be resumed (what Engine::Generate calls).
+
+struct PrefillResult {
+  int64_t reused = 0;    // positions the session already held (prefix reuse)
+  int64_t restored = 0;  // positions restored from a checkpoint
+  int64_t fed = 0;       // positions prefilled by this call
+  bool cancelled = false;
+};
+
+// Brings `session` to hold exactly `prompt` (at least one id): keeps it when
+// the prompt extends what it fed, else restores the deepest checkpoint of
+// `cache` (may be null), else resets; then feeds the rest in pieces that end
+// at multiples of `every_k` positions (<= 0: one piece), checkpointing after
+// each piece that ends before the prompt does, so that a cancelled or failed
+// prefill resumes from there. `cancel` is polled before each piece; on true
+// the call returns with cancelled set and the session at a piece boundary (a
+// consistent prefix). `last_out` receives the last piece's outputs: only
+// logits_last is allowed (the other outputs are per fed position).
+PrefillResult PrefillWithCheckpoints(model::Session& session, CheckpointCache* cache,
+                                     std::span<const int32_t> prompt, int64_t every_k,
+                                     const std::function<bool()>& cancel,
+                                     const model::ForwardOutputs& last_out);
 
 }  // namespace k3::engine
