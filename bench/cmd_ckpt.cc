@@ -30,6 +30,7 @@
 #include "k3/core/json_writer.h"
 #include "k3/core/sys.h"
 #include "k3/engine/checkpoint_cache.h"
+#include "k3/engine/engine.h"
 #include "k3/model/model.h"
 #include "k3/model/session_state.h"
 #include "k3/quant/isa.h"
@@ -119,8 +120,7 @@ void DropFromPageCache(const std::string& path) {
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
 }
 
-void RunRestore(const CkptArgs& a, model::Model& m) {
-  const model::RunOptions ro = model::RunOptions::FromEnv();
+void RunRestore(const CkptArgs& a, model::Model& m, const model::RunOptions& ro) {
   model::Session s(m, ro, a.tokens);
   const std::vector<int32_t> ids = Ids(a.tokens, m.config().vocab_size, 1);
   s.Forward(ids, {});
@@ -259,8 +259,7 @@ void RunPark(const CkptArgs& a) {
   End(j);
 }
 
-void RunTtft(const CkptArgs& a, model::Model& m) {
-  const model::RunOptions ro = model::RunOptions::FromEnv();
+void RunTtft(const CkptArgs& a, model::Model& m, const model::RunOptions& ro) {
   const size_t V = static_cast<size_t>(m.config().vocab_size);
   const std::vector<int32_t> conv = Ids(a.tokens, m.config().vocab_size, 3);
   std::vector<int32_t> follow = conv;
@@ -306,13 +305,14 @@ void RunTtft(const CkptArgs& a, model::Model& m) {
 }
 
 void RunCkptBench(const CkptArgs& a) {
-  model::LoadOptions lo = model::LoadOptions::FromEnv();
-  lo.progress = false;
-  auto m = model::Model::LoadOrThrow(a.model_dir, lo);
-  RunRestore(a, *m);
+  // K3_BITS, K3_IDOT, K3_CHUNK, ... read in the one place that reads them.
+  engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
+  eo.load.progress = false;
+  auto m = model::Model::LoadOrThrow(a.model_dir, eo.load, eo.snapshot);
+  RunRestore(a, *m, eo.run);
   RunRealMemcpy(a);
   if (!a.no_disk) RunPark(a);
-  if (!a.no_ttft) RunTtft(a, *m);
+  if (!a.no_ttft) RunTtft(a, *m, eo.run);
 }
 
 void SetupCkptBench(CLI::App& root) {

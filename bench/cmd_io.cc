@@ -25,6 +25,7 @@
 #include "k3/core/json_writer.h"
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
+#include "k3/engine/engine.h"
 #include "k3/model/config.h"
 #include "k3/model/model.h"
 #include "k3/stream/streaming_store.h"
@@ -273,7 +274,7 @@ void RunIo(const IoArgs& a) {
       o.direct = v.direct;
       o.pipe = v.pipe;
       o.queue_depth = a.queue_depth * v.qd_scale;
-      o.load_threads = a.queue_depth;
+      o.io_threads = a.queue_depth;
       o.read_chunk_bytes = v.chunk;
       results[vi] = ReadPattern(snap, c, o, a.tokens, a.seed + static_cast<uint64_t>(rep));
       gbps[vi].push_back(results[vi].gbps);
@@ -304,7 +305,8 @@ void RunIo(const IoArgs& a) {
   if (a.no_decode) return;
   // Decode with a budget far below the experts' size, against its floor.
   const double mem_bw = MemoryBandwidthBps();
-  model::LoadOptions lo = model::LoadOptions::FromEnv();
+  const engine::EngineOptions env = engine::EngineOptions::FromEnv(a.model_dir);
+  model::LoadOptions lo = env.load;
   lo.progress = false;
   auto m = model::Model::LoadOrThrow(a.model_dir, lo);
   // Pipe on (reads of expert j+1.. overlap expert j's compute) and off (each
@@ -330,12 +332,12 @@ void RunIo(const IoArgs& a) {
                                   {"pipe_on", true, 0, 1},
                                   {"pipe_on_chunk4m_2xqd", true, 4u << 20, 2}};
   DecodeAcc acc[std::size(configs)];
-  const model::RunOptions ro = model::RunOptions::FromEnv();
+  const model::RunOptions ro = env.run;
   constexpr int kWarmup = 3;
   for (int round = 0; round < 2; ++round) {
     for (size_t ci = 0; ci < std::size(configs); ++ci) {
       DecodeAcc& d = acc[ci];
-      stream::StreamOptions so = stream::StreamOptions::FromEnv();
+      stream::StreamOptions so = env.stream;
       so.pipe = configs[ci].pipe;
       so.read_chunk_bytes = configs[ci].chunk;
       so.budget_bytes = a.decode_budget_gb * 1e9;

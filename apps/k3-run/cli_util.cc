@@ -1,30 +1,95 @@
 #include "cli_util.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 
 #include "k3/core/error.h"
+#include "k3/core/log.h"
 
 namespace k3::run {
 
 std::vector<int32_t> ParseIdList(const std::string& csv) {
   std::vector<int32_t> ids;
-  size_t i = 0;
+  size_t i = 0, item = 0;
+  bool have_item = false;  // a number since the last comma
+  auto empty_item = [&] {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--ids: item " + std::to_string(item + 1) + " is empty (ids are separated by one comma)");
+  };
   while (i < csv.size()) {
-    size_t j = csv.find_first_of(", ", i);
-    if (j == std::string::npos) j = csv.size();
-    std::string part = csv.substr(i, j - i);
-    if (!part.empty()) {
+    const char ch = csv[i];
+    if (ch == ' ' || ch == '\t') {
+      ++i;
+    } else if (ch == ',') {
+      if (!have_item) empty_item();
+      have_item = false;
+      ++item;
+      ++i;
+    } else {
+      size_t j = csv.find_first_of(", \t", i);
+      if (j == std::string::npos) j = csv.size();
+      const std::string part = csv.substr(i, j - i);
       char* end = nullptr;
+      errno = 0;
       long long v = std::strtoll(part.c_str(), &end, 10);
-      if (end == part.c_str() || *end != '\0' || v < 0 || v > INT32_MAX) {
-        throw Error(ErrorCode::kInvalidArgument, "--ids: '" + part + "' is not a token id");
+      if (end == part.c_str() || *end != '\0' || errno == ERANGE || v < 0 || v > INT32_MAX ||
+          part[0] == '+' || part[0] == '-') {
+        throw Error(ErrorCode::kInvalidArgument, "--ids: '" + part + "' (item " +
+                                                     std::to_string(item + 1) +
+                                                     ") is not a token id");
       }
+      if (have_item) ++item;  // "1 2": space-separated items
       ids.push_back(static_cast<int32_t>(v));
+      have_item = true;
+      i = j;
     }
-    i = j + 1;
   }
+  if (!ids.empty() && !have_item) empty_item();  // trailing comma
   return ids;
+}
+
+void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp_default,
+                     const std::string& top_p_default) {
+  auto finite_nonneg = CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (end == s.c_str() || *end != '\0' || !std::isfinite(v) || v < 0) {
+          return "temperature must be a finite number >= 0 (0: greedy), got '" + s + "'";
+        }
+        return {};
+      },
+      "FLOAT>=0");
+  auto top_p = CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (end == s.c_str() || *end != '\0' || !(v > 0 && v <= 1)) {
+          return "top-p must be in (0, 1], got '" + s + "'";
+        }
+        return {};
+      },
+      "(0,1]");
+  cmd->add_option("--temp", flags.temperature, "temperature >= 0; 0 is greedy (default " + temp_default + ")")
+      ->check(finite_nonneg);
+  cmd->add_option("--top-p", flags.top_p, "nucleus mass in (0, 1] (default " + top_p_default + ")")
+      ->check(top_p);
+  cmd->add_option("--seed", flags.seed, "sampling seed (default 1)");
+  cmd->add_option("--threads", flags.threads, "compute threads, 1 to 1024 (default: every CPU)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--quiet,-q", flags.quiet, "no load progress or stats lines on stderr (warnings and errors stay)");
+}
+
+engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags) {
+  engine::EngineOptions o = engine::EngineOptions::FromEnv(model_dir);
+  o.threads = flags.threads;
+  if (flags.quiet) {
+    o.progress = false;
+    if (CurrentLogLevel() < LogLevel::kWarn) SetLogLevel(LogLevel::kWarn);
+  }
+  return o;
 }
 
 }  // namespace k3::run

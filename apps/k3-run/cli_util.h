@@ -1,15 +1,34 @@
 // Argument parsing shared by k3-run subcommands.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "k3/engine/engine.h"
+
 namespace k3::run {
 
-// Parses a list of token ids separated by commas and/or spaces ("1,2 3").
-// Empty items are skipped; an item that is not a decimal in [0, INT32_MAX]
-// throws Error(kInvalidArgument) naming --ids.
+// Parses a list of token ids separated by commas and/or spaces ("1,2 3",
+// "1, 2"). An item that is not a decimal in [0, INT32_MAX], or an empty item
+// ("1,,2", a leading or trailing comma), throws Error(kInvalidArgument) naming
+// --ids and the item's position.
 std::vector<int32_t> ParseIdList(const std::string& csv);
+
+// The flags generate and chat share: sampling, threads, quiet.
+struct RuntimeFlags {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  uint64_t seed = 1;
+  int threads = 0;  // 0: every CPU
+  bool quiet = false;
+};
+// Adds --temp, --top-p, --seed, --threads and --quiet with range checks;
+// `temp_default` / `top_p_default` are only named in the help text.
+void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp_default,
+                     const std::string& top_p_default);
+// EngineOptions::FromEnv plus the flags (threads, quiet).
+engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags);
 
 }  // namespace k3::run

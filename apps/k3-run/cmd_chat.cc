@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -14,27 +16,28 @@
 #include <string_view>
 #include <vector>
 
+#include "cli_util.h"
 #include "command.h"
-#include "k3/container/snapshot.h"
 #include "k3/core/error.h"
-#include "k3/core/file.h"
-#include "k3/core/sys.h"
-#include "k3/model/model.h"
+#include "k3/engine/conversation.h"
+#include "k3/engine/engine.h"
 #include "k3/tokenizer/chat.h"
-#include "k3/tokenizer/tokenizer.h"
 
 namespace k3::run {
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
-void OnSigint(int) { g_interrupted = 1; }
+// The engine polls this between layers and tokens; a lock-free atomic store is
+// async-signal-safe.
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+void OnSigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
 
 // SIGINT sets a flag while a generation runs; the previous disposition is
 // restored afterwards so Ctrl-C at the input prompt still ends the session.
 class InterruptScope {
  public:
   InterruptScope() {
-    g_interrupted = 0;
+    g_interrupted = false;
     struct sigaction sa = {};
     sa.sa_handler = OnSigint;
     sigemptyset(&sa.sa_mask);
@@ -63,132 +66,110 @@ struct ChatArgs {
   std::string model_dir, prompt, system, effort;
   bool no_think = false;
   int max_tokens = 2048;
-  float temperature = 0.6f;
-  float top_p = 0.95f;
-  uint64_t seed = 1;
+  RuntimeFlags flags;
+  bool temp_given = false, top_p_given = false;
 };
 
-class ChatSession {
+// Shows one turn as it streams: reasoning dimmed on a colour terminal (or
+// behind "[think] "), the answer after it, tool calls at the end.
+class TurnPrinter {
  public:
-  explicit ChatSession(const ChatArgs& args)
-      : args_(args),
-        tokenizer_(tok::Tokenizer::LoadDirOrThrow(args.model_dir)),
-        sampler_(args.temperature, args.top_p, args.seed) {
-    options_.thinking = !args.no_think;
-    if (!args.effort.empty()) options_.thinking_effort = args.effort;
-    // Refuse a bad effort before the (slow) model load.
-    tok::RenderChatOrThrow({{"user", "x", ""}}, options_);
-    Snapshot::Options so;
-    if (auto dirs = GetEnv("K3_DIRS")) so.extra_dirs = SplitDirList(*dirs);
-    model_ = model::Model::LoadOrThrow(args.model_dir, model::LoadOptions::FromEnv(), so);
-    if (!model_->weights().has_head) {
-      throw Error(ErrorCode::kUnsupported, "model has no head (model.norm.weight missing): cannot chat");
+  TurnPrinter(bool tty, bool color) : tty_(tty), color_(color) {}
+
+  void Show(const engine::Delta& d) {
+    if (!d.reasoning.empty()) {
+      if (!in_reasoning_) {
+        std::fputs(color_ ? "\x1b[2m" : "[think] ", stdout);
+        in_reasoning_ = true;
+      }
+      Write(d.reasoning);
     }
-    session_ = std::make_unique<model::Session>(*model_, model::RunOptions::FromEnv());
-    if (!args.system.empty()) history_.push_back({"system", args.system, ""});
-    color_ = isatty(STDOUT_FILENO);
+    if (!d.content.empty()) {
+      if (in_reasoning_) {
+        std::fputs(color_ ? "\x1b[0m\n" : "\n", stdout);
+        in_reasoning_ = false;
+      }
+      if (!printed_answer_ && !color_) std::fputs("[response] ", stdout);
+      printed_answer_ = true;
+      Write(d.content);
+    }
+    std::fflush(stdout);
   }
 
-  // One user turn: render, prefill what the model has not seen, generate.
-  void Turn(const std::string& user_text) {
-    history_.push_back({"user", user_text, ""});
-    tok::RenderedChat chat = tok::RenderChatOrThrow(history_, options_);
-    std::vector<int32_t> ids;
-    if (model_->config().bos_token_id >= 0) ids.push_back(int32_t(model_->config().bos_token_id));
-    for (tok::TokenId id : tok::EncodeChatSegments(tokenizer_, chat.segments)) ids.push_back(int32_t(id));
-
-    // Reuse the state when the new prompt extends what was fed; a replayed
-    // assistant turn can tokenize differently from how it was generated, in
-    // which case the session restarts from scratch.
-    size_t common = 0;
-    while (common < fed_.size() && common < ids.size() && fed_[common] == ids[common]) ++common;
-    if (common < fed_.size() || common == ids.size()) {
-      session_->Reset();
-      fed_.clear();
-      common = 0;
-    }
-    std::vector<float> logits(size_t(model_->config().vocab_size));
-    model::ForwardOutputs out;
-    out.logits_last = logits.data();
-    InterruptScope interrupt;
-    session_->Forward(std::span<const int32_t>(ids.data() + common, ids.size() - common), out);
-    fed_ = ids;
-
-    tok::ChatStreamParser parser(tokenizer_, options_.thinking ? tok::ChatStreamParser::Start::kThink
-                                                               : tok::ChatStreamParser::Start::kResponse);
-    bool in_reasoning = false, printed_answer = false;
-    auto write = [&](const std::string& text) {
-      std::string safe = color_ ? TerminalSafe(text) : text;
-      std::fwrite(safe.data(), 1, safe.size(), stdout);
-    };
-    auto show = [&](const tok::ChatDelta& d) {
-      if (!d.reasoning.empty()) {
-        if (!in_reasoning) {
-          std::fputs(color_ ? "\x1b[2m" : "[think] ", stdout);
-          in_reasoning = true;
-        }
-        write(d.reasoning);
-      }
-      if (!d.content.empty()) {
-        if (in_reasoning) {
-          std::fputs(color_ ? "\x1b[0m\n" : "\n", stdout);
-          in_reasoning = false;
-        }
-        if (!printed_answer && !color_) std::fputs("[response] ", stdout);
-        printed_answer = true;
-        write(d.content);
-      }
-      std::fflush(stdout);
-    };
-    const auto& eos = model_->config().eos_token_ids;
-    for (int i = 0; i < args_.max_tokens && !g_interrupted; ++i) {
-      int32_t id = sampler_.Sample(logits);
-      show(parser.Push(tok::TokenId(id)));
-      bool stop = parser.ended();
-      for (int64_t e : eos) stop |= e == id;
-      if (stop) break;
-      session_->Forward(std::span<const int32_t>(&id, 1), out);
-      fed_.push_back(id);
-    }
-    show(parser.Finish());
-    if (in_reasoning && color_) std::fputs("\x1b[0m", stdout);
-    for (const tok::ToolCall& call : parser.tool_calls()) {
-      std::printf("\n[tool call %d] %s %s", call.index, call.name.c_str(), call.arguments_json.c_str());
+  void End(const engine::GenerateResult& r) {
+    if (in_reasoning_ && color_) std::fputs("\x1b[0m", stdout);
+    for (const tok::ToolCall& call : r.tool_calls) {
+      std::printf("\n[tool call %d] %s %s", call.index, call.name.c_str(),
+                  Safe(call.arguments_json).c_str());
     }
     std::fputc('\n', stdout);
-    if (g_interrupted) std::fputs("[interrupted]\n", stderr);
-    history_.push_back({"assistant", parser.content(), parser.reasoning()});
+    std::fflush(stdout);
+    if (r.finish == engine::FinishReason::kCancelled) std::fputs("[interrupted]\n", stderr);
   }
 
  private:
-  const ChatArgs& args_;
-  tok::Tokenizer tokenizer_;
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Session> session_;
-  model::Sampler sampler_;
-  tok::ChatOptions options_;
-  std::vector<tok::ChatMessage> history_;
-  std::vector<int32_t> fed_;
-  bool color_ = false;
+  std::string Safe(std::string_view text) const { return tty_ ? TerminalSafe(text) : std::string(text); }
+  void Write(std::string_view text) {
+    const std::string safe = Safe(text);
+    std::fwrite(safe.data(), 1, safe.size(), stdout);
+  }
+
+  bool tty_, color_;
+  bool in_reasoning_ = false, printed_answer_ = false;
 };
 
 void RunChat(const ChatArgs& args) {
-  ChatSession chat(args);
+  tok::ChatOptions options;
+  options.thinking = !args.no_think;
+  if (!args.effort.empty()) options.thinking_effort = args.effort;
+  // Refuse a bad effort before the (slow) model load.
+  tok::RenderChatOrThrow({{"user", "x", ""}}, options);
+  std::unique_ptr<engine::Engine> eng =
+      engine::Engine::LoadOrThrow(EngineOptionsFor(args.model_dir, args.flags));
+  if (!eng->model().weights().has_head) {
+    throw Error(ErrorCode::kUnsupported, "model has no head (model.norm.weight missing): cannot chat");
+  }
+  engine::Conversation chat(*eng, options, args.system);
+  engine::Conversation::TurnOptions turn;
+  turn.max_tokens = args.max_tokens;
+  // The model's own sampling defaults (generation_config.json) unless overridden.
+  turn.sampling = eng->default_sampling();
+  if (args.temp_given) turn.sampling.temperature = args.flags.temperature;
+  if (args.top_p_given) turn.sampling.top_p = args.flags.top_p;
+  const bool tty = isatty(STDOUT_FILENO);
+  // https://no-color.org: NO_COLOR set and not empty turns colour off.
+  const char* no_color = std::getenv("NO_COLOR");
+  const bool color = tty && !(no_color && *no_color);
+
+  turn.sampling.seed = args.flags.seed;
+  auto one_turn = [&](const std::string& text) {
+    TurnPrinter printer(tty, color);
+    engine::Callbacks cb;
+    cb.on_delta = [&](const engine::Delta& d) {
+      printer.Show(d);
+      return true;
+    };
+    cb.cancel = &g_interrupted;  // Ctrl-C, during prefill too
+    InterruptScope interrupt;
+    engine::GenerateResult r = chat.Turn(text, turn, cb);
+    printer.End(r);
+  };
+
   if (!args.prompt.empty()) {
-    chat.Turn(args.prompt);
+    one_turn(args.prompt);
     return;
   }
-  const bool tty = isatty(STDIN_FILENO);
+  const bool tty_in = isatty(STDIN_FILENO);
   std::string line;
   for (;;) {
-    if (tty) {
+    if (tty_in) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
     if (!std::getline(std::cin, line)) break;
     if (line.empty()) continue;
-    if (tty && (line == "/exit" || line == "/quit")) break;
-    chat.Turn(line);  // off a TTY every input line is one user turn
+    if (tty_in && (line == "/exit" || line == "/quit")) break;
+    one_turn(line);  // off a TTY every input line is one user turn
   }
 }
 
@@ -202,10 +183,12 @@ void SetupChat(CLI::App& root) {
   cmd->add_option("--effort", args->effort, "thinking effort: low, high or max (default max)");
   cmd->add_option("--max-tokens", args->max_tokens, "generation limit per turn (default 2048)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--temp", args->temperature, "temperature; <= 0 is greedy (default 0.6)");
-  cmd->add_option("--top-p", args->top_p, "nucleus mass in (0, 1] (default 0.95)");
-  cmd->add_option("--seed", args->seed, "sampling seed (default 1)");
-  cmd->callback([args] { RunChat(*args); });
+  AddRuntimeFlags(cmd, args->flags, "the model's generation_config.json", "generation_config.json");
+  cmd->callback([args, cmd] {
+    args->temp_given = cmd->count("--temp") > 0;
+    args->top_p_given = cmd->count("--top-p") > 0;
+    RunChat(*args);
+  });
 }
 
 K3_REGISTER_COMMAND(SetupChat);

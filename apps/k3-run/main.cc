@@ -3,13 +3,17 @@
 #include <cstdlib>
 
 #include "command.h"
+#include "k3/core/sys.h"
+#include "k3/engine/engine.h"
 #include "k3/quant/isa.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"k3-run: run Moonshot's Kimi K3 from an HF snapshot or a k3 container"};
-  // Only a forced ISA is checked up front: the tokenizer commands never touch a
-  // kernel and should not log the kernel choice.
+  // A bad K3_LOG fails every command up front; only a forced ISA is checked
+  // here too: the tokenizer commands never touch a kernel and should not log
+  // the kernel choice.
   return k3::cli::RunRegisteredCommands<k3::run::CommandTag>(app, "k3-run", argc, argv, [] {
-    if (std::getenv("K3_FORCE_ISA") != nullptr) k3::quant::ActiveIsa();
+    k3::engine::ApplyLogLevelFromEnv();
+    if (k3::GetEnv("K3_FORCE_ISA")) k3::quant::ActiveIsa();
   });
 }

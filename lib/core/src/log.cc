@@ -10,17 +10,11 @@
 namespace k3 {
 namespace {
 
-LogLevel ParseLevel(const char* s) {
-  if (s == nullptr) return LogLevel::kInfo;
-  if (!std::strcmp(s, "debug")) return LogLevel::kDebug;
-  if (!std::strcmp(s, "warn")) return LogLevel::kWarn;
-  if (!std::strcmp(s, "error")) return LogLevel::kError;
-  if (!std::strcmp(s, "quiet")) return LogLevel::kQuiet;
-  return LogLevel::kInfo;
-}
-
 LogLevel& Level() {
-  static LogLevel level = ParseLevel(std::getenv("K3_LOG"));
+  // A malformed K3_LOG cannot throw from here (any log line may be the first);
+  // the tools validate it up front with GetEnvChoice (k3::engine's FromEnv).
+  static LogLevel level = ParseLogLevel(std::getenv("K3_LOG") ? std::getenv("K3_LOG") : "")
+                              .value_or(LogLevel::kInfo);
   return level;
 }
 
@@ -38,6 +32,15 @@ void VLog(LogLevel level, const char* fmt, va_list ap) {
 }
 
 }  // namespace
+
+std::optional<LogLevel> ParseLogLevel(std::string_view s) {
+  if (s == "debug") return LogLevel::kDebug;
+  if (s == "info") return LogLevel::kInfo;
+  if (s == "warn") return LogLevel::kWarn;
+  if (s == "error") return LogLevel::kError;
+  if (s == "quiet") return LogLevel::kQuiet;
+  return std::nullopt;
+}
 
 LogLevel CurrentLogLevel() { return Level(); }
 void SetLogLevel(LogLevel level) { Level() = level; }

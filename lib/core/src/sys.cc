@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,26 +55,47 @@ std::optional<std::string> GetEnv(const char* name) {
   return std::string(v);
 }
 
-int64_t GetEnvInt(const char* name, int64_t fallback) {
+namespace {
+
+[[noreturn]] void ThrowEnv(const char* name, const std::string& value, const std::string& want) {
+  throw Error(ErrorCode::kInvalidArgument, "expected " + want + ", got '" + value + "'", {},
+              Error::kNoOffset, name);
+}
+
+std::string NumberText(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+int64_t GetEnvInt(const char* name, int64_t fallback, int64_t min, int64_t max) {
   auto v = GetEnv(name);
   if (!v) return fallback;
+  const std::string want = min == INT64_MIN && max == INT64_MAX
+                               ? std::string("an integer")
+                               : "an integer in [" + std::to_string(min) + ", " +
+                                     std::to_string(max) + "]";
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end != '\0') {
-    throw Error(ErrorCode::kInvalidArgument, "expected an integer, got '" + *v + "'", {},
-                Error::kNoOffset, name);
+  if (end == v->c_str() || *end != '\0' || errno == ERANGE || x < min || x > max) {
+    ThrowEnv(name, *v, want);
   }
   return x;
 }
 
-double GetEnvDouble(const char* name, double fallback) {
+double GetEnvDouble(const char* name, double fallback, double min, double max) {
   auto v = GetEnv(name);
   if (!v) return fallback;
+  const bool bounded = min > -1.7976931348623157e308 || max < 1.7976931348623157e308;
+  const std::string want = bounded ? "a number in [" + NumberText(min) + ", " + NumberText(max) + "]"
+                                   : std::string("a finite number");
   char* end = nullptr;
   double x = std::strtod(v->c_str(), &end);
-  if (end == v->c_str() || *end != '\0') {
-    throw Error(ErrorCode::kInvalidArgument, "expected a number, got '" + *v + "'", {},
-                Error::kNoOffset, name);
+  if (end == v->c_str() || *end != '\0' || !std::isfinite(x) || x < min || x > max) {
+    ThrowEnv(name, *v, want);
   }
   return x;
 }
@@ -83,8 +106,20 @@ bool GetEnvBool(const char* name, bool fallback) {
   const std::string& s = *v;
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return false;
-  throw Error(ErrorCode::kInvalidArgument, "expected 0 or 1, got '" + s + "'", {},
-              Error::kNoOffset, name);
+  ThrowEnv(name, s, "a boolean (1/0, true/false, on/off, yes/no)");
+}
+
+std::string GetEnvChoice(const char* name, const std::string& fallback,
+                         std::initializer_list<const char*> choices) {
+  auto v = GetEnv(name);
+  if (!v) return fallback;
+  std::string list;
+  for (const char* c : choices) {
+    if (*v == c) return *v;
+    list += list.empty() ? "" : ", ";
+    list += c;
+  }
+  ThrowEnv(name, *v, "one of " + list);
 }
 
 std::string FormatBytes(uint64_t bytes) {

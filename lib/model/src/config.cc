@@ -154,6 +154,12 @@ ModelConfig ModelConfig::ParseOrThrow(std::string_view json, const std::string& 
   if (c.kda_proj() > (int64_t{1} << 20)) r.Fail(sub("num_heads"), "heads x head_dim exceeds 2^20");
   if (!(c.rms_norm_eps > 0)) r.Fail("rms_norm_eps", "must be positive");
 
+  // Optional: absent means the context length is unknown (0).
+  if (int64_t mpe; !tc["max_position_embeddings"].get_int64().get(mpe)) {
+    c.max_position_embeddings = mpe;
+    Range(r, "max_position_embeddings", c.max_position_embeddings, 1, int64_t{1} << 32);
+  }
+
   c.is_kda.assign(static_cast<size_t>(c.num_hidden_layers), false);
   for (auto v : kda) {
     int64_t id;

@@ -60,14 +60,6 @@ void DropRoutingTail(size_t base, size_t K, std::vector<float>& w, float p,
 
 }  // namespace
 
-RunOptions RunOptions::FromEnv() {
-  RunOptions o;
-  o.idot = GetEnvBool("K3_IDOT", true);
-  o.chunk = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_CHUNK", 32), 1, kMaxChunk));
-  o.topp = static_cast<float>(GetEnvDouble("K3_TOPP", 0.0));
-  return o;
-}
-
 std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOptions& options,
                                           const Snapshot::Options& snapshot_options) {
   const double t0 = NowSeconds();
@@ -366,16 +358,29 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
     }
     impl_->cache_cap = cap;
   }
+  interrupted_ = false;
   for (int64_t t0 = 0; t0 < total; t0 += options_.chunk) {
     const int64_t n = std::min<int64_t>(options_.chunk, total - t0);
-    ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
+    if (!ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total)) {
+      interrupted_ = true;
+      return;
+    }
     history_.insert(history_.end(), ids.begin() + t0, ids.begin() + t0 + n);
   }
 }
 
+bool Session::PollInterrupt(int64_t tokens_done, int64_t layer) {
+  if (!interrupt_ || !interrupt_(tokens_done, layer)) return false;
+  // Before a chunk's first layer nothing of the chunk has touched the state:
+  // the session holds exactly the chunks fed so far. Later, KDA state and conv
+  // windows have advanced for some layers and cannot be rolled back.
+  if (layer > 0) Reset();
+  return true;
+}
+
 // One chunk through the whole stack, layer-major. Every matmul is batched
 // over the chunk; per-token sequential state advances in token order.
-void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
+bool Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                            const ForwardOutputs& out, bool last_chunk) {
   const ModelConfig& c = model_.config();
   const ModelWeights& W = model_.weights();
@@ -402,6 +407,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   };
 
   for (size_t li = 0; li < L; ++li) {
+    if (PollInterrupt(t_base, static_cast<int64_t>(li))) return false;
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
     for (size_t t = 0; t < C; ++t) {
@@ -480,6 +486,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     }
   }
   pos_ += n_tokens;
+  return true;
 }
 
 // KDA (§5.3). x: [C, D] normalised input; out: [C, D].

@@ -24,29 +24,6 @@ std::string LayerPrefix(int64_t i) { return "model.layers." + std::to_string(i) 
 
 }  // namespace
 
-LoadOptions LoadOptions::FromEnv() {
-  LoadOptions o;
-  o.bits_explicit = GetEnv("K3_BITS").has_value();
-  o.bits = static_cast<int>(GetEnvInt("K3_BITS", 4));
-  o.mla_bits = static_cast<int>(GetEnvInt("K3_MLA_BITS", 8));
-  o.head_bits = static_cast<int>(GetEnvInt("K3_HEAD_BITS", 8));
-  o.mmap = GetEnvBool("K3_MMAP", false);
-  o.threads = static_cast<int>(GetEnvInt("K3_LOAD_THREADS", 0));
-  o.expert_cache_bytes = GetEnvDouble("K3_EXPERT_GB", 8.0) * 1e9;
-  o.max_layers = GetEnvInt("K3_LAYERS", 0);
-  if (o.max_layers < 0) {
-    throw Error(ErrorCode::kInvalidArgument, "must be >= 0", {}, Error::kNoOffset, "K3_LAYERS");
-  }
-  for (auto [name, v] : {std::pair{"K3_BITS", o.bits}, std::pair{"K3_MLA_BITS", o.mla_bits},
-                         std::pair{"K3_HEAD_BITS", o.head_bits}}) {
-    if (v < 1 || v > 64) {
-      throw Error(ErrorCode::kInvalidArgument, "bits must be in [1, 64] (4, 8 or 32)", {},
-                  Error::kNoOffset, name);
-    }
-  }
-  return o;
-}
-
 Matrix Matrix::F32(size_t rows, size_t cols, std::vector<float> values) {
   K3_CHECK(values.size() == rows * cols);
   Matrix m;

@@ -1,4 +1,4 @@
-// k3-run glue: the streaming store built from the environment, and its stats as JSON.
+// Installing the streaming store in a model, and its stats as JSON.
 #include "k3/core/json_writer.h"
 #include "k3/core/log.h"
 #include "k3/model/model.h"
@@ -6,9 +6,8 @@
 
 namespace k3::stream {
 
-StreamingExpertStore& InstallStreamingStoreFromEnv(model::Model& model) {
-  auto store =
-      std::make_unique<StreamingExpertStore>(model.snapshot(), model.config(), StreamOptions::FromEnv());
+StreamingExpertStore& InstallStreamingStore(model::Model& model, const StreamOptions& options) {
+  auto store = std::make_unique<StreamingExpertStore>(model.snapshot(), model.config(), options);
   StreamingExpertStore& ref = *store;
   K3_LOG_INFO("expert streaming: %s, %s reads, pipe %s, window %d", ref.backend(),
               ref.direct() ? "O_DIRECT" : "buffered", ref.options().pipe ? "on" : "off",

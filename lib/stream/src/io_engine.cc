@@ -264,7 +264,7 @@ class PoolEngine final : public Engine {
  public:
   PoolEngine(FileTable& files, const StreamOptions& options, IoCounters& counters)
       : files_(files), hook_(options.fault_hook), counters_(counters) {
-    const int n = std::clamp(options.load_threads, 1, 16);
+    const int n = std::clamp(options.io_threads, 1, 16);
     try {
       for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Worker(); });
     } catch (const std::system_error& e) {

@@ -39,27 +39,6 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-StreamOptions StreamOptions::FromEnv() {
-  StreamOptions o;
-  if (GetEnv("K3_EXPERT_GB")) {
-    const double gb = GetEnvDouble("K3_EXPERT_GB", 8.0);
-    if (!(gb >= 0)) {
-      throw Error(ErrorCode::kInvalidArgument, "must be >= 0 (decimal GB)", {}, Error::kNoOffset,
-                  "K3_EXPERT_GB");
-    }
-    o.budget_bytes = gb * 1e9;
-  }
-  o.direct = GetEnvBool("K3_DIRECT", true);
-  o.uring = GetEnvBool("K3_URING", true);
-  o.pipe = GetEnvBool("K3_PIPE", true);
-  o.load_threads = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_LOAD_THREADS", 4), 1, 16));
-  o.queue_depth = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_QD", 8), 1, 64));
-  o.window = static_cast<int>(std::clamp<int64_t>(GetEnvInt("K3_WINDOW", 32), 1, 4096));
-  const double chunk_mb = GetEnvDouble("K3_READ_CHUNK_MB", 0.0);
-  o.read_chunk_bytes = chunk_mb > 0 ? static_cast<uint64_t>(chunk_mb * 1048576.0) : 0;
-  return o;
-}
-
 CachePlan PlanCache(const ModelConfig& config, const StreamOptions& options,
                     uint64_t resident_bytes, uint64_t available_bytes) {
   CachePlan p;
@@ -224,12 +203,12 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
     if (!m.engine) {
       LogOnce(&kNoUringKey, LogLevel::kWarn,
               "expert streaming: io_uring unavailable (%s); reading experts with %d pread threads",
-              std::strerror(err), std::clamp(options_.load_threads, 1, 16));
+              std::strerror(err), std::clamp(options_.io_threads, 1, 16));
     }
   } else {
     LogOnce(&kUringOffKey, LogLevel::kInfo,
             "expert streaming: io_uring off (K3_URING=0); reading experts with %d pread threads",
-            std::clamp(options_.load_threads, 1, 16));
+            std::clamp(options_.io_threads, 1, 16));
   }
   if (!m.engine) m.engine = detail::MakePoolEngine(m.files, options_, m.counters);
 }

@@ -169,7 +169,7 @@ TEST_CASE("streaming store: bit-identical logits for every backend, mode and bud
       StreamOptions o = Quiet();
       o.window = window;
       o.queue_depth = qd;
-      o.load_threads = qd;
+      o.io_threads = qd;
       o.budget_bytes = one_slot;
       variants.push_back({"window/qd", o});
       o.uring = false;

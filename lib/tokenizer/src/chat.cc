@@ -709,30 +709,78 @@ void ChatStreamParser::OnText(std::string_view bytes, ChatDelta& delta) {
       break;
     }
     case Channel::kArgument:
-    case Channel::kJson: arg_value_ += bytes; break;
+    case Channel::kJson:
+      if (!arg_drop_) OnArgumentText(arg_decoder_.Push(bytes), delta);
+      break;
   }
 }
 
-void ChatStreamParser::FinishCall() {
-  if (!in_call_) return;
-  if (call_.arguments_json.empty()) {
-    std::string json = "{";
-    for (size_t i = 0; i < call_args_.size(); ++i) {
-      if (i) json += ',';
-      AppendJsonText(json, call_args_[i].first);
-      json += ':';
-      json += call_args_[i].second;
-    }
-    json += '}';
-    call_.arguments_json = std::move(json);
+void ChatStreamParser::EmitArguments(std::string piece, ChatDelta& delta) {
+  if (piece.empty()) return;
+  call_stream_ += piece;
+  if (!delta.tool_calls.empty() && delta.tool_calls.back().call == call_pos_ &&
+      !delta.tool_calls.back().begin) {
+    delta.tool_calls.back().arguments += piece;
+  } else {
+    delta.tool_calls.push_back({call_pos_, false, {}, std::move(piece)});
   }
+}
+
+// Whole characters of an argument value or json block, as they arrive.
+void ChatStreamParser::OnArgumentText(std::string_view text, ChatDelta& delta) {
+  if (text.empty()) return;
+  if (channel_ == Channel::kJson) {
+    EmitArguments(std::string(text), delta);
+  } else if (arg_string_) {
+    std::string quoted;
+    AppendJsonText(quoted, text);  // "..." : keep the escaped body only
+    EmitArguments(quoted.substr(1, quoted.size() - 2), delta);
+  } else {
+    // JSON text already; trimmed like Strip(): leading whitespace dropped,
+    // inner whitespace held until something follows it.
+    std::string out;
+    for (char ch : text) {
+      const bool space = ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
+      if (space) {
+        if (arg_started_) arg_ws_ += ch;
+        continue;
+      }
+      out += arg_ws_;
+      arg_ws_.clear();
+      out += ch;
+      arg_started_ = true;
+    }
+    EmitArguments(std::move(out), delta);
+  }
+}
+
+void ChatStreamParser::CloseArgument(ChatDelta& delta) {
+  if (!arg_drop_) OnArgumentText(arg_decoder_.Flush(), delta);
+  if (channel_ == Channel::kArgument && !arg_drop_) {
+    if (arg_string_) EmitArguments("\"", delta);
+    else if (!arg_started_) EmitArguments("null", delta);
+  }
+  arg_decoder_ = Utf8StreamDecoder();
+  arg_ws_.clear();
+  arg_drop_ = false;
+  channel_ = Channel::kNone;
+}
+
+void ChatStreamParser::FinishCall(ChatDelta& delta) {
+  if (!in_call_) return;
+  if (channel_ == Channel::kArgument || channel_ == Channel::kJson) CloseArgument(delta);
+  if (call_args_ > 0) EmitArguments("}", delta);
+  else if (call_stream_.empty()) EmitArguments("{}", delta);
+  call_.arguments_json = std::move(call_stream_);
   tool_calls_.push_back(std::move(call_));
   call_ = ToolCall{};
-  call_args_.clear();
+  call_stream_.clear();
+  call_args_ = 0;
+  call_json_ = false;
   in_call_ = false;
 }
 
-void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
+void ChatStreamParser::OnTag(bool is_open, std::string_view header_text, ChatDelta& delta) {
   TagHeader h = ParseHeader(header_text);
   const std::string& tag = h.name;
   if (is_open) {
@@ -745,20 +793,35 @@ void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
     } else if (tag == "tools") {
       channel_ = Channel::kNone;
     } else if (tag == "call") {
-      FinishCall();
+      FinishCall(delta);
       in_call_ = true;
       call_.name = Attr(h, "tool");
       std::string index = Attr(h, "index");
       call_.index = index.empty() ? int(tool_calls_.size()) + 1 : std::atoi(index.c_str());
+      call_pos_ = int(tool_calls_.size());
+      delta.tool_calls.push_back({call_pos_, true, call_.name, {}});
       channel_ = Channel::kNone;
-    } else if (tag == "argument" && in_call_) {
-      arg_key_ = Attr(h, "key");
-      arg_type_ = Attr(h, "type");
-      arg_value_.clear();
-      channel_ = Channel::kArgument;
-    } else if (tag == "json" && in_call_) {
-      arg_value_.clear();
-      channel_ = Channel::kJson;
+    } else if ((tag == "argument" || tag == "json") && in_call_) {
+      if (channel_ == Channel::kArgument || channel_ == Channel::kJson) CloseArgument(delta);
+      const bool json = tag == "json";
+      channel_ = json ? Channel::kJson : Channel::kArgument;
+      // One call carries either <argument>s or one <json> block; the first form wins.
+      arg_drop_ = call_json_ || (json && call_args_ > 0);
+      if (arg_drop_) {
+        warnings_.push_back("call mixes <argument> and <json>; '" + tag + "' ignored");
+        return;
+      }
+      if (json) {
+        call_json_ = true;
+        return;
+      }
+      const std::string type = Attr(h, "type");
+      arg_string_ = type == "string" || type.empty();
+      arg_started_ = false;
+      std::string piece = call_args_++ == 0 ? "{" : ",";
+      AppendJsonText(piece, Attr(h, "key"));
+      piece += arg_string_ ? ":\"" : ":";
+      EmitArguments(std::move(piece), delta);
     } else if (tag == "message") {
       channel_ = Channel::kNone;
     } else {
@@ -776,24 +839,13 @@ void ChatStreamParser::OnTag(bool is_open, std::string_view header_text) {
   } else if (tag == "response") {
     if (channel_ != Channel::kResponse) warnings_.push_back("response closed while not open");
     if (channel_ == Channel::kResponse) channel_ = Channel::kNone;
-  } else if (tag == "argument" && channel_ == Channel::kArgument) {
-    std::string value;
-    if (arg_type_ == "string" || arg_type_.empty()) {
-      AppendJsonText(value, arg_value_);
-    } else {
-      // Non-string values are JSON text already; an empty one is null.
-      std::string_view v = Builder::Strip(arg_value_);
-      value = v.empty() ? "null" : std::string(v);
-    }
-    call_args_.emplace_back(arg_key_, std::move(value));
-    channel_ = Channel::kNone;
-  } else if (tag == "json" && channel_ == Channel::kJson) {
-    call_.arguments_json = arg_value_;
-    channel_ = Channel::kNone;
+  } else if ((tag == "argument" && channel_ == Channel::kArgument) ||
+             (tag == "json" && channel_ == Channel::kJson)) {
+    CloseArgument(delta);
   } else if (tag == "call") {
-    FinishCall();
+    FinishCall(delta);
   } else if (tag == "tools" || tag == "message") {
-    FinishCall();
+    FinishCall(delta);
     channel_ = Channel::kNone;
   } else {
     warnings_.push_back("unexpected close of '" + tag + "'");
@@ -822,7 +874,7 @@ ChatDelta ChatStreamParser::Push(TokenId id) {
     bool is_open = tag_mode_ == TagMode::kOpen;
     tag_mode_ = TagMode::kNone;
     // Flush held-back bytes of the channel being left before switching.
-    OnTag(is_open, tag_header_);
+    OnTag(is_open, tag_header_, delta);
     return delta;
   }
   if (tok_.IsSpecial(id)) {
@@ -857,7 +909,7 @@ ChatDelta ChatStreamParser::Finish() {
   delta.reasoning = std::move(r);
   delta.content = std::move(c);
   if (channel_ == Channel::kArgument || channel_ == Channel::kJson) warnings_.push_back("tool call truncated");
-  if (in_call_) FinishCall();
+  if (in_call_) FinishCall(delta);
   if (!ended_) warnings_.push_back("output ended without <|end_of_msg|>");
   channel_ = Channel::kNone;
   return delta;

@@ -43,8 +43,15 @@ struct Out {
 struct Parsed {
   std::string reasoning, content, streamed_reasoning, streamed_content;
   std::vector<ToolCall> calls;
+  std::vector<ToolCallFragment> fragments;  // every streamed tool-call fragment, in order
   std::vector<std::string> warnings;
   bool ended;
+  // The streamed pieces of call `i` concatenated.
+  std::string StreamedArguments(int i) const {
+    std::string a;
+    for (const ToolCallFragment& f : fragments) if (f.call == i) a += f.arguments;
+    return a;
+  }
 };
 
 Parsed Parse(const std::vector<TokenId>& ids, ChatStreamParser::Start start) {
@@ -54,10 +61,12 @@ Parsed Parse(const std::vector<TokenId>& ids, ChatStreamParser::Start start) {
     ChatDelta d = p.Push(id);
     r.streamed_reasoning += d.reasoning;
     r.streamed_content += d.content;
+    r.fragments.insert(r.fragments.end(), d.tool_calls.begin(), d.tool_calls.end());
   }
   ChatDelta d = p.Finish();
   r.streamed_reasoning += d.reasoning;
   r.streamed_content += d.content;
+  r.fragments.insert(r.fragments.end(), d.tool_calls.begin(), d.tool_calls.end());
   r.reasoning = p.reasoning();
   r.content = p.content();
   r.calls = p.tool_calls();
@@ -197,6 +206,43 @@ TEST_CASE("stream parser: well-formed thinking output with a tool call") {
   CHECK(p.calls[0].arguments_json == R"({"city":"Paris \"x\"","days":2})");
   CHECK(p.ended);
   CHECK(p.warnings.empty());
+  // Streamed: a begin fragment with the name, then the arguments as generated.
+  REQUIRE(p.fragments.size() >= 3);
+  CHECK(p.fragments[0] == ToolCallFragment{0, true, "get_weather", ""});
+  CHECK(p.StreamedArguments(0) == p.calls[0].arguments_json);
+  for (size_t i = 1; i < p.fragments.size(); ++i) CHECK_FALSE(p.fragments[i].begin);
+}
+
+TEST_CASE("stream parser: tool-call arguments stream token by token") {
+  // Every value token is its own delta, so the arguments arrive in pieces
+  // before the call closes: {"q": then the escaped text piece by piece.
+  Out o;
+  o.Close("think").Open("response").Close("response").Open("tools");
+  o.Open("call tool=\"search\" index=\"1\"");
+  o.Open("argument key=\"q\" type=\"string\"").T("multi \"word\"\n query é😀").Close("argument");
+  o.Open("argument key=\"n\" type=\"integer\"").T("  42 ").Close("argument");
+  o.Open("argument key=\"e\" type=\"object\"").Close("argument");
+  o.Close("call");
+  o.Open("call tool=\"raw\" index=\"2\"").Open("json").T("{\"k\": [1, 2]}").Close("json").Close("call");
+  o.Close("tools").S("<|end_of_msg|>");
+  ChatStreamParser parser(Tiny(), ChatStreamParser::Start::kThink);
+  std::vector<std::string> pieces;  // call 0's argument pieces, one per Push
+  for (TokenId id : o.ids) {
+    for (const ToolCallFragment& f : parser.Push(id).tool_calls) {
+      if (f.call == 0 && !f.begin) pieces.push_back(f.arguments);
+      CHECK(IsValidUtf8(f.arguments));
+    }
+  }
+  parser.Finish();
+  REQUIRE(parser.tool_calls().size() == 2);
+  CHECK(parser.tool_calls()[0].arguments_json ==
+        R"({"q":"multi \"word\"\n query é😀","n":42,"e":null})");
+  CHECK(parser.tool_calls()[1].arguments_json == R"({"k": [1, 2]})");
+  CHECK(pieces.size() > 5);  // not one chunk at the end
+  std::string joined;
+  for (const std::string& p : pieces) joined += p;
+  CHECK(joined == parser.tool_calls()[0].arguments_json);
+  CHECK(parser.warnings().empty());
 }
 
 TEST_CASE("stream parser: think never closed (truncated)") {
@@ -267,7 +313,9 @@ TEST_CASE("stream parser: truncated tool call and json block") {
   p = Parse(b.ids, ChatStreamParser::Start::kThink);
   REQUIRE(p.calls.size() == 1);
   CHECK(p.calls[0].name == "g");
-  CHECK(p.calls[0].arguments_json == "{}");
+  // What was streamed stays: the cut value is closed so the JSON stays valid.
+  CHECK(p.calls[0].arguments_json == R"({"q":"half"})");
+  CHECK(p.StreamedArguments(0) == p.calls[0].arguments_json);
   CHECK_FALSE(p.warnings.empty());
 }
 
@@ -292,6 +340,9 @@ TEST_CASE("stream parser survives random id sequences") {
       CHECK(IsValidUtf8(p.content));
       CHECK(p.streamed_reasoning == p.reasoning);
       CHECK(p.streamed_content == p.content);
+      for (size_t i = 0; i < p.calls.size(); ++i) {
+        CHECK(p.StreamedArguments(int(i)) == p.calls[i].arguments_json);
+      }
     }
   }
 }

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <cstdarg>
+#include <optional>
+#include <string_view>
 
 namespace k3 {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kQuiet = 4 };
 
+// "debug", "info", "warn", "error", "quiet"; anything else is nullopt.
+std::optional<LogLevel> ParseLogLevel(std::string_view s);
 LogLevel CurrentLogLevel();
 void SetLogLevel(LogLevel level);
 void Log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

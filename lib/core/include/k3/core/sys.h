@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -13,11 +14,21 @@ uint64_t CurrentRssBytes();       // /proc/self/statm
 uint64_t MemAvailableBytes();     // /proc/meminfo MemAvailable (0 if unknown)
 int NumOnlineCpus();
 
-// Environment lookups. Malformed values throw kInvalidArgument naming the variable.
+// Environment lookups: the one parser and the one strictness for every K3_*
+// variable (docs/environment.md). Unset or empty = the fallback. A value that is
+// malformed (trailing junk, not a number, NaN/inf) or outside [min, max] throws
+// kInvalidArgument naming the variable, the value and the accepted range; nothing
+// is clamped or ignored silently. Booleans accept 1/0, true/false, on/off, yes/no.
+// The runtime reads its variables in one place (k3::engine::EngineOptions::FromEnv).
 std::optional<std::string> GetEnv(const char* name);
-int64_t GetEnvInt(const char* name, int64_t fallback);
-double GetEnvDouble(const char* name, double fallback);
-bool GetEnvBool(const char* name, bool fallback);  // 1/0, true/false, on/off, yes/no
+int64_t GetEnvInt(const char* name, int64_t fallback, int64_t min = INT64_MIN,
+                  int64_t max = INT64_MAX);
+double GetEnvDouble(const char* name, double fallback, double min = -1.7976931348623157e308,
+                    double max = 1.7976931348623157e308);
+bool GetEnvBool(const char* name, bool fallback);
+// One of `choices` (exact, case-sensitive); anything else throws listing them.
+std::string GetEnvChoice(const char* name, const std::string& fallback,
+                         std::initializer_list<const char*> choices);
 
 // Monotonic seconds since an arbitrary epoch.
 inline double NowSeconds() {

@@ -46,9 +46,20 @@ struct EngineOptions {
   // Context capacity in tokens (K3_MAXT); 0 = the model's max_position_embeddings.
   int64_t max_context = 0;
   bool progress = true;           // load progress lines on stderr
+  // Compute threads (OpenMP) for the forward pass; 0 = every CPU. A flag, not
+  // an environment variable (OMP_NUM_THREADS still applies when this is 0).
+  int threads = 0;
 
+  // Reads every K3_* runtime variable (docs/environment.md) with core's strict
+  // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
+  // Also validates K3_LOG and applies it (SetLogLevel).
   static EngineOptions FromEnv(std::string model_dir);
 };
+
+// Validates K3_LOG (debug|info|warn|error|quiet) and applies it; throws
+// kInvalidArgument for any other value. EngineOptions::FromEnv calls it; tools
+// that load no model call it at start-up.
+void ApplyLogLevelFromEnv();
 
 // Sampling choices. The defaults of a model come from its generation_config.json
 // (K3 ships temperature 1.0, top_p 1.0); temperature <= 0 is greedy.
@@ -73,6 +84,16 @@ struct GenerateRequest {
   // stop string (or any part of one that may still complete) is never emitted.
   std::vector<std::string> stop;
   SamplingParams sampling;
+  // Extra outputs of the prefill (k3-run generate's --logits / --trace dumps),
+  // sized for the whole prompt: the session is reset and every prompt id fed.
+  const model::ForwardOutputs* prefill_outputs = nullptr;
+  // Feed the prompt and generate nothing (a --ngen 0 trace; works without a head).
+  bool prefill_only = false;
+  // Tool-call ids are "call_<id_tag>_<index>"; empty: derived from the prompt and seed.
+  std::string call_id_tag;
+  // A sampler whose random stream continues across requests (k3-run chat's
+  // turns); null: a fresh one from `sampling`. Borrowed for the call.
+  model::Sampler* sampler = nullptr;
 };
 
 // A tool-call fragment. The first fragment of a call has begin = true and
@@ -122,6 +143,8 @@ struct GenerateResult {
   Usage usage;
   Timings timings;
   model::ExpertStoreStats experts;  // this request only
+  std::vector<std::string> warnings;  // the stream parser's notes on malformed output
+  int64_t prefill_steps = 0;          // prefill chunks fed (for the streaming stats)
 };
 
 // Hooks into one generation, all optional, all on the Generate() thread.
@@ -157,6 +180,13 @@ class Engine {
 
   // Cumulative expert-store stats since load (for /metrics).
   model::ExpertStoreStats expert_stats() const;
+
+  // The streaming store every engine installs (its plan and per-step stats).
+  const stream::StreamingExpertStore& streaming() const;
+  // Ids the session holds (prefix reuse compares new prompts with these).
+  const std::vector<int32_t>& session_ids() const;
+  // Forgets the session (the next Generate prefills from position 0).
+  void ResetSession();
 
  private:
   Engine();

@@ -40,6 +40,8 @@ struct ModelConfig {
   int64_t kda_conv_kernel = 0;
   float kda_gate_lower_bound = -5.0f;
   std::vector<bool> is_kda;  // per 0-based layer; from 1-based kda_layers
+  // Context length the model was trained for; 0 when config.json omits it.
+  int64_t max_position_embeddings = 0;
   // Tokens (root first, then text_config)
   int64_t bos_token_id = -1;  // -1: none
   std::vector<int64_t> eos_token_ids;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -31,7 +32,8 @@ struct MlaSegment;          // session_state.h
 struct SessionCheckpoint;   // session_state.h
 struct StateFingerprint;    // session_state.h
 
-// Inference choices. FromEnv() reads K3_IDOT, K3_CHUNK and K3_TOPP.
+// Inference choices. k3::engine::EngineOptions::FromEnv fills them from K3_IDOT,
+// K3_CHUNK and K3_TOPP (docs/environment.md).
 struct RunOptions {
   // Quantized matmuls take int8 activations (quant::MatMulQ8). False: every
   // matmul takes f32 activations (the configuration of the oracle goldens).
@@ -41,8 +43,6 @@ struct RunOptions {
   // prefix of a token's top-k whose mass reaches topp, renormalised; fewer
   // experts means less I/O and compute. 0 or >= 1: off (the default).
   float topp = 0.0f;
-
-  static RunOptions FromEnv();
 };
 
 class Model {
@@ -106,6 +106,17 @@ class Session {
   const std::vector<int32_t>& history() const { return history_; }
   const RunOptions& options() const { return options_; }
 
+  // Cancellation: `poll(tokens_done, layer)` is called before every layer of
+  // every chunk (tokens_done counts this Forward call's tokens before the
+  // chunk). When it returns true, Forward stops and interrupted() is true. A
+  // stop before a chunk's first layer keeps the chunks already fed (position()
+  // and history() say how far); a stop inside a chunk Reset()s the session,
+  // since KDA state cannot be rolled back. Either way no state is half-fed.
+  // Outputs of an interrupted call are incomplete. Empty function: never.
+  using InterruptPoll = std::function<bool(int64_t tokens_done, int64_t layer)>;
+  void SetInterrupt(InterruptPoll poll) { interrupt_ = std::move(poll); }
+  bool interrupted() const { return interrupted_; }
+
   // When enabled, every MoE routing decision is appended here.
   void RecordRouting(bool on) { record_routing_ = on; }
   const std::vector<RoutingRecord>& routing() const { return routing_; }
@@ -125,8 +136,10 @@ class Session {
 
  private:
   struct Impl;
-  void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
+  // False when interrupted (see SetInterrupt).
+  bool ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
                     bool last_chunk);
+  bool PollInterrupt(int64_t tokens_done, int64_t layer);
   void KdaForward(int64_t layer, const float* x, size_t n, float* out);
   void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
@@ -138,6 +151,8 @@ class Session {
   std::vector<int32_t> history_;
   bool record_routing_ = false;
   std::vector<RoutingRecord> routing_;
+  InterruptPoll interrupt_;
+  bool interrupted_ = false;
   std::unique_ptr<Impl> impl_;
   // Checkpoints: the MLA segments of the last checkpoint saved or restored
   // (valid while they cover a prefix of history_), and the model identity.

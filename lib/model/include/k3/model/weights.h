@@ -20,8 +20,9 @@
 
 namespace k3::model {
 
-// Load-time choices. FromEnv() reads K3_BITS, K3_MLA_BITS, K3_HEAD_BITS,
-// K3_MMAP, K3_LOAD_THREADS, K3_EXPERT_GB and K3_LAYERS; tests build the struct directly.
+// Load-time choices. k3::engine::EngineOptions::FromEnv fills them from K3_BITS,
+// K3_MLA_BITS, K3_HEAD_BITS, K3_MMAP, K3_LOAD_THREADS and K3_LAYERS
+// (docs/environment.md); tests build the struct directly.
 struct LoadOptions {
   int bits = 4;       // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
   int mla_bits = 8;   // MLA q_a, q_b, kv_a, kv_b, o, g
@@ -32,14 +33,15 @@ struct LoadOptions {
   bool mmap = false;     // map prepared container matrices instead of copying
   int threads = 0;       // loader threads; 0 = min(online CPUs, 8)
   bool progress = true;  // log progress lines while quantizing
-  // Routed-expert cache budget (K3_EXPERT_GB, decimal GB): slots per MoE layer =
-  // floor(bytes / (slot bytes x MoE layers)), clamped to [1, num_experts].
+  // Budget of the SimpleExpertStore that Model::LoadOrThrow installs (decimal
+  // bytes): slots per MoE layer = floor(bytes / (slot bytes x MoE layers)),
+  // clamped to [1, num_experts]. The engine replaces that store with the
+  // streaming one (sized by K3_EXPERT_GB) and so asks for the minimum here.
   double expert_cache_bytes = 8e9;
   // K3_LAYERS: run only the first N layers (0 = all). Validation on partial
   // snapshots; the head is still used when model.norm.weight exists.
   int64_t max_layers = 0;
 
-  static LoadOptions FromEnv();
 };
 
 // One resident matrix [rows, cols]. Owns its bytes on the heap, or borrows them

@@ -63,7 +63,7 @@ struct StreamOptions {
   bool direct = true;            // K3_DIRECT: O_DIRECT reads
   bool uring = true;             // K3_URING: io_uring, else the pread pool
   bool pipe = true;              // K3_PIPE: compute expert j while j+1.. are read
-  int load_threads = 4;          // K3_LOAD_THREADS: pread pool size (1..16)
+  int io_threads = 4;            // K3_IO_THREADS: pread pool size (1..16)
   int queue_depth = 8;           // K3_QD: io_uring reads in flight (1..64)
   int window = 32;               // K3_WINDOW: miss buffers outstanding per pass (>= 1)
   // K3_READ_CHUNK_MB: split each expert read into pieces of this size (4 KiB
@@ -72,10 +72,9 @@ struct StreamOptions {
   uint64_t read_chunk_bytes = 0;
   bool log_projection = true;    // print the cache projection at construction
   IoFaultHook* fault_hook = nullptr;  // borrowed; tests only
-
-  // Reads K3_EXPERT_GB, K3_DIRECT, K3_URING, K3_PIPE, K3_LOAD_THREADS, K3_QD,
-  // K3_WINDOW, K3_READ_CHUNK_MB. Malformed values throw kInvalidArgument.
-  static StreamOptions FromEnv();
+  // k3::engine::EngineOptions::FromEnv fills these from K3_EXPERT_GB, K3_DIRECT,
+  // K3_URING, K3_PIPE, K3_IO_THREADS, K3_QD, K3_WINDOW, K3_READ_CHUNK_MB
+  // (docs/environment.md).
 };
 
 // Counters of one forward step (one decode token, or one prefill chunk).
@@ -155,9 +154,9 @@ class StreamingExpertStore final : public model::ExpertStore {
 CachePlan PlanCache(const ModelConfig& config, const StreamOptions& options,
                     uint64_t resident_bytes, uint64_t available_bytes);
 
-// k3-run integration: builds a StreamingExpertStore from the environment,
-// installs it in `model` and returns it (owned by the model).
-StreamingExpertStore& InstallStreamingStoreFromEnv(model::Model& model);
+// Builds a StreamingExpertStore with `options`, installs it in `model` (which
+// owns it from then on), logs the backend once and returns it.
+StreamingExpertStore& InstallStreamingStore(model::Model& model, const StreamOptions& options);
 
 // Appends the store's stats as fields of the JSON object being written:
 // "stream": {backend, direct, slots_per_layer, bytes, GB/s, hits, misses,

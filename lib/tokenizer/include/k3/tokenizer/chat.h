@@ -73,15 +73,32 @@ struct ToolCall {
   std::string arguments_json;  // a JSON object text (or the raw json block)
 };
 
+// A piece of a tool call as it is generated. The first fragment of a call has
+// begin = true and its name; later fragments carry pieces of its arguments JSON
+// text, in order. A call's pieces concatenated equal its ToolCall::arguments_json.
+struct ToolCallFragment {
+  int call = 0;  // 0-based position of the call in this output
+  bool begin = false;
+  std::string name;       // on begin only
+  std::string arguments;  // whole UTF-8 characters
+  bool operator==(const ToolCallFragment&) const = default;
+};
+
 // What a chunk of generated ids adds to the visible text.
 struct ChatDelta {
   std::string reasoning;
   std::string content;
-  bool empty() const { return reasoning.empty() && content.empty(); }
+  std::vector<ToolCallFragment> tool_calls;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
 };
 
 // Splits generated ids into reasoning / content / tool calls. Only the special
 // ids are structure: a literal "<|close|>" spelled in ordinary tokens is content.
+// Tool-call arguments stream as they are generated: `<argument>` values become
+// pieces of a compact JSON object ({"key":value,...}; string values escaped,
+// other values whitespace-trimmed, an empty one null), a `<json>` block is
+// passed through as it is. A call cut off by the end of output is closed so its
+// arguments stay valid JSON as far as they went.
 class ChatStreamParser {
  public:
   // Where the prompt left the model: inside <|open|>think<|sep|> (thinking),
@@ -95,6 +112,8 @@ class ChatStreamParser {
   ChatDelta Finish();
 
   bool ended() const { return ended_; }  // <|end_of_msg|> was generated
+  // The next ordinary token would land in the think channel (reasoning).
+  bool in_reasoning() const { return channel_ == Channel::kThink; }
   const std::string& reasoning() const { return reasoning_; }
   const std::string& content() const { return content_; }
   const std::vector<ToolCall>& tool_calls() const { return tool_calls_; }
@@ -102,9 +121,12 @@ class ChatStreamParser {
 
  private:
   enum class Channel { kNone, kThink, kResponse, kArgument, kJson };
-  void OnTag(bool is_open, std::string_view header);
+  void OnTag(bool is_open, std::string_view header, ChatDelta& delta);
   void OnText(std::string_view bytes, ChatDelta& delta);
-  void FinishCall();
+  void OnArgumentText(std::string_view text, ChatDelta& delta);
+  void CloseArgument(ChatDelta& delta);
+  void EmitArguments(std::string piece, ChatDelta& delta);
+  void FinishCall(ChatDelta& delta);
 
   const Tokenizer& tok_;
   XtmlIds ids_;
@@ -116,8 +138,15 @@ class ChatStreamParser {
   std::string reasoning_, content_;
   bool in_call_ = false;
   ToolCall call_;
-  std::vector<std::pair<std::string, std::string>> call_args_;  // key, JSON value
-  std::string arg_key_, arg_type_, arg_value_;
+  int call_pos_ = 0;           // 0-based position of the open call
+  std::string call_stream_;    // arguments text emitted so far for the open call
+  int call_args_ = 0;          // <argument>s streamed for the open call
+  bool call_json_ = false;     // the open call streamed a <json> block
+  bool arg_drop_ = false;      // the open argument/json block is ignored (mixed forms)
+  bool arg_string_ = false;    // the open argument is a JSON string
+  bool arg_started_ = false;   // a non-string value has emitted its first character
+  std::string arg_ws_;         // whitespace held back inside a non-string value
+  Utf8StreamDecoder arg_decoder_;
   std::vector<ToolCall> tool_calls_;
   std::vector<std::string> warnings_;
 };
