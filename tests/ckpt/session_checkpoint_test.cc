@@ -16,33 +16,19 @@
 #include "k3/model/model.h"
 #include "k3/model/session_state.h"
 #include "k3/quant/isa.h"
+#include "k3_test_json.h"
 #include "k3_test_support.h"
 
 using namespace k3;
 using namespace k3::model;
 using k3::test::ReadF32File;
+using k3::test::JsonIds;
 using k3::test::RelL2;
 
 namespace {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
-
-std::vector<int32_t> JsonIds(const std::string& path, const char* key) {
-  std::string text = ReadFileOrThrow(path, 1 << 20);
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  REQUIRE(parser.parse(text).get(doc) == simdjson::SUCCESS);
-  simdjson::dom::array arr;
-  REQUIRE(doc[key].get_array().get(arr) == simdjson::SUCCESS);
-  std::vector<int32_t> ids;
-  for (auto v : arr) {
-    int64_t id = 0;
-    REQUIRE(v.get_int64().get(id) == simdjson::SUCCESS);
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  return ids;
-}
 
 LoadOptions Bits(int bits, int mla, int head) {
   LoadOptions lo;

@@ -83,10 +83,14 @@ std::string CheckpointCache::Describe() const {
 }
 
 std::string CheckpointCache::FilePathFor(const std::vector<int32_t>& ids) const {
+  // Model and options in the name too, so that processes of other options
+  // sharing the directory never overwrite each other's files.
   const XXH128_hash_t h = XXH3_128bits(ids.data(), ids.size() * sizeof(int32_t));
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%.16s-%016" PRIx64 "%016" PRIx64 "-%zu", fingerprint_.model.c_str(),
-                static_cast<uint64_t>(h.high64), static_cast<uint64_t>(h.low64), ids.size());
+  const uint64_t opt = XXH3_64bits(fingerprint_.options.data(), fingerprint_.options.size());
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%.16s-%08" PRIx64 "-%016" PRIx64 "%016" PRIx64 "-%zu",
+                fingerprint_.model.c_str(), opt >> 32, static_cast<uint64_t>(h.high64),
+                static_cast<uint64_t>(h.low64), ids.size());
   return JoinPath(options_.disk_dir, std::string(buf) + kSuffix);
 }
 
