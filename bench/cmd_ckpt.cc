@@ -13,6 +13,7 @@
 //            --tail ids) and without (prefill everything), and their ratio.
 // Every figure is the median of --reps runs, with min and max.
 #include <fcntl.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,7 +74,7 @@ JsonWriter Begin(const char* what, const CkptArgs& a) {
   j.Field("git_sha", SourceRevision());
   j.Field("cpu", CpuModel());
   j.Field("isa", quant::IsaName(quant::ActiveIsa()));
-  j.Field("threads", int64_t{NumOnlineCpus()});
+  j.Field("threads", int64_t{omp_get_max_threads()});  // OMP_NUM_THREADS
   j.Field("reps", int64_t{a.reps});
   return j;
 }
