@@ -76,7 +76,8 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
       ->check(finite_nonneg);
   cmd->add_option("--top-p", flags.top_p, "nucleus mass in (0, 1] (default " + top_p_default + ")")
       ->check(top_p);
-  cmd->add_option("--seed", flags.seed, "sampling seed (default 1)");
+  cmd->add_option("--seed", flags.seed, "sampling seed, 0 to 2^64-1 (default 1)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", flags.threads, "compute threads, 1 to 1024 (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--quiet,-q", flags.quiet, "no load progress or stats lines on stderr (warnings and errors stay)");

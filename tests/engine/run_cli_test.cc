@@ -26,7 +26,9 @@ struct Result {
 // Runs `env k3-run args` through the shell; stdout and stderr captured apart.
 Result Run(const std::string& env, const std::string& args) {
   const std::string base = "/tmp/k3_run_cli_" + std::to_string(::getpid());
-  const std::string cmd = env + " " + kRun + " " + args + " > " + base + ".out 2> " + base + ".err";
+  // One compute thread: OpenMP's spinning on a loaded 2-CPU machine costs 10x.
+  const std::string cmd =
+      "OMP_NUM_THREADS=1 " + env + " " + kRun + " " + args + " > " + base + ".out 2> " + base + ".err";
   const int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -51,13 +53,21 @@ TEST_CASE("k3-run refuses out-of-range flags, naming them") {
            Case{"generate " + kTiny + " " + kIds + " --temp nan", "temperature must be a finite number"},
            Case{"chat " + kTiny + " hi --temp -1", "temperature must be a finite number"},
            Case{"generate " + kTiny + " " + kIds + " --threads -3", "--threads"},
+           Case{"generate " + kTiny + " " + kIds + " --seed -1", "--seed"},
            Case{"generate " + kTiny + " --ids 1,,2", "--ids: item 2 is empty"},
            Case{"generate " + kTiny + " --ids 1,2,", "--ids: item 3 is empty"},
            Case{"generate " + kTiny + " --ids 1,x", "--ids: 'x' (item 2) is not a token id"},
        }) {
     CAPTURE(c.args);
     Result r = Run("K3_LOG=warn", c.args);
-    CHECK(r.code != 0);
+    // The --ids parser's k3::Error exits 2 (invalid-argument). A failed flag check
+    // is CLI11's ValidationError: 105 from CLI11 itself, 2 where the tools map
+    // usage errors to invalid-argument (issue 14's CLI work, docs/errors.md).
+    if (c.args.find("--ids 1") != std::string::npos) {
+      CHECK(r.code == 2);
+    } else {
+      CHECK((r.code == 105 || r.code == 2));
+    }
     CHECK(r.err.find(c.message) != std::string::npos);
     CHECK(r.out.empty());
   }
@@ -108,7 +118,8 @@ TEST_CASE("k3-run chat on a terminal: dim reasoning unless NO_COLOR") {
   const std::string chat = kRun + " chat " + kTiny + " hi --max-tokens 8 --quiet";
   auto tty_run = [&](const std::string& env) {
     const std::string base = "/tmp/k3_run_cli_tty_" + std::to_string(::getpid());
-    const std::string cmd = env + " script -qec '" + chat + "' /dev/null > " + base + " 2>&1 < /dev/null";
+    const std::string cmd = "OMP_NUM_THREADS=1 " + env + " script -qec '" + chat + "' /dev/null > " +
+                            base + " 2>&1 < /dev/null";
     REQUIRE(std::system(cmd.c_str()) == 0);
     std::string out = ReadFileOrThrow(base, 1 << 20);
     std::remove(base.c_str());

@@ -8,18 +8,26 @@ Conversation::Conversation(Engine& engine, tok::ChatOptions options, std::string
   if (!system.empty()) history_.push_back({"system", std::move(system), ""});
 }
 
-std::vector<int32_t> Conversation::PromptIds(const std::string& user_text) const {
-  std::vector<tok::ChatMessage> messages = history_;
+namespace {
+
+tok::RenderedChat RenderWith(std::vector<tok::ChatMessage> messages, const std::string& user_text,
+                             const tok::ChatOptions& options) {
   messages.push_back({"user", user_text, ""});
-  return engine_.ChatPromptIds(tok::RenderChatOrThrow(messages, options_));
+  return tok::RenderChatOrThrow(messages, options);
+}
+
+}  // namespace
+
+std::vector<int32_t> Conversation::PromptIds(const std::string& user_text) const {
+  return engine_.ChatPromptIds(RenderWith(history_, user_text, options_));
 }
 
 GenerateResult Conversation::Turn(const std::string& user_text, const TurnOptions& turn,
                                   const Callbacks& callbacks) {
+  const tok::RenderedChat chat = RenderWith(history_, user_text, options_);
   GenerateRequest req;
-  req.prompt_ids = PromptIds(user_text);
-  req.chat_start = options_.thinking ? tok::ChatStreamParser::Start::kThink
-                                     : tok::ChatStreamParser::Start::kResponse;
+  req.prompt_ids = engine_.ChatPromptIds(chat);
+  req.chat_start = ChatStartFor(chat);
   req.max_tokens = turn.max_tokens;
   req.stop = turn.stop;
   req.sampling = turn.sampling;

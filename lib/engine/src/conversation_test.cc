@@ -17,6 +17,7 @@ TEST_CASE("chat turns reuse the state of the turns before and keep the history")
   o.model_dir = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
   o.progress = false;
   o.load.expert_cache_bytes = 0;
+  o.threads = 1;  // see engine_test.cc
   auto e = Engine::LoadOrThrow(o);
   tok::ChatOptions co;
   co.thinking = false;

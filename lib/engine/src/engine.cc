@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -80,6 +81,11 @@ const char* FinishReasonName(FinishReason r) {
   return "stop";
 }
 
+tok::ChatStreamParser::Start ChatStartFor(const tok::RenderedChat& chat) {
+  return chat.resolved.thinking ? tok::ChatStreamParser::Start::kThink
+                                : tok::ChatStreamParser::Start::kResponse;
+}
+
 struct Engine::Impl {
   EngineOptions options;
   std::unique_ptr<model::Model> model;
@@ -94,6 +100,16 @@ struct Engine::Impl {
   void Reset() {
     session->Reset();
     logits_valid = false;
+  }
+
+  // expert_stats() may be called from another thread (a server's /metrics)
+  // while Generate runs: it reads this copy, refreshed after every step.
+  mutable std::mutex stats_mu;
+  model::ExpertStoreStats stats_published;
+  void PublishStats() {
+    const model::ExpertStoreStats s = model->experts().stats();
+    std::lock_guard<std::mutex> lock(stats_mu);
+    stats_published = s;
   }
 };
 
@@ -115,6 +131,7 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
   }
   im.model = model::Model::LoadOrThrow(options.model_dir, im.options.load, im.options.snapshot);
   im.streaming = &stream::InstallStreamingStore(*im.model, im.options.stream);
+  if (im.options.on_model_loaded) im.options.on_model_loaded(*im.model);
   // The MLA cache grows on demand (doubling), so nothing is reserved for the
   // whole context up front.
   im.session = std::make_unique<model::Session>(*im.model, im.options.run, 0);
@@ -122,6 +139,7 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
       im.options.checkpoints, im.session->Fingerprint(), model::StateLayout::For(im.model->config()));
   if (im.options.progress) K3_LOG_INFO("%s", im.checkpoints->Describe().c_str());
   im.logits.resize(static_cast<size_t>(im.model->config().vocab_size));
+  im.PublishStats();
   return e;
 }
 
@@ -132,7 +150,10 @@ const tok::Tokenizer* Engine::tokenizer() const {
 }
 model::Model& Engine::model() { return *impl_->model; }
 SamplingParams Engine::default_sampling() const { return impl_->defaults; }
-model::ExpertStoreStats Engine::expert_stats() const { return impl_->model->experts().stats(); }
+model::ExpertStoreStats Engine::expert_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mu);
+  return impl_->stats_published;
+}
 CheckpointCacheStats Engine::checkpoint_stats() const { return impl_->checkpoints->stats(); }
 const stream::StreamingExpertStore& Engine::streaming() const { return *impl_->streaming; }
 const std::vector<int32_t>& Engine::session_ids() const { return impl_->session->history(); }
@@ -236,12 +257,13 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
   ValidateOrThrow(req, c, has_head, im.tokenizer.has_value(), limit);
 
   GenerateResult res;
-  const model::ExpertStoreStats stats0 = expert_stats();
-  const size_t steps0 = im.streaming->stream_stats().steps.size();
+  const model::ExpertStoreStats stats0 = im.model->experts().stats();
+  im.streaming->ClearSteps();  // this request's steps only (bounded memory in a server)
   auto cancelled = [&] { return cb.cancel && cb.cancel->load(std::memory_order_relaxed); };
   auto finish = [&](FinishReason reason) {
     res.finish = reason;
-    res.experts = Minus(expert_stats(), stats0);
+    im.PublishStats();
+    res.experts = Minus(im.model->experts().stats(), stats0);
     res.usage.completion_tokens = static_cast<int64_t>(res.ids.size());
     if (res.usage.completion_tokens > 0 && res.timings.decode_s > 0) {
       res.timings.decode_tok_per_s =
@@ -303,9 +325,9 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
       throw;
     }
     im.session->SetInterrupt({});
+    im.PublishStats();
     res.timings.prefill_s = NowSeconds() - t0;
-    res.prefill_steps =
-        static_cast<int64_t>(im.streaming->stream_stats().steps.size() - steps0);
+    res.prefill_steps = static_cast<int64_t>(im.streaming->stream_stats().steps.size());
     if (im.session->interrupted()) {
       // The session holds whole chunks only (or was reset): a later prompt
       // reuses what was fed, and the logits are not those of its end.
@@ -390,6 +412,7 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
       throw;
     }
     im.logits_valid = true;
+    im.PublishStats();
   }
   // The turn's end: a follow-up turn that extends it restores from here.
   if (im.checkpoints->enabled()) im.checkpoints->Save(*im.session);

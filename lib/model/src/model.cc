@@ -361,16 +361,15 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
   interrupted_ = false;
   for (int64_t t0 = 0; t0 < total; t0 += options_.chunk) {
     const int64_t n = std::min<int64_t>(options_.chunk, total - t0);
-    if (!ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total)) {
-      interrupted_ = true;
-      return;
-    }
+    ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
+    if (interrupted_) return;
     history_.insert(history_.end(), ids.begin() + t0, ids.begin() + t0 + n);
   }
 }
 
 bool Session::PollInterrupt(int64_t tokens_done, int64_t layer) {
   if (!interrupt_ || !interrupt_(tokens_done, layer)) return false;
+  interrupted_ = true;
   // Before a chunk's first layer nothing of the chunk has touched the state:
   // the session holds exactly the chunks fed so far. Later, KDA state and conv
   // windows have advanced for some layers and cannot be rolled back.
@@ -380,7 +379,7 @@ bool Session::PollInterrupt(int64_t tokens_done, int64_t layer) {
 
 // One chunk through the whole stack, layer-major. Every matmul is batched
 // over the chunk; per-token sequential state advances in token order.
-bool Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
+void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                            const ForwardOutputs& out, bool last_chunk) {
   const ModelConfig& c = model_.config();
   const ModelWeights& W = model_.weights();
@@ -407,7 +406,7 @@ bool Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   };
 
   for (size_t li = 0; li < L; ++li) {
-    if (PollInterrupt(t_base, static_cast<int64_t>(li))) return false;
+    if (PollInterrupt(t_base, static_cast<int64_t>(li))) return;
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
     for (size_t t = 0; t < C; ++t) {
@@ -486,7 +485,6 @@ bool Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     }
   }
   pos_ += n_tokens;
-  return true;
 }
 
 // KDA (§5.3). x: [C, D] normalised input; out: [C, D].

@@ -8,7 +8,8 @@
 //
 // Ownership and threads: an Engine owns the Model, the Tokenizer and one
 // Session. It is not thread-safe: one Generate() at a time (the server's queue
-// serialises requests). Callbacks run on the calling thread, inside Generate().
+// serialises requests); only expert_stats() may be called from other threads.
+// Callbacks run on the calling thread, inside Generate().
 // Failures: LoadOrThrow and Generate throw k3::Error (kInvalidArgument for a
 // bad request: ids out of the vocabulary, a prompt past the context limit);
 // a cancel is not an error: Generate returns with finish == kCancelled.
@@ -50,6 +51,10 @@ struct EngineOptions {
   // Compute threads (OpenMP) for the forward pass; 0 = every CPU. A flag, not
   // an environment variable (OMP_NUM_THREADS still applies when this is 0).
   int threads = 0;
+  // Called once after the model is loaded and the streaming store installed,
+  // before the session is made: the place to install further expert
+  // executors (e.g. a GPU tier) on every command. Empty: nothing.
+  std::function<void(model::Model&)> on_model_loaded;
 
   // Reads every K3_* runtime variable (docs/environment.md) with core's strict
   // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
@@ -128,6 +133,10 @@ struct Delta {
 enum class FinishReason { kStop, kLength, kToolCalls, kCancelled };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "tool_calls", "cancelled"
 
+// Where a rendered chat leaves the model (GenerateRequest::chat_start): inside
+// the think channel when thinking is on, else inside the response.
+tok::ChatStreamParser::Start ChatStartFor(const tok::RenderedChat& chat);
+
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -189,9 +198,12 @@ class Engine {
   GenerateResult Generate(const GenerateRequest& request, const Callbacks& callbacks = {});
 
   // Checkpoint cache counters since load (for /metrics); all zero when off.
+  // Not thread-safe: call on the Generate thread or between requests.
   CheckpointCacheStats checkpoint_stats() const;
 
-  // Cumulative expert-store stats since load (for /metrics).
+  // Cumulative expert-store stats since load (for /metrics). The one call that
+  // is safe from any thread, also while Generate runs (a copy refreshed after
+  // every prefill and decode step).
   model::ExpertStoreStats expert_stats() const;
 
   // The streaming store every engine installs (its plan and per-step stats).

@@ -136,23 +136,23 @@ class Session {
 
  private:
   struct Impl;
-  // False when interrupted (see SetInterrupt).
-  bool ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
+  void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
                     bool last_chunk);
-  bool PollInterrupt(int64_t tokens_done, int64_t layer);
   void KdaForward(int64_t layer, const float* x, size_t n, float* out);
   void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
   void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  // True (and interrupted_ set) when the poll asks to stop; see SetInterrupt.
+  bool PollInterrupt(int64_t tokens_done, int64_t layer);
 
   Model& model_;
   RunOptions options_;
+  InterruptPoll interrupt_;
+  bool interrupted_ = false;
   int64_t pos_ = 0;
   std::vector<int32_t> history_;
   bool record_routing_ = false;
   std::vector<RoutingRecord> routing_;
-  InterruptPoll interrupt_;
-  bool interrupted_ = false;
   std::unique_ptr<Impl> impl_;
   // Checkpoints: the MLA segments of the last checkpoint saved or restored
   // (valid while they cover a prefix of history_), and the model identity.

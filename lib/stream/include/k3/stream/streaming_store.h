@@ -127,6 +127,10 @@ class StreamingExpertStore final : public model::ExpertStore {
   model::ExpertStoreStats stats() const override;
 
   const StreamStats& stream_stats() const { return stats_; }
+  // Forgets the per-step records (the totals stay). Not during a pass. The
+  // engine calls it per request so that a long-running server's records do
+  // not grow without bound.
+  void ClearSteps() { stats_.steps.clear(); }
   const CachePlan& plan() const { return plan_; }
   // "io_uring" or "pread-pool" (after any fallback).
   const char* backend() const;
