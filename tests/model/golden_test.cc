@@ -13,11 +13,9 @@
 #include "k3/core/file.h"
 #include "k3/model/model.h"
 #include "k3/quant/isa.h"
-#include "k3_test_json.h"
 #include "k3_test_support.h"
 
 using namespace k3;
-using k3::test::JsonIds;
 using k3::test::RelL2;
 using k3::test::ReadF32File;
 using namespace k3::model;
@@ -26,6 +24,22 @@ namespace {
 
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
+
+std::vector<int32_t> JsonIds(const std::string& path, const char* key) {
+  std::string text = ReadFileOrThrow(path, 1 << 20);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE(parser.parse(text).get(doc) == simdjson::SUCCESS);
+  simdjson::dom::array arr;
+  REQUIRE(doc[key].get_array().get(arr) == simdjson::SUCCESS);
+  std::vector<int32_t> ids;
+  for (auto v : arr) {
+    int64_t id = 0;
+    REQUIRE(v.get_int64().get(id) == simdjson::SUCCESS);
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
 
 struct RunResult {
   std::vector<float> logits, trace, final_hidden;
