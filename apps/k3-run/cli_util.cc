@@ -84,11 +84,25 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
   cmd->add_option("--threads", flags.threads, "compute threads, 1 to 1024 (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--quiet,-q", flags.quiet, "no load progress or stats lines on stderr (warnings and errors stay)");
+  cmd->add_option("--ckpt-slots", flags.ckpt_slots,
+                  "recurrent-state checkpoints kept in RAM; 0 turns them off (default: sized from "
+                  "free memory, printed at start)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  cmd->add_option("--ckpt-dir", flags.ckpt_dir, "park evicted checkpoints in this directory");
+  cmd->add_option("--ckpt-disk-gb", flags.ckpt_disk_gb, "cap on parked checkpoints, GB (default 50)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--ckpt-every", flags.ckpt_every,
+                  "a checkpoint every N prefilled tokens, 0: none (default 1024)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
 }
 
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags) {
   engine::EngineOptions o = engine::EngineOptions::FromEnv(model_dir);
   o.threads = flags.threads;
+  o.checkpoints.ram_slots = flags.ckpt_slots;
+  o.checkpoints.disk_dir = flags.ckpt_dir;
+  o.checkpoints.disk_gb = flags.ckpt_disk_gb;
+  o.checkpoint_every = flags.ckpt_every;
 #if K3_HAVE_VULKAN
   // The Vulkan expert tier for every command when K3_VK=1 (docs/vulkan.md).
   const vulkan::TierOptions vk = vulkan::TierOptions::FromEnv();

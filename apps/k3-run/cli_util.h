@@ -23,12 +23,17 @@ struct RuntimeFlags {
   uint64_t seed = 1;
   int threads = 0;  // 0: every CPU
   bool quiet = false;
+  // Checkpoints (issue 13): --ckpt-slots, --ckpt-dir, --ckpt-disk-gb, --ckpt-every.
+  int64_t ckpt_slots = -1;  // -1: sized from free memory; 0: off
+  std::string ckpt_dir;
+  double ckpt_disk_gb = 50.0;
+  int64_t ckpt_every = 1024;
 };
-// Adds --temp, --top-p, --seed, --threads and --quiet with range checks;
+// Adds --temp, --top-p, --seed, --threads, --quiet and the --ckpt-* flags with range checks;
 // `temp_default` / `top_p_default` are only named in the help text.
 void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp_default,
                      const std::string& top_p_default);
-// EngineOptions::FromEnv plus the flags (threads, quiet).
+// EngineOptions::FromEnv plus the flags (threads, quiet, checkpoints).
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags);
 
 }  // namespace k3::run

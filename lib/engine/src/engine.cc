@@ -92,6 +92,7 @@ struct Engine::Impl {
   std::optional<tok::Tokenizer> tokenizer;
   stream::StreamingExpertStore* streaming = nullptr;  // owned by model
   std::unique_ptr<model::Session> session;
+  std::unique_ptr<CheckpointCache> checkpoints;  // issue 13
   SamplingParams defaults;
   std::vector<float> logits;  // at the session's last fed position, when valid
   bool logits_valid = false;
@@ -134,6 +135,9 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
   // The MLA cache grows on demand (doubling), so nothing is reserved for the
   // whole context up front.
   im.session = std::make_unique<model::Session>(*im.model, im.options.run, 0);
+  im.checkpoints = std::make_unique<CheckpointCache>(
+      im.options.checkpoints, im.session->Fingerprint(), model::StateLayout::For(im.model->config()));
+  if (im.options.progress) K3_LOG_INFO("%s", im.checkpoints->Describe().c_str());
   im.logits.resize(static_cast<size_t>(im.model->config().vocab_size));
   im.PublishStats();
   return e;
@@ -150,6 +154,7 @@ model::ExpertStoreStats Engine::expert_stats() const {
   std::lock_guard<std::mutex> lock(impl_->stats_mu);
   return impl_->stats_published;
 }
+CheckpointCacheStats Engine::checkpoint_stats() const { return impl_->checkpoints->stats(); }
 const stream::StreamingExpertStore& Engine::streaming() const { return *impl_->streaming; }
 const std::vector<int32_t>& Engine::session_ids() const { return impl_->session->history(); }
 void Engine::ResetSession() { impl_->Reset(); }
@@ -214,6 +219,35 @@ void ValidateOrThrow(const GenerateRequest& r, const ModelConfig& c, bool has_he
 
 }  // namespace
 
+namespace {
+
+// Feeds `tail` in pieces ending at multiples of `every` positions, and the
+// last id of a tail longer than a chunk on its own, with a checkpoint after
+// every piece but the last (issue 13): a cancelled prefill resumes from the
+// last boundary, a retry of the same prompt from its last id. Chunked prefill
+// is bit-identical for any split. Stops early when the session is interrupted.
+void PrefillPieces(model::Session& s, CheckpointCache& cache, std::span<const int32_t> tail,
+                   int64_t every, int chunk, const model::ForwardOutputs& out,
+                   int64_t& piece_base) {
+  const int64_t start = s.position();
+  const int64_t end_all = start + static_cast<int64_t>(tail.size());
+  const bool retry_point = static_cast<int64_t>(tail.size()) > chunk;
+  int64_t pos = start;
+  while (pos < end_all) {
+    int64_t end = end_all;
+    if (every > 0) end = std::min(end_all, (pos / every + 1) * every);
+    if (end == end_all && retry_point && pos < end_all - 1) end = end_all - 1;
+    piece_base = pos - start;
+    s.Forward(tail.subspan(static_cast<size_t>(pos - start), static_cast<size_t>(end - pos)),
+              end == end_all ? out : model::ForwardOutputs{});
+    if (s.interrupted()) return;
+    pos = end;
+    if (pos < end_all) cache.Save(s);
+  }
+}
+
+}  // namespace
+
 GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb) {
   Impl& im = *impl_;
   const ModelConfig& c = config();
@@ -251,6 +285,17 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     im.Reset();
     common = 0;
   }
+  // Checkpoints: the deepest one that is a prefix of the prompt and deeper
+  // than what the session holds (at least the last id is always fed).
+  const bool ckpt_on = im.checkpoints->enabled() && req.prefill_outputs == nullptr;
+  if (ckpt_on && prompt.size() > 1) {
+    const int64_t got = im.checkpoints->RestoreDeepest(
+        *im.session, prompt, static_cast<int64_t>(prompt.size()) - 1, static_cast<int64_t>(common));
+    if (got > 0) {
+      common = static_cast<size_t>(got);
+      im.logits_valid = false;
+    }
+  }
   res.usage.prompt_tokens = static_cast<int64_t>(prompt.size());
   res.usage.cached_tokens = static_cast<int64_t>(common);
 
@@ -258,16 +303,22 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
   const std::span<const int32_t> tail(prompt.data() + common, prompt.size() - common);
   if (!tail.empty()) {
     const int64_t total = static_cast<int64_t>(tail.size());
+    int64_t piece_base = 0;  // tail ids fed by earlier pieces
     im.session->SetInterrupt([&](int64_t done, int64_t) {
       if (cancelled()) return true;
-      return cb.on_prefill_progress && !cb.on_prefill_progress(done, total);
+      return cb.on_prefill_progress && !cb.on_prefill_progress(piece_base + done, total);
     });
     model::ForwardOutputs out = req.prefill_outputs ? *req.prefill_outputs : model::ForwardOutputs{};
     out.logits_last = has_head ? im.logits.data() : nullptr;
     im.logits_valid = false;
     const double t0 = NowSeconds();
     try {
-      im.session->Forward(tail, out);
+      if (ckpt_on) {
+        PrefillPieces(*im.session, *im.checkpoints, tail, im.options.checkpoint_every,
+                      im.options.run.chunk, out, piece_base);
+      } else {
+        im.session->Forward(tail, out);
+      }
     } catch (...) {
       im.session->SetInterrupt({});
       im.Reset();
@@ -363,6 +414,8 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     im.logits_valid = true;
     im.PublishStats();
   }
+  // The turn's end: a follow-up turn that extends it restores from here.
+  if (im.checkpoints->enabled()) im.checkpoints->Save(*im.session);
   close_output();
   return finish(reason);
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "k3/container/snapshot.h"
+#include "k3/engine/checkpoint_cache.h"
 #include "k3/model/config.h"
 #include "k3/model/model.h"
 #include "k3/model/weights.h"
@@ -58,6 +59,15 @@ struct EngineOptions {
   // Reads every K3_* runtime variable (docs/environment.md) with core's strict
   // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
   // Also validates K3_LOG and applies it (SetLogLevel).
+  // Recurrent-state checkpoints (issue 13, docs/checkpoints.md), from the
+  // apps' --ckpt-slots / --ckpt-dir / --ckpt-disk-gb / --ckpt-every (whose
+  // default, -1, sizes the slots from free memory). RAM slots 0: off, the
+  // default of the struct, so that a library user opts in.
+  CheckpointCacheOptions checkpoints{.ram_slots = 0};
+  // Prefill checkpoints every this many positions (0: none), besides the one
+  // just before a long prompt's last id (retry, edit) and each turn's end.
+  int64_t checkpoint_every = 1024;
+
   static EngineOptions FromEnv(std::string model_dir);
 };
 
@@ -186,6 +196,10 @@ class Engine {
 
   // One generation; see the header comment for threads and failures.
   GenerateResult Generate(const GenerateRequest& request, const Callbacks& callbacks = {});
+
+  // Checkpoint cache counters since load (for /metrics); all zero when off.
+  // Not thread-safe: call on the Generate thread or between requests.
+  CheckpointCacheStats checkpoint_stats() const;
 
   // Cumulative expert-store stats since load (for /metrics). The one call that
   // is safe from any thread, also while Generate runs (a copy refreshed after

@@ -29,6 +29,10 @@
 
 namespace k3::model {
 
+struct MlaSegment;          // session_state.h
+struct SessionCheckpoint;   // session_state.h
+struct StateFingerprint;    // session_state.h
+
 // Inference choices. k3::engine::EngineOptions::FromEnv fills them from K3_IDOT,
 // K3_CHUNK and K3_TOPP (docs/environment.md).
 struct RunOptions {
@@ -126,6 +130,19 @@ class Session {
   void RecordRouting(bool on) { record_routing_ = on; }
   const std::vector<RoutingRecord>& routing() const { return routing_; }
 
+  // Checkpoints (issue 13, session_state.h). SaveCheckpoint copies the KDA
+  // state and conv windows and the MLA rows fed since the last checkpoint this
+  // session saved or restored on the same ids; earlier rows are shared with
+  // that checkpoint. RestoreCheckpoint makes this session's state exactly the
+  // checkpoint's (position, history, every layer), so feeding a tail next is
+  // bit-identical to having fed the checkpoint's ids and the tail; it throws
+  // kInvalidArgument (nothing changed) when the checkpoint's fingerprint or
+  // layout is not this session's.
+  std::shared_ptr<const SessionCheckpoint> SaveCheckpoint();
+  void RestoreCheckpoint(const SessionCheckpoint& checkpoint);
+  // This session's fingerprint (model identity computed once per session).
+  StateFingerprint Fingerprint() const;
+
  private:
   struct Impl;
   void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
@@ -146,6 +163,10 @@ class Session {
   bool record_routing_ = false;
   std::vector<RoutingRecord> routing_;
   std::unique_ptr<Impl> impl_;
+  // Checkpoints: the MLA segments of the last checkpoint saved or restored
+  // (valid while they cover a prefix of history_), and the model identity.
+  std::vector<std::shared_ptr<const MlaSegment>> ckpt_mla_;
+  mutable std::string ckpt_model_id_;
 };
 
 // Sampling (§5.8). temperature <= 0: greedy argmax, first maximum wins.

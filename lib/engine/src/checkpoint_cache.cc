@@ -1,0 +1,340 @@
+// The checkpoint cache (checkpoint_cache.h): LRU over RAM slots, parking on
+// disk, deepest exact-prefix match.
+#include "k3/engine/checkpoint_cache.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+#include "k3/core/error.h"
+#include "k3/core/file.h"
+#include "k3/core/log.h"
+#include "k3/core/sys.h"
+
+namespace k3::engine {
+
+using model::SessionCheckpoint;
+
+struct CheckpointCache::Entry {
+  std::vector<int32_t> ids;                          // the checkpoint's prefix
+  std::shared_ptr<const SessionCheckpoint> ram;      // null: on disk only
+  std::string path;                                  // empty: not parked
+  uint64_t file_bytes = 0;
+  uint64_t last_use = 0;
+};
+
+namespace {
+
+constexpr const char* kSuffix = ".k3ckpt";
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+bool IsPrefix(const std::vector<int32_t>& prefix, std::span<const int32_t> ids, int64_t max_len) {
+  return static_cast<int64_t>(prefix.size()) <= max_len && prefix.size() <= ids.size() &&
+         std::equal(prefix.begin(), prefix.end(), ids.begin());
+}
+
+}  // namespace
+
+CheckpointCache::CheckpointCache(const CheckpointCacheOptions& options,
+                                 model::StateFingerprint fingerprint, model::StateLayout layout)
+    : options_(options), fingerprint_(std::move(fingerprint)), layout_(layout) {
+  slots_ = options_.ram_slots >= 0 ? options_.ram_slots
+                                   : DefaultSlots(layout_, MemAvailableBytes());
+  disk_cap_bytes_ = options_.disk_gb > 0 ? static_cast<uint64_t>(options_.disk_gb * 1e9) : 0;
+  if (slots_ > 0 && !options_.disk_dir.empty()) ScanDisk();
+}
+
+CheckpointCache::~CheckpointCache() = default;
+
+int64_t CheckpointCache::DefaultSlots(const model::StateLayout& layout, uint64_t mem_available,
+                                      int64_t typical_tokens) {
+  if (mem_available == 0) return 2;
+  const double per = static_cast<double>(layout.kda_bytes()) +
+                     static_cast<double>(layout.mla_bytes_per_token()) *
+                         static_cast<double>(std::max<int64_t>(typical_tokens, 0));
+  if (per <= 0) return 0;
+  const double n = std::floor(0.25 * static_cast<double>(mem_available) / per);
+  return static_cast<int64_t>(std::clamp(n, 0.0, 64.0));
+}
+
+std::string CheckpointCache::Describe() const {
+  if (slots_ == 0) return "checkpoints off (0 slots)";
+  std::string s = "checkpoints: " + std::to_string(slots_) + " RAM slots of " +
+                  FormatBytes(layout_.kda_bytes()) + " KDA state + " +
+                  FormatBytes(layout_.mla_bytes_per_token()) + "/token MLA (shared)";
+  if (!options_.disk_dir.empty()) {
+    s += "; parked in " + options_.disk_dir + " up to " + FormatBytes(disk_cap_bytes_) + " (" +
+         std::to_string(stats_.disk_checkpoints) + " found)";
+  }
+  return s;
+}
+
+std::string CheckpointCache::FilePathFor(const std::vector<int32_t>& ids) const {
+  // Model and options in the name too, so that processes of other options
+  // sharing the directory never overwrite each other's files.
+  const XXH128_hash_t h = XXH3_128bits(ids.data(), ids.size() * sizeof(int32_t));
+  const uint64_t opt = XXH3_64bits(fingerprint_.options.data(), fingerprint_.options.size());
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%.16s-%08" PRIx64 "-%016" PRIx64 "%016" PRIx64 "-%zu",
+                fingerprint_.model.c_str(), opt >> 32, static_cast<uint64_t>(h.high64),
+                static_cast<uint64_t>(h.low64), ids.size());
+  return JoinPath(options_.disk_dir, std::string(buf) + kSuffix);
+}
+
+void CheckpointCache::ScanDisk() {
+  const std::string& dir = options_.disk_dir;
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    K3_LOG_WARN("ckpt: cannot create %s (%s): parking off", dir.c_str(), std::strerror(errno));
+    options_.disk_dir.clear();
+    return;
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    K3_LOG_WARN("ckpt: cannot list %s (%s): parking off", dir.c_str(), std::strerror(errno));
+    options_.disk_dir.clear();
+    return;
+  }
+  struct Found {
+    std::string path;
+    double mtime;
+  };
+  std::vector<Found> found;
+  while (dirent* de = ::readdir(d)) {
+    const std::string name = de->d_name;
+    if (!EndsWith(name, kSuffix)) continue;  // temp files end in .tmp.<pid>
+    const std::string path = JoinPath(dir, name);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    found.push_back({path, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec});
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
+  for (const Found& f : found) {
+    CheckpointFileResult r = ReadCheckpointFile(f.path, fingerprint_, layout_, true);
+    if (r.status != CheckpointFileStatus::kOk) {
+      // Another model's or other options' files may share the directory: not ours to delete.
+      K3_LOG_WARN("ckpt: ignoring %s: %s (%s)", f.path.c_str(), CheckpointFileStatusName(r.status),
+                  r.detail.c_str());
+      continue;
+    }
+    Entry e;
+    e.ids = std::move(r.ids);
+    e.path = f.path;
+    e.file_bytes = r.file_bytes;
+    e.last_use = ++tick_;
+    entries_.push_back(std::move(e));
+    ++stats_.disk_checkpoints;
+    stats_.disk_bytes += r.file_bytes;
+  }
+  EnforceDisk();
+}
+
+void CheckpointCache::Touch(Entry& e) { e.last_use = ++tick_; }
+
+void CheckpointCache::Save(model::Session& session) {
+  if (slots_ == 0 || session.position() == 0) return;
+  const std::vector<int32_t>& h = session.history();
+  for (Entry& e : entries_) {
+    if (e.ids.size() == h.size() && e.ids == h) {
+      // The same ids give the same state: keep the one we have.
+      if (!e.ram) {
+        e.ram = session.SaveCheckpoint();
+        ++stats_.ram_checkpoints;
+        ++stats_.saves;
+      }
+      Touch(e);
+      EnforceRam();
+      return;
+    }
+  }
+  Entry e;
+  e.ram = session.SaveCheckpoint();
+  if (!(e.ram->fingerprint == fingerprint_) || !(e.ram->layout == layout_)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "checkpoint cache of another model or options (" + fingerprint_.options +
+                    ") used with a session running " + e.ram->fingerprint.options);
+  }
+  e.ids = h;
+  e.last_use = ++tick_;
+  entries_.push_back(std::move(e));
+  ++stats_.saves;
+  ++stats_.ram_checkpoints;
+  EnforceRam();
+}
+
+void CheckpointCache::Park(Entry& e) {
+  const std::string path = FilePathFor(e.ids);
+  try {
+    WriteCheckpointFileOrThrow(path, *e.ram);
+    e.path = path;
+    e.file_bytes = FileSizeOrThrow(path);
+    ++stats_.parks;
+    ++stats_.disk_checkpoints;
+    stats_.disk_bytes += e.file_bytes;
+  } catch (const Error& err) {
+    K3_LOG_WARN("ckpt: could not park a checkpoint of %zu tokens: %s", e.ids.size(), err.what());
+  }
+}
+
+void CheckpointCache::EnforceRam() {
+  while (stats_.ram_checkpoints > slots_) {
+    Entry* lru = nullptr;
+    for (Entry& e : entries_) {
+      if (e.ram && (lru == nullptr || e.last_use < lru->last_use)) lru = &e;
+    }
+    K3_CHECK(lru != nullptr);
+    ++stats_.evictions;
+    if (lru->path.empty() && !options_.disk_dir.empty() &&
+        lru->ram->kda_bytes() + lru->ram->mla_bytes() <= disk_cap_bytes_) {
+      Park(*lru);
+    }
+    lru->ram.reset();
+    --stats_.ram_checkpoints;
+    if (lru->path.empty()) Forget(*lru, false);
+  }
+  EnforceDisk();
+}
+
+void CheckpointCache::EnforceDisk() {
+  while (stats_.disk_bytes > disk_cap_bytes_) {
+    Entry* lru = nullptr;
+    for (Entry& e : entries_) {
+      if (!e.path.empty() && (lru == nullptr || e.last_use < lru->last_use)) lru = &e;
+    }
+    if (lru == nullptr) break;
+    if (::unlink(lru->path.c_str()) != 0 && errno != ENOENT) {
+      K3_LOG_WARN("ckpt: cannot remove %s: %s", lru->path.c_str(), std::strerror(errno));
+    }
+    --stats_.disk_checkpoints;
+    stats_.disk_bytes -= lru->file_bytes;
+    lru->path.clear();
+    lru->file_bytes = 0;
+    if (!lru->ram) Forget(*lru, false);
+  }
+}
+
+void CheckpointCache::Forget(Entry& e, bool unlink_file) {
+  if (e.ram) --stats_.ram_checkpoints;
+  if (!e.path.empty()) {
+    if (unlink_file && ::unlink(e.path.c_str()) != 0 && errno != ENOENT) {
+      K3_LOG_WARN("ckpt: cannot remove %s: %s", e.path.c_str(), std::strerror(errno));
+    }
+    --stats_.disk_checkpoints;
+    stats_.disk_bytes -= e.file_bytes;
+  }
+  entries_.remove_if([&](const Entry& x) { return &x == &e; });
+}
+
+CheckpointCache::Entry* CheckpointCache::FindDeepest(std::span<const int32_t> ids, int64_t max_len,
+                                                     int64_t min_position) {
+  Entry* best = nullptr;
+  for (Entry& e : entries_) {
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    if (n <= min_position || !IsPrefix(e.ids, ids, max_len)) continue;
+    if (best == nullptr || n > static_cast<int64_t>(best->ids.size()) ||
+        (n == static_cast<int64_t>(best->ids.size()) && e.ram && !best->ram)) {
+      best = &e;
+    }
+  }
+  return best;
+}
+
+int64_t CheckpointCache::RestoreDeepest(model::Session& session, std::span<const int32_t> ids,
+                                        int64_t max_len, int64_t min_position) {
+  if (slots_ == 0) return 0;
+  max_len = std::min<int64_t>(max_len, static_cast<int64_t>(ids.size()));
+  while (Entry* e = FindDeepest(ids, max_len, min_position)) {
+    if (!e->ram) {
+      CheckpointFileResult r = ReadCheckpointFile(e->path, fingerprint_, layout_);
+      if (r.status != CheckpointFileStatus::kOk || r.ids != e->ids) {
+        const char* kind = r.status == CheckpointFileStatus::kOk
+                               ? "corrupt"
+                               : CheckpointFileStatusName(r.status);
+        K3_LOG_WARN("ckpt: refusing %s: %s (%s); prefilling instead", e->path.c_str(), kind,
+                    r.status == CheckpointFileStatus::kOk ? "ids differ from the index"
+                                                          : r.detail.c_str());
+        ++stats_.refused;
+        Forget(*e, true);
+        continue;
+      }
+      e->ram = std::move(r.checkpoint);
+      ++stats_.ram_checkpoints;
+      ++stats_.disk_loads;
+    }
+    const std::shared_ptr<const SessionCheckpoint> ck = e->ram;
+    Touch(*e);
+    session.RestoreCheckpoint(*ck);
+    ++stats_.hits;
+    stats_.restored_tokens += ck->position;
+    EnforceRam();  // a loaded file took a slot
+    return ck->position;
+  }
+  ++stats_.misses;
+  return 0;
+}
+
+CheckpointCacheStats CheckpointCache::stats() const {
+  CheckpointCacheStats s = stats_;
+  s.ram_bytes = 0;
+  std::unordered_set<const model::MlaSegment*> seen;
+  for (const Entry& e : entries_) {
+    if (!e.ram) continue;
+    s.ram_bytes += e.ram->kda_bytes() + e.ids.size() * sizeof(int32_t);
+    for (const auto& seg : e.ram->mla) {
+      if (seen.insert(seg.get()).second) s.ram_bytes += seg->bytes();
+    }
+  }
+  return s;
+}
+
+PrefillResult PrefillWithCheckpoints(model::Session& session, CheckpointCache* cache,
+                                     std::span<const int32_t> prompt, int64_t every_k,
+                                     const std::function<bool()>& cancel,
+                                     const model::ForwardOutputs& last_out) {
+  K3_CHECK(last_out.logits_all == nullptr && last_out.trace == nullptr &&
+           last_out.final_hidden == nullptr);
+  if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "empty prompt");
+  PrefillResult r;
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  const std::vector<int32_t>& h = session.history();
+  if (static_cast<int64_t>(h.size()) < len && std::equal(h.begin(), h.end(), prompt.begin())) {
+    r.reused = session.position();
+  }
+  if (cache != nullptr) r.restored = cache->RestoreDeepest(session, prompt, len - 1, r.reused);
+  if (r.restored > 0) {
+    r.reused = 0;
+  } else if (r.reused == 0) {
+    session.Reset();
+  }
+  while (session.position() < len) {
+    if (cancel && cancel()) {
+      r.cancelled = true;
+      return r;
+    }
+    const int64_t pos = session.position();
+    int64_t end = len;
+    if (every_k > 0) end = std::min(len, (pos / every_k + 1) * every_k);
+    const bool last = end == len;
+    session.Forward(prompt.subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)),
+                    last ? last_out : model::ForwardOutputs{});
+    r.fed += end - pos;
+    if (!last && cache != nullptr) cache->Save(session);
+  }
+  return r;
+}
+
+}  // namespace k3::engine
