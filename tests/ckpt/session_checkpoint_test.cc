@@ -16,6 +16,7 @@
 #include "k3/model/model.h"
 #include "k3/model/session_state.h"
 #include "k3/quant/isa.h"
+#include "k3_model_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -30,22 +31,8 @@ namespace {
 const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
 
-LoadOptions Bits(int bits, int mla, int head) {
-  LoadOptions lo;
-  lo.bits = bits;
-  lo.mla_bits = mla;
-  lo.head_bits = head;
-  lo.bits_explicit = true;
-  lo.progress = false;
-  return lo;
-}
-
-RunOptions Run(bool idot, int chunk) {
-  RunOptions ro;
-  ro.idot = idot;
-  ro.chunk = chunk;
-  return ro;
-}
+using k3::test::Bits;
+using k3::test::Run;
 
 // The oracle prompt followed by its greedy continuation: 36 ids whose logits
 // the oracle gives at positions 0..34.

@@ -17,6 +17,7 @@
 #include "k3/model/model.h"
 #include "k3/quant/isa.h"
 #include "k3_isa_test_support.h"
+#include "k3_model_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -135,22 +136,8 @@ GoldenStats CompareWithGolden(const Model& model, const RunResult& r,
   return st;
 }
 
-LoadOptions Bits(int bits, int mla, int head) {
-  LoadOptions o;
-  o.bits = bits;
-  o.mla_bits = mla;
-  o.head_bits = head;
-  o.bits_explicit = true;
-  o.progress = false;
-  return o;
-}
-
-RunOptions Run(bool idot, int chunk) {
-  RunOptions r;
-  r.idot = idot;
-  r.chunk = chunk;
-  return r;
-}
+using k3::test::Bits;
+using k3::test::Run;
 
 }  // namespace
 
