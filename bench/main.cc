@@ -12,6 +12,6 @@ int main(int argc, char** argv) {
   // Only a forced ISA is checked up front (a bad one is a clean error); --help
   // and --version do not choose, so they do not log, the kernels.
   return k3::cli::RunRegisteredCommands<k3::bench::BenchTag>(app, "k3-bench", argc, argv, [] {
-    if (std::getenv("K3_FORCE_ISA") != nullptr) k3::quant::ActiveIsa();
+    k3::quant::ForcedIsaOrThrow();
   });
 }

@@ -16,6 +16,6 @@ int main(int argc, char** argv) {
   // the kernel choice.
   return k3::cli::RunRegisteredCommands<k3::run::CommandTag>(app, "k3-run", argc, argv, [] {
     k3::engine::ApplyLogLevelFromEnv();
-    if (k3::GetEnv("K3_FORCE_ISA")) k3::quant::ActiveIsa();
+    k3::quant::ForcedIsaOrThrow();  // checked, not chosen: --quiet is not applied yet
   });
 }

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "k3/core/error.h"
@@ -64,16 +65,23 @@ Isa BestIsa() {
   return best;
 }
 
+std::optional<Isa> CheckForcedIsa() {
+  auto forced = GetEnv("K3_FORCE_ISA");
+  if (!forced || forced->empty()) return std::nullopt;
+  Isa isa = ParseIsa(*forced);
+  if (!IsaSupported(isa)) {
+    throw Error(ErrorCode::kUnsupported, std::string("K3_FORCE_ISA=") + *forced +
+                                             " but this CPU (or OS) cannot run it; best is " +
+                                             IsaName(BestIsa()));
+  }
+  return isa;
+}
+
 const internal::KernelTable* ChooseOrThrow() {
   Isa isa = BestIsa();
   const char* why = "best this CPU runs";
-  if (auto forced = GetEnv("K3_FORCE_ISA"); forced && !forced->empty()) {
-    isa = ParseIsa(*forced);
-    if (!IsaSupported(isa)) {
-      throw Error(ErrorCode::kUnsupported, std::string("K3_FORCE_ISA=") + *forced +
-                                               " but this CPU (or OS) cannot run it; best is " +
-                                               IsaName(BestIsa()));
-    }
+  if (std::optional<Isa> forced = CheckForcedIsa()) {
+    isa = *forced;
     why = "K3_FORCE_ISA";
   }
   K3_LOG_INFO("quant: %s kernels (%s)", IsaName(isa), why);
@@ -88,6 +96,8 @@ const internal::KernelTable& ActiveTableOrThrow() {
 }
 
 }  // namespace
+
+std::optional<Isa> ForcedIsaOrThrow() { return CheckForcedIsa(); }
 
 bool IsaSupported(Isa isa) {
   switch (isa) {

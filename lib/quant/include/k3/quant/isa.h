@@ -8,6 +8,8 @@
 // never supported (their kernels are not even compiled there).
 #pragma once
 
+#include <optional>
+
 namespace k3::quant {
 
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx2Vnni = 3, kNeon = 4, kNeonDot = 5 };
@@ -18,6 +20,10 @@ inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni,
 
 Isa ActiveIsa();                 // the ISA the dispatched kernels use
 bool IsaSupported(Isa isa);      // what this CPU can run
+// K3_FORCE_ISA checked (a name this CPU runs, else k3::Error) without choosing
+// the kernels or logging: for a tool's start-up check, before its flags (e.g.
+// --quiet) are applied. nullopt when unset.
+std::optional<Isa> ForcedIsaOrThrow();
 const char* IsaName(Isa isa);
 // Tests: switch the dispatch (must be supported). Not thread-safe w.r.t. running kernels.
 void SetIsaForTesting(Isa isa);
