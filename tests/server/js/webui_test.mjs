@@ -28,6 +28,20 @@ try {
   await page.setViewport({ width: 1100, height: 760 });
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
+  // The page sends no seed, so the server draws one and a random-weight model
+  // sometimes ends its answer after a few tokens. Pin the seed (5: about 2,700
+  // tokens on k3-tiny for the long request below) so the Stop test always has a
+  // running answer to stop.
+  await page.setRequestInterception(true);
+  page.on("request", (req) => {
+    if (req.method() === "POST" && req.url().endsWith("/v1/chat/completions")) {
+      const b = JSON.parse(req.postData() || "{}");
+      if (b.seed === undefined) b.seed = 5;
+      req.continue({ postData: JSON.stringify(b) });
+    } else {
+      req.continue();
+    }
+  });
   await page.goto(`http://127.0.0.1:${server.port}/`, { waitUntil: "load" });
   await page.waitForFunction(() => document.getElementById("model").textContent === "k3-tiny");
   check.ok(true, "page loads and shows the served model id");
