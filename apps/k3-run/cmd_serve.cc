@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_util.h"
 #include "command.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -49,8 +50,13 @@ void RunServe(ServeArgs args) {
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     o.model_id = dir.substr(dir.find_last_of('/') + 1);
   }
-  engine::EngineOptions eo = engine::EngineOptions::FromEnv(args.model_dir);
-  eo.threads = args.threads;
+  // The same runtime as generate and chat (EngineOptionsFor): checkpoints sized
+  // from free memory, so a follow-up whose re-rendered history differs from the
+  // generated ids still resumes from the end of its last prompt, and the Vulkan
+  // tier when K3_VK=1.
+  RuntimeFlags runtime;
+  runtime.threads = args.threads;
+  engine::EngineOptions eo = EngineOptionsFor(args.model_dir, runtime);
 
   // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
   // below inherits the blocked mask.
