@@ -40,7 +40,7 @@ if command -v ccache >/dev/null 2>&1; then
 fi
 step "cross build (aarch64-linux-gnu-g++, Release, no bench) into $BUILD"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$ROOT/cmake/aarch64-linux-gnu.cmake" \
-  -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF "${LAUNCHER[@]}" >/dev/null
+  -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF -DK3_SERVER=OFF "${LAUNCHER[@]}" >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
 if [ ! -x "$NATIVE/bin/k3-repack" ]; then
   step "native k3-repack for the byte comparison"
