@@ -37,6 +37,19 @@ struct ApiPolicy {
   size_t max_tool_name = 256;          // KVV: a 257-character name is refused
 };
 
+// Structured output (issue 16, docs/constrain.md): what a request asks the
+// decoder to guarantee. Filled by the OpenAI parser (tools[].function,
+// tool_choice, response_format) and by the Anthropic Messages parser (tools,
+// tool_choice auto/any/tool/none); the engine backend turns it into the
+// constraint that masks sampling.
+struct ToolSpec {
+  std::string name;
+  std::string parameters_json;  // the JSON Schema text as sent; "" = none given
+  bool strict = false;          // function.strict (OpenAI); always constrained once a call opens
+};
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
+
 // A validated request, ready for the queue.
 struct ChatRequest {
   std::string model;  // as sent (may be empty)
@@ -51,6 +64,12 @@ struct ChatRequest {
   bool thinking = true;                 // resolved
   std::optional<std::string> effort;    // resolved, when thinking
   bool has_tools = false;               // global or dynamic
+  // Every tool the prompt declares (global and dynamic, in declaration order).
+  std::vector<ToolSpec> tools;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;         // kNamed: the one function allowed
+  ResponseFormat response_format = ResponseFormat::kText;
+  std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
   // The request as `k3-run render --request` takes it: the body with a leading
   // "options" object that carries the resolved thinking settings. Rendering it
   // gives `chat`.
