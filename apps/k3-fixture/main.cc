@@ -10,6 +10,7 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
+#include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/core/tool.h"
 #include "k3/fixture/check.h"
@@ -109,6 +110,7 @@ int Main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+    k3::ApplyLogLevelFromEnv();
     if (check->parsed()) return RunCheck(check_dir);
     if (list->parsed()) {
       for (const auto& n : k3::fixture::PresetNames()) {
