@@ -107,7 +107,13 @@ TEST_CASE("the fixture's tensors, the loader's reads and the tensor table agree"
     fixture::WriteFixtureOrThrow(v.preset, dir, wo);
     Snapshot snap = Snapshot::OpenOrThrow(dir);
     const ModelConfig config = ModelConfig::LoadOrThrow(dir);
-    CHECK(K3TensorTable(config).size() == table.size());
+    const std::vector<TensorTableEntry> parsed = K3TensorTable(config);
+    REQUIRE(parsed.size() == table.size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      CHECK(parsed[i].name == table[i].name);
+      CHECK(parsed[i].shape == table[i].shape);
+    }
+    CHECK(fixture::ArchitectureTensors(fixture::DimsFromConfig(config)).size() == arch.size());
     model::ModelWeights w = model::LoadWeightsOrThrow(snap, config, Quiet());
     CHECK(w.tensors_read == NonExpertEntries(table));
     model::ExpertTable experts(snap, config);
