@@ -147,6 +147,13 @@ TEST_CASE("ListDirectory and MakeDirs") {
   k3::WriteFileAtomic(root + "/a/aa", "y");
   CHECK(k3::ListDirectory(root + "/a") == std::vector<std::string>{"aa", "b", "zz"});
   CHECK(k3::ListDirectory(root + "/nope").empty());
+  CHECK(k3::ListDirectoryOrThrow(root + "/a") == std::vector<std::string>{"aa", "b", "zz"});
+  try {
+    k3::ListDirectoryOrThrow(root + "/nope");
+    FAIL("listed a missing directory");
+  } catch (const k3::Error& e) {
+    CHECK(e.path() == root + "/nope");  // the caller's directory, named
+  }
   CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz"), k3::Error);        // a file is in the way
   CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz/under"), k3::Error);  // ENOTDIR
   CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
