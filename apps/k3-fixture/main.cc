@@ -116,9 +116,9 @@ int Main(int argc, char** argv) {
   } catch (const k3::Error& e) {
     std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
     return k3::ExitCodeFor(e.code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
-    return 1;
+  } catch (const std::exception& e) {  // docs/errors.md: any other exception is internal (70)
+    std::fprintf(stderr, "k3-fixture: internal error: %s\n", e.what());
+    return k3::ExitCodeFor(k3::ErrorCode::kInternal);
   }
   return 0;
 }
