@@ -101,6 +101,16 @@ TEST_CASE("k3-run generate: --ngen past the context length is warned about and c
   CHECK(f.err.find("the prompt has 5 tokens; the context limit is 5") != std::string::npos);
 }
 
+TEST_CASE("k3-run generate --ngen 10000000: memory grows with the answer, nothing reserved for the request") {
+  // Before issue 14 the request's whole cache was reserved up front (3.1 GB,
+  // then std::bad_alloc and exit 1). Under a 400 MB address-space limit the
+  // answer (greedy, ends at EOS after 1015 tokens) must still come.
+  Result r = Run("K3_LOG=warn prlimit --as=400000000", "generate " + kTiny + " --ids 1,2,3 --ngen 10000000 --json");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("\"finish_reason\":\"stop\"") != std::string::npos);
+  CHECK(r.err.find("exceeds the context length 1048576") != std::string::npos);
+}
+
 TEST_CASE("k3-run generate --quiet: only the answer") {
   Result r = Run("", "generate " + kTiny + " " + kIds + " --ngen 3 --quiet");
   REQUIRE(r.code == 0);
