@@ -148,10 +148,7 @@ void CheckpointCache::Touch(Entry& e) { e.last_use = ++tick_; }
 
 void CheckpointCache::Save(model::Session& session) {
   if (slots_ == 0 || session.position() == 0) return;
-  struct PublishAtExit {
-    CheckpointCache* c;
-    ~PublishAtExit() { c->Publish(); }
-  } publish{this};
+  const PublishAtExit publish{this};
   const std::vector<int32_t>& h = session.history();
   for (Entry& e : entries_) {
     if (e.ids.size() == h.size() && e.ids == h) {
@@ -261,10 +258,7 @@ CheckpointCache::Entry* CheckpointCache::FindDeepest(std::span<const int32_t> id
 int64_t CheckpointCache::RestoreDeepest(model::Session& session, std::span<const int32_t> ids,
                                         int64_t max_len, int64_t min_position) {
   if (slots_ == 0) return 0;
-  struct PublishAtExit {
-    CheckpointCache* c;
-    ~PublishAtExit() { c->Publish(); }
-  } publish{this};
+  const PublishAtExit publish{this};
   max_len = std::min<int64_t>(max_len, static_cast<int64_t>(ids.size()));
   while (Entry* e = FindDeepest(ids, max_len, min_position)) {
     if (!e->ram) {

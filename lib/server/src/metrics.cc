@@ -118,26 +118,40 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   Counter(out, "k3_expert_cache_misses_total", "Expert acquisitions that needed a read.", experts.misses);
   Gauge(out, "k3_expert_cache_hit_rate", "Expert cache hit rate since load.", experts.hit_rate());
   // Recurrent-state checkpoints (docs/checkpoints.md), since load.
-  auto u = [](int64_t v) { return static_cast<uint64_t>(v < 0 ? 0 : v); };
-  Counter(out, "k3_checkpoint_hits_total", "Prompts that restored a checkpoint (one restore each).",
-          u(ck.hits));
-  Counter(out, "k3_checkpoint_misses_total", "Prompt lookups that found no checkpoint.", u(ck.misses));
-  Counter(out, "k3_checkpoint_restored_tokens_total", "Prompt positions restored instead of prefilled.",
-          u(ck.restored_tokens));
-  Counter(out, "k3_checkpoint_disk_loads_total", "Restores read back from a parked file.",
-          u(ck.disk_loads));
-  Counter(out, "k3_checkpoint_saves_total", "Checkpoints taken.", u(ck.saves));
-  Counter(out, "k3_checkpoint_evictions_total", "RAM slots given up (parked or dropped).",
-          u(ck.evictions));
-  Counter(out, "k3_checkpoint_parks_total", "Checkpoint files written.", u(ck.parks));
-  Counter(out, "k3_checkpoint_refused_total", "Checkpoint files refused (damaged or foreign).",
-          u(ck.refused));
-  Gauge(out, "k3_checkpoint_ram_checkpoints", "Checkpoints held in RAM.", double(ck.ram_checkpoints));
-  Gauge(out, "k3_checkpoint_ram_bytes", "Bytes of checkpoints in RAM (shared MLA rows once).",
-        double(ck.ram_bytes));
-  Gauge(out, "k3_checkpoint_disk_checkpoints", "Checkpoint files parked on disk.",
-        double(ck.disk_checkpoints));
-  Gauge(out, "k3_checkpoint_disk_bytes", "Bytes of parked checkpoint files.", double(ck.disk_bytes));
+  struct Line {
+    bool counter;
+    const char* name;
+    const char* help;
+    double value;
+  };
+  const Line lines[] = {
+      {true, "k3_checkpoint_hits_total", "Prompts that restored a checkpoint (one restore each).",
+       double(ck.hits)},
+      {true, "k3_checkpoint_misses_total", "Prompt lookups that found no checkpoint.", double(ck.misses)},
+      {true, "k3_checkpoint_restored_tokens_total", "Prompt positions restored instead of prefilled.",
+       double(ck.restored_tokens)},
+      {true, "k3_checkpoint_disk_loads_total", "Restores read back from a parked file.",
+       double(ck.disk_loads)},
+      {true, "k3_checkpoint_saves_total", "Checkpoints taken.", double(ck.saves)},
+      {true, "k3_checkpoint_evictions_total", "RAM slots given up (parked or dropped).",
+       double(ck.evictions)},
+      {true, "k3_checkpoint_parks_total", "Checkpoint files written.", double(ck.parks)},
+      {true, "k3_checkpoint_refused_total", "Checkpoint files refused (damaged or foreign).",
+       double(ck.refused)},
+      {false, "k3_checkpoint_ram_checkpoints", "Checkpoints held in RAM.", double(ck.ram_checkpoints)},
+      {false, "k3_checkpoint_ram_bytes", "Bytes of checkpoints in RAM (shared MLA rows once).",
+       double(ck.ram_bytes)},
+      {false, "k3_checkpoint_disk_checkpoints", "Checkpoint files parked on disk.",
+       double(ck.disk_checkpoints)},
+      {false, "k3_checkpoint_disk_bytes", "Bytes of parked checkpoint files.", double(ck.disk_bytes)},
+  };
+  for (const Line& l : lines) {
+    if (l.counter) {
+      Counter(out, l.name, l.help, static_cast<uint64_t>(l.value < 0 ? 0 : l.value));
+    } else {
+      Gauge(out, l.name, l.help, l.value);
+    }
+  }
   return out;
 }
 

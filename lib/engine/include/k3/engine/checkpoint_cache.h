@@ -153,6 +153,11 @@ class CheckpointCache {
   void ScanDisk();
   CheckpointCacheStats ComputeStats() const;
   void Publish();
+  // Publishes on every way out of a public call (returns and throws).
+  struct PublishAtExit {
+    CheckpointCache* cache;
+    ~PublishAtExit() { cache->Publish(); }
+  };
 
   CheckpointCacheOptions options_;
   model::StateFingerprint fingerprint_;
