@@ -157,7 +157,9 @@ void RunChat(const ChatArgs& args) {
   // (prefix reuse or a checkpoint) rather than prefilled.
   auto show_usage = [&](const engine::GenerateResult& r) {
     if (args.flags.quiet) return;
-    std::fprintf(stderr, "[usage] prompt_tokens=%lld cached_tokens=%lld prefilled=%lld completion_tokens=%lld\n",
+    std::fprintf(stderr,
+                 "[usage] prompt_tokens=%lld cached_tokens=%lld prefilled=%lld "
+                 "completion_tokens=%lld\n",
                  static_cast<long long>(r.usage.prompt_tokens),
                  static_cast<long long>(r.usage.cached_tokens),
                  static_cast<long long>(r.usage.prompt_tokens - r.usage.cached_tokens),
@@ -210,6 +212,7 @@ void RunChat(const ChatArgs& args) {
     if (line == "/exit" || line == "/quit") break;
     if (line == "/help") {
       std::fputs(kChatCommands, stdout);
+      std::fflush(stdout);
       continue;
     }
     if (line == "/undo") {
