@@ -100,16 +100,16 @@ def conversation_step(kind: str, history: list, round_idx: int, reply) -> list:
                          "tool_calls": [{"id": call_id, "type": "function", "function": {
                              "name": "get_weather", "arguments": json.dumps({"city": f"city{round_idx}"})}}]})
             msgs.append({"role": "tool", "tool_call_id": call_id,
-                         "content": json.dumps({"forecast": words(f"{kind}r{round_idx}w", 25)})})
+                         "content": json.dumps({"forecast": words(f"{kind}r{round_idx}w", 12)})})
             return msgs
-    msgs.append({"role": "user", "content": words(f"{kind}q{round_idx}w", 30)})
+    msgs.append({"role": "user", "content": words(f"{kind}q{round_idx}w", 12)})
     return msgs
 
 
 def test_alternating(tmp: str):
-    convs = {"agent1": [{"role": "system", "content": "You are agent one. " + words("sys", 20)}],
+    convs = {"agent1": [{"role": "system", "content": "You are agent one."}],
              "chat": [],
-             "agent2": [{"role": "system", "content": "You are agent two. " + words("tools", 20)}]}
+             "agent2": [{"role": "system", "content": "You are agent two, " + words("tools", 4)}]}
     extra = {"agent1": {"tools": [WEATHER], "thinking": {"type": "disabled"}},
              "chat": {},
              "agent2": {"tools": [WEATHER], "thinking": {"type": "disabled"}}}
@@ -166,7 +166,7 @@ def test_cancel_in_prefill(tmp: str):
         # close (one per second): the prefill must outlast that. How fast it
         # runs depends on the machine's load, so a longer prompt is tried when
         # the prefill ended first (checked from the metrics, not assumed).
-        for n_words in (500, 1500, 4000):
+        for n_words in (400, 1200, 3600):
             msgs = user(words(f"long{n_words}w", n_words))  # ~3 tokens a word
             body = {"model": "k3-tiny", "messages": msgs, "max_tokens": 6, "seed": 7, "stream": True}
             saves0 = on.metric("k3_checkpoint_saves_total")
