@@ -21,6 +21,7 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelW
   -DK3_FUZZ=ON -DK3_SANITIZE=ON -DK3_BUILD_TESTS=OFF -DK3_BUILD_BENCH=OFF >/dev/null
 # target:max_len[:dict]; seeds in fuzz/corpus/<target without _fuzz>.
 SPECS=(safetensors_header_fuzz:4096:fuzz/safetensors.dict
+       checkpoint_file_fuzz:4096:fuzz/checkpoint_file.dict
        tiktoken_model_fuzz:16384
        tokenizer_config_fuzz:4096
        chat_request_fuzz:4096:fuzz/chat.dict

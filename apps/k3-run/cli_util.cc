@@ -84,11 +84,17 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
   cmd->add_option("--threads", flags.threads, "compute threads, 1 to 1024 (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--quiet,-q", flags.quiet, "no load progress or stats lines on stderr (warnings and errors stay)");
+  AddCheckpointFlags(cmd, flags);
+}
+
+void AddCheckpointFlags(CLI::App* cmd, RuntimeFlags& flags) {
   cmd->add_option("--ckpt-slots", flags.ckpt_slots,
                   "recurrent-state checkpoints kept in RAM; 0 turns them off (default: sized from "
                   "free memory, printed at start)")
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
-  cmd->add_option("--ckpt-dir", flags.ckpt_dir, "park evicted checkpoints in this directory");
+  cmd->add_option("--ckpt-dir", flags.ckpt_dir,
+                  "park evicted checkpoints in this directory, and all of them at a clean exit "
+                  "(the next start resumes from them)");
   cmd->add_option("--ckpt-disk-gb", flags.ckpt_disk_gb, "cap on parked checkpoints, GB (default 50)")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--ckpt-every", flags.ckpt_every,

@@ -33,6 +33,9 @@ struct RuntimeFlags {
 // `temp_default` / `top_p_default` are only named in the help text.
 void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp_default,
                      const std::string& top_p_default);
+// Only the --ckpt-* flags (into flags.ckpt_*): the one definition that
+// generate, chat (through AddRuntimeFlags) and serve share.
+void AddCheckpointFlags(CLI::App* cmd, RuntimeFlags& flags);
 // EngineOptions::FromEnv plus the flags (threads, quiet, checkpoints).
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags);
 

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -61,6 +62,16 @@ std::string TerminalSafe(std::string_view text) {
   }
   return out;
 }
+
+constexpr const char* kChatCommands =
+    "Commands (each alone on its line):\n"
+    "  /retry       regenerate the last answer\n"
+    "  /edit TEXT   replace the last user message by TEXT and answer it\n"
+    "  /undo        drop the last exchange (your message and its answer)\n"
+    "  /help        this list\n"
+    "  /exit        end the session (also /quit, or end of input)\n"
+    "With checkpoints on (--ckpt-slots), /retry, /edit and /undo restore the state where the\n"
+    "last message started instead of prefilling the conversation again.\n";
 
 struct ChatArgs {
   std::string model_dir, prompt, system, effort;
@@ -142,7 +153,20 @@ void RunChat(const ChatArgs& args) {
   const bool color = tty && !(no_color && *no_color);
 
   turn.sampling.seed = args.flags.seed;
-  auto one_turn = [&](const std::string& text) {
+  // After each turn, unless --quiet: how much of the prompt was restored
+  // (prefix reuse or a checkpoint) rather than prefilled.
+  auto show_usage = [&](const engine::GenerateResult& r) {
+    if (args.flags.quiet) return;
+    std::fprintf(stderr,
+                 "[usage] prompt_tokens=%lld cached_tokens=%lld prefilled=%lld "
+                 "completion_tokens=%lld\n",
+                 static_cast<long long>(r.usage.prompt_tokens),
+                 static_cast<long long>(r.usage.cached_tokens),
+                 static_cast<long long>(r.usage.prompt_tokens - r.usage.cached_tokens),
+                 static_cast<long long>(r.usage.completion_tokens));
+  };
+  // One generation (a new turn, /retry or /edit), streamed; Ctrl-C stops it.
+  auto generate = [&](const std::function<engine::GenerateResult(const engine::Callbacks&)>& run) {
     TurnPrinter printer(tty, color);
     engine::Callbacks cb;
     cb.on_delta = [&](const engine::Delta& d) {
@@ -151,15 +175,30 @@ void RunChat(const ChatArgs& args) {
     };
     cb.cancel = &g_interrupted;  // Ctrl-C, during prefill too
     InterruptScope interrupt;
-    engine::GenerateResult r = chat.Turn(text, turn, cb);
+    engine::GenerateResult r = run(cb);
     printer.End(r);
+    show_usage(r);
+  };
+  auto one_turn = [&](const std::string& text) {
+    generate([&](const engine::Callbacks& cb) { return chat.Turn(text, turn, cb); });
+  };
+  // A clean end (one-shot prompt, /exit, EOF): the RAM checkpoints go to
+  // --ckpt-dir so that the next session resumes them.
+  auto park = [&] {
+    const int64_t n = eng->ParkCheckpoints();
+    if (n > 0 && !args.flags.quiet) {
+      std::fprintf(stderr, "[parked %lld checkpoints in %s]\n", static_cast<long long>(n),
+                   args.flags.ckpt_dir.c_str());
+    }
   };
 
   if (!args.prompt.empty()) {
     one_turn(args.prompt);
+    park();
     return;
   }
   const bool tty_in = isatty(STDIN_FILENO);
+  if (tty_in) std::fputs("Type a message, or /help for the commands.\n", stdout);
   std::string line;
   for (;;) {
     if (tty_in) {
@@ -168,9 +207,44 @@ void RunChat(const ChatArgs& args) {
     }
     if (!std::getline(std::cin, line)) break;
     if (line.empty()) continue;
-    if (tty_in && (line == "/exit" || line == "/quit")) break;
-    one_turn(line);  // off a TTY every input line is one user turn
+    // The commands are recognised on a terminal and over a pipe alike; any
+    // other line (also one starting with another "/word") is a user message.
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/help") {
+      std::fputs(kChatCommands, stdout);
+      std::fflush(stdout);
+      continue;
+    }
+    if (line == "/undo") {
+      std::fputs(chat.Undo() ? "[undone: the last exchange is dropped]\n" : "[nothing to undo]\n",
+                 stdout);
+      std::fflush(stdout);
+      continue;
+    }
+    const bool retry = line == "/retry";
+    const bool edit = line == "/edit" || line.rfind("/edit ", 0) == 0;
+    if (retry || edit) {
+      if (!chat.has_exchange()) {
+        std::fputs("[nothing to retry or edit yet]\n", stdout);
+        std::fflush(stdout);
+        continue;
+      }
+      if (retry) {
+        generate([&](const engine::Callbacks& cb) { return chat.Retry(turn, cb); });
+        continue;
+      }
+      const std::string text = line.size() > 6 ? line.substr(6) : std::string();
+      if (text.empty()) {
+        std::fputs("[/edit needs the new message: /edit TEXT]\n", stdout);
+        std::fflush(stdout);
+        continue;
+      }
+      generate([&](const engine::Callbacks& cb) { return chat.Edit(text, turn, cb); });
+      continue;
+    }
+    one_turn(line);
   }
+  park();
 }
 
 void SetupChat(CLI::App& root) {
@@ -178,6 +252,8 @@ void SetupChat(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("chat", "Chat with the model (XTML format, thinking on by default)");
   cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container directory")->required();
   cmd->add_option("PROMPT", args->prompt, "one-shot prompt; without it, an interactive session");
+  cmd->footer(std::string("Interactive session (also over a pipe, one message per line):\n") +
+              kChatCommands);
   cmd->add_option("--system", args->system, "system message");
   cmd->add_flag("--no-think", args->no_think, "thinking off: the response channel opens directly");
   cmd->add_option("--effort", args->effort, "thinking effort: low, high or max (default max)");

@@ -120,6 +120,9 @@ void RunGenerate(const GenerateArgs& args) {
   const engine::GenerateResult r = eng->Generate(req, cb);
   if (!args.logits_path.empty()) WriteFloats(args.logits_path, logits_all);
   if (!args.trace_path.empty()) WriteFloats(args.trace_path, trace);
+  // A clean end: the checkpoints of this prompt go to --ckpt-dir (when set),
+  // so that a rerun or a longer prompt with the same start resumes from them.
+  eng->ParkCheckpoints();
   const std::vector<int32_t>& generated = r.ids;
   if (print_text && !generated.empty()) std::fputc('\n', stdout);
 

@@ -26,7 +26,7 @@ struct ServeArgs {
   std::string sampling = "k3";
   bool no_webui = false;
   int64_t max_body_mb = 16;
-  int threads = 0;
+  RuntimeFlags runtime;  // --threads and the --ckpt-* flags
 };
 
 void RunServe(ServeArgs args) {
@@ -50,13 +50,11 @@ void RunServe(ServeArgs args) {
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     o.model_id = dir.substr(dir.find_last_of('/') + 1);
   }
-  // The same runtime as generate and chat (EngineOptionsFor): checkpoints sized
-  // from free memory, so a follow-up whose re-rendered history differs from the
-  // generated ids still resumes from the end of its last prompt, and the Vulkan
-  // tier when K3_VK=1.
-  RuntimeFlags runtime;
-  runtime.threads = args.threads;
-  engine::EngineOptions eo = EngineOptionsFor(args.model_dir, runtime);
+  // The same runtime as generate and chat (EngineOptionsFor, the same --ckpt-*
+  // flags): checkpoints sized from free memory unless --ckpt-slots says, so a
+  // follow-up whose re-rendered history differs from the generated ids still
+  // resumes from the end of its last prompt, and the Vulkan tier when K3_VK=1.
+  engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.runtime);
 
   // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
   // below inherits the blocked mask.
@@ -83,6 +81,7 @@ void RunServe(ServeArgs args) {
       throw Error(ErrorCode::kNotFound, "serve needs tiktoken.model in the model directory", args.model_dir);
     }
     backend = server::MakeEngineBackend(*engine);
+    std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
     service.SetBackend(backend.get());
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
@@ -97,6 +96,12 @@ void RunServe(ServeArgs args) {
   http.Stop();
   serving.join();
   service.SetBackend(nullptr);
+  // Nothing runs on the engine any more: park its RAM checkpoints so that the
+  // next start resumes these conversations (docs/checkpoints.md).
+  if (const int64_t parked = engine->ParkCheckpoints(); parked > 0) {
+    std::fprintf(stderr, "k3-run serve: parked %lld checkpoints in %s\n",
+                 static_cast<long long>(parked), eo.checkpoints.disk_dir.c_str());
+  }
 }
 
 void SetupServe(CLI::App& root) {
@@ -117,7 +122,9 @@ void SetupServe(CLI::App& root) {
   cmd->add_option("--max-body-mb", args->max_body_mb, "request body cap in MiB; larger is 413 (default 16)");
   cmd->add_option("--read-timeout", args->server.read_timeout_s,
                   "seconds a client may stall while sending a request (default 10)");
-  cmd->add_option("--threads", args->threads, "compute threads (default: every CPU)");
+  cmd->add_option("--threads", args->runtime.threads, "compute threads (default: every CPU)")
+      ->check(CLI::Range(1, 1024));
+  AddCheckpointFlags(cmd, args->runtime);
   cmd->callback([args] { RunServe(*args); });
 }
 

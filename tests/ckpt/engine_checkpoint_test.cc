@@ -6,7 +6,9 @@
 // Moonshot's reference in engine_test).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "k3/engine/engine.h"
@@ -97,4 +99,62 @@ TEST_CASE("engine: a prefill cancelled midway resumes from the last K-token chec
   CHECK(full.finish == FinishReason::kLength);
   CHECK(full.usage.cached_tokens == 32);
   CHECK(full.ids == ref.ids);
+}
+
+TEST_CASE("engine: checkpoint_at adds a boundary that an edited prompt restores") {
+  auto on = Engine::LoadOrThrow(Options(4, 0));
+  auto off = Engine::LoadOrThrow(Options(0, 0));
+  std::vector<int32_t> prompt = {2048};
+  const std::vector<int32_t> body = Ids(7, 0, 30);
+  prompt.insert(prompt.end(), body.begin(), body.end());
+  GenerateRequest r = Greedy(prompt, 3);
+  r.checkpoint_at = 20;
+  on->Generate(r);
+  // An edit: the same first 20 ids, then others.
+  std::vector<int32_t> edited(prompt.begin(), prompt.begin() + 20);
+  const std::vector<int32_t> other = Ids(8, 1, 7);
+  edited.insert(edited.end(), other.begin(), other.end());
+  GenerateResult a = on->Generate(Greedy(edited, 4));
+  GenerateResult b = off->Generate(Greedy(edited, 4));
+  CHECK(a.usage.cached_tokens == 20);
+  CHECK(a.ids == b.ids);
+}
+
+TEST_CASE("engine: checkpoint_stats() is safe to read from another thread while Generate runs") {
+  // No K boundaries: each prompt leaves two checkpoints (before its last id,
+  // the turn's end), so 6 slots hold all three conversations.
+  auto on = Engine::LoadOrThrow(Options(6, 0));
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> reads{0}, bad{0};
+  // A /metrics-like reader: every copy it gets must be one consistent state
+  // (counters never go back; RAM within the slots; bytes only with checkpoints).
+  std::thread reader([&] {
+    CheckpointCacheStats last;
+    while (!stop.load()) {
+      const CheckpointCacheStats s = on->checkpoint_stats();
+      if (s.saves < last.saves || s.hits < last.hits || s.misses < last.misses ||
+          s.restored_tokens < last.restored_tokens || s.ram_checkpoints > 6 ||
+          s.ram_checkpoints < 0 || (s.ram_checkpoints == 0) != (s.ram_bytes == 0)) {
+        ++bad;
+      }
+      last = s;
+      ++reads;
+    }
+  });
+  int64_t expect_hits = 0;
+  for (int turn = 0; turn < 6; ++turn) {
+    std::vector<int32_t> prompt = {2048};
+    const std::vector<int32_t> body = Ids(turn % 3, 0, 40);
+    prompt.insert(prompt.end(), body.begin(), body.end());
+    const GenerateResult g = on->Generate(Greedy(prompt, 3));
+    if (g.usage.cached_tokens > 0) ++expect_hits;
+  }
+  stop = true;
+  reader.join();
+  CHECK(reads.load() > 0);
+  CHECK(bad.load() == 0);
+  const CheckpointCacheStats s = on->checkpoint_stats();
+  CHECK(s.hits == expect_hits);
+  CHECK(s.hits >= 3);  // the second round of the three prompts restores
+  CHECK(s.ram_checkpoints == 6);
 }

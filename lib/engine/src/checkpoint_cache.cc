@@ -54,6 +54,7 @@ CheckpointCache::CheckpointCache(const CheckpointCacheOptions& options,
                                    : DefaultSlots(layout_, MemAvailableBytes());
   disk_cap_bytes_ = options_.disk_gb > 0 ? static_cast<uint64_t>(options_.disk_gb * 1e9) : 0;
   if (slots_ > 0 && !options_.disk_dir.empty()) ScanDisk();
+  Publish();
 }
 
 CheckpointCache::~CheckpointCache() = default;
@@ -142,6 +143,7 @@ void CheckpointCache::Touch(Entry& e) { e.last_use = ++tick_; }
 
 void CheckpointCache::Save(model::Session& session) {
   if (slots_ == 0 || session.position() == 0) return;
+  const PublishAtExit publish{this};
   const std::vector<int32_t>& h = session.history();
   for (Entry& e : entries_) {
     if (e.ids.size() == h.size() && e.ids == h) {
@@ -251,6 +253,7 @@ CheckpointCache::Entry* CheckpointCache::FindDeepest(std::span<const int32_t> id
 int64_t CheckpointCache::RestoreDeepest(model::Session& session, std::span<const int32_t> ids,
                                         int64_t max_len, int64_t min_position) {
   if (slots_ == 0) return 0;
+  const PublishAtExit publish{this};
   max_len = std::min<int64_t>(max_len, static_cast<int64_t>(ids.size()));
   while (Entry* e = FindDeepest(ids, max_len, min_position)) {
     if (!e->ram) {
@@ -283,6 +286,43 @@ int64_t CheckpointCache::RestoreDeepest(model::Session& session, std::span<const
 }
 
 CheckpointCacheStats CheckpointCache::stats() const {
+  std::lock_guard<std::mutex> lock(published_mu_);
+  return published_;
+}
+
+void CheckpointCache::Publish() {
+  const CheckpointCacheStats s = ComputeStats();
+  std::lock_guard<std::mutex> lock(published_mu_);
+  published_ = s;
+}
+
+int64_t CheckpointCache::ParkAll() {
+  if (slots_ == 0 || options_.disk_dir.empty()) return 0;
+  std::vector<Entry*> todo;
+  for (Entry& e : entries_) {
+    if (e.ram && e.path.empty()) todo.push_back(&e);
+  }
+  // Most recently used first: when the disk cap runs out, the older ones go.
+  std::sort(todo.begin(), todo.end(),
+            [](const Entry* a, const Entry* b) { return a->last_use > b->last_use; });
+  int64_t written = 0;
+  for (Entry* e : todo) {
+    if (e->ram->kda_bytes() + e->ram->mla_bytes() > disk_cap_bytes_) continue;
+    const int64_t parks = stats_.parks;
+    Park(*e);
+    if (stats_.parks == parks) continue;  // a disk error, warned
+    ++written;
+    EnforceDisk();
+    if (e->path.empty()) {  // the cap removed the file just written: no room for older ones
+      --written;
+      break;
+    }
+  }
+  Publish();
+  return written;
+}
+
+CheckpointCacheStats CheckpointCache::ComputeStats() const {
   CheckpointCacheStats s = stats_;
   s.ram_bytes = 0;
   std::unordered_set<const model::MlaSegment*> seen;

@@ -55,3 +55,57 @@ TEST_CASE("chat turns reuse the state of the turns before and keep the history")
   bad.thinking_effort = "extreme";
   CHECK_THROWS_AS(Conversation(*e, bad), Error);
 }
+
+TEST_CASE("retry, edit and undo go back to the history before the last exchange") {
+  EngineOptions o;
+  o.model_dir = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
+  o.progress = false;
+  o.load.expert_cache_bytes = 0;
+  o.threads = 1;
+  o.checkpoints.ram_slots = 4;
+  auto e = Engine::LoadOrThrow(o);
+  tok::ChatOptions co;
+  co.thinking = false;
+  Conversation chat(*e, co);
+  Conversation::TurnOptions t;
+  t.max_tokens = 2;
+  t.sampling.temperature = 0;
+  CHECK(!chat.has_exchange());
+  CHECK(!chat.Undo());
+  CHECK_THROWS_AS(chat.Retry(t), Error);
+  CHECK_THROWS_AS(chat.Edit("x", t), Error);
+  GenerateResult a1 = chat.Turn("Hi", t);
+  const std::vector<int32_t> p2 = chat.PromptIds("Second");
+  GenerateResult a2 = chat.Turn("Second", t);
+  const std::vector<tok::ChatMessage> after2 = chat.history();
+  // Retry: the same prompt again, restored up to its last id; greedy, the same answer.
+  GenerateResult r = chat.Retry(t);
+  CHECK(r.usage.prompt_tokens == static_cast<int64_t>(p2.size()));
+  CHECK(r.usage.cached_tokens == static_cast<int64_t>(p2.size()) - 1);
+  CHECK(r.ids == a2.ids);
+  CHECK(chat.history().size() == after2.size());
+  // Undo, then another message: the history before "Second" is restored, not prefilled.
+  CHECK(chat.Undo());
+  CHECK(chat.history().size() == 2);  // Hi + its answer
+  CHECK(chat.history()[1].content == a1.content);
+  const std::vector<int32_t> p3 = chat.PromptIds("Third");
+  GenerateResult a3 = chat.Turn("Third", t);
+  size_t common = 0;
+  while (common < p2.size() && common < p3.size() && p2[common] == p3[common]) ++common;
+  CHECK(a3.usage.cached_tokens >= static_cast<int64_t>(common) - 1);
+  CHECK(a3.usage.cached_tokens > 0);
+  // Edit: "Third" replaced by "Fourth".
+  GenerateResult ed = chat.Edit("Fourth", t);
+  CHECK(chat.history().size() == 4);
+  CHECK(chat.history()[2].content == "Fourth");
+  CHECK(ed.usage.cached_tokens > 0);
+  // The edited answer equals a fresh engine's answer to the edited conversation.
+  auto fresh = Engine::LoadOrThrow([&] {
+    EngineOptions f = o;
+    f.checkpoints.ram_slots = 0;
+    return f;
+  }());
+  Conversation ref(*fresh, co);
+  ref.Turn("Hi", t);
+  CHECK(ref.Turn("Fourth", t).ids == ed.ids);
+}

@@ -155,6 +155,8 @@ model::ExpertStoreStats Engine::expert_stats() const {
   return impl_->stats_published;
 }
 CheckpointCacheStats Engine::checkpoint_stats() const { return impl_->checkpoints->stats(); }
+std::string Engine::DescribeCheckpoints() const { return impl_->checkpoints->Describe(); }
+int64_t Engine::ParkCheckpoints() { return impl_->checkpoints->ParkAll(); }
 const stream::StreamingExpertStore& Engine::streaming() const { return *impl_->streaming; }
 const std::vector<int32_t>& Engine::session_ids() const { return impl_->session->history(); }
 void Engine::ResetSession() { impl_->Reset(); }
@@ -226,8 +228,9 @@ namespace {
 // every piece but the last (issue 13): a cancelled prefill resumes from the
 // last boundary, a retry of the same prompt from its last id. Chunked prefill
 // is bit-identical for any split. Stops early when the session is interrupted.
+// `also_at` (a position; 0: none) is one more boundary (GenerateRequest::checkpoint_at).
 void PrefillPieces(model::Session& s, CheckpointCache& cache, std::span<const int32_t> tail,
-                   int64_t every, int chunk, const model::ForwardOutputs& out,
+                   int64_t every, int chunk, int64_t also_at, const model::ForwardOutputs& out,
                    int64_t& piece_base) {
   const int64_t start = s.position();
   const int64_t end_all = start + static_cast<int64_t>(tail.size());
@@ -237,6 +240,7 @@ void PrefillPieces(model::Session& s, CheckpointCache& cache, std::span<const in
     int64_t end = end_all;
     if (every > 0) end = std::min(end_all, (pos / every + 1) * every);
     if (end == end_all && retry_point && pos < end_all - 1) end = end_all - 1;
+    if (also_at > pos && also_at < end) end = also_at;
     piece_base = pos - start;
     s.Forward(tail.subspan(static_cast<size_t>(pos - start), static_cast<size_t>(end - pos)),
               end == end_all ? out : model::ForwardOutputs{});
@@ -315,7 +319,7 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     try {
       if (ckpt_on) {
         PrefillPieces(*im.session, *im.checkpoints, tail, im.options.checkpoint_every,
-                      im.options.run.chunk, out, piece_base);
+                      im.options.run.chunk, req.checkpoint_at, out, piece_base);
       } else {
         im.session->Forward(tail, out);
       }

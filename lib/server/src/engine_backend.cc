@@ -18,6 +18,9 @@ class EngineBackend : public Backend {
     return engine_.Generate(request, callbacks);
   }
   model::ExpertStoreStats expert_stats() const override { return engine_.expert_stats(); }
+  engine::CheckpointCacheStats checkpoint_stats() const override {
+    return engine_.checkpoint_stats();
+  }
 
  private:
   engine::Engine& engine_;

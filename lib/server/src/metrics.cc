@@ -86,7 +86,8 @@ uint64_t Metrics::cancelled() const {
   return cancelled_;
 }
 
-std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts) const {
+std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts,
+                            const engine::CheckpointCacheStats& ck) const {
   std::lock_guard lock(mu_);
   std::string out;
   Counter(out, "k3_requests_total", "Chat completion requests received.", requests_);
@@ -116,6 +117,41 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   Counter(out, "k3_expert_cache_hits_total", "Expert acquisitions served from the cache.", experts.hits);
   Counter(out, "k3_expert_cache_misses_total", "Expert acquisitions that needed a read.", experts.misses);
   Gauge(out, "k3_expert_cache_hit_rate", "Expert cache hit rate since load.", experts.hit_rate());
+  // Recurrent-state checkpoints (docs/checkpoints.md), since load.
+  struct Line {
+    bool counter;
+    const char* name;
+    const char* help;
+    double value;
+  };
+  const Line lines[] = {
+      {true, "k3_checkpoint_hits_total", "Prompts that restored a checkpoint (one restore each).",
+       double(ck.hits)},
+      {true, "k3_checkpoint_misses_total", "Prompt lookups that found no checkpoint.", double(ck.misses)},
+      {true, "k3_checkpoint_restored_tokens_total", "Prompt positions restored instead of prefilled.",
+       double(ck.restored_tokens)},
+      {true, "k3_checkpoint_disk_loads_total", "Restores read back from a parked file.",
+       double(ck.disk_loads)},
+      {true, "k3_checkpoint_saves_total", "Checkpoints taken.", double(ck.saves)},
+      {true, "k3_checkpoint_evictions_total", "RAM slots given up (parked or dropped).",
+       double(ck.evictions)},
+      {true, "k3_checkpoint_parks_total", "Checkpoint files written.", double(ck.parks)},
+      {true, "k3_checkpoint_refused_total", "Checkpoint files refused (damaged or foreign).",
+       double(ck.refused)},
+      {false, "k3_checkpoint_ram_checkpoints", "Checkpoints held in RAM.", double(ck.ram_checkpoints)},
+      {false, "k3_checkpoint_ram_bytes", "Bytes of checkpoints in RAM (shared MLA rows once).",
+       double(ck.ram_bytes)},
+      {false, "k3_checkpoint_disk_checkpoints", "Checkpoint files parked on disk.",
+       double(ck.disk_checkpoints)},
+      {false, "k3_checkpoint_disk_bytes", "Bytes of parked checkpoint files.", double(ck.disk_bytes)},
+  };
+  for (const Line& l : lines) {
+    if (l.counter) {
+      Counter(out, l.name, l.help, static_cast<uint64_t>(l.value < 0 ? 0 : l.value));
+    } else {
+      Gauge(out, l.name, l.help, l.value);
+    }
+  }
   return out;
 }
 

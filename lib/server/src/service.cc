@@ -54,7 +54,8 @@ HttpReply Service::MetricsText() const {
   HttpReply r;
   r.content_type = "text/plain; version=0.0.4";
   Backend* b = backend_.load();
-  r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{});
+  r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{},
+                           b ? b->checkpoint_stats() : engine::CheckpointCacheStats{});
   return r;
 }
 

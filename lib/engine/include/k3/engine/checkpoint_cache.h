@@ -7,7 +7,8 @@
 // Ownership: the cache owns its checkpoints (MLA segments are shared with
 // other checkpoints of the same conversation and with the sessions that made
 // or restored them) and the files it parks. Not thread-safe: one caller at a
-// time (the engine serialises requests).
+// time (the engine serialises requests); only stats() may be called from any
+// thread at any time (it reads a copy published after every change).
 // Failures: a damaged, truncated, foreign-model or foreign-options file is a
 // value (CheckpointFileStatus), logged as a warning naming the file and the
 // kind, counted, removed from the cache and never restored; disk errors while
@@ -19,6 +20,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -127,7 +129,17 @@ class CheckpointCache {
   int64_t RestoreDeepest(model::Session& session, std::span<const int32_t> ids,
                          int64_t max_len, int64_t min_position = 0);
 
+  // Thread-safe: the counters as of the end of the last Save, RestoreDeepest
+  // or ParkAll (a copy under a mutex), so /metrics may read them while a
+  // request runs.
   CheckpointCacheStats stats() const;
+
+  // Writes every RAM checkpoint that is not on disk yet to disk_dir (a clean
+  // shutdown: the next process with this model and these options finds them),
+  // most recently used first, as far as disk_gb allows; they stay in RAM too.
+  // Returns how many files were written; 0 without a disk_dir. Disk errors
+  // are warnings, as when parking an evicted one.
+  int64_t ParkAll();
 
  private:
   struct Entry;
@@ -139,6 +151,13 @@ class CheckpointCache {
   void Forget(Entry& e, bool unlink_file);
   std::string FilePathFor(const std::vector<int32_t>& ids) const;
   void ScanDisk();
+  CheckpointCacheStats ComputeStats() const;
+  void Publish();
+  // Publishes on every way out of a public call (returns and throws).
+  struct PublishAtExit {
+    CheckpointCache* cache;
+    ~PublishAtExit() { cache->Publish(); }
+  };
 
   CheckpointCacheOptions options_;
   model::StateFingerprint fingerprint_;
@@ -148,6 +167,8 @@ class CheckpointCache {
   uint64_t tick_ = 0;
   std::list<Entry> entries_;
   CheckpointCacheStats stats_;
+  mutable std::mutex published_mu_;
+  CheckpointCacheStats published_;  // under published_mu_
 };
 
 // ---------------------------------------------------------------------------

@@ -33,6 +33,23 @@ class Conversation {
   GenerateResult Turn(const std::string& user_text, const TurnOptions& turn,
                       const Callbacks& callbacks = {});
 
+  // k3-run chat's /retry, /edit and /undo. Each goes back to the history
+  // before the last exchange (a user message and its answer); the engine then
+  // restores the checkpoint taken where that user message started (each
+  // Turn asks for one, GenerateRequest::checkpoint_at) or the one before its
+  // last id, instead of prefilling the conversation again. The sampler's
+  // stream continues (a retry draws a new answer unless sampling is greedy).
+  // Retry and Edit throw kInvalidArgument when there is no exchange, and leave
+  // the history as it was when the turn throws.
+  bool has_exchange() const;
+  // Regenerates the last answer to the same user message.
+  GenerateResult Retry(const TurnOptions& turn, const Callbacks& callbacks = {});
+  // Replaces the last user message by `user_text` and answers it.
+  GenerateResult Edit(const std::string& user_text, const TurnOptions& turn,
+                      const Callbacks& callbacks = {});
+  // Drops the last exchange; false when there is none.
+  bool Undo();
+
   const std::vector<tok::ChatMessage>& history() const { return history_; }
   // The prompt ids the next turn with `user_text` would send.
   std::vector<int32_t> PromptIds(const std::string& user_text) const;

@@ -8,7 +8,8 @@
 //
 // Ownership and threads: an Engine owns the Model, the Tokenizer and one
 // Session. It is not thread-safe: one Generate() at a time (the server's queue
-// serialises requests); only expert_stats() may be called from other threads.
+// serialises requests); only expert_stats() and checkpoint_stats() may be
+// called from other threads.
 // Callbacks run on the calling thread, inside Generate().
 // Failures: LoadOrThrow and Generate throw k3::Error (kInvalidArgument for a
 // bad request: ids out of the vocabulary, a prompt past the context limit);
@@ -109,6 +110,10 @@ struct GenerateRequest {
   // A sampler whose random stream continues across requests (k3-run chat's
   // turns); null: a fresh one from `sampling`. Borrowed for the call.
   model::Sampler* sampler = nullptr;
+  // With checkpoints on, also checkpoint the prefill after this many prompt
+  // ids when it feeds past them (0: no extra one). Conversation passes where
+  // the new user message starts: the state /edit, /retry and /undo go back to.
+  int64_t checkpoint_at = 0;
 };
 
 // A tool-call fragment. The first fragment of a call has begin = true and
@@ -198,8 +203,16 @@ class Engine {
   GenerateResult Generate(const GenerateRequest& request, const Callbacks& callbacks = {});
 
   // Checkpoint cache counters since load (for /metrics); all zero when off.
-  // Not thread-safe: call on the Generate thread or between requests.
+  // Safe from any thread, also while Generate runs (the cache publishes a copy
+  // after every save, restore and park).
   CheckpointCacheStats checkpoint_stats() const;
+  // The checkpoint configuration, one line (slots, bytes, disk dir): what the
+  // apps print at start.
+  std::string DescribeCheckpoints() const;
+  // A clean shutdown: parks the RAM checkpoints not yet on disk to --ckpt-dir
+  // (bounded by --ckpt-disk-gb) so the next start resumes them. Returns the
+  // files written (0 without a directory). Not while Generate runs.
+  int64_t ParkCheckpoints();
 
   // Cumulative expert-store stats since load (for /metrics). The one call that
   // is safe from any thread, also while Generate runs (a copy refreshed after

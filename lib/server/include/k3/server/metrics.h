@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "k3/engine/checkpoint_cache.h"
 #include "k3/model/expert_store.h"
 
 namespace k3::server {
@@ -40,8 +41,10 @@ class Metrics {
   void CountRequest();                      // every chat request received
   void CountRejected(int status);           // 400 / 401 / 413 / 429 / 503 answers
   void CountFinished(const RequestOutcome& o);
-  // `queue_depth` and the store's cumulative stats are sampled at render time.
-  std::string Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts) const;
+  // `queue_depth`, the store's and the checkpoint cache's cumulative stats are
+  // sampled at render time.
+  std::string Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts,
+                     const engine::CheckpointCacheStats& checkpoints = {}) const;
 
   uint64_t cancelled() const;
 

@@ -42,6 +42,8 @@ class Backend {
   virtual engine::GenerateResult Generate(const engine::GenerateRequest& request,
                                           const engine::Callbacks& callbacks) = 0;
   virtual model::ExpertStoreStats expert_stats() const = 0;
+  // Thread-safe (read by /metrics while a request runs); zero without checkpoints.
+  virtual engine::CheckpointCacheStats checkpoint_stats() const { return {}; }
 };
 
 // Wraps an engine (defined only when lib/engine is built).
