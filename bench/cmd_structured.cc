@@ -17,6 +17,7 @@
 #include "k3/core/json_writer.h"
 #include "k3/core/sys.h"
 #include "k3/engine/engine.h"
+#include "k3/engine/structured.h"
 
 namespace k3::bench {
 namespace {
@@ -26,6 +27,7 @@ struct StructuredBenchArgs {
   int tokens = 96;
   int runs = 5;
   int threads = 0;
+  std::string vocab_dir;  // also: the decoder alone over this tokenizer's vocabulary
 };
 
 // A tool / structured-output schema of the usual shape: required and optional
@@ -67,6 +69,61 @@ void Stats(JsonWriter& j, const std::string& key, const std::vector<double>& v) 
   j.Field(key + "_max", *std::max_element(v.begin(), v.end()));
 }
 
+// The decoder alone over a (real-size) vocabulary, with random logits: per step
+// the logits copy, Prepare (mask or forced id), the draw check and Accept, i.e.
+// everything Engine::Generate adds to a step; the draw itself is not counted.
+void RunVocabBench(const StructuredBenchArgs& a) {
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(a.vocab_dir);
+  const double t0 = NowSeconds();
+  const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
+  const double build_s = NowSeconds() - t0;
+  engine::StructuredOutput spec;
+  spec.response = constrain::Schema::CompileOrThrow(kSchema);
+  const std::vector<int64_t> eos = {int64_t(tok.SpecialIdOrThrow("<|end_of_msg|>"))};
+  std::vector<float> logits(tok.vocab_size()), masked;
+  std::vector<double> step_us;
+  uint64_t state = 7;
+  for (int r = 0; r < a.runs; ++r) {
+    engine::StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, 1 << 20);
+    model::Sampler sampler(1.0f, 1.0f, 100 + uint64_t(r));
+    for (int i = 0; i < a.tokens; ++i) {
+      for (float& x : logits) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        x = float(state >> 40) / float(1 << 24) * 8.0f;
+      }
+      const double s0 = NowSeconds();
+      masked.assign(logits.begin(), logits.end());
+      int32_t id = d.Prepare(masked, 1 << 20);
+      double spent = NowSeconds() - s0;
+      if (id < 0) {
+        id = sampler.Sample(masked);
+        const double s1 = NowSeconds();
+        if (!d.Allowed(id)) id = d.Fallback();
+        spent += NowSeconds() - s1;
+      }
+      const double s2 = NowSeconds();
+      d.Accept(id);
+      spent += NowSeconds() - s2;
+      step_us.push_back(1e6 * spent);
+      if (eos[0] == id) break;
+    }
+  }
+  std::vector<double> sorted = step_us;
+  std::sort(sorted.begin(), sorted.end());
+  JsonWriter j;
+  j.BeginObject();
+  j.Field("bench", "structured_vocab");
+  j.Field("git_sha", SourceRevision());
+  j.Field("cpu", CpuModel());
+  j.Field("vocab_size", static_cast<int64_t>(tok.vocab_size()));
+  j.Field("vocabulary_build_s", build_s);
+  j.Field("steps", static_cast<int64_t>(step_us.size()));
+  Stats(j, "decoder_us_per_step", step_us);
+  j.Field("decoder_us_per_step_p99", sorted[std::min(sorted.size() - 1, sorted.size() * 99 / 100)]);
+  j.EndObject();
+  std::printf("%s\n", j.str().c_str());
+}
+
 void RunStructuredBench(const StructuredBenchArgs& a) {
   if (a.runs < 1 || a.tokens < 8) throw Error(ErrorCode::kInvalidArgument, "need --runs >= 1, --tokens >= 8");
   engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
@@ -87,35 +144,23 @@ void RunStructuredBench(const StructuredBenchArgs& a) {
   // Warm-up (expert cache, the vocabulary's first build).
   Generate(*e, prompt, nullptr, a.tokens, 1);
   Generate(*e, prompt, json, a.tokens, 1);
-  std::vector<double> free_tps, json_tps, call_tps, json_share, call_share, json_us, call_us, json_n, call_n, free_n;
+  struct Series {
+    std::vector<double> tps, share, us, n;
+    void Add(const Run& x) {
+      tps.push_back(x.decode_tps);
+      share.push_back(x.share);
+      us.push_back(x.us_per_token);
+      n.push_back(double(x.tokens));
+    }
+  } free, json_s, call_s;
   for (int r = 0; r < a.runs; ++r) {
     const uint64_t seed = 100 + uint64_t(r);
-    // Rotate the order so no side always follows the same one.
+    // Rotate the order so no kind always follows the same one.
     for (int k = 0; k < 3; ++k) {
-      switch ((k + r) % 3) {
-        case 0: {
-          Run x = Generate(*e, prompt, nullptr, a.tokens, seed);
-          free_tps.push_back(x.decode_tps);
-          free_n.push_back(double(x.tokens));
-          break;
-        }
-        case 1: {
-          Run x = Generate(*e, prompt, json, a.tokens, seed);
-          json_tps.push_back(x.decode_tps);
-          json_share.push_back(x.share);
-          json_us.push_back(x.us_per_token);
-          json_n.push_back(double(x.tokens));
-          break;
-        }
-        default: {
-          Run x = Generate(*e, prompt, call, a.tokens, seed);
-          call_tps.push_back(x.decode_tps);
-          call_share.push_back(x.share);
-          call_us.push_back(x.us_per_token);
-          call_n.push_back(double(x.tokens));
-          break;
-        }
-      }
+      const int kind = (k + r) % 3;
+      if (kind == 0) free.Add(Generate(*e, prompt, nullptr, a.tokens, seed));
+      if (kind == 1) json_s.Add(Generate(*e, prompt, json, a.tokens, seed));
+      if (kind == 2) call_s.Add(Generate(*e, prompt, call, a.tokens, seed));
     }
   }
   JsonWriter j;
@@ -127,18 +172,16 @@ void RunStructuredBench(const StructuredBenchArgs& a) {
   j.Field("runs", static_cast<int64_t>(a.runs));
   j.Field("max_tokens", static_cast<int64_t>(a.tokens));
   j.Field("vocab_size", static_cast<int64_t>(e->tokenizer()->vocab_size()));
-  Stats(j, "free_decode_tok_per_s", free_tps);
-  Stats(j, "json_decode_tok_per_s", json_tps);
-  Stats(j, "call_decode_tok_per_s", call_tps);
-  Stats(j, "json_constrain_share", json_share);
-  Stats(j, "call_constrain_share", call_share);
-  Stats(j, "json_constrain_us_per_token", json_us);
-  Stats(j, "call_constrain_us_per_token", call_us);
-  j.Field("free_tokens_median", Median(free_n));
-  j.Field("json_tokens_median", Median(json_n));
-  j.Field("call_tokens_median", Median(call_n));
-  j.Field("ratio_json_vs_free_decode", Median(json_tps) / Median(free_tps));
-  j.Field("ratio_call_vs_free_decode", Median(call_tps) / Median(free_tps));
+  Stats(j, "free_decode_tok_per_s", free.tps);
+  j.Field("free_tokens_median", Median(free.n));
+  for (const auto& [name, x] : {std::pair<const char*, const Series*>{"json", &json_s}, {"call", &call_s}}) {
+    const std::string k = name;
+    Stats(j, k + "_decode_tok_per_s", x->tps);
+    Stats(j, k + "_constrain_share", x->share);
+    Stats(j, k + "_constrain_us_per_token", x->us);
+    j.Field(k + "_tokens_median", Median(x->n));
+    j.Field("ratio_" + k + "_vs_free_decode", Median(x->tps) / Median(free.tps));
+  }
   j.EndObject();
   std::printf("%s\n", j.str().c_str());
 }
@@ -151,7 +194,12 @@ void SetupStructuredBench(CLI::App& root) {
   cmd->add_option("--tokens", args->tokens, "max_tokens per answer (default 96)");
   cmd->add_option("--runs", args->runs, "timed runs of each kind, interleaved (default 5)");
   cmd->add_option("--threads", args->threads, "compute threads (default: every CPU)")->check(CLI::Range(1, 1024));
-  cmd->callback([args] { RunStructuredBench(*args); });
+  cmd->add_option("--vocab-dir", args->vocab_dir,
+                  "also time the decoder alone over this tokenizer directory's vocabulary (needs the XTML specials)");
+  cmd->callback([args] {
+    RunStructuredBench(*args);
+    if (!args->vocab_dir.empty()) RunVocabBench(*args);
+  });
 }
 
 K3_REGISTER_BENCH(SetupStructuredBench);

@@ -14,7 +14,7 @@
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/engine/output.h"
-#include "structured.h"
+#include "k3/engine/structured.h"
 
 namespace k3::engine {
 namespace {

@@ -1,4 +1,4 @@
-#include "structured.h"
+#include "k3/engine/structured.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/engine.h"
-#include "structured.h"
+#include "k3/engine/structured.h"
 
 using namespace k3;
 using namespace k3::engine;
