@@ -1,6 +1,7 @@
 #include "k3/engine/structured.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -12,7 +13,7 @@ namespace {
 // Steering starts this many tokens before the budget is exactly the shortest
 // completion: one sampled token can lengthen that completion (open a string,
 // an object with required keys), and the margin absorbs most of that.
-constexpr int64_t kSteerMargin = 2;
+constexpr int64_t kSteerMargin = 4;
 // Within this many tokens of steering, each sampled JSON token is checked to
 // leave room for the shortest completion after it (Allowed).
 constexpr int64_t kLookAhead = 24;
@@ -20,7 +21,10 @@ constexpr int64_t kLookAhead = 24;
 constexpr int kMaxCalls = 16;
 // The greedy completion is recomputed at least this often (in tokens) while
 // the budget is far from it, and at every token once it is near.
-constexpr int64_t kGreedyEvery = 8;
+constexpr int64_t kGreedyEvery = 32;
+// Far from steering (see Prepare), a token that may lengthen the shortest
+// completion does not trigger a recompute on its own.
+constexpr int64_t kFar = 48;
 constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
 std::vector<tok::ChatSegment> OpenTag(std::string_view tag,
@@ -57,40 +61,7 @@ std::vector<int32_t> Cat(std::vector<int32_t> a, const std::vector<int32_t>& b) 
   return a;
 }
 
-// Where a compact JSON prefix stands lexically (enough to order the greedy
-// completion's byte preferences).
-enum class Lex { kOutside, kString, kEscape, kHex, kNumber };
-Lex LexOf(const std::string& text) {
-  Lex l = Lex::kOutside;
-  int hex = 0;
-  for (char c : text) {
-    switch (l) {
-      case Lex::kOutside:
-      case Lex::kNumber:
-        if (c == '"') l = Lex::kString;
-        else if ((c >= '0' && c <= '9') || c == '-' || c == '.' || c == 'e' || c == 'E' || c == '+') {
-          l = (l == Lex::kNumber || c == '-' || (c >= '0' && c <= '9')) ? Lex::kNumber : Lex::kOutside;
-        } else {
-          l = Lex::kOutside;
-        }
-        break;
-      case Lex::kString:
-        if (c == '"') l = Lex::kOutside;
-        else if (c == '\\') l = Lex::kEscape;
-        break;
-      case Lex::kEscape:
-        if (c == 'u') l = Lex::kHex, hex = 0;
-        else l = Lex::kString;
-        break;
-      case Lex::kHex:
-        if (++hex == 4) l = Lex::kString;
-        break;
-    }
-  }
-  return l;
-}
-
-std::string Preference(Lex l) {
+std::string PreferenceOrder(Lex l) {
   std::string head;
   switch (l) {
     case Lex::kString: head = "\"a0"; break;
@@ -112,18 +83,57 @@ std::string Preference(Lex l) {
   return all;
 }
 
+// The bytes the greedy completion tries, in order, per lexical position.
+const std::string& Preference(Lex l) {
+  static const std::array<std::string, 5> table = {PreferenceOrder(Lex::kOutside), PreferenceOrder(Lex::kString),
+                                                   PreferenceOrder(Lex::kEscape), PreferenceOrder(Lex::kHex),
+                                                   PreferenceOrder(Lex::kNumber)};
+  return table[size_t(l)];
+}
+
 }  // namespace
 
-std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes) {
+void LexStep(LexState& s, char c) {
+  switch (s.l) {
+    case Lex::kOutside:
+    case Lex::kNumber:
+      if (c == '"') s.property_value = s.last == ':';
+      s.last = c;
+      if (c == '"') s.l = Lex::kString;
+      else if ((c >= '0' && c <= '9') || c == '-') s.l = Lex::kNumber;
+      else if (s.l == Lex::kNumber && (c == '.' || c == 'e' || c == 'E' || c == '+')) s.l = Lex::kNumber;
+      else s.l = Lex::kOutside;
+      break;
+    case Lex::kString:
+      if (c == '"') s.l = Lex::kOutside;
+      else if (c == '\\') s.l = Lex::kEscape;
+      break;
+    case Lex::kEscape:
+      if (c == 'u') s.l = Lex::kHex, s.hex = 0;
+      else s.l = Lex::kString;
+      break;
+    case Lex::kHex:
+      if (++s.hex == 4) s.l = Lex::kString;
+      break;
+  }
+}
+
+std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes,
+                                            const int32_t* byte_tokens) {
   constrain::TokenConstraint probe = c.Clone();
+  LexState lex;
+  for (char ch : probe.text()) LexStep(lex, ch);
   std::string out;
   while (!probe.Accepting()) {
     if (out.size() >= max_bytes) return std::nullopt;
-    const std::string pref = Preference(LexOf(probe.text()));
     bool moved = false;
-    for (char b : pref) {
+    for (char b : Preference(lex.l)) {
+      // A refused byte costs less through Allowed (no commit) than AdvanceBytes.
+      const int32_t id = byte_tokens ? byte_tokens[uint8_t(b)] : -1;
+      if (id >= 0 && !probe.Allowed(uint32_t(id))) continue;
       if (probe.AdvanceBytes(std::string_view(&b, 1))) {
         out += b;
+        LexStep(lex, b);
         moved = true;
         break;
       }
@@ -166,7 +176,7 @@ StructuredDecoder::StructuredDecoder(const StructuredOutput& spec, const tok::To
   }
   auto min_json = [&](const constrain::CompiledSchema& s) {
     constrain::TokenConstraint c(s, vocab_);
-    auto g = GreedyCompletion(c, 1 << 16);
+    auto g = GreedyCompletion(c, 1 << 16, byte_token_);
     return g ? int64_t(g->size()) : int64_t{1} << 20;
   };
   if (spec_.response) min_json_response_ = min_json(*spec_.response);
@@ -231,6 +241,16 @@ void StructuredDecoder::EnterJson(const constrain::CompiledSchema& schema, bool 
   json_for_call_ = for_call;
   json_tool_ = tool;
   greedy_len_ = -1;
+  greedy_dirty_ = true;
+  lex_ = LexState{};
+}
+
+bool StructuredDecoder::StaysInString(int32_t id) const {
+  // Only inside a property's string value: more characters of a key may commit
+  // to another key (and its required value), which can lengthen the completion.
+  if (lex_.l != Lex::kString || !lex_.property_value) return false;
+  const std::string_view b = tok_.TokenBytes(tok::TokenId(id));
+  return b.find_first_of("\"\\") == std::string_view::npos;
 }
 
 void StructuredDecoder::After(const Cand& c) {
@@ -272,9 +292,10 @@ int64_t StructuredDecoder::MinAfter(Next next, int tool) const {
 }
 
 int64_t StructuredDecoder::GreedyLen() {
-  auto g = GreedyCompletion(*json_, 1 << 16);
+  auto g = GreedyCompletion(*json_, 1 << 16, byte_token_);
   greedy_len_ = g ? int64_t(g->size()) : int64_t{1} << 20;
   greedy_age_ = 0;
+  greedy_dirty_ = false;
   return greedy_len_;
 }
 
@@ -308,7 +329,7 @@ void StructuredDecoder::MaskSpecials(std::span<float> logits, std::initializer_l
 
 int32_t StructuredDecoder::SteerToken() {
   if (json_->Accepting()) return x_.close;
-  auto g = GreedyCompletion(*json_, 1 << 16);
+  auto g = GreedyCompletion(*json_, 1 << 16, byte_token_);
   if (!g || g->empty()) return -1;
   try {
     std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
@@ -385,10 +406,13 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
     }
     case Phase::kJson: {
       const int64_t tail = JsonTail();
-      if (greedy_len_ < 0 || ++greedy_age_ >= kGreedyEvery ||
-          remaining <= greedy_len_ + tail + kSteerMargin + 4 * kGreedyEvery) {
-        GreedyLen();
-      }
+      // Tokens that stay inside a string leave the shortest completion as it
+      // was (but for finishing a split character, which the margin covers):
+      // it is recomputed after any other token.
+      // Far from the end of the budget (more than twice the shortest completion
+      // plus kFar left) an estimate refreshed every kGreedyEvery tokens is enough.
+      const bool far = greedy_len_ >= 0 && remaining > 2 * (greedy_len_ + tail) + kFar;
+      if (greedy_len_ < 0 || ++greedy_age_ >= kGreedyEvery || (greedy_dirty_ && !far)) GreedyLen();
       remaining_ = remaining;
       near_ = remaining <= greedy_len_ + tail + kSteerMargin + kLookAhead;
       if (remaining <= greedy_len_ + tail + kSteerMargin) {
@@ -423,13 +447,13 @@ bool StructuredDecoder::Allowed(int32_t id) {
     case Phase::kJson: {
       if (id == x_.close) return json_->Accepting();
       if (!(id >= 0 && size_t(id) < bits_.size() * 64 && ((bits_[size_t(id) / 64] >> (id % 64)) & 1))) return false;
-      if (!near_) return true;
+      if (!near_ || StaysInString(id)) return true;
       // Near the budget: a token is taken only if the answer can still close
       // after it (one token can lengthen the shortest completion a lot: close
       // a string and make a required object due).
       constrain::TokenConstraint after = json_->Clone();
       after.Advance(uint32_t(id));
-      auto g = GreedyCompletion(after, 1 << 16);
+      auto g = GreedyCompletion(after, 1 << 16, byte_token_);
       return g && int64_t(g->size()) + JsonTail() <= remaining_ - 1;
     }
     case Phase::kDone: return true;
@@ -491,7 +515,8 @@ void StructuredDecoder::Accept(int32_t id) {
         EnterSeq({Cand{std::move(tail), next}}, 0);
         return;
       }
-      if (greedy_len_ > 0) --greedy_len_;  // an estimate until the next recompute
+      if (!StaysInString(id)) greedy_dirty_ = true;
+      for (char c : tok_.TokenBytes(tok::TokenId(id))) LexStep(lex_, c);
       if (json_->Complete()) EnterSeq({Cand{std::move(tail), next}}, 0);
       return;
     }

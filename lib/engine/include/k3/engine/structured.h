@@ -27,7 +27,21 @@ namespace k3::engine {
 // preference order (closers, then short values, then the rest) that the
 // constraint takes, until it accepts. The decoder steers along it. nullopt
 // past `max_bytes` (never seen: every state of the automaton can finish).
-std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes);
+// `byte_tokens` (optional): the vocabulary's id of each single byte, or -1.
+std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes,
+                                            const int32_t* byte_tokens = nullptr);
+
+// Where a compact JSON prefix stands lexically: enough to order the greedy
+// completion's byte preferences and to know when a token stays inside a
+// string (it then cannot lengthen the shortest completion).
+enum class Lex : uint8_t { kOutside, kString, kEscape, kHex, kNumber };
+struct LexState {
+  Lex l = Lex::kOutside;
+  int hex = 0;  // \u digits seen
+  char last = 0;                // the last byte outside strings
+  bool property_value = false;  // the open string follows ':' (a value, not a key)
+};
+void LexStep(LexState& s, char c);
 
 class StructuredDecoder {
  public:
@@ -75,6 +89,7 @@ class StructuredDecoder {
   void MaskSpecials(std::span<float> logits, std::initializer_list<int32_t> keep) const;
   int64_t GreedyLen();
   int32_t SteerToken();
+  bool StaysInString(int32_t id) const;
 
   const StructuredOutput& spec_;
   const tok::Tokenizer& tok_;
@@ -102,6 +117,8 @@ class StructuredDecoder {
   int json_tool_ = -1;
   std::vector<uint64_t> bits_;
   int64_t greedy_len_ = -1, greedy_age_ = 0;
+  bool greedy_dirty_ = true;  // a token since the last greedy completion may have lengthened it
+  LexState lex_;              // of json_->text()
   bool steering_ = false;
   bool near_ = false;        // kJson: within kLookAhead of steering
   int64_t remaining_ = 0;    // as passed to the last Prepare
