@@ -1,4 +1,6 @@
 // Request schemas -> the engine's structured-output spec (issue 16).
+#include <simdjson.h>
+
 #include "k3/engine/engine.h"
 #include "k3/server/api.h"
 
@@ -17,6 +19,20 @@ constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_
   }
 }
 
+// K3 calls carry an object of arguments: a parameters schema whose type is
+// something else cannot be honoured.
+void RequireObjectSchema(const std::string& schema_json, std::string_view param) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS) return;  // CompileAt says why
+  simdjson::dom::element type;
+  if (!root.is_object() || root["type"].get(type) != simdjson::SUCCESS) return;
+  if (type.is_string() && type.get_string().value_unsafe() == "object") return;
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(param) + " must describe an object (\"type\": \"object\"): tool arguments are an object",
+              {}, Error::kNoOffset, std::string(param));
+}
+
 }  // namespace
 
 void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, std::string_view tool_choice_param) {
@@ -24,7 +40,10 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
   for (const ToolSpec& t : r.tools) {
     engine::ToolConstraint c;
     c.name = t.name;
-    if (!t.parameters_json.empty()) c.parameters = CompileAt(t.parameters_json, t.param);
+    if (!t.parameters_json.empty()) {
+      c.parameters = CompileAt(t.parameters_json, t.param);
+      RequireObjectSchema(t.parameters_json, t.param);
+    }
     spec->tools.push_back(std::move(c));
   }
   switch (r.tool_choice) {
