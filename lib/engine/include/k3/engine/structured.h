@@ -1,9 +1,9 @@
-// k3::engine::StructuredDecoder — structured output in the sampling loop
-// (issue 16, docs/server.md
-// "Constrained decoding"): a per-generation state machine over K3's XTML answer
-// structure that says, before each sampling step, which ids may come next —
-// forcing the structural markers, masking JSON with a constrain::TokenConstraint
-// — and steers to the shortest completion when max_tokens runs out.
+// k3::engine::StructuredDecoder — structured output in the sampling loop.
+// (issue 16, docs/server.md "Constrained decoding"): a per-generation state
+// machine over K3's XTML answer structure that says, before each sampling
+// step, which ids may come next — forcing the structural markers, masking JSON
+// with a constrain::TokenConstraint — and steers to the shortest completion
+// when max_tokens runs out. Engine::Generate drives it; k3-bench times it.
 //
 // Not thread-safe (one per generation). The constructor throws k3::Error
 // kInvalidArgument for a spec it cannot serve (required calls with no tool);
@@ -37,7 +37,7 @@ std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c,
 enum class Lex : uint8_t { kOutside, kString, kEscape, kHex, kNumber };
 struct LexState {
   Lex l = Lex::kOutside;
-  int hex = 0;  // \u digits seen
+  int hex = 0;                  // \u digits seen
   char last = 0;                // the last byte outside strings
   bool property_value = false;  // the open string follows ':' (a value, not a key)
 };
