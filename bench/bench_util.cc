@@ -46,4 +46,22 @@ double ThreadCpuSeconds() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
+Summary Summarise(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.median = Median(v);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+void PutSummary(JsonWriter& j, const std::string& key, const Summary& s) {
+  j.Key(key).BeginObject().Field("median", s.median).Field("min", s.min).Field("max", s.max).EndObject();
+}
+
+void PutSummary(JsonWriter& j, const std::string& key, const std::vector<double>& runs) {
+  PutSummary(j, key, Summarise(runs));
+}
+
 }  // namespace k3::bench

@@ -130,11 +130,6 @@ Timing StreamOnce(int port, const std::string& body) {
   return t;
 }
 
-void Stats(JsonWriter& j, const std::string& name, std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  j.Key(name).BeginObject().Field("median", Median(v)).Field("min", v.front()).Field("max", v.back()).EndObject();
-}
-
 void RunServeBench(const ServeBenchArgs& a) {
   if (a.runs < 5) throw Error(ErrorCode::kInvalidArgument, "--runs must be >= 5 (medians of at least 5)");
   engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
@@ -195,10 +190,10 @@ void RunServeBench(const ServeBenchArgs& a) {
   j.Field("cpu", CpuModel()).Field("threads", int64_t(std::thread::hardware_concurrency()));
   j.Field("runs", int64_t(a.runs)).Field("prompt_tokens", int64_t(direct.prompt_ids.size()));
   j.Field("completion_tokens_direct", d_tokens).Field("completion_tokens_server", s_tokens);
-  Stats(j, "direct_ttft_s", d_ttft);
-  Stats(j, "server_ttft_s", s_ttft);
-  Stats(j, "direct_decode_tok_per_s", d_rate);
-  Stats(j, "server_decode_tok_per_s", s_rate);
+  PutSummary(j, "direct_ttft_s", d_ttft);
+  PutSummary(j, "server_ttft_s", s_ttft);
+  PutSummary(j, "direct_decode_tok_per_s", d_rate);
+  PutSummary(j, "server_decode_tok_per_s", s_rate);
   j.Field("ttft_ratio_server_vs_direct", Median(s_ttft) / Median(d_ttft));
   j.Field("decode_ratio_server_vs_direct", Median(s_rate) / Median(d_rate));
   j.EndObject();
@@ -233,7 +228,7 @@ void RunServeBench(const ServeBenchArgs& a) {
   c.Field("cpu", CpuModel()).Field("clients", int64_t(a.clients)).Field("queue", int64_t(so.queue));
   c.Field("served", int64_t(served)).Field("lost", int64_t(a.clients - served)).Field("fifo_kept", fifo);
   c.Field("wall_s", wall).Field("total_tokens", tokens).Field("aggregate_tok_per_s", double(tokens) / wall);
-  if (!waits.empty()) Stats(c, "queue_wait_s", waits);
+  if (!waits.empty()) PutSummary(c, "queue_wait_s", waits);
   c.EndObject();
   std::printf("%s\n", c.str().c_str());
   http.Stop();

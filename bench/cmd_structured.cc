@@ -63,12 +63,6 @@ Run Generate(engine::Engine& e, const std::vector<int32_t>& prompt,
   return r;
 }
 
-void Stats(JsonWriter& j, const std::string& key, const std::vector<double>& v) {
-  j.Field(key + "_median", Median(v));
-  j.Field(key + "_min", *std::min_element(v.begin(), v.end()));
-  j.Field(key + "_max", *std::max_element(v.begin(), v.end()));
-}
-
 // The decoder alone over a (real-size) vocabulary, with random logits: per step
 // the logits copy, Prepare (mask or forced id), the draw check and Accept, i.e.
 // everything Engine::Generate adds to a step; the draw itself is not counted.
@@ -123,9 +117,9 @@ void RunVocabBench(const StructuredBenchArgs& a) {
   j.Field("vocab_size", static_cast<int64_t>(tok.vocab_size()));
   j.Field("vocabulary_build_s", build_s);
   j.Field("steps", static_cast<int64_t>(step_us.size()));
-  Stats(j, "decoder_us_per_step", step_us);
+  PutSummary(j, "decoder_us_per_step", step_us);
   j.Field("decoder_us_per_step_p99", p99(step_us));
-  Stats(j, "decoder_cpu_us_per_step", step_cpu_us);
+  PutSummary(j, "decoder_cpu_us_per_step", step_cpu_us);
   j.Field("decoder_cpu_us_per_step_p99", p99(step_cpu_us));
   double sum = 0;
   for (double x : step_cpu_us) sum += x;
@@ -182,13 +176,13 @@ void RunStructuredBench(const StructuredBenchArgs& a) {
   j.Field("runs", static_cast<int64_t>(a.runs));
   j.Field("max_tokens", static_cast<int64_t>(a.tokens));
   j.Field("vocab_size", static_cast<int64_t>(e->tokenizer()->vocab_size()));
-  Stats(j, "free_decode_tok_per_s", free.tps);
+  PutSummary(j, "free_decode_tok_per_s", free.tps);
   j.Field("free_tokens_median", Median(free.n));
   for (const auto& [name, x] : {std::pair<const char*, const Series*>{"json", &json_s}, {"call", &call_s}}) {
     const std::string k = name;
-    Stats(j, k + "_decode_tok_per_s", x->tps);
-    Stats(j, k + "_constrain_share", x->share);
-    Stats(j, k + "_constrain_us_per_token", x->us);
+    PutSummary(j, k + "_decode_tok_per_s", x->tps);
+    PutSummary(j, k + "_constrain_share", x->share);
+    PutSummary(j, k + "_constrain_us_per_token", x->us);
     j.Field(k + "_tokens_median", Median(x->n));
     j.Field("ratio_" + k + "_vs_free_decode", Median(x->tps) / Median(free.tps));
   }
