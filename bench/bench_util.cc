@@ -1,5 +1,7 @@
 #include "bench_util.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -36,6 +38,12 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 Summary Summarise(std::vector<double> v) {

@@ -15,6 +15,9 @@ std::string SourceRevision();
 std::string CpuModel();
 // The median (mean of the two middle values for an even count; 0 for none).
 double Median(std::vector<double> v);
+// This thread's CPU time: unlike the wall clock it excludes the time the thread
+// was preempted, which on a shared machine is most of the slow tail.
+double ThreadCpuSeconds();
 
 // A measurement's runs: median and range (all 0 for no runs).
 struct Summary {

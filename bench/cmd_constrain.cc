@@ -54,14 +54,6 @@ const char* const kSchemas[][2] = {
     {"json_object", nullptr},
 };
 
-// This thread's CPU time: unlike the wall clock it excludes the time the thread
-// was preempted, which on a shared machine is most of the slow tail.
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
-
 struct Percentiles {
   double p50, p90, p99, max, mean;
 };
