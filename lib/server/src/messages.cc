@@ -12,6 +12,7 @@
 
 #include "k3/core/json_writer.h"
 #include "k3/server/messages.h"
+#include "request_body.h"
 
 namespace k3::server {
 namespace {
@@ -428,23 +429,9 @@ struct Mapper {
 }  // namespace
 
 MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPolicy& policy, MessagesCall call) {
-  if (body.size() > policy.max_body_bytes) {
-    throw Error(ErrorCode::kNoSpace, "request body of " + std::to_string(body.size()) + " bytes exceeds the " +
-                                         std::to_string(policy.max_body_bytes) + "-byte limit");
-  }
   simdjson::dom::parser parser;
-  if (parser.allocate(std::max<size_t>(body.size(), 64), policy.max_depth) != simdjson::SUCCESS) {
-    throw Error(ErrorCode::kNoSpace, "cannot allocate a parser for the request body");
-  }
-  simdjson::padded_string padded(body);
-  Node root{element(), ""};
-  if (auto err = parser.parse(padded).get(root.v); err != simdjson::SUCCESS) {
-    std::string why = err == simdjson::DEPTH_ERROR
-                          ? "JSON nested deeper than " + std::to_string(policy.max_depth) + " levels"
-                          : std::string(simdjson::error_message(err));
-    throw Error(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + why);
-  }
-  if (!root.v.is_object()) ThrowBadParam("", "request body must be a JSON object");
+  simdjson::padded_string padded;
+  Node root{ParseBodyOrThrow(body, policy, parser, padded), ""};
   RawSpans spans = CollectRawSpans(padded);
 
   MessagesRequest out;
