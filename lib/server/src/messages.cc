@@ -5,10 +5,12 @@
 // ids of its OpenAI twin (messages_test.cc checks that). docs/server.md.
 #include <simdjson.h>
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "k3/core/json_writer.h"
 #include "k3/server/messages.h"

@@ -3,6 +3,7 @@
 // writer and error shape.
 #include "k3/core/json_writer.h"
 #include "k3/server/messages.h"
+#include "k3/server/messages_stream.h"
 #include "k3/server/server.h"
 
 namespace k3::server {

@@ -8,6 +8,7 @@
 
 #include "k3/core/json_writer.h"
 #include "k3/server/messages.h"
+#include "k3/server/messages_stream.h"
 
 namespace k3::server {
 namespace {

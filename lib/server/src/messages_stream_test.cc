@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "k3/server/messages.h"
+#include "k3/server/messages_stream.h"
 
 namespace k3::server {
 namespace {
