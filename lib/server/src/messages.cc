@@ -232,13 +232,11 @@ struct Mapper {
   const RawSpans& spans;
   std::set<std::string, std::less<>> tool_names;
   JsonWriter messages;  // the chat messages array
-  size_t chat_messages = 0;
 
   void System(const Node& system) {
     if (system.v.is_string()) {
       if (Text(system).empty()) return;
       messages.BeginObject().Field("role", "system").Field("content", Text(system)).EndObject();
-      ++chat_messages;
       return;
     }
     std::vector<Node> blocks = Items(system, "a string or an array of text blocks");
@@ -250,7 +248,6 @@ struct Mapper {
       TextPart(messages, TextBlockText(b));
     }
     messages.EndArray().EndObject();
-    ++chat_messages;
   }
 
   // User turns: runs of text blocks become user messages, each tool_result a
@@ -258,7 +255,6 @@ struct Mapper {
   void User(const Node& content, const std::set<std::string, std::less<>>& calls) {
     if (content.v.is_string()) {
       messages.BeginObject().Field("role", "user").Field("content", Text(content)).EndObject();
-      ++chat_messages;
       return;
     }
     std::vector<Node> blocks = Items(content, "a string or an array of content blocks");
@@ -274,7 +270,6 @@ struct Mapper {
       if (type == "text") {
         if (!text_open) {
           messages.BeginObject().Field("role", "user").Key("content").BeginArray();
-          ++chat_messages;
           text_open = true;
         }
         TextPart(messages, TextBlockText(b));
@@ -289,7 +284,6 @@ struct Mapper {
         messages.BeginObject().Field("role", "tool").Field("tool_call_id", tool_use_id);
         ToolResultContent(messages, b);
         messages.EndObject();
-        ++chat_messages;
       } else {
         RefuseBlock(b, type, "user");
       }
@@ -304,7 +298,6 @@ struct Mapper {
     std::set<std::string, std::less<>> ids;
     if (content.v.is_string()) {
       messages.BeginObject().Field("role", "assistant").Field("content", Text(content)).EndObject();
-      ++chat_messages;
       return ids;
     }
     std::vector<Node> blocks = Items(content, "a string or an array of content blocks");
@@ -353,7 +346,6 @@ struct Mapper {
     if (has_reasoning) messages.Field("reasoning_content", reasoning);
     if (!ids.empty()) messages.Key("tool_calls").Raw(calls.str());
     messages.EndObject();
-    ++chat_messages;
     return ids;
   }
 
@@ -437,7 +429,7 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
   RawSpans spans = CollectRawSpans(padded);
 
   MessagesRequest out;
-  Mapper map{policy, spans, {}, {}, 0};
+  Mapper map{policy, spans, {}, {}};
   JsonWriter chat;  // the OpenAI twin
   chat.BeginObject();
   std::string model;
