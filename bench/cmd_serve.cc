@@ -3,8 +3,9 @@
 // on the engine and (b) streamed through lib/server on a loopback socket,
 // measured by a client: TTFT and decode tok/s, medians and ranges, the ratio.
 // Then N concurrent streaming clients with --queue N: all served, none lost,
-// FIFO order kept, time in queue. Each run starts from an empty session so
-// both sides prefill the whole prompt.
+// FIFO order kept, time in queue. Then the same request on the Anthropic
+// Messages route against the OpenAI route, interleaved. Each run starts from
+// an empty session so both sides prefill the whole prompt.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -74,9 +75,12 @@ double DoubleAfter(const std::string& s, const std::string& key) {
   return k == std::string::npos ? -1 : std::strtod(s.c_str() + k + key.size() + 3, nullptr);
 }
 
+enum class Route { kChat, kMessages };
+
 // A streaming client on a raw socket: TTFT is request sent -> first event with
 // generated text; decode rate is (tokens - 1) / (last text event - first).
-Timing StreamOnce(int port, const std::string& body) {
+Timing StreamOnce(int port, const std::string& body, Route route = Route::kChat) {
+  const bool messages = route == Route::kMessages;
   Timing t;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -87,7 +91,8 @@ Timing StreamOnce(int port, const std::string& body) {
     if (fd >= 0) ::close(fd);
     return t;
   }
-  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+  std::string req = std::string("POST ") + (messages ? "/v1/messages" : "/v1/chat/completions") +
+                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     "Connection: close\r\nContent-Length: " +
                     std::to_string(body.size()) + "\r\n\r\n" + body;
   auto t0 = Clock::now();
@@ -110,7 +115,7 @@ Timing StreamOnce(int port, const std::string& body) {
     while (pos != std::string::npos) {
       size_t end = all.find('}', pos);
       std::string_view d(all.data() + pos, (end == std::string::npos ? all.size() : end) - pos);
-      if (d.find("content\":\"") != std::string::npos) text = true;
+      if (d.find(messages ? "\"text_delta\"" : "content\":\"") != std::string::npos) text = true;
       pos = all.find("\"delta\":{", pos + 1);
     }
     scanned = all.size() > 16 ? all.size() - 16 : 0;
@@ -120,8 +125,8 @@ Timing StreamOnce(int port, const std::string& body) {
     }
   }
   ::close(fd);
-  t.ok = all.find("data: [DONE]") != std::string::npos;
-  t.tokens = IntAfter(all, "completion_tokens");
+  t.ok = all.find(messages ? "event: message_stop" : "data: [DONE]") != std::string::npos;
+  t.tokens = IntAfter(all, messages ? "output_tokens" : "completion_tokens");
   t.ttft_s = first;
   t.decode_tok_per_s = (t.tokens > 1 && last > first) ? double(t.tokens - 1) / (last - first) : 0;
   t.queue_wait_s = DoubleAfter(all, "queue_wait_s");
@@ -236,6 +241,40 @@ void RunServeBench(const ServeBenchArgs& a) {
   if (!waits.empty()) Stats(c, "queue_wait_s", waits);
   c.EndObject();
   std::printf("%s\n", c.str().c_str());
+  std::fflush(stdout);
+
+  // The Messages route on the same request (thinking is off by default there),
+  // interleaved with the OpenAI route: what the Anthropic mapping and events cost.
+  std::string messages_json = "{\"model\":\"bench\",\"max_tokens\":" + std::to_string(a.max_tokens) +
+                              ",\"temperature\":0,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":";
+  AppendJsonString(messages_json, a.prompt);
+  messages_json += "}]}";
+  std::vector<double> o_ttft, o_rate, m_ttft, m_rate;
+  int64_t o_tokens = 0, m_tokens = 0;
+  for (int r = 0; r <= a.runs; ++r) {
+    Timing o = StreamOnce(http.port(), body_json);
+    Timing m = StreamOnce(http.port(), messages_json, Route::kMessages);
+    if (!o.ok || !m.ok) throw Error(ErrorCode::kIo, "a streamed bench request (chat or messages) did not complete");
+    if (r == 0) continue;
+    o_tokens = o.tokens;
+    m_tokens = m.tokens;
+    o_ttft.push_back(o.ttft_s);
+    o_rate.push_back(o.decode_tok_per_s);
+    m_ttft.push_back(m.ttft_s);
+    m_rate.push_back(m.decode_tok_per_s);
+  }
+  JsonWriter mj;
+  mj.BeginObject().Field("bench", "serve").Field("case", "messages").Field("git_sha", SourceRevision());
+  mj.Field("cpu", CpuModel()).Field("runs", int64_t(a.runs));
+  mj.Field("completion_tokens_chat", o_tokens).Field("completion_tokens_messages", m_tokens);
+  Stats(mj, "chat_ttft_s", o_ttft);
+  Stats(mj, "messages_ttft_s", m_ttft);
+  Stats(mj, "chat_decode_tok_per_s", o_rate);
+  Stats(mj, "messages_decode_tok_per_s", m_rate);
+  mj.Field("ttft_ratio_messages_vs_chat", Median(m_ttft) / Median(o_ttft));
+  mj.Field("decode_ratio_messages_vs_chat", Median(m_rate) / Median(o_rate));
+  mj.EndObject();
+  std::printf("%s\n", mj.str().c_str());
   http.Stop();
   serving.join();
   service.SetBackend(nullptr);
