@@ -140,6 +140,33 @@ void Stats(JsonWriter& j, const std::string& name, std::vector<double> v) {
   j.Key(name).BeginObject().Field("median", Median(v)).Field("min", v.front()).Field("max", v.back()).EndObject();
 }
 
+// One side of an interleaved comparison: per-run TTFT and decode rate.
+struct Side {
+  std::string name;
+  std::vector<double> ttft, rate;
+  int64_t tokens = 0;
+  void Add(double ttft_s, double tok_per_s, int64_t n) {
+    ttft.push_back(ttft_s);
+    rate.push_back(tok_per_s);
+    tokens = n;
+  }
+};
+
+// Ends a comparison line begun in `j`: both sides' medians and ranges and the
+// ratios other / base; prints it.
+void PrintComparison(JsonWriter& j, const Side& base, const Side& other) {
+  j.Field("completion_tokens_" + base.name, base.tokens).Field("completion_tokens_" + other.name, other.tokens);
+  Stats(j, base.name + "_ttft_s", base.ttft);
+  Stats(j, other.name + "_ttft_s", other.ttft);
+  Stats(j, base.name + "_decode_tok_per_s", base.rate);
+  Stats(j, other.name + "_decode_tok_per_s", other.rate);
+  j.Field("ttft_ratio_" + other.name + "_vs_" + base.name, Median(other.ttft) / Median(base.ttft));
+  j.Field("decode_ratio_" + other.name + "_vs_" + base.name, Median(other.rate) / Median(base.rate));
+  j.EndObject();
+  std::printf("%s\n", j.str().c_str());
+  std::fflush(stdout);
+}
+
 void RunServeBench(const ServeBenchArgs& a) {
   if (a.runs < 5) throw Error(ErrorCode::kInvalidArgument, "--runs must be >= 5 (medians of at least 5)");
   engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
@@ -171,8 +198,7 @@ void RunServeBench(const ServeBenchArgs& a) {
   direct.max_tokens = a.max_tokens;
   direct.sampling.temperature = 0;
 
-  std::vector<double> d_ttft, d_rate, s_ttft, s_rate;
-  int64_t d_tokens = 0, s_tokens = 0;
+  Side direct_side{"direct"}, server_side{"server"};
   for (int r = 0; r <= a.runs; ++r) {  // run 0 warms both paths and is not counted
     engine->ResetSession();
     auto t0 = Clock::now();
@@ -188,27 +214,15 @@ void RunServeBench(const ServeBenchArgs& a) {
     Timing s = StreamOnce(http.port(), body_json);
     if (!s.ok) throw Error(ErrorCode::kIo, "a streamed bench request did not complete");
     if (r == 0) continue;
-    d_tokens = res.usage.completion_tokens;
-    s_tokens = s.tokens;
-    d_ttft.push_back(first);
-    d_rate.push_back(d_tokens > 1 && last > first ? double(d_tokens - 1) / (last - first) : 0);
-    s_ttft.push_back(s.ttft_s);
-    s_rate.push_back(s.decode_tok_per_s);
+    int64_t n = res.usage.completion_tokens;
+    direct_side.Add(first, n > 1 && last > first ? double(n - 1) / (last - first) : 0, n);
+    server_side.Add(s.ttft_s, s.decode_tok_per_s, s.tokens);
   }
   JsonWriter j;
   j.BeginObject().Field("bench", "serve").Field("case", "single").Field("git_sha", SourceRevision());
   j.Field("cpu", CpuModel()).Field("threads", int64_t(std::thread::hardware_concurrency()));
   j.Field("runs", int64_t(a.runs)).Field("prompt_tokens", int64_t(direct.prompt_ids.size()));
-  j.Field("completion_tokens_direct", d_tokens).Field("completion_tokens_server", s_tokens);
-  Stats(j, "direct_ttft_s", d_ttft);
-  Stats(j, "server_ttft_s", s_ttft);
-  Stats(j, "direct_decode_tok_per_s", d_rate);
-  Stats(j, "server_decode_tok_per_s", s_rate);
-  j.Field("ttft_ratio_server_vs_direct", Median(s_ttft) / Median(d_ttft));
-  j.Field("decode_ratio_server_vs_direct", Median(s_rate) / Median(d_rate));
-  j.EndObject();
-  std::printf("%s\n", j.str().c_str());
-  std::fflush(stdout);
+  PrintComparison(j, direct_side, server_side);
 
   // N concurrent clients, all admitted (--queue N): none lost, FIFO kept.
   std::vector<Timing> results(size_t(a.clients));
@@ -249,32 +263,19 @@ void RunServeBench(const ServeBenchArgs& a) {
                               ",\"temperature\":0,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":";
   AppendJsonString(messages_json, a.prompt);
   messages_json += "}]}";
-  std::vector<double> o_ttft, o_rate, m_ttft, m_rate;
-  int64_t o_tokens = 0, m_tokens = 0;
+  Side chat_side{"chat"}, messages_side{"messages"};
   for (int r = 0; r <= a.runs; ++r) {
     Timing o = StreamOnce(http.port(), body_json);
     Timing m = StreamOnce(http.port(), messages_json, Route::kMessages);
     if (!o.ok || !m.ok) throw Error(ErrorCode::kIo, "a streamed bench request (chat or messages) did not complete");
     if (r == 0) continue;
-    o_tokens = o.tokens;
-    m_tokens = m.tokens;
-    o_ttft.push_back(o.ttft_s);
-    o_rate.push_back(o.decode_tok_per_s);
-    m_ttft.push_back(m.ttft_s);
-    m_rate.push_back(m.decode_tok_per_s);
+    chat_side.Add(o.ttft_s, o.decode_tok_per_s, o.tokens);
+    messages_side.Add(m.ttft_s, m.decode_tok_per_s, m.tokens);
   }
   JsonWriter mj;
   mj.BeginObject().Field("bench", "serve").Field("case", "messages").Field("git_sha", SourceRevision());
   mj.Field("cpu", CpuModel()).Field("runs", int64_t(a.runs));
-  mj.Field("completion_tokens_chat", o_tokens).Field("completion_tokens_messages", m_tokens);
-  Stats(mj, "chat_ttft_s", o_ttft);
-  Stats(mj, "messages_ttft_s", m_ttft);
-  Stats(mj, "chat_decode_tok_per_s", o_rate);
-  Stats(mj, "messages_decode_tok_per_s", m_rate);
-  mj.Field("ttft_ratio_messages_vs_chat", Median(m_ttft) / Median(o_ttft));
-  mj.Field("decode_ratio_messages_vs_chat", Median(m_rate) / Median(o_rate));
-  mj.EndObject();
-  std::printf("%s\n", mj.str().c_str());
+  PrintComparison(mj, chat_side, messages_side);
   http.Stop();
   serving.join();
   service.SetBackend(nullptr);

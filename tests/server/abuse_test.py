@@ -159,10 +159,11 @@ def main() -> int:
         # Clients vanishing mid-stream, several at once.
         before = srv.metric("k3_requests_cancelled_total")
 
-        def vanish():
+        def vanish(path: bytes = b"/v1/chat/completions",
+                   body: dict = dict(NORMAL, max_tokens=64, stream=True, thinking={"type": "disabled"})):
             sock = raw_socket(srv.port)
-            data = json.dumps(dict(NORMAL, max_tokens=64, stream=True, thinking={"type": "disabled"})).encode()
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+            data = json.dumps(body).encode()
+            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                          str(len(data)).encode() + b"\r\n\r\n" + data)
             sock.recv(200)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -174,15 +175,8 @@ def main() -> int:
         # And mid-stream on the Messages route.
         before = srv.metric("k3_requests_cancelled_total")
 
-        def vanish_messages():
-            sock = raw_socket(srv.port)
-            data = json.dumps({"model": "k3-tiny", "max_tokens": 64, "stream": True, "messages": user("hi")}).encode()
-            sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                         str(len(data)).encode() + b"\r\n\r\n" + data)
-            sock.recv(200)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            sock.close()  # RST
-        run_threads([vanish_messages for _ in range(4)])
+        messages_stream = {"model": "k3-tiny", "max_tokens": 64, "stream": True, "messages": user("hi")}
+        run_threads([lambda: vanish(b"/v1/messages", messages_stream) for _ in range(4)])
         srv.wait_metric("k3_requests_cancelled_total", before + 1)
         still_serves(srv, "Messages clients vanishing mid-stream")
 
