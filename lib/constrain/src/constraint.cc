@@ -159,8 +159,8 @@ std::string_view Vocabulary::TokenBytes(uint32_t id) const {
 constexpr size_t kMaxStates = 32;
 
 struct TokenConstraint::Impl {
-  Impl(const CompiledSchema& s, const Vocabulary& v, Format f)
-      : keep(s), schema(&keep.impl()), vocab(&v.impl()), format(f), matcher(*schema, arena, f) {
+  Impl(const CompiledSchema& s, const Vocabulary::Impl* v, Format f)
+      : keep(s), schema(&keep.impl()), vocab(v), format(f), matcher(*schema, arena, f) {
     if (format.raw_top_string) {
       const SchemaNode& root = schema->nodes[schema->root];
       if (root.kind != NodeKind::kString && !(root.kind == NodeKind::kLiterals && root.raw_ok))
@@ -328,7 +328,8 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
 }
 
 TokenConstraint::TokenConstraint(const CompiledSchema& schema, const Vocabulary& vocab, Format format)
-    : impl_(std::make_unique<Impl>(schema, vocab, format)) {}
+    : impl_(std::make_unique<Impl>(schema, &vocab.impl(), format)) {}
+TokenConstraint::TokenConstraint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TokenConstraint::~TokenConstraint() = default;
 TokenConstraint::TokenConstraint(TokenConstraint&&) noexcept = default;
 TokenConstraint& TokenConstraint::operator=(TokenConstraint&&) noexcept = default;
@@ -374,5 +375,16 @@ bool TokenConstraint::Complete() {
 
 const std::string& TokenConstraint::text() const { return impl_->text; }
 void TokenConstraint::Reset() { impl_->Reset(); }
+
+TokenConstraint TokenConstraint::Clone() const {
+  const Impl& m = *impl_;
+  // A fresh Impl (its matcher must point at its own arena), then the state.
+  TokenConstraint c(std::make_unique<Impl>(m.keep, m.vocab, m.format));
+  c.impl_->arena.assign(m.arena.begin(), m.arena.begin() + std::ptrdiff_t(m.committed));
+  c.impl_->states = m.states;
+  c.impl_->committed = m.committed;
+  c.impl_->text = m.text;
+  return c;
+}
 
 }  // namespace k3::constrain

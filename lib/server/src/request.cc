@@ -80,7 +80,7 @@ bool ValidToolName(std::string_view name, size_t max_len) {
 }
 
 void ValidateTools(element tools, const std::string& param, const ApiPolicy& policy,
-                   std::set<std::string, std::less<>>& names) {
+                   std::set<std::string, std::less<>>& names, std::vector<ToolSpec>& specs) {
   if (!tools.is_array()) ThrowBadParam(param, param + " must be an array of tool objects");
   size_t i = 0;
   for (element tool : ArrayOf(tools)) {
@@ -108,12 +108,20 @@ void ValidateTools(element tools, const std::string& param, const ApiPolicy& pol
     if (auto d = GetSet(*fn, "description"); d && !d->is_string()) {
       ThrowBadParam(p + ".function.description", p + ".function.description must be a string");
     }
-    if (auto params = GetSet(*fn, "parameters"); params && !params->is_object()) {
-      ThrowBadParam(p + ".function.parameters", p + ".function.parameters must be a JSON Schema object");
+    ToolSpec spec;
+    spec.name = std::string(n);
+    spec.param = p + ".function.parameters";
+    if (auto params = GetSet(*fn, "parameters")) {
+      if (!params->is_object()) {
+        ThrowBadParam(p + ".function.parameters", p + ".function.parameters must be a JSON Schema object");
+      }
+      spec.parameters_json = simdjson::minify(*params);
     }
-    if (auto s = GetSet(*fn, "strict"); s && !s->is_bool()) {
-      ThrowBadParam(p + ".function.strict", p + ".function.strict must be a boolean");
+    if (auto s = GetSet(*fn, "strict")) {
+      if (!s->is_bool()) ThrowBadParam(p + ".function.strict", p + ".function.strict must be a boolean");
+      spec.strict = s->get_bool().value_unsafe();
     }
+    specs.push_back(std::move(spec));
   }
 }
 
@@ -152,7 +160,7 @@ bool ContentEmpty(element msg) {
 }
 
 void ValidateMessages(element messages, const ApiPolicy& policy, std::set<std::string, std::less<>>& names,
-                      bool& has_dynamic_tools) {
+                      bool& has_dynamic_tools, std::vector<ToolSpec>& specs) {
   if (!messages.is_array()) ThrowBadParam("messages", "messages must be an array of message objects");
   simdjson::dom::array list = ArrayOf(messages);
   if (list.size() == 0) ThrowBadParam("messages", "messages must not be empty");
@@ -180,7 +188,7 @@ void ValidateMessages(element messages, const ApiPolicy& policy, std::set<std::s
         ThrowBadParam(p + ".tools", p + ".tools: tools may be declared only on system messages, not on " +
                                         std::string(role) + " messages");
       }
-      ValidateTools(*tools, p + ".tools", policy, names);
+      ValidateTools(*tools, p + ".tools", policy, names, specs);
       if (ArrayOf(*tools).size() > 0) {
         if (!ContentEmpty(msg)) {
           ThrowBadParam(p + ".content", p + ": a system message that declares tools must have empty content");
@@ -228,14 +236,18 @@ void ValidateMessages(element messages, const ApiPolicy& policy, std::set<std::s
   }
 }
 
-void ValidateResponseFormat(element rf) {
+void ValidateResponseFormat(element rf, ChatRequest& out) {
   // KVV test_response_format.py: type in text / json_object / json_schema;
   // json_schema needs {name, schema: object, strict?: bool}.
   if (!rf.is_object()) ThrowBadParam("response_format", "response_format must be an object {\"type\": ...}");
   auto type = Get(rf, "type");
   if (!type || !type->is_string()) ThrowBadParam("response_format.type", "response_format.type must be a string");
   std::string_view t = type->get_string().value_unsafe();
-  if (t == "text" || t == "json_object") return;
+  if (t == "text") return;
+  if (t == "json_object") {
+    out.response_format = ResponseFormat::kJsonObject;
+    return;
+  }
   if (t != "json_schema") {
     ThrowBadParam("response_format.type",
                   "response_format.type " + Quote(t) + " is not one of text, json_object, json_schema");
@@ -256,6 +268,8 @@ void ValidateResponseFormat(element rf) {
   if (auto strict = GetSet(*js, "strict"); strict && !strict->is_bool()) {
     ThrowBadParam("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
   }
+  out.response_format = ResponseFormat::kJsonSchema;
+  out.response_schema_json = simdjson::minify(*schema);
 }
 
 std::string EffortOf(element v, const std::string& param) {
@@ -376,28 +390,50 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   bool has_dynamic = false;
   bool has_global = false;
   if (auto tools = GetSet(root, "tools")) {
-    ValidateTools(*tools, "tools", policy, names);
+    ValidateTools(*tools, "tools", policy, names, out.tools);
     has_global = ArrayOf(*tools).size() > 0;
   }
-  ValidateMessages(*messages, policy, names, has_dynamic);
+  ValidateMessages(*messages, policy, names, has_dynamic, out.tools);
   out.has_tools = has_global || has_dynamic;
 
-  // tool_choice: auto / none / required only (KVV test_tool_choice.py: the
-  // named-function form is not supported by K3; required needs tools).
+  // tool_choice: auto / none / required (KVV test_tool_choice.py: required
+  // needs tools), or the named form {"type":"function","function":{"name"}},
+  // which k3 honours by constraint (issue 16; Moonshot's service ignores it,
+  // and its encoder renders no message for it).
   if (auto tc = GetSet(root, "tool_choice")) {
-    if (!tc->is_string()) {
-      ThrowBadParam("tool_choice", "tool_choice must be \"auto\", \"none\" or \"required\" (the named-function form "
-                                   "is not supported by Kimi K3)");
-    }
-    std::string_view c = tc->get_string().value_unsafe();
-    if (c != "auto" && c != "none" && c != "required") {
-      ThrowBadParam("tool_choice", "tool_choice " + Quote(c) + " is not one of auto, none, required");
-    }
-    if (c == "required" && !out.has_tools) {
-      ThrowBadParam("tool_choice", "tool_choice \"required\" needs at least one tool");
+    if (tc->is_object()) {
+      auto type = Get(*tc, "type");
+      if (!type || !type->is_string() || type->get_string().value_unsafe() != "function") {
+        ThrowBadParam("tool_choice.type", "tool_choice.type must be \"function\"");
+      }
+      auto fn = Get(*tc, "function");
+      if (!fn || !fn->is_object()) ThrowBadParam("tool_choice.function", "tool_choice.function must be an object");
+      auto name = Get(*fn, "name");
+      if (!name || !name->is_string()) {
+        ThrowBadParam("tool_choice.function.name", "tool_choice.function.name must be a string");
+      }
+      std::string_view n = name->get_string().value_unsafe();
+      if (names.find(n) == names.end()) {
+        ThrowBadParam("tool_choice.function.name",
+                      "tool_choice.function.name " + Quote(n) + " is not one of the declared tools");
+      }
+      out.tool_choice = ToolChoice::kNamed;
+      out.tool_choice_name = std::string(n);
+    } else if (tc->is_string()) {
+      std::string_view c = tc->get_string().value_unsafe();
+      if (c != "auto" && c != "none" && c != "required") {
+        ThrowBadParam("tool_choice", "tool_choice " + Quote(c) + " is not one of auto, none, required");
+      }
+      if (c == "required" && !out.has_tools) {
+        ThrowBadParam("tool_choice", "tool_choice \"required\" needs at least one tool");
+      }
+      out.tool_choice = c == "none" ? ToolChoice::kNone : c == "required" ? ToolChoice::kRequired : ToolChoice::kAuto;
+    } else {
+      ThrowBadParam("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                   "{\"type\":\"function\",\"function\":{\"name\":...}}");
     }
   }
-  if (auto rf = GetSet(root, "response_format")) ValidateResponseFormat(*rf);
+  if (auto rf = GetSet(root, "response_format")) ValidateResponseFormat(*rf, out);
 
   // Sampling (KVV tests/params/test_params.py): n must be 1; penalties 0;
   // temperature and top_p locked to K3's values unless --sampling free.
@@ -490,6 +526,8 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
     throw Error(e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument,
                 e.detail(), {}, Error::kNoOffset, "messages");
   }
+  // Structured output (issue 16): every schema compiles now, or the request is a 400.
+  CompileStructuredOrThrow(out);
   return out;
 }
 

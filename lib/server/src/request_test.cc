@@ -68,8 +68,11 @@ TEST_CASE("KVV request-validation cases are each exactly 400") {
       {"tool_choice required without tools", Body(R"("tool_choice":"required")")},
       {"tool_choice required with empty tools", Body(R"("tools":[],"tool_choice":"required")")},
       {"tool_choice invalid", Body(std::string(R"("tools":[)") + kWeather + R"(],"tool_choice":"bogus")")},
-      {"tool_choice named function",
-       Body(std::string(R"("tools":[)") + kWeather + R"(],"tool_choice":{"type":"function","function":{"name":"get_weather"}})")},
+      // The named form is honoured (issue 16), but only for a declared tool.
+      {"tool_choice named function not declared",
+       Body(std::string(R"("tools":[)") + kWeather + R"(],"tool_choice":{"type":"function","function":{"name":"get_time"}})")},
+      {"tool_choice named function without tools",
+       Body(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})")},
       {"response_format bogus", Body(R"("response_format":{"type":"bogus"})")},
       {"json_schema without name", Body(R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}})")},
       {"json_schema without schema", Body(R"("response_format":{"type":"json_schema","json_schema":{"name":"weather"}})")},
@@ -208,6 +211,74 @@ TEST_CASE("the prompt is rendered exactly as the renderer renders the equivalent
     CHECK(r.chat.segments == direct.segments);
     // render_json itself is a request `k3-run render` accepts, with the same result.
     CHECK(tok::RenderChatRequestOrThrow(r.render_json).segments == direct.segments);
+  }
+}
+
+std::string ParamOf(const std::string& body) {
+  try {
+    ParseChatRequestOrThrow(body, {});
+    return "(accepted)";
+  } catch (const Error& e) {
+    ApiError api = ApiErrorFor(e);
+    return api.status == 400 ? api.param + " | " + api.message : "(status " + std::to_string(api.status) + ")";
+  }
+}
+
+TEST_CASE("structured output: the request's tools, tool_choice and response_format are filled and compiled") {
+  std::string tools = std::string(R"("tools":[)") + kWeather + "," + Fn("noop") + "]";
+  ChatRequest r = ParseChatRequestOrThrow(Body(tools + R"(,"tool_choice":{"type":"function","function":{"name":"noop"}})"), {});
+  REQUIRE(r.tools.size() == 2);
+  CHECK(r.tools[0].name == "get_weather");
+  CHECK(r.tools[0].parameters_json == R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  CHECK(r.tools[0].param == "tools[0].function.parameters");
+  CHECK(r.tool_choice == ToolChoice::kNamed);
+  CHECK(r.tool_choice_name == "noop");
+  REQUIRE(r.structured != nullptr);
+  // The encoder renders no tool_choice message for the named form (oracle case
+  // tool_choice_function_object): the prompt is the one of tool_choice auto.
+  CHECK(r.chat.segments == ParseChatRequestOrThrow(Body(tools), {}).chat.segments);
+
+  ChatRequest j = ParseChatRequestOrThrow(
+      Body(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"type":"integer"}}}}})"),
+      {});
+  CHECK(j.response_format == ResponseFormat::kJsonSchema);
+  CHECK(j.response_schema_json == R"({"type":"object","properties":{"a":{"type":"integer"}}})");
+  CHECK(j.structured != nullptr);
+  CHECK(ParseChatRequestOrThrow(Body(R"("response_format":{"type":"json_object"})"), {}).response_format ==
+        ResponseFormat::kJsonObject);
+  CHECK(ParseChatRequestOrThrow(Body(""), {}).structured == nullptr);  // nothing to enforce
+  CHECK(ParseChatRequestOrThrow(Body(R"("tool_choice":"required",)" + tools), {}).tool_choice == ToolChoice::kRequired);
+  // Dynamic tools keep their own path.
+  std::string dyn = std::string(R"([{"role":"system","content":"","tools":[)") +
+                    R"({"type":"function","function":{"name":"z","parameters":{"type":"string","pattern":"a+"}}})" +
+                    R"(]},{"role":"user","content":"weather?"}])";
+  CHECK(ParamOf(Body("", dyn)).rfind("messages[0].tools[0].function.parameters | ", 0) == 0);
+}
+
+TEST_CASE("structured output: a schema k3 cannot enforce is a 400 naming the parameter and the keyword") {
+  auto tool = [](const std::string& schema) {
+    return Body(R"("tools":[{"type":"function","function":{"name":"f","parameters":)" + schema + "}}]");
+  };
+  auto rf = [](const std::string& schema) {
+    return Body(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)" + schema + "}}");
+  };
+  struct Case {
+    std::string body, param, keyword;
+  } cases[] = {
+      {tool(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^[0-9]+$"}}})"),
+       "tools[0].function.parameters", "'pattern'"},
+      {tool(R"({"type":"object","not":{"required":["a"]}})"), "tools[0].function.parameters", "'not'"},
+      {rf(R"({"type":"integer","multipleOf":3})"), "response_format.json_schema.schema", "'multipleOf'"},
+      {rf(R"({"type":"array","prefixItems":[{"type":"string"}]})"), "response_format.json_schema.schema",
+       "'prefixItems'"},
+      {rf(R"({"type":"string","minLength":5,"maxLength":2})"), "response_format.json_schema.schema", ""},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.body);
+    std::string got = ParamOf(c.body);
+    CAPTURE(got);
+    CHECK(got.rfind(c.param + " | " + c.param + ": ", 0) == 0);
+    CHECK(got.find(c.keyword) != std::string::npos);
   }
 }
 

@@ -193,6 +193,7 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
   gen.sampling.temperature = job.request.temperature;
   gen.sampling.top_p = job.request.top_p;
   gen.sampling.seed = job.request.seed ? *job.request.seed : std::random_device{}();
+  gen.structured = job.request.structured;  // compiled at parse time (issue 16)
 
   bool client_gone = false;
   auto last_write = Clock::now();

@@ -126,10 +126,15 @@ class TokenConstraint {
   const std::string& text() const;
   // Back to the empty output.
   void Reset();
+  // An independent copy of this state (same schema, vocabulary and format):
+  // lets a caller look ahead (e.g. probe a short completion) without
+  // disturbing the generation's constraint. Cost: the live stack and the text.
+  TokenConstraint Clone() const;
 
   struct Impl;
 
  private:
+  explicit TokenConstraint(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "k3/constrain/constrain.h"
 #include "k3/container/snapshot.h"
 #include "k3/engine/checkpoint_cache.h"
 #include "k3/model/config.h"
@@ -84,6 +85,31 @@ struct SamplingParams {
   uint64_t seed = 1;
 };
 
+// Structured output (issue 16; the rules in docs/server.md "Constrained
+// decoding"): what the sampling loop guarantees by masking, in chat mode only.
+// Compiled schemas are immutable and shared (one spec may serve many requests).
+struct ToolConstraint {
+  std::string name;                  // a declared tool (the call header's tool="...")
+  constrain::CompiledSchema parameters = constrain::Schema::JsonObject();  // its arguments
+};
+struct StructuredOutput {
+  // Content channel: compact JSON that validates against this schema
+  // (response_format json_object / json_schema). Ignored when calls are required.
+  std::optional<constrain::CompiledSchema> response;
+  // The declared tools: every call, forced or opened by the model, names one of
+  // them and carries arguments that validate against its schema.
+  std::vector<ToolConstraint> tools;
+  enum class Calls { kAuto, kNone, kRequired };
+  Calls calls = Calls::kAuto;
+  // kRequired with one function (named tool_choice); empty: any declared tool.
+  std::string only_tool;
+  // Think tokens at most when a structure is forced after the think channel;
+  // -1: half of what max_tokens leaves after the shortest forced completion.
+  int64_t think_budget = -1;
+  // Whether the loop has anything to enforce (tools declared or JSON asked for).
+  bool active() const { return response.has_value() || !tools.empty() || calls == Calls::kRequired; }
+};
+
 struct GenerateRequest {
   // The whole prompt, BOS included (see Engine::ChatPromptIds). The engine keeps
   // its session when these ids start with everything it has fed (prefix reuse)
@@ -109,6 +135,10 @@ struct GenerateRequest {
   // A sampler whose random stream continues across requests (k3-run chat's
   // turns); null: a fresh one from `sampling`. Borrowed for the call.
   model::Sampler* sampler = nullptr;
+  // Structured output (chat mode with a tokenizer only); null: unconstrained.
+  // Generate throws kInvalidArgument when calls are required and no tool (or
+  // not only_tool) is declared.
+  std::shared_ptr<const StructuredOutput> structured;
 };
 
 // A tool-call fragment. The first fragment of a call has begin = true and
@@ -150,6 +180,7 @@ struct Timings {
   double decode_s = 0;          // first to last generated token
   double prefill_tok_per_s = 0; // prefilled tokens / prefill_s
   double decode_tok_per_s = 0;  // (completion_tokens - 1) / decode_s
+  double constrain_s = 0;       // structured output: masks, steering and forced ids (inside decode_s)
 };
 
 struct GenerateResult {

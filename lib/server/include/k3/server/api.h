@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +18,10 @@
 
 #include "k3/core/error.h"
 #include "k3/tokenizer/chat.h"
+
+namespace k3::engine {
+struct StructuredOutput;  // k3/engine/engine.h
+}
 
 namespace k3::server {
 
@@ -46,6 +51,9 @@ struct ToolSpec {
   std::string name;
   std::string parameters_json;  // the JSON Schema text as sent; "" = none given
   bool strict = false;          // function.strict (OpenAI); always constrained once a call opens
+  // Where parameters_json sits in the request ("tools[0].function.parameters"),
+  // the param of a 400 when it does not compile.
+  std::string param;
 };
 enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
 enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
@@ -70,6 +78,9 @@ struct ChatRequest {
   std::string tool_choice_name;         // kNamed: the one function allowed
   ResponseFormat response_format = ResponseFormat::kText;
   std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
+  // The compiled form of the fields above (CompileStructuredOrThrow), what
+  // the engine enforces; null when there is nothing to enforce.
+  std::shared_ptr<const engine::StructuredOutput> structured;
   // The request as `k3-run render --request` takes it: the body with a leading
   // "options" object that carries the resolved thinking settings. Rendering it
   // gives `chat`.
@@ -78,7 +89,20 @@ struct ChatRequest {
 };
 
 // Validates `body` (a chat.completions request) and renders its prompt.
+// Compiles its schemas too (CompileStructuredOrThrow).
 ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& policy);
+
+// Compiles tools[].parameters_json and response_schema_json into
+// request.structured (docs/server.md "Constrained decoding"), for every API
+// parser that fills those fields. A schema k3 cannot enforce is refused, never
+// served unconstrained: kUnsupported (the keyword is named in the message) or
+// kInvalidArgument (not a schema, or unsatisfiable), whose object() is the
+// ToolSpec's param or `response_param`, so ApiErrorFor gives a 400 naming it.
+// kNamed needs tool_choice_name among the tools (kInvalidArgument naming
+// `tool_choice_param`).
+void CompileStructuredOrThrow(ChatRequest& request,
+                              std::string_view response_param = "response_format.json_schema.schema",
+                              std::string_view tool_choice_param = "tool_choice.function.name");
 
 // An error as the API answers it: HTTP status and the OpenAI error object.
 struct ApiError {

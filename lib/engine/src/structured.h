@@ -1,0 +1,105 @@
+// Structured output in the sampling loop (issue 16, docs/server.md
+// "Constrained decoding"): a per-generation state machine over K3's XTML answer
+// structure that says, before each sampling step, which ids may come next —
+// forcing the structural markers, masking JSON with a constrain::TokenConstraint
+// — and steers to the shortest completion when max_tokens runs out.
+//
+// Not thread-safe (one per generation). The constructor throws k3::Error
+// kInvalidArgument for a spec it cannot serve (required calls with no tool);
+// the per-step calls never throw.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "k3/constrain/constrain.h"
+#include "k3/engine/engine.h"
+#include "k3/tokenizer/chat.h"
+#include "k3/tokenizer/tokenizer.h"
+
+namespace k3::engine {
+
+// A short completion of `c`: at every byte the first byte of a fixed
+// preference order (closers, then short values, then the rest) that the
+// constraint takes, until it accepts. The decoder steers along it. nullopt
+// past `max_bytes` (never seen: every state of the automaton can finish).
+std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes);
+
+class StructuredDecoder {
+ public:
+  // `remaining` = the most tokens the generation may still produce.
+  StructuredDecoder(const StructuredOutput& spec, const tok::Tokenizer& tok, const constrain::Vocabulary& vocab,
+                    std::span<const int64_t> eos_ids, tok::ChatStreamParser::Start start, int64_t remaining);
+
+  // Before a sampling step with `remaining` tokens left (this one included):
+  // returns the id that must come next, or -1 after setting the logits of
+  // every id that may not come next to -inf in `logits`.
+  int32_t Prepare(std::span<float> logits, int64_t remaining);
+  // Whether `id` may come next (after Prepare).
+  bool Allowed(int32_t id) const;
+  // The id chosen for this step (forced or sampled among the allowed).
+  void Accept(int32_t id);
+
+  // The tokens the shortest completion from here needs (0 when the answer may
+  // end now or nothing is forced).
+  int64_t MinRemaining();
+
+ private:
+  enum class Phase { kThink, kFree, kJson, kSeq, kDone };
+  // What follows a forced / chosen sequence.
+  enum class Next { kBody, kCallChoice, kCallArgs, kDone };
+  struct Cand {
+    std::vector<int32_t> ids;
+    Next next = Next::kDone;
+    int tool = -1;  // kCallArgs: index into spec_.tools
+  };
+
+  std::vector<int32_t> Encode(const std::vector<tok::ChatSegment>& segments) const;
+  void EnterBody();
+  void EnterCallChoice();
+  void EnterSeq(std::vector<Cand> cands, size_t pos);
+  void EnterJson(const constrain::CompiledSchema& schema, bool for_call, int tool);
+  std::vector<int32_t> CallHeader(int tool, int index) const;
+  void After(const Cand& c);
+  int64_t MinAfter(Next next, int tool) const;
+  int64_t JsonTail() const;
+  void MaskSpecials(std::span<float> logits, std::initializer_list<int32_t> keep) const;
+  int64_t GreedyLen();
+
+  const StructuredOutput& spec_;
+  const tok::Tokenizer& tok_;
+  const constrain::Vocabulary& vocab_;
+  std::vector<int64_t> eos_ids_;
+  tok::XtmlIds x_;
+  bool must_close_ = false;  // json content or required calls: a structure must be completed
+  std::vector<int> callable_;  // tools a call may name
+
+  // Pre-encoded structure.
+  std::vector<int32_t> close_think_open_resp_, close_resp_, open_tools_, close_call_, end_, close_tools_end_;
+  std::vector<int64_t> header_len_;  // per tool: its call header's ids (index 1)
+  int64_t min_json_response_ = 0;
+  std::vector<int64_t> min_json_tool_;
+
+  Phase phase_ = Phase::kFree;
+  int64_t think_tokens_ = 0, think_budget_ = 0;
+  // kSeq
+  std::vector<Cand> cands_;
+  size_t pos_ = 0;
+  std::vector<int32_t> next_ids_;  // kSeq: the ids consistent with some candidate
+  // kJson
+  std::optional<constrain::TokenConstraint> json_;
+  bool json_for_call_ = false;
+  int json_tool_ = -1;
+  std::vector<uint64_t> bits_;
+  int64_t greedy_len_ = -1, greedy_age_ = 0;
+  std::string steer_;  // the greedy completion when steering
+  bool steering_ = false;
+  int calls_ = 0;  // calls opened so far
+  int32_t forced_ = -1;
+  int32_t byte_token_[256];
+};
+
+}  // namespace k3::engine

@@ -1,0 +1,308 @@
+// Structured output on the random-weight tiny K3, whose unconstrained output is
+// garbage: under a constraint every answer is compact JSON that parses (and
+// meets the schema's rules checked here by hand), every forced call parses
+// through the stream parser with a declared name, with greedy and top-p
+// sampling, under tight max_tokens, with thinking on and off. The black-box
+// check against an independent validator is tests/server/structured_test.py.
+#include <doctest/doctest.h>
+#include <simdjson.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "k3/core/error.h"
+#include "k3/engine/engine.h"
+#include "structured.h"
+
+using namespace k3;
+using namespace k3::engine;
+
+namespace {
+
+const std::string kTiny = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
+
+Engine& TinyEngine() {
+  static std::unique_ptr<Engine> e = [] {
+    EngineOptions o;
+    o.model_dir = kTiny;
+    o.progress = false;
+    o.load.expert_cache_bytes = 0;
+    o.threads = 1;
+    return Engine::LoadOrThrow(o);
+  }();
+  return *e;
+}
+
+GenerateRequest ChatRequestFor(Engine& e, bool thinking, int64_t max_tokens, float temperature, uint64_t seed) {
+  std::string body = std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"Answer in JSON.\"}],") +
+                     "\"options\":{\"thinking\":" + (thinking ? "true" : "false") + "}}";
+  tok::RenderedChat chat = tok::RenderChatRequestOrThrow(body);
+  GenerateRequest r;
+  r.prompt_ids = e.ChatPromptIds(chat);
+  r.chat_start = ChatStartFor(chat);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
+  r.sampling.seed = seed;
+  return r;
+}
+
+// Compact: minifying changes nothing (no whitespace outside strings).
+bool ParsesCompact(const std::string& text, simdjson::dom::element* out, simdjson::dom::parser& p) {
+  if (p.parse(text).get(*out) != simdjson::SUCCESS) return false;
+  return simdjson::minify(*out) == text;
+}
+
+std::shared_ptr<StructuredOutput> JsonSpec(const std::string& schema) {
+  auto s = std::make_shared<StructuredOutput>();
+  s->response = constrain::Schema::CompileOrThrow(schema);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("structured: json_schema answers parse, are compact and keep the schema's rules") {
+  Engine& e = TinyEngine();
+  const std::string schema =
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"age":{"type":"integer","minimum":18,"maximum":99},)"
+      R"("tags":{"type":"array","items":{"enum":["a","b","c"]},"maxItems":3},"ok":{"type":"boolean"}},)"
+      R"("required":["name","age"],"additionalProperties":false})";
+  auto spec = JsonSpec(schema);
+  int n = 0;
+  for (bool thinking : {true, false}) {
+    for (float temp : {0.0f, 1.0f}) {
+      for (uint64_t seed : {1u, 2u, 3u}) {
+        if (temp == 0 && seed > 1) continue;  // greedy: one run
+        CAPTURE(thinking);
+        CAPTURE(temp);
+        CAPTURE(seed);
+        GenerateRequest r = ChatRequestFor(e, thinking, 96, temp, seed);
+        r.structured = spec;
+        std::string streamed;
+        Callbacks cb;
+        cb.on_delta = [&](const Delta& d) {
+          streamed += d.content;
+          return true;
+        };
+        GenerateResult res = e.Generate(r, cb);
+        CAPTURE(res.content);
+        CHECK(res.finish == FinishReason::kStop);
+        CHECK(res.tool_calls.empty());
+        CHECK(streamed == res.content);
+        simdjson::dom::parser p;
+        simdjson::dom::element v;
+        REQUIRE(ParsesCompact(res.content, &v, p));
+        REQUIRE(v.is_object());
+        int64_t age = 0;
+        REQUIRE(v["age"].get_int64().get(age) == simdjson::SUCCESS);
+        CHECK(age >= 18);
+        CHECK(age <= 99);
+        std::string_view name;
+        REQUIRE(v["name"].get_string().get(name) == simdjson::SUCCESS);
+        simdjson::dom::object fields;
+        REQUIRE(v.get_object().get(fields) == simdjson::SUCCESS);
+        for (auto [key, val] : fields) {
+          CHECK((key == "name" || key == "age" || key == "tags" || key == "ok"));
+        }
+        if (thinking) CHECK(res.usage.reasoning_tokens <= (96 - 20) / 2 + 1);
+        ++n;
+      }
+    }
+  }
+  CHECK(n == 8);
+}
+
+TEST_CASE("structured: json_object and a top-level number close and end the message") {
+  Engine& e = TinyEngine();
+  auto obj = std::make_shared<StructuredOutput>();
+  obj->response = constrain::Schema::JsonObject();
+  auto num = JsonSpec(R"({"type":"number","minimum":-5,"maximum":5})");
+  for (uint64_t seed : {4u, 5u}) {
+    for (const auto& spec : {obj, num}) {
+      GenerateRequest r = ChatRequestFor(e, true, 80, 1.0f, seed);
+      r.structured = spec;
+      GenerateResult res = e.Generate(r);
+      CAPTURE(res.content);
+      simdjson::dom::parser p;
+      simdjson::dom::element v;
+      REQUIRE(ParsesCompact(res.content, &v, p));
+      if (spec == obj) {
+        CHECK(v.is_object());
+      } else {
+        double x = 0;
+        REQUIRE(v.get_double().get(x) == simdjson::SUCCESS);
+        CHECK(x >= -5);
+        CHECK(x <= 5);
+      }
+      CHECK(res.finish == FinishReason::kStop);
+    }
+  }
+}
+
+TEST_CASE("structured: tight max_tokens steers to the shortest completion") {
+  Engine& e = TinyEngine();
+  auto spec = JsonSpec(
+      R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"},"minItems":2}},"required":["a","b"]})");
+  // The shortest answer {"a":"","b":[1,1]} is 18 bytes, plus about 20 ids of
+  // structure with thinking on (36 tokens are too few: see the length case).
+  for (int64_t max_tokens : {44, 56, 80}) {
+    for (bool thinking : {true, false}) {
+      CAPTURE(max_tokens);
+      CAPTURE(thinking);
+      GenerateRequest r = ChatRequestFor(e, thinking, max_tokens, 1.0f, 11);
+      r.structured = spec;
+      GenerateResult res = e.Generate(r);
+      CAPTURE(res.content);
+      CHECK(res.usage.completion_tokens <= max_tokens);
+      CHECK(res.finish == FinishReason::kStop);
+      if (res.finish != FinishReason::kStop) {
+        MESSAGE(e.tokenizer()->Decode(std::vector<tok::TokenId>(res.ids.begin(), res.ids.end())));
+      }
+      simdjson::dom::parser p;
+      simdjson::dom::element v;
+      CHECK(ParsesCompact(res.content, &v, p));
+    }
+  }
+  // Too little room for any answer: finish "length", never an exception.
+  GenerateRequest r = ChatRequestFor(e, false, 3, 1.0f, 1);
+  r.structured = spec;
+  GenerateResult res = e.Generate(r);
+  CHECK(res.finish == FinishReason::kLength);
+}
+
+TEST_CASE("structured: required and named tool calls parse, name declared tools and stream their arguments") {
+  Engine& e = TinyEngine();
+  auto spec = std::make_shared<StructuredOutput>();
+  spec->tools.push_back({"get_weather", constrain::Schema::CompileOrThrow(
+                                            R"({"type":"object","properties":{"city":{"type":"string"},)"
+                                            R"("unit":{"enum":["c","f"]}},"required":["city","unit"]})")});
+  spec->tools.push_back({"add", constrain::Schema::CompileOrThrow(
+                                    R"({"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}},)"
+                                    R"("required":["x","y"],"additionalProperties":false})")});
+  spec->calls = StructuredOutput::Calls::kRequired;
+  auto named = std::make_shared<StructuredOutput>(*spec);
+  named->only_tool = "add";
+  std::set<std::string> seen;
+  for (const auto& s : {spec, named}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      for (bool thinking : {true, false}) {
+        CAPTURE(seed);
+        CAPTURE(thinking);
+        GenerateRequest r = ChatRequestFor(e, thinking, 120, seed == 4 ? 0.0f : 1.0f, seed);
+        r.structured = s;
+        std::vector<std::string> args;
+        Callbacks cb;
+        cb.on_delta = [&](const Delta& d) {
+          for (const ToolCallDelta& t : d.tool_calls) {
+            if (t.begin) args.resize(size_t(t.index) + 1);
+            args[size_t(t.index)] += t.arguments;
+          }
+          return true;
+        };
+        GenerateResult res = e.Generate(r, cb);
+        CHECK(res.finish == FinishReason::kToolCalls);
+        REQUIRE(!res.tool_calls.empty());
+        // (OutputStream takes the EOS id itself, so the parser notes its absence.)
+        for (const std::string& w : res.warnings) CHECK(w == "output ended without <|end_of_msg|>");
+        if (res.finish != FinishReason::kToolCalls) {
+          MESSAGE(e.tokenizer()->Decode(std::vector<tok::TokenId>(res.ids.begin(), res.ids.end())));
+        }
+        REQUIRE(args.size() == res.tool_calls.size());
+        for (size_t i = 0; i < res.tool_calls.size(); ++i) {
+          const tok::ToolCall& c = res.tool_calls[i];
+          CAPTURE(c.arguments_json);
+          CHECK(args[i] == c.arguments_json);
+          if (s == named) CHECK(c.name == "add");
+          seen.insert(c.name);
+          simdjson::dom::parser p;
+          simdjson::dom::element v;
+          REQUIRE(ParsesCompact(c.arguments_json, &v, p));
+          if (c.name == "add") {
+            int64_t x = 0;
+            CHECK(v["x"].get_int64().get(x) == simdjson::SUCCESS);
+            CHECK(v["y"].get_int64().get(x) == simdjson::SUCCESS);
+          } else {
+            REQUIRE(c.name == "get_weather");
+            std::string_view u;
+            REQUIRE(v["unit"].get_string().get(u) == simdjson::SUCCESS);
+            CHECK((u == "c" || u == "f"));
+          }
+        }
+      }
+    }
+  }
+  CHECK(seen.count("get_weather") == 1);  // the required choice is the model's
+}
+
+TEST_CASE("structured: tool_choice none and auto never make a malformed call") {
+  Engine& e = TinyEngine();
+  auto spec = std::make_shared<StructuredOutput>();
+  spec->tools.push_back({"f", constrain::Schema::CompileOrThrow(
+                                  R"({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})")});
+  for (auto calls : {StructuredOutput::Calls::kNone, StructuredOutput::Calls::kAuto}) {
+    spec->calls = calls;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      GenerateRequest r = ChatRequestFor(e, seed % 2 == 0, 64, 1.0f, seed);
+      r.structured = spec;
+      GenerateResult res = e.Generate(r);
+      if (calls == StructuredOutput::Calls::kNone) CHECK(res.tool_calls.empty());
+      for (const tok::ToolCall& c : res.tool_calls) {
+        CHECK(c.name == "f");
+        if (res.finish == FinishReason::kToolCalls) {
+          simdjson::dom::parser p;
+          simdjson::dom::element v;
+          CHECK(ParsesCompact(c.arguments_json, &v, p));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("structured: required calls with no such tool are refused before any work") {
+  Engine& e = TinyEngine();
+  auto spec = std::make_shared<StructuredOutput>();
+  spec->tools.push_back({"f", constrain::Schema::JsonObject()});
+  spec->calls = StructuredOutput::Calls::kRequired;
+  spec->only_tool = "g";
+  GenerateRequest r = ChatRequestFor(e, false, 16, 1.0f, 1);
+  r.structured = spec;
+  CHECK_THROWS_AS(e.Generate(r), Error);
+  r.structured = nullptr;
+  CHECK(e.Generate(r).usage.completion_tokens > 0);  // still usable
+}
+
+TEST_CASE("structured: the greedy completion closes every kind of open value") {
+  const constrain::Vocabulary vocab = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+    return constrain::Vocabulary(bytes, 256);
+  }();
+  struct Case {
+    const char* schema;
+    const char* prefix;
+    const char* completion;  // the greedy one, or a bound ("<N")
+  } cases[] = {
+      {R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})", "", R"({"a":""})"},
+      {R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})", R"({"a":"xy)", R"("})"},
+      {R"({"type":"array","items":{"type":"integer","minimum":20},"minItems":2})", "[", "<12"},
+      {R"({"type":"object"})", R"({"k":[{"z":"\u00)", R"(00"}]})"},
+      {R"({"enum":["alpha","beta"]})", R"("be)", R"(ta")"},
+      {R"({"type":"number","exclusiveMinimum":0})", "", "1"},
+      {R"({"type":"string","minLength":3})", "", R"("aaa")"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.schema);
+    CAPTURE(c.prefix);
+    constrain::TokenConstraint t(constrain::Schema::CompileOrThrow(c.schema), vocab);
+    REQUIRE(t.AdvanceBytes(c.prefix));
+    auto g = GreedyCompletion(t, 4096);
+    REQUIRE(g);
+    if (c.completion[0] == '<') CHECK(g->size() < size_t(std::atoi(c.completion + 1)));
+    else CHECK(*g == c.completion);
+    CHECK(t.text() == c.prefix);  // the probe is a copy
+    constrain::TokenConstraint done = t.Clone();
+    CHECK(done.AdvanceBytes(*g));
+    CHECK(done.Accepting());
+  }
+}

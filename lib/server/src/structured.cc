@@ -1,0 +1,60 @@
+// Request schemas -> the engine's structured-output spec (issue 16).
+#include "k3/engine/engine.h"
+#include "k3/server/api.h"
+
+namespace k3::server {
+namespace {
+
+constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param) {
+  try {
+    return constrain::Schema::CompileOrThrow(schema_json);
+  } catch (const Error& e) {
+    // kUnsupported stays (the error's code "unsupported"); a schema that is not
+    // JSON or cannot be satisfied is the client's invalid value. Both are 400s.
+    const ErrorCode code = e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument;
+    throw Error(code, std::string(param) + ": " + e.detail() + " (k3 constrains every schema it is sent and refuses "
+                "what it cannot enforce; docs/constrain.md lists the subset)", {}, Error::kNoOffset, std::string(param));
+  }
+}
+
+}  // namespace
+
+void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, std::string_view tool_choice_param) {
+  auto spec = std::make_shared<engine::StructuredOutput>();
+  for (const ToolSpec& t : r.tools) {
+    engine::ToolConstraint c;
+    c.name = t.name;
+    if (!t.parameters_json.empty()) c.parameters = CompileAt(t.parameters_json, t.param);
+    spec->tools.push_back(std::move(c));
+  }
+  switch (r.tool_choice) {
+    case ToolChoice::kAuto: spec->calls = engine::StructuredOutput::Calls::kAuto; break;
+    case ToolChoice::kNone: spec->calls = engine::StructuredOutput::Calls::kNone; break;
+    case ToolChoice::kRequired: spec->calls = engine::StructuredOutput::Calls::kRequired; break;
+    case ToolChoice::kNamed: {
+      spec->calls = engine::StructuredOutput::Calls::kRequired;
+      spec->only_tool = r.tool_choice_name;
+      bool declared = false;
+      for (const ToolSpec& t : r.tools) declared = declared || t.name == r.tool_choice_name;
+      if (!declared) {
+        std::string shown = r.tool_choice_name.substr(0, 80);
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(tool_choice_param) + " '" + shown + "' is not one of the declared tools", {},
+                    Error::kNoOffset, std::string(tool_choice_param));
+      }
+      break;
+    }
+  }
+  if (spec->calls == engine::StructuredOutput::Calls::kRequired && spec->tools.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "tool_choice requires a call but no tool is declared", {},
+                Error::kNoOffset, "tool_choice");
+  }
+  if (r.response_format == ResponseFormat::kJsonObject) {
+    spec->response = constrain::Schema::JsonObject();
+  } else if (r.response_format == ResponseFormat::kJsonSchema) {
+    spec->response = CompileAt(r.response_schema_json, response_param);
+  }
+  r.structured = spec->active() ? std::move(spec) : nullptr;
+}
+
+}  // namespace k3::server
