@@ -384,7 +384,8 @@ struct Mapper {
   }
 
   // tools -> chat tools [{type: function, function: {name, description, parameters}}].
-  void Tools(const Node& tools, JsonWriter& out, std::vector<ToolSpec>& specs) {
+  // Returns the number of tools.
+  size_t Tools(const Node& tools, JsonWriter& out) {
     out.BeginArray();
     size_t i = 0;
     for (const Node& t : Items(tools, "an array of tool objects")) {
@@ -407,18 +408,30 @@ struct Mapper {
       std::string raw = RawOr(i < spans.schemas.size() ? spans.schemas[i] : "", schema.v);
       out.BeginObject().Field("type", "function").Key("function").BeginObject().Field("name", Text(name));
       if (auto d = Member(t, "description")) out.Field("description", Text(*d));
-      out.Key("parameters").Raw(raw).EndObject().EndObject();
-      ToolSpec spec;
-      spec.name = std::string(Text(name));
-      spec.parameters_json = raw;
-      spec.strict = false;
-      if (auto s = Member(t, "strict")) spec.strict = Flag(*s);
-      specs.push_back(std::move(spec));
+      out.Key("parameters").Raw(raw);
+      if (auto s = Member(t, "strict")) out.Field("strict", Flag(*s));
+      out.EndObject().EndObject();
       ++i;
     }
     out.EndArray();
+    return i;
   }
 };
+
+// An error of the twin's parser (a schema k3 cannot enforce, the sampling
+// lock) named by the Messages field it came from.
+Error InMessagesTerms(const Error& e) {
+  auto rename = [](std::string s) {
+    for (auto [from, to] : {std::pair<std::string_view, std::string_view>{".function.parameters", ".input_schema"},
+                            {"tool_choice.function.name", "tool_choice.name"}}) {
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+        s.replace(at, from.size(), to);
+      }
+    }
+    return s;
+  };
+  return Error(e.code(), rename(e.detail()), {}, Error::kNoOffset, rename(e.object()));
+}
 
 }  // namespace
 
@@ -436,20 +449,23 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
   if (call == MessagesCall::kCreate || Member(root, "model")) model = std::string(Text(Need(root, "model")));
   chat.Field("model", model);
 
-  std::vector<ToolSpec> specs;
+  size_t num_tools = 0;
   JsonWriter tools;
-  if (auto t = Member(root, "tools")) map.Tools(*t, tools, specs);
+  if (auto t = Member(root, "tools")) num_tools = map.Tools(*t, tools);
 
   map.messages.BeginArray();
   if (auto s = Member(root, "system")) map.System(*s);
   map.Messages(Need(root, "messages"));
   map.messages.EndArray();
   chat.Key("messages").Raw(map.messages.str());
-  if (!specs.empty()) chat.Key("tools").Raw(tools.str());
+  if (num_tools > 0) chat.Key("tools").Raw(tools.str());
 
-  ToolChoice choice = ToolChoice::kAuto;
-  std::string choice_name;
+  // tool_choice -> the twin's: auto, required (any), none, and the named form
+  // {"type":"function","function":{"name"}} (tool), which the OpenAI parser
+  // turns into ChatRequest::tool_choice and the compiled constraint.
   if (auto tc = Member(root, "tool_choice")) {
+    ToolChoice choice = ToolChoice::kAuto;
+    std::string choice_name;
     MustBeObject(*tc);
     Node type = Need(*tc, "type");
     std::string_view t = Text(type);
@@ -465,16 +481,17 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
         ThrowBadParam(name.path, name.path + " " + Shown(choice_name) + " is not one of the request's tools");
       }
     }
-    if ((choice == ToolChoice::kRequired || choice == ToolChoice::kNamed) && specs.empty()) {
+    if ((choice == ToolChoice::kRequired || choice == ToolChoice::kNamed) && num_tools == 0) {
       ThrowBadParam(type.path, "tool_choice " + Shown(t) + " needs at least one tool");
     }
     if (auto d = Member(*tc, "disable_parallel_tool_use")) out.disable_parallel_tool_use = Flag(*d);
-    // The prompt says what the choice demands; a named tool is a required
-    // call (the decoder constrains which one).
-    const char* rendered = choice == ToolChoice::kNone     ? "none"
-                           : choice == ToolChoice::kAuto ? "auto"
-                                                         : "required";
-    chat.Field("tool_choice", rendered);
+    chat.Key("tool_choice");
+    if (choice == ToolChoice::kNamed) {
+      chat.BeginObject().Field("type", "function").Key("function").BeginObject().Field("name", choice_name);
+      chat.EndObject().EndObject();
+    } else {
+      chat.String(choice == ToolChoice::kNone ? "none" : choice == ToolChoice::kAuto ? "auto" : "required");
+    }
   }
 
   if (auto n = Member(root, "max_tokens"); n || call == MessagesCall::kCreate) {
@@ -541,12 +558,12 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
 
   out.openai_body = chat.Take();
   // Count-tokens bodies have no max_tokens: the twin gets the policy default.
-  out.request = ParseChatRequestOrThrow(out.openai_body, policy);
+  try {
+    out.request = ParseChatRequestOrThrow(out.openai_body, policy);
+  } catch (const Error& e) {
+    throw InMessagesTerms(e);
+  }
   out.request.stop = std::move(stop);
-  out.request.tools = std::move(specs);
-  out.request.has_tools = !out.request.tools.empty();
-  out.request.tool_choice = choice;
-  out.request.tool_choice_name = choice_name;
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "k3/engine/engine.h"
 #include "k3/server/messages.h"
 #include "k3/server/server.h"
 
@@ -93,37 +94,48 @@ TEST_CASE("a tool conversation renders as its OpenAI twin: thinking, tool_use, t
   }
 }
 
-TEST_CASE("tool_choice maps to the structured-output contract and the prompt's trailer") {
+TEST_CASE("tool_choice maps to the structured-output contract, as the OpenAI twin's does") {
   std::string user = R"([{"role":"user","content":"hi"}])";
+  using Calls = engine::StructuredOutput::Calls;
   struct Case {
     const char* anthropic;
     ToolChoice choice;
-    const char* openai;  // the twin's tool_choice, as the renderer sees it
+    const char* openai;  // the twin's tool_choice
+    Calls calls;
   };
-  for (const Case& c : {Case{R"({"type":"auto"})", ToolChoice::kAuto, "\"auto\""},
-                        Case{R"({"type":"any"})", ToolChoice::kRequired, "\"required\""},
-                        Case{R"({"type":"tool","name":"get_time"})", ToolChoice::kNamed, "\"required\""},
-                        Case{R"({"type":"none"})", ToolChoice::kNone, "\"none\""}}) {
+  for (const Case& c : {Case{R"({"type":"auto"})", ToolChoice::kAuto, R"("auto")", Calls::kAuto},
+                        Case{R"({"type":"any"})", ToolChoice::kRequired, R"("required")", Calls::kRequired},
+                        Case{R"({"type":"tool","name":"get_time"})", ToolChoice::kNamed,
+                             R"({"type":"function","function":{"name":"get_time"}})", Calls::kRequired},
+                        Case{R"({"type":"none"})", ToolChoice::kNone, R"("none")", Calls::kNone}}) {
     CAPTURE(c.anthropic);
     std::string body = Msgs(user, R"("tools":)" + AnthropicTools() + R"(,"tool_choice":)" + c.anthropic);
     MessagesRequest m = ParseMessagesRequestOrThrow(body, ApiPolicy{});
-    CHECK(m.request.tool_choice == c.choice);
-    CHECK(m.request.tool_choice_name == (c.choice == ToolChoice::kNamed ? "get_time" : ""));
-    REQUIRE(m.request.tools.size() == 2);
-    CHECK(m.request.tools[0].name == "get_weather");
-    CHECK(m.request.tools[0].parameters_json == kWeatherSchema);  // the client's own bytes
-    CHECK(m.request.tools[1].parameters_json == R"({"type":"object"})");
-    CHECK(m.request.has_tools);
     ChatRequest twin = ParseChatRequestOrThrow(
         R"({"model":"k3","max_tokens":64,"thinking":{"type":"disabled"},"messages":)" + user + R"(,"tools":)" +
             OpenAITools() + R"(,"tool_choice":)" + c.openai + "}",
         ApiPolicy{});
     CHECK(m.request.chat.segments == twin.chat.segments);
+    CHECK(m.request.tool_choice == c.choice);
+    CHECK(m.request.tool_choice_name == (c.choice == ToolChoice::kNamed ? "get_time" : ""));
+    CHECK(m.request.has_tools);
+    REQUIRE(m.request.tools.size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK(m.request.tools[i].name == twin.tools[i].name);
+      CHECK(m.request.tools[i].parameters_json == twin.tools[i].parameters_json);
+    }
+    CHECK(m.request.tools[0].name == "get_weather");
+    // The compiled constraint the engine enforces.
+    REQUIRE(m.request.structured);
+    CHECK(m.request.structured->calls == c.calls);
+    CHECK(m.request.structured->only_tool == (c.choice == ToolChoice::kNamed ? "get_time" : ""));
+    CHECK(m.request.structured->tools.size() == 2);
   }
   MessagesRequest par = ParseMessagesRequestOrThrow(
       Msgs(user, R"("tools":)" + AnthropicTools() + R"(,"tool_choice":{"type":"auto","disable_parallel_tool_use":true})"),
       ApiPolicy{});
   CHECK(par.disable_parallel_tool_use);
+  CHECK_FALSE(ParseMessagesRequestOrThrow(Msgs(user), ApiPolicy{}).request.structured);
 }
 
 TEST_CASE("stop_sequences, sampling, stream and count_tokens") {
@@ -184,6 +196,10 @@ TEST_CASE("refusals name the Anthropic field; unsupported content is kUnsupporte
   CHECK(Refusal(Msgs(user, R"("tools":[{"name":"f","input_schema":{"type":"object"}},{"name":"f","input_schema":{"type":"object"}}])")) ==
         P{bad, "tools[1].name"});
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"any"})")) == P{bad, "tool_choice.type"});
+  // A schema the decoder cannot enforce is refused by the twin's parser, named as the Messages field.
+  auto unenforceable = Refusal(Msgs(user, R"("tools":[{"name":"f","input_schema":{"type":"object","patternProperties":{"^x":{}}}}])"));
+  CHECK(unenforceable.second == "tools[0].input_schema");
+  CHECK(unenforceable.first != ErrorCode::kOk);
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"sometimes"})")) == P{bad, "tool_choice.type"});
   CHECK(Refusal(Msgs(user, R"("tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"g"})")) ==
         P{bad, "tool_choice.name"});

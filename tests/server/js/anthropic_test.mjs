@@ -2,10 +2,11 @@
 // against `k3-run serve` on the tiny model: /v1/messages plain and streamed
 // (event order checked on the raw events, the SDK's MessageStream rebuilding
 // the same message), thinking on/off, stop sequences, count_tokens (equal to
-// the OpenAI route's prompt for the twin request), errors as the SDK's typed
-// errors, x-api-key and Bearer auth, abort; and tool use with a tool_result
-// turn against k3-script-serve (the same server library on a scripted token
-// source, since random weights never call tools on their own).
+// the OpenAI route's prompt for the twin request), forced tool use
+// (tool_choice any / tool, inputs validated against their schemas, a
+// tool_result turn), errors as the SDK's typed errors, x-api-key and Bearer
+// auth, abort; and the SDK's tool-use deltas against k3-script-serve (the same
+// server library on a scripted token source: thinking, text and two calls).
 //
 // usage: node anthropic_test.mjs NODE_MODULES K3_RUN MODEL_DIR K3_SCRIPT_SERVE
 import { Check, load, metric, startServer, stopServer, waitMetric } from "./lib.mjs";
@@ -118,6 +119,37 @@ try {
     check.ok(false, "unknown route refused");
   } catch (e) {
     check.ok(e instanceof Anthropic.NotFoundError && e.error?.error?.type === "not_found_error", "unknown route: NotFoundError");
+  }
+
+  // Forced tool use on random weights (the decoder constrains the call):
+  // tool_choice any and a named tool, whole and streamed; every input
+  // validates against its schema; then a tool_result turn.
+  const tools = [
+    { name: "get_weather", description: "Weather of a city",
+      input_schema: { type: "object", additionalProperties: false, required: ["city", "days"],
+                      properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer", minimum: 1, maximum: 7 } } } },
+    { name: "get_time", input_schema: { type: "object", required: ["tz"], properties: { tz: { type: "string", enum: ["UTC", "CET"] } } } },
+  ];
+  const valid = (call) => call.name === "get_weather"
+    ? Object.keys(call.input).sort().join() === "city,days" && typeof call.input.city === "string" &&
+      [...call.input.city].length <= 12 && Number.isInteger(call.input.days) && call.input.days >= 1 && call.input.days <= 7
+    : call.name === "get_time" && ["UTC", "CET"].includes(call.input.tz);
+  const toolReq = { model: "k3-tiny", max_tokens: 200, messages: [{ role: "user", content: "Weather in Paris?" }], tools };
+  for (const [choice, streamed] of [[{ type: "any" }, false], [{ type: "tool", name: "get_weather" }, true]]) {
+    const what = `tool_choice ${choice.type}${streamed ? " (streamed)" : ""}`;
+    const m = streamed ? await client.messages.stream({ ...toolReq, tool_choice: choice }).finalMessage()
+                       : await client.messages.create({ ...toolReq, tool_choice: choice });
+    const calls = texts(m, "tool_use");
+    check.ok(calls.length >= 1 && calls.every((c) => c.id.startsWith("toolu_") && valid(c)),
+             `${what}: tool_use blocks whose input validates (${JSON.stringify(calls)})`);
+    check.ok(choice.type !== "tool" || calls.every((c) => c.name === "get_weather"), `${what}: the named tool`);
+    check.ok(["tool_use", "max_tokens"].includes(m.stop_reason), `${what}: stop_reason ${m.stop_reason}`);
+    if (streamed) {
+      const follow = await client.messages.create({ ...toolReq, max_tokens: 8, messages: [
+        ...toolReq.messages, { role: "assistant", content: m.content },
+        { role: "user", content: calls.map((c) => ({ type: "tool_result", tool_use_id: c.id, content: "sunny" })) }] });
+      check.ok(follow.type === "message", "forced call: the tool_result turn is answered");
+    }
   }
 
   // Abort: the client goes away mid-stream; the server cancels.
