@@ -64,6 +64,11 @@ try {
   check.ok(JSON.stringify(final.content) === JSON.stringify(plain.content) && final.stop_reason === plain.stop_reason,
            "MessageStream.finalMessage() equals the whole message");
   check.ok(final.usage.output_tokens === plain.usage.output_tokens, "stream: usage from message_delta");
+  // The third identical prompt reuses the session's prefix: Anthropic's cache-read tokens.
+  check.ok(final.usage.cache_read_input_tokens > 0 &&
+           final.usage.input_tokens + final.usage.cache_read_input_tokens ===
+             plain.usage.input_tokens + plain.usage.cache_read_input_tokens,
+           `prefix reuse: cache_read_input_tokens (${JSON.stringify(final.usage)})`);
 
   // Thinking on: thinking blocks first, with a signature, streamed as thinking_delta + signature_delta.
   const thinkParams = { ...base, max_tokens: 12, thinking: { type: "enabled", budget_tokens: 1024 } };
