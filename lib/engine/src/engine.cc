@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 
 #include "k3/core/error.h"
@@ -13,7 +14,7 @@
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/engine/output.h"
-#include "structured.h"
+#include "k3/engine/structured.h"
 
 namespace k3::engine {
 namespace {
@@ -406,9 +407,19 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
       if (forced >= 0) {
         id = forced;
       } else {
-        id = sampler.Sample(im.masked);
-        // Masked logits are -inf, so never drawn; this guards the invariant.
-        if (!structured->Allowed(id)) id = model::Sampler::Argmax(im.masked);
+        // Masked logits are -inf, so never drawn. Near the end of max_tokens
+        // the decoder may still refuse a draw that leaves no room to close the
+        // answer: it is masked and drawn again, a few times, then steered.
+        for (int tries = 0;; ++tries) {
+          id = sampler.Sample(im.masked);
+          if (structured->Allowed(id)) break;
+          im.masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+          if (tries == 8) {
+            const int32_t f = structured->Fallback();
+            id = f >= 0 ? f : model::Sampler::Argmax(im.masked);
+            break;
+          }
+        }
       }
       const double t1 = NowSeconds();
       structured->Accept(id);

@@ -1,4 +1,4 @@
-#include "structured.h"
+#include "k3/engine/structured.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,10 @@ namespace {
 // Steering starts this many tokens before the budget is exactly the shortest
 // completion: one sampled token can lengthen that completion (open a string,
 // an object with required keys), and the margin absorbs most of that.
-constexpr int64_t kSteerMargin = 4;
+constexpr int64_t kSteerMargin = 2;
+// Within this many tokens of steering, each sampled JSON token is checked to
+// leave room for the shortest completion after it (Allowed).
+constexpr int64_t kLookAhead = 24;
 // Calls one answer may make before the tools section is closed.
 constexpr int kMaxCalls = 16;
 // The greedy completion is recomputed at least this often (in tokens) while
@@ -303,6 +306,28 @@ void StructuredDecoder::MaskSpecials(std::span<float> logits, std::initializer_l
   for (const auto& [k, v] : saved) logits[size_t(k)] = v;
 }
 
+int32_t StructuredDecoder::SteerToken() {
+  if (json_->Accepting()) return x_.close;
+  auto g = GreedyCompletion(*json_, 1 << 16);
+  if (!g || g->empty()) return -1;
+  try {
+    std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
+    if (!ids.empty() && json_->Allowed(ids[0]) && g->starts_with(tok_.TokenBytes(ids[0]))) return int32_t(ids[0]);
+  } catch (const Error&) {
+    // Not encodable as text (a character split across tokens): go byte by byte.
+  }
+  const int32_t b = byte_token_[uint8_t((*g)[0])];
+  return b >= 0 && json_->Allowed(uint32_t(b)) ? b : -1;
+}
+
+int32_t StructuredDecoder::Fallback() {
+  if (phase_ == Phase::kJson) {
+    if (int32_t t = SteerToken(); t >= 0) return t;
+  }
+  if (!next_ids_.empty() && phase_ == Phase::kSeq) return next_ids_[0];
+  return -1;
+}
+
 int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
   forced_ = -1;
   steering_ = false;
@@ -364,26 +389,12 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
           remaining <= greedy_len_ + tail + kSteerMargin + 4 * kGreedyEvery) {
         GreedyLen();
       }
+      remaining_ = remaining;
+      near_ = remaining <= greedy_len_ + tail + kSteerMargin + kLookAhead;
       if (remaining <= greedy_len_ + tail + kSteerMargin) {
         steering_ = true;
-        if (json_->Accepting()) return forced_ = x_.close;
-        auto g = GreedyCompletion(*json_, 1 << 16);
-        if (g && !g->empty()) {
-          int32_t pick = -1;
-          try {
-            std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
-            if (!ids.empty() && json_->Allowed(ids[0]) && g->starts_with(tok_.TokenBytes(ids[0]))) {
-              pick = int32_t(ids[0]);
-            }
-          } catch (const Error&) {
-            // Not encodable as text (a character split across tokens): go byte by byte.
-          }
-          if (pick < 0) {
-            const int32_t b = byte_token_[uint8_t((*g)[0])];
-            if (b >= 0 && json_->Allowed(uint32_t(b))) pick = b;
-          }
-          if (pick >= 0) return forced_ = pick;
-        }
+        const int32_t pick = SteerToken();
+        if (pick >= 0) return forced_ = pick;
         steering_ = false;  // no byte path: fall back to the mask
       }
       json_->AllowedMask(bits_);
@@ -401,7 +412,7 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
   return -1;
 }
 
-bool StructuredDecoder::Allowed(int32_t id) const {
+bool StructuredDecoder::Allowed(int32_t id) {
   if (forced_ >= 0) return id == forced_;
   switch (phase_) {
     case Phase::kThink: return (id >= 0 && uint32_t(id) < tok_.num_ranks()) || id == x_.close;
@@ -409,9 +420,18 @@ bool StructuredDecoder::Allowed(int32_t id) const {
       return (id >= 0 && uint32_t(id) < tok_.num_ranks()) || id == x_.close || id == x_.end_of_msg ||
              std::find(eos_ids_.begin(), eos_ids_.end(), int64_t{id}) != eos_ids_.end();
     case Phase::kSeq: return std::find(next_ids_.begin(), next_ids_.end(), id) != next_ids_.end();
-    case Phase::kJson:
+    case Phase::kJson: {
       if (id == x_.close) return json_->Accepting();
-      return id >= 0 && size_t(id) < bits_.size() * 64 && ((bits_[size_t(id) / 64] >> (id % 64)) & 1);
+      if (!(id >= 0 && size_t(id) < bits_.size() * 64 && ((bits_[size_t(id) / 64] >> (id % 64)) & 1))) return false;
+      if (!near_) return true;
+      // Near the budget: a token is taken only if the answer can still close
+      // after it (one token can lengthen the shortest completion a lot: close
+      // a string and make a required object due).
+      constrain::TokenConstraint after = json_->Clone();
+      after.Advance(uint32_t(id));
+      auto g = GreedyCompletion(after, 1 << 16);
+      return g && int64_t(g->size()) + JsonTail() <= remaining_ - 1;
+    }
     case Phase::kDone: return true;
   }
   return true;

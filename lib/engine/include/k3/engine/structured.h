@@ -1,4 +1,5 @@
-// Structured output in the sampling loop (issue 16, docs/server.md
+// k3::engine::StructuredDecoder — structured output in the sampling loop
+// (issue 16, docs/server.md
 // "Constrained decoding"): a per-generation state machine over K3's XTML answer
 // structure that says, before each sampling step, which ids may come next —
 // forcing the structural markers, masking JSON with a constrain::TokenConstraint
@@ -38,8 +39,13 @@ class StructuredDecoder {
   // returns the id that must come next, or -1 after setting the logits of
   // every id that may not come next to -inf in `logits`.
   int32_t Prepare(std::span<float> logits, int64_t remaining);
-  // Whether `id` may come next (after Prepare).
-  bool Allowed(int32_t id) const;
+  // Whether `id` may come next (after Prepare). Near the end of the budget
+  // this also checks that the answer can still close after `id`, so a caller
+  // whose sampled id is refused masks it and samples again, and after a few
+  // refusals takes Fallback().
+  bool Allowed(int32_t id);
+  // An id that is always allowed (the steered one), or -1.
+  int32_t Fallback();
   // The id chosen for this step (forced or sampled among the allowed).
   void Accept(int32_t id);
 
@@ -68,6 +74,7 @@ class StructuredDecoder {
   int64_t JsonTail() const;
   void MaskSpecials(std::span<float> logits, std::initializer_list<int32_t> keep) const;
   int64_t GreedyLen();
+  int32_t SteerToken();
 
   const StructuredOutput& spec_;
   const tok::Tokenizer& tok_;
@@ -95,8 +102,9 @@ class StructuredDecoder {
   int json_tool_ = -1;
   std::vector<uint64_t> bits_;
   int64_t greedy_len_ = -1, greedy_age_ = 0;
-  std::string steer_;  // the greedy completion when steering
   bool steering_ = false;
+  bool near_ = false;        // kJson: within kLookAhead of steering
+  int64_t remaining_ = 0;    // as passed to the last Prepare
   int calls_ = 0;  // calls opened so far
   int32_t forced_ = -1;
   int32_t byte_token_[256];
