@@ -37,6 +37,7 @@ async function rawEvents(client, params) {
 }
 
 const texts = (m, type) => m.content.filter((b) => b.type === type);
+const count_of = (m) => m.usage.input_tokens + m.usage.cache_read_input_tokens;
 
 const real = await startServer(k3Run, ["serve", modelDir, "--host", "127.0.0.1", "--port", "0", "--model-id", "k3-tiny"]);
 try {
@@ -64,11 +65,14 @@ try {
   check.ok(JSON.stringify(final.content) === JSON.stringify(plain.content) && final.stop_reason === plain.stop_reason,
            "MessageStream.finalMessage() equals the whole message");
   check.ok(final.usage.output_tokens === plain.usage.output_tokens, "stream: usage from message_delta");
-  // The third identical prompt reuses the session's prefix: Anthropic's cache-read tokens.
-  check.ok(final.usage.cache_read_input_tokens > 0 &&
-           final.usage.input_tokens + final.usage.cache_read_input_tokens ===
-             plain.usage.input_tokens + plain.usage.cache_read_input_tokens,
-           `prefix reuse: cache_read_input_tokens (${JSON.stringify(final.usage)})`);
+  // A follow-up that extends the conversation prefills only its tail: the
+  // reused prefix is Anthropic's cache_read_input_tokens (as serve_test's
+  // prefix-reuse check on the OpenAI route).
+  const follow = await client.messages.create({ ...base, max_tokens: 2, messages: [
+    ...messages, { role: "assistant", content: final.content }, { role: "user", content: "And then?" }] });
+  const prompt = follow.usage.input_tokens + follow.usage.cache_read_input_tokens;
+  check.ok(follow.usage.cache_read_input_tokens > 0 && follow.usage.input_tokens > 0 &&
+           prompt > count_of(plain), `prefix reuse: cache_read_input_tokens (${JSON.stringify(follow.usage)})`);
 
   // Thinking on: thinking blocks first, with a signature, streamed as thinking_delta + signature_delta.
   const thinkParams = { ...base, max_tokens: 12, thinking: { type: "enabled", budget_tokens: 1024 } };
