@@ -38,4 +38,22 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+Summary Summarise(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.median = Median(v);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+void PutSummary(JsonWriter& j, const std::string& key, const Summary& s) {
+  j.Key(key).BeginObject().Field("median", s.median).Field("min", s.min).Field("max", s.max).EndObject();
+}
+
+void PutSummary(JsonWriter& j, const std::string& key, const std::vector<double>& runs) {
+  PutSummary(j, key, Summarise(runs));
+}
+
 }  // namespace k3::bench

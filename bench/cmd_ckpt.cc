@@ -49,23 +49,6 @@ struct CkptArgs {
   bool no_ttft = false;
 };
 
-struct Stat {
-  double median = 0, min = 0, max = 0;
-};
-
-Stat Summarise(std::vector<double> v) {
-  Stat s;
-  s.median = Median(v);
-  s.min = *std::min_element(v.begin(), v.end());
-  s.max = *std::max_element(v.begin(), v.end());
-  return s;
-}
-
-void Put(JsonWriter& j, const char* key, const Stat& s) {
-  j.Key(key).BeginObject().Field("median", s.median).Field("min", s.min).Field("max", s.max)
-      .EndObject();
-}
-
 JsonWriter Begin(const char* what, const CkptArgs& a) {
   JsonWriter j;
   j.BeginObject();
@@ -145,16 +128,16 @@ void RunRestore(const CkptArgs& a, model::Model& m, const model::RunOptions& ro)
   const uint64_t bytes = ck->kda_bytes() + ck->mla_bytes();
   std::vector<char> src(bytes, 1), dst(bytes, 2);
   for (int r = 0; r < a.reps; ++r) copy_t.push_back(TimeMemcpy(dst, src));
-  const Stat sv = Summarise(save_t), rs = Summarise(restore_t), cp = Summarise(copy_t);
+  const Summary sv = Summarise(save_t), rs = Summarise(restore_t), cp = Summarise(copy_t);
   JsonWriter j = Begin("restore", a);
   j.Field("model", a.model_dir);
   j.Field("tokens", a.tokens);
   j.Field("kda_bytes", ck->kda_bytes());
   j.Field("mla_bytes", ck->mla_bytes());
   j.Field("first_save_s", first_save_s);
-  Put(j, "save_kda_s", sv);
-  Put(j, "restore_s", rs);
-  Put(j, "memcpy_s", cp);
+  PutSummary(j, "save_kda_s", sv);
+  PutSummary(j, "restore_s", rs);
+  PutSummary(j, "memcpy_s", cp);
   j.Field("restore_gb_per_s", static_cast<double>(bytes) / rs.median / 1e9);
   j.Field("memcpy_gb_per_s", static_cast<double>(bytes) / cp.median / 1e9);
   j.Field("restore_vs_memcpy", cp.median / rs.median);
@@ -168,13 +151,13 @@ void RunRealMemcpy(const CkptArgs& a) {
   std::vector<char> src(bytes, 1), dst(bytes, 2);
   std::vector<double> t;
   for (int r = 0; r < a.reps; ++r) t.push_back(TimeMemcpy(dst, src));
-  const Stat cp = Summarise(t);
+  const Summary cp = Summarise(t);
   JsonWriter j = Begin("memcpy", a);
   j.Field("layout", "real K3");
   j.Field("tokens", a.tokens);
   j.Field("kda_bytes", l.kda_bytes());
   j.Field("mla_bytes", l.mla_bytes_per_token() * static_cast<uint64_t>(a.tokens));
-  Put(j, "memcpy_s", cp);
+  PutSummary(j, "memcpy_s", cp);
   j.Field("memcpy_gb_per_s", static_cast<double>(bytes) / cp.median / 1e9);
   End(j);
 }
@@ -240,17 +223,17 @@ void RunPark(const CkptArgs& a) {
   const uint64_t file_bytes = FileSizeOrThrow(path);
   ::unlink(path.c_str());
   ::unlink(plain.c_str());
-  const Stat pk = Summarise(park_t), ld = Summarise(load_t), wr = Summarise(write_t),
+  const Summary pk = Summarise(park_t), ld = Summarise(load_t), wr = Summarise(write_t),
              rd = Summarise(read_t);
   JsonWriter j = Begin("park", a);
   j.Field("layout", "real K3");
   j.Field("dir", a.dir);
   j.Field("tokens", a.tokens);
   j.Field("file_bytes", file_bytes);
-  Put(j, "park_s", pk);
-  Put(j, "plain_write_fsync_s", wr);
-  Put(j, "load_s", ld);
-  Put(j, "plain_cold_read_s", rd);
+  PutSummary(j, "park_s", pk);
+  PutSummary(j, "plain_write_fsync_s", wr);
+  PutSummary(j, "load_s", ld);
+  PutSummary(j, "plain_cold_read_s", rd);
   j.Field("park_gb_per_s", static_cast<double>(file_bytes) / pk.median / 1e9);
   j.Field("disk_write_gb_per_s", static_cast<double>(file_bytes) / wr.median / 1e9);
   j.Field("load_gb_per_s", static_cast<double>(file_bytes) / ld.median / 1e9);
@@ -289,7 +272,7 @@ void RunTtft(const CkptArgs& a, model::Model& m, const model::RunOptions& ro) {
     with_t.push_back(NowSeconds() - t0);
     same = same && std::memcmp(la.data(), lb.data(), V * 4) == 0;
   }
-  const Stat w = Summarise(with_t), wo = Summarise(without_t);
+  const Summary w = Summarise(with_t), wo = Summarise(without_t);
   JsonWriter j = Begin("ttft", a);
   j.Field("model", a.model_dir);
   j.Field("conversation_tokens", a.tokens);
@@ -298,8 +281,8 @@ void RunTtft(const CkptArgs& a, model::Model& m, const model::RunOptions& ro) {
   j.Field("idot", ro.idot);
   j.Field("first_prefill_s", conv_s);
   j.Field("checkpoint_bytes", ck->kda_bytes() + ck->mla_bytes());
-  Put(j, "ttft_without_s", wo);
-  Put(j, "ttft_with_s", w);
+  PutSummary(j, "ttft_without_s", wo);
+  PutSummary(j, "ttft_with_s", w);
   j.Field("ratio", wo.median / w.median);
   j.Field("bit_identical", same);
   End(j);

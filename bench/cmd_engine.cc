@@ -74,12 +74,6 @@ Sample EngineRun(engine::Engine& e, const std::vector<int32_t>& prompt, int n) {
   return r;
 }
 
-void Stats(JsonWriter& j, const std::string& key, std::vector<double> v) {
-  j.Field(key + "_median", Median(v));
-  j.Field(key + "_min", *std::min_element(v.begin(), v.end()));
-  j.Field(key + "_max", *std::max_element(v.begin(), v.end()));
-}
-
 void RunEngineBench(const EngineBenchArgs& a) {
   if (a.runs < 1 || a.prompt_tokens < 1 || a.decode_tokens < 2) {
     throw Error(ErrorCode::kInvalidArgument, "need --runs >= 1, --prompt-tokens >= 1, --decode-tokens >= 2");
@@ -129,10 +123,10 @@ void RunEngineBench(const EngineBenchArgs& a) {
   j.Field("runs", static_cast<int64_t>(a.runs));
   j.Field("prompt_tokens", static_cast<int64_t>(a.prompt_tokens));
   j.Field("decode_tokens", static_cast<int64_t>(a.decode_tokens));
-  Stats(j, "engine_prefill_tok_per_s", ep);
-  Stats(j, "engine_decode_tok_per_s", ed);
-  Stats(j, "bare_prefill_tok_per_s", bp);
-  Stats(j, "bare_decode_tok_per_s", bd);
+  PutSummary(j, "engine_prefill_tok_per_s", ep);
+  PutSummary(j, "engine_decode_tok_per_s", ed);
+  PutSummary(j, "bare_prefill_tok_per_s", bp);
+  PutSummary(j, "bare_decode_tok_per_s", bd);
   j.Field("ratio_prefill_engine_vs_bare", Median(ep) / Median(bp));
   j.Field("ratio_decode_engine_vs_bare", Median(ed) / Median(bd));
   j.Field("same_ids", same);

@@ -135,11 +135,6 @@ Timing StreamOnce(int port, const std::string& body, Route route = Route::kChat)
   return t;
 }
 
-void Stats(JsonWriter& j, const std::string& name, std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  j.Key(name).BeginObject().Field("median", Median(v)).Field("min", v.front()).Field("max", v.back()).EndObject();
-}
-
 // One side of an interleaved comparison: per-run TTFT and decode rate.
 struct Side {
   std::string name;
@@ -156,10 +151,10 @@ struct Side {
 // ratios other / base; prints it.
 void PrintComparison(JsonWriter& j, const Side& base, const Side& other) {
   j.Field("completion_tokens_" + base.name, base.tokens).Field("completion_tokens_" + other.name, other.tokens);
-  Stats(j, base.name + "_ttft_s", base.ttft);
-  Stats(j, other.name + "_ttft_s", other.ttft);
-  Stats(j, base.name + "_decode_tok_per_s", base.rate);
-  Stats(j, other.name + "_decode_tok_per_s", other.rate);
+  PutSummary(j, base.name + "_ttft_s", base.ttft);
+  PutSummary(j, other.name + "_ttft_s", other.ttft);
+  PutSummary(j, base.name + "_decode_tok_per_s", base.rate);
+  PutSummary(j, other.name + "_decode_tok_per_s", other.rate);
   j.Field("ttft_ratio_" + other.name + "_vs_" + base.name, Median(other.ttft) / Median(base.ttft));
   j.Field("decode_ratio_" + other.name + "_vs_" + base.name, Median(other.rate) / Median(base.rate));
   j.EndObject();
@@ -252,7 +247,7 @@ void RunServeBench(const ServeBenchArgs& a) {
   c.Field("cpu", CpuModel()).Field("clients", int64_t(a.clients)).Field("queue", int64_t(so.queue));
   c.Field("served", int64_t(served)).Field("lost", int64_t(a.clients - served)).Field("fifo_kept", fifo);
   c.Field("wall_s", wall).Field("total_tokens", tokens).Field("aggregate_tok_per_s", double(tokens) / wall);
-  if (!waits.empty()) Stats(c, "queue_wait_s", waits);
+  if (!waits.empty()) PutSummary(c, "queue_wait_s", waits);
   c.EndObject();
   std::printf("%s\n", c.str().c_str());
   std::fflush(stdout);

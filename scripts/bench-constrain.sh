@@ -10,20 +10,12 @@
 # BUILD_DIR (env, default build) must hold bin/k3-bench. The npm package and the
 # vocabulary go to .cache/ (git-ignored).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+. "$(dirname "$0")/bench-common.sh"
 ranks="${1:-163840}"
 runs="${2:-5}"
-build="${BUILD_DIR:-$root/build}"
-bench_bin="$build/bin/k3-bench"
 work="$root/.cache/constrain-vocab"
-tiktoken_version="1.0.22"
-
-[[ -x "$bench_bin" ]] || { echo "missing $bench_bin (build k3-bench, or set BUILD_DIR)" >&2; exit 2; }
-mkdir -p "$work"
-if [[ ! -f "$work/node_modules/tiktoken/encoders/o200k_base.json" ]]; then
-  [[ -f "$work/package.json" ]] || echo '{"private": true}' > "$work/package.json"
-  (cd "$work" && npm install --silent --no-audit --no-fund "tiktoken@$tiktoken_version" >&2)
-fi
+k3_bench_bin
+k3_npm_tiktoken "$work"
 vocab="$work/o200k-$ranks"
 if [[ ! -f "$vocab/tiktoken.model" ]]; then
   mkdir -p "$vocab"

@@ -9,23 +9,14 @@
 # MODEL_DIR defaults to the k3-tiny oracle vocabulary; BUILD_DIR (env, default
 # build) must hold bin/k3-bench. The npm package goes to .cache/ (git-ignored).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+. "$(dirname "$0")/bench-common.sh"
 model="${1:-$root/tests/data/oracle/k3-tiny}"
 corpus_mb="${2:-8}"
 runs="${3:-7}"
-build="${BUILD_DIR:-$root/build}"
-bench_bin="$build/bin/k3-bench"
 work="$root/.cache/bench-tokenizer"
-tiktoken_version="1.0.22"  # the version that produced the oracle ids
-
-[[ -x "$bench_bin" ]] || { echo "missing $bench_bin (build k3-bench, or set BUILD_DIR)" >&2; exit 2; }
+k3_bench_bin
 command -v node >/dev/null || { echo "node is required for the tiktoken baseline" >&2; exit 2; }
-mkdir -p "$work"
-if [[ ! -f "$work/node_modules/tiktoken/package.json" ]] ||
-   ! grep -q "\"version\": \"$tiktoken_version\"" "$work/node_modules/tiktoken/package.json"; then
-  [[ -f "$work/package.json" ]] || echo '{"private": true}' > "$work/package.json"
-  (cd "$work" && npm install --silent --no-audit --no-fund "tiktoken@$tiktoken_version" >&2)
-fi
+k3_npm_tiktoken "$work"
 
 # A mixed corpus: every oracle tokenizer and chat text (prose, code, CJK, emoji,
 # whitespace runs) plus the repository's own sources and docs, repeated to size.

@@ -10,6 +10,7 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/cli_registry.h"
 #include "k3/core/error.h"
+#include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/core/tool.h"
 #include "k3/fixture/check.h"
@@ -20,40 +21,13 @@
 
 namespace {
 
-// The checker's view of a parsed config.json.
-k3::fixture::ModelDims DimsFromConfig(const k3::ModelConfig& c) {
-  k3::fixture::ModelDims d;
-  d.hidden = c.hidden_size;
-  d.num_layers = c.num_hidden_layers;
-  d.vocab = c.vocab_size;
-  d.first_k_dense = c.first_k_dense_replace;
-  d.dense_intermediate = c.intermediate_size;
-  d.kda_heads = c.kda_num_heads;
-  d.kda_head_dim = c.kda_head_dim;
-  d.conv_kernel = c.kda_conv_kernel;
-  d.mla_heads = c.num_attention_heads;
-  d.q_lora = c.q_lora_rank;
-  d.kv_lora = c.kv_lora_rank;
-  d.qk_nope = c.qk_nope_head_dim;
-  d.qk_rope = c.qk_rope_head_dim;
-  d.v_head = c.v_head_dim;
-  d.experts = c.num_experts;
-  d.top_k = c.num_experts_per_token;
-  d.moe_intermediate = c.moe_intermediate_size;
-  d.latent = c.routed_expert_hidden_size;
-  d.shared_experts = c.num_shared_experts;
-  d.attn_res_block = c.attn_res_block_size;
-  d.is_kda = c.is_kda;
-  return d;
-}
-
 int RunCheck(const std::string& dir) {
   const double t0 = k3::NowSeconds();
   k3::Snapshot snapshot = k3::Snapshot::OpenOrThrow(dir);
   const double open_s = k3::NowSeconds() - t0;
   k3::ModelConfig config =
       k3::ModelConfig::ParseOrThrow(snapshot.config_json(), dir + "/config.json");
-  k3::fixture::CheckReport r = k3::fixture::CheckSnapshot(snapshot, DimsFromConfig(config),
+  k3::fixture::CheckReport r = k3::fixture::CheckSnapshot(snapshot, k3::fixture::DimsFromConfig(config),
                                                           config.bos_token_id, config.eos_token_ids);
   std::printf("snapshot   %s (headers parsed in %.3f s, checked in %.3f s)\n", dir.c_str(), open_s,
               k3::NowSeconds() - t0 - open_s);
@@ -109,6 +83,7 @@ int Main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+    k3::ApplyLogLevelFromEnv();
     if (check->parsed()) return RunCheck(check_dir);
     if (list->parsed()) {
       for (const auto& n : k3::fixture::PresetNames()) {
@@ -141,9 +116,9 @@ int Main(int argc, char** argv) {
   } catch (const k3::Error& e) {
     std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
     return k3::ExitCodeFor(e.code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "k3-fixture: error: %s\n", e.what());
-    return 1;
+  } catch (const std::exception& e) {  // docs/errors.md: any other exception is internal (70)
+    std::fprintf(stderr, "k3-fixture: internal error: %s\n", e.what());
+    return k3::ExitCodeFor(k3::ErrorCode::kInternal);
   }
   return 0;
 }

@@ -167,8 +167,9 @@ int Main(int argc, char** argv) {
   }
 
   const bool tty = ::isatty(2);
-  if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
   try {
+    k3::ApplyLogLevelFromEnv();  // a bad K3_LOG is refused before anything is written
+    if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
     // Given values are checked as given (--mla-bits 0 is an error, not the default).
     opt.bits.mla_bits = mla_opt->count() ? mla_bits : std::max(opt.bits.bits, 8);

@@ -44,6 +44,14 @@ void WriteFloats(const std::string& path, const std::vector<float>& v) {
 }
 
 void RunGenerate(const GenerateArgs& args) {
+  // A malformed --ids is refused before the model loads (minutes for K3).
+  std::vector<int32_t> ids;
+  if (!args.ids_csv.empty()) {
+    if (!args.prompt.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "give either PROMPT or --ids, not both");
+    }
+    ids = ParseIdList(args.ids_csv);
+  }
   const engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.flags);
   std::unique_ptr<engine::Engine> eng = engine::Engine::LoadOrThrow(eo);
   const ModelConfig& c = eng->config();
@@ -53,13 +61,7 @@ void RunGenerate(const GenerateArgs& args) {
 #endif
   // The tokenizer is optional with --ids (a container may not ship tiktoken.model).
   const tok::Tokenizer* tokenizer = eng->tokenizer();
-  std::vector<int32_t> ids;
-  if (!args.ids_csv.empty()) {
-    if (!args.prompt.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "give either PROMPT or --ids, not both");
-    }
-    ids = ParseIdList(args.ids_csv);
-  } else {
+  if (args.ids_csv.empty()) {
     if (!tokenizer) {
       throw Error(ErrorCode::kNotFound,
                   "a text PROMPT needs tiktoken.model in the model directory; use --ids",

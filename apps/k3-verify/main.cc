@@ -58,7 +58,6 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return k3::cli::UsageExit(app, e);
   }
-  if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
 
   const bool tty = ::isatty(2) != 0;
   if (json) {
@@ -77,6 +76,8 @@ int Main(int argc, char** argv) {
     };
   }
   try {
+    k3::ApplyLogLevelFromEnv();
+    if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-check
     k3::repack::VerifyReport r = k3::repack::VerifyContainer(opt);
     if (opt.progress && !json) std::fprintf(stderr, "\r\033[K");

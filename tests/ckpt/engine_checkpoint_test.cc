@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "k3/engine/engine.h"
+#include "k3_engine_test_support.h"
 
 using namespace k3;
 using namespace k3::engine;
+using k3::test::Greedy;
 
 namespace {
 
@@ -29,14 +31,6 @@ EngineOptions Options(int64_t slots, int64_t every) {
   o.checkpoints.ram_slots = slots;
   o.checkpoint_every = every;
   return o;
-}
-
-GenerateRequest Greedy(std::vector<int32_t> prompt, int64_t n) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.max_tokens = n;
-  r.sampling.temperature = 0;
-  return r;
 }
 
 std::vector<int32_t> Ids(int conv, int turn, size_t n) {

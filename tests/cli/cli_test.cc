@@ -172,3 +172,39 @@ TEST_CASE("k3-run info: snapshot, container, incomplete container") {
   REQUIRE(Run({Bin("k3-run"), "info", part}, {.log = log3}) == 0);
   CHECK(ReadAll(log3).find("status      incomplete container: 2 of 9 shards; rerun k3-repack") != std::string::npos);
 }
+
+TEST_CASE("K3_LOG=bogus is refused by every tool at start-up, naming the variable") {
+  // The logger cannot fail, so only a start-up check keeps a typo from being
+  // ignored; k3-run's commands are covered in tests/engine/run_cli_test.cc.
+  TempDir d("k3cli");
+  const std::string dst = d / "dst";
+  struct Case {
+    const char* what;
+    std::vector<std::string> argv;
+  } cases[] = {
+      {"k3-repack", {Bin("k3-repack"), TinySnapshot(), dst, "-q"}},
+      {"k3-verify", {Bin("k3-verify"), TinySnapshot()}},
+      {"k3-fixture presets", {Bin("k3-fixture"), "presets"}},
+      {"k3-fixture check", {Bin("k3-fixture"), "check", TinySnapshot()}},
+      {"k3-fixture generate", {Bin("k3-fixture"), "--preset", "tiny", "--out", d / "fx"}},
+      {"k3-bench kernels", {Bin("k3-bench"), "kernels"}},
+      {"k3-bench io", {Bin("k3-bench"), "io"}},
+      {"k3-bench tokenizer", {Bin("k3-bench"), "tokenizer"}},
+      {"k3-run tokenize", {Bin("k3-run"), "tokenize", TinySnapshot(), "--text", "hi"}},
+  };
+  for (const auto& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    const std::string log = d / "log";
+    ::unlink(log.c_str());
+    CHECK(Run(c.argv, {.env = {"K3_LOG=bogus"}, .log = log}) == 2);
+    const std::string e = ReadAll(log);
+    CHECK(e.find(": error: 'K3_LOG'") != std::string::npos);
+    CHECK(e.find("bogus") != std::string::npos);
+    CHECK(e.find("quiet") != std::string::npos);  // the accepted values are listed
+  }
+  CHECK(!Exists(dst));  // nothing written before the check
+  CHECK(!Exists(d / "fx"));
+  // The accepted values still work (a valid K3_LOG is no error).
+  CHECK(Run({Bin("k3-fixture"), "presets"}, {.env = {"K3_LOG=quiet"}}) == 0);
+}

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "k3/core/error.h"
@@ -147,7 +148,44 @@ TEST_CASE("ListDirectory and MakeDirs") {
   k3::WriteFileAtomic(root + "/a/aa", "y");
   CHECK(k3::ListDirectory(root + "/a") == std::vector<std::string>{"aa", "b", "zz"});
   CHECK(k3::ListDirectory(root + "/nope").empty());
+  CHECK(k3::ListDirectoryOrThrow(root + "/a") == std::vector<std::string>{"aa", "b", "zz"});
+  try {
+    k3::ListDirectoryOrThrow(root + "/nope");
+    FAIL("listed a missing directory");
+  } catch (const k3::Error& e) {
+    CHECK(e.path() == root + "/nope");  // the caller's directory, named
+  }
   CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz"), k3::Error);        // a file is in the way
   CHECK_THROWS_AS(k3::MakeDirs(root + "/a/zz/under"), k3::Error);  // ENOTDIR
   CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
+}
+
+TEST_CASE("docs/errors.md's table is the exit code of every error code") {
+  // The table rows read "| name[, name] | exit | meaning |"; every ErrorCode
+  // must be listed once, with the exit code ExitCodeFor really returns.
+  const std::string doc = k3::ReadFileOrThrow(std::string(K3_TEST_DATA_DIR) + "/../../docs/errors.md", 1 << 20);
+  std::map<std::string, int> listed;
+  size_t at = 0;
+  while ((at = doc.find("\n| ", at)) != std::string::npos) {
+    const size_t eol = doc.find('\n', at + 1);
+    const std::string row = doc.substr(at + 3, eol - at - 3);
+    at = eol;
+    const size_t bar = row.find(" | ");
+    if (bar == std::string::npos) continue;
+    const std::string names = row.substr(0, bar), exit = row.substr(bar + 3, row.find(" |", bar + 3) - bar - 3);
+    if (exit.empty() || exit.find_first_not_of("0123456789") != std::string::npos) continue;
+    for (size_t b = 0; b <= names.size();) {
+      size_t e = names.find(", ", b);
+      if (e == std::string::npos) e = names.size();
+      listed[names.substr(b, e - b)] = std::stoi(exit);
+      b = e + 2;
+    }
+  }
+  for (int c = 0; c <= static_cast<int>(k3::ErrorCode::kInternal); ++c) {
+    const auto code = static_cast<k3::ErrorCode>(c);
+    const std::string name(k3::ErrorCodeName(code));
+    CAPTURE(name);
+    REQUIRE(listed.count(name) == 1);
+    CHECK(listed[name] == k3::ExitCodeFor(code));
+  }
 }

@@ -136,17 +136,28 @@ void FsyncDirOrThrow(const std::string& dir) {
   }
 }
 
-std::vector<std::string> ListDirectory(const std::string& dir) {
+std::vector<std::string> ListDirectoryOrThrow(const std::string& dir) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
+  if (!d) ThrowErrno(errno, "list directory", dir);
+  errno = 0;
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
     if (name != "." && name != "..") out.push_back(std::move(name));
   }
+  const int err = errno;
   ::closedir(d);
+  if (err != 0) ThrowErrno(err, "read directory", dir);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  try {
+    return ListDirectoryOrThrow(dir);
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 void MakeDirs(const std::string& dir) {

@@ -7,12 +7,14 @@
 #include <set>
 #include <string>
 
+#include "k3/core/sys.h"
+
 namespace k3 {
 namespace {
 
 LogLevel& Level() {
   // A malformed K3_LOG cannot throw from here (any log line may be the first);
-  // the tools validate it up front with GetEnvChoice (k3::engine's FromEnv).
+  // the tools validate it up front (ApplyLogLevelFromEnv).
   static LogLevel level = ParseLogLevel(std::getenv("K3_LOG") ? std::getenv("K3_LOG") : "")
                               .value_or(LogLevel::kInfo);
   return level;
@@ -44,6 +46,11 @@ std::optional<LogLevel> ParseLogLevel(std::string_view s) {
 
 LogLevel CurrentLogLevel() { return Level(); }
 void SetLogLevel(LogLevel level) { Level() = level; }
+
+void ApplyLogLevelFromEnv() {
+  const std::string v = GetEnvChoice("K3_LOG", "info", {"debug", "info", "warn", "error", "quiet"});
+  SetLogLevel(*ParseLogLevel(v));
+}
 
 void Log(LogLevel level, const char* fmt, ...) {
   if (level < Level()) return;

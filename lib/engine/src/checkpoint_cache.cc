@@ -2,7 +2,6 @@
 // disk, deepest exact-prefix match.
 #include "k3/engine/checkpoint_cache.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -95,15 +94,13 @@ std::string CheckpointCache::FilePathFor(const std::vector<int32_t>& ids) const 
 }
 
 void CheckpointCache::ScanDisk() {
-  const std::string& dir = options_.disk_dir;
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    K3_LOG_WARN("ckpt: cannot create %s (%s): parking off", dir.c_str(), std::strerror(errno));
-    options_.disk_dir.clear();
-    return;
-  }
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    K3_LOG_WARN("ckpt: cannot list %s (%s): parking off", dir.c_str(), std::strerror(errno));
+  const std::string dir = options_.disk_dir;
+  std::vector<std::string> names;
+  try {
+    MakeDirs(dir);
+    names = ListDirectoryOrThrow(dir);
+  } catch (const Error& e) {
+    K3_LOG_WARN("ckpt: %s: parking off", e.what());
     options_.disk_dir.clear();
     return;
   }
@@ -112,15 +109,13 @@ void CheckpointCache::ScanDisk() {
     double mtime;
   };
   std::vector<Found> found;
-  while (dirent* de = ::readdir(d)) {
-    const std::string name = de->d_name;
+  for (const std::string& name : names) {
     if (!EndsWith(name, kSuffix)) continue;  // temp files end in .tmp.<pid>
     const std::string path = JoinPath(dir, name);
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     found.push_back({path, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec});
   }
-  ::closedir(d);
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   for (const Found& f : found) {

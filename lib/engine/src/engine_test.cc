@@ -13,11 +13,13 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/engine.h"
+#include "k3_engine_test_support.h"
 #include "k3/model/model.h"
 #include "k3/quant/isa.h"
 
 using namespace k3;
 using namespace k3::engine;
+using k3::test::Greedy;
 
 namespace {
 
@@ -42,14 +44,6 @@ EngineOptions Options(bool f32, int chunk = 32) {
   }
   o.run.chunk = chunk;
   return o;
-}
-
-GenerateRequest Greedy(std::vector<int32_t> prompt, int64_t n) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.max_tokens = n;
-  r.sampling.temperature = 0;
-  return r;
 }
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {

@@ -20,11 +20,7 @@ int Bits(const char* name, int fallback) {
 
 }  // namespace
 
-void ApplyLogLevelFromEnv() {
-  const std::string v =
-      GetEnvChoice("K3_LOG", "info", {"debug", "info", "warn", "error", "quiet"});
-  SetLogLevel(*ParseLogLevel(v));
-}
+void ApplyLogLevelFromEnv() { k3::ApplyLogLevelFromEnv(); }
 
 EngineOptions EngineOptions::FromEnv(std::string model_dir) {
   ApplyLogLevelFromEnv();

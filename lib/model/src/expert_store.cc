@@ -5,17 +5,9 @@
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/core/sys.h"
+#include "k3/model/tensor_table.h"
 
 namespace k3::model {
-namespace {
-
-constexpr const char* kPartSuffix[kExpertParts] = {
-    "w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
-    "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale",
-};
-
-}  // namespace
-
 ExpertTable::ExpertTable(const Snapshot& snapshot, const ModelConfig& config)
     : snapshot_(&snapshot),
       num_layers_(config.num_hidden_layers),
@@ -23,17 +15,11 @@ ExpertTable::ExpertTable(const Snapshot& snapshot, const ModelConfig& config)
       first_moe_layer_(config.first_k_dense_replace),
       moe_inter_(config.moe_intermediate_size),
       latent_(config.routed_expert_hidden_size) {
-  const uint64_t mi = static_cast<uint64_t>(moe_inter_);
-  const uint64_t lt = static_cast<uint64_t>(latent_);
-  // w1/w3: [MI, LT]; w2: [LT, MI]. Packed = two e2m1 codes per byte; one
-  // E8M0 scale byte per 32 columns.
-  part_bytes_[0] = mi * lt / 2;
-  part_bytes_[1] = mi * lt / 32;
-  part_bytes_[2] = lt * mi / 2;
-  part_bytes_[3] = lt * mi / 32;
-  part_bytes_[4] = mi * lt / 2;
-  part_bytes_[5] = mi * lt / 32;
+  // The parts' U8 shapes come from the tensor table (w1/w3 [MI, LT], w2 [LT, MI]).
+  const std::vector<k3::ExpertPart> parts = ExpertParts(config);
+  K3_CHECK(static_cast<int>(parts.size()) == kExpertParts);
   for (int p = 0; p < kExpertParts; ++p) {
+    part_bytes_[p] = static_cast<uint64_t>(parts[p].rows) * static_cast<uint64_t>(parts[p].cols);
     part_slot_offset_[p] = slot_bytes_;
     slot_bytes_ += part_bytes_[p];
   }
@@ -83,7 +69,7 @@ const ExpertTable::Item& ExpertTable::Entry(int64_t layer, int64_t expert) const
 
 std::string ExpertTable::TensorName(int64_t layer, int64_t expert, ExpertPart p) const {
   return "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." +
-         std::to_string(expert) + "." + kPartSuffix[static_cast<int>(p)];
+         std::to_string(expert) + "." + std::string(kExpertPartSuffix[static_cast<int>(p)]);
 }
 
 int ExpertTable::fd(int64_t layer, int64_t expert, ExpertPart p) const {

@@ -8,11 +8,14 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
 #include "k3/core/numeric.h"
 #include "k3/core/sys.h"
+#include "k3/model/tensor_table.h"
 
 namespace k3::model {
 namespace {
@@ -83,9 +86,13 @@ class WeightLoader {
     Matrix* out = nullptr;
   };
 
-  void Add(std::string name, size_t rows, size_t cols, int bits, Matrix* out,
-           bool always_f32 = false) {
-    jobs_.push_back(Job{std::move(name), rows, cols, always_f32 ? 32 : bits, always_f32, out});
+  // A matrix of the tensor table: its shape from the table; a kFloat entry
+  // (router, f_a, f_b, b_proj) stays f32 whatever the bits (spec §6.7).
+  void Add(const TensorTableEntry& t, int bits, Matrix* out) {
+    K3_CHECK(t.kind != TensorKind::kExpert && t.shape.size() == 2);
+    const bool always_f32 = t.kind == TensorKind::kFloat;
+    jobs_.push_back(Job{t.name, static_cast<size_t>(t.shape[0]), static_cast<size_t>(t.shape[1]),
+                        always_f32 ? 32 : bits, always_f32, out});
   }
 
   void MapShardsIfNeeded() {
@@ -312,17 +319,59 @@ class WeightLoader {
 
 namespace {
 
-// A small f32 tensor of exactly `numel` elements (any shape with that count).
-std::vector<float> ReadVector(const Snapshot& snap, const std::string& name, int64_t numel) {
-  TensorRef r = snap.FindCheckedOrThrow(name, kFloatDTypes, {numel});
+// The tensor table by name: the loader names the tensor each field holds and
+// takes its shape and kind from here only. Asking for a name the table lacks,
+// or leaving a non-expert entry unread, is a broken invariant (the loader and
+// the table disagree), not bad input.
+class Table {
+ public:
+  explicit Table(const ModelConfig& c) : entries_(K3TensorTable(c)) {
+    for (const TensorTableEntry& t : entries_) by_name_.emplace(t.name, &t);
+  }
+  const TensorTableEntry& operator[](const std::string& name) {
+    auto it = by_name_.find(name);
+    K3_CHECK(it != by_name_.end());
+    used_.insert(name);
+    return *it->second;
+  }
+  // Non-expert entries never asked for (layers past `layers`, the head when absent, skipped).
+  size_t UnreadEntries(int64_t layers, bool head) const {
+    size_t n = 0;
+    for (const TensorTableEntry& t : entries_) {
+      const bool wanted = t.layer >= 0 ? t.layer < layers : (head || t.name == "model.embed_tokens.weight");
+      if (t.kind != TensorKind::kExpert && wanted && !used_.count(t.name)) ++n;
+    }
+    return n;
+  }
+  size_t read() const { return used_.size(); }
+
+ private:
+  std::vector<TensorTableEntry> entries_;
+  std::unordered_map<std::string, const TensorTableEntry*> by_name_;
+  std::unordered_set<std::string> used_;
+};
+
+// A small f32 tensor: any shape with the table's element count (or, with
+// min_numel, at least that many).
+std::vector<float> ReadVector(const Snapshot& snap, const TensorTableEntry& t) {
+  if (t.min_numel == 0) {
+    TensorRef r = snap.FindCheckedOrThrow(t.name, kFloatDTypes, {static_cast<int64_t>(t.numel())});
+    return r.file->ReadF32OrThrow(*r.info);
+  }
+  TensorRef r = snap.FindOrThrow(t.name);
+  if (!IsFloatReadable(r.info->dtype) || r.info->numel() < static_cast<uint64_t>(t.min_numel)) {
+    throw Error(ErrorCode::kCorrupt,
+                "must be a float tensor with at least " + std::to_string(t.min_numel) + " elements",
+                r.file->path(), static_cast<int64_t>(r.offset), r.info->name);
+  }
   return r.file->ReadF32OrThrow(*r.info);
 }
 
-std::vector<float> ScoreWeight(const Snapshot& snap, const std::string& norm,
-                               const std::string& proj, int64_t d) {
-  std::vector<float> a = ReadVector(snap, norm, d);
-  std::vector<float> b = ReadVector(snap, proj, d);
-  for (int64_t i = 0; i < d; ++i) a[static_cast<size_t>(i)] *= b[static_cast<size_t>(i)];
+std::vector<float> ScoreWeight(const Snapshot& snap, const TensorTableEntry& norm, const TensorTableEntry& proj) {
+  std::vector<float> a = ReadVector(snap, norm);
+  std::vector<float> b = ReadVector(snap, proj);
+  K3_CHECK(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] *= b[i];
   return a;
 }
 
@@ -334,104 +383,78 @@ ModelWeights LoadWeightsOrThrow(const Snapshot& snap, const ModelConfig& c,
   ModelWeights w;
   WeightLoader loader(snap, opt, &w);
   loader.MapShardsIfNeeded();
-  const size_t d = static_cast<size_t>(c.hidden_size);
-  const size_t p = static_cast<size_t>(c.kda_proj());
-  const size_t hd = static_cast<size_t>(c.kda_head_dim);
-  const size_t kh = static_cast<size_t>(c.kda_num_heads);
-  const size_t conv = static_cast<size_t>(c.kda_conv_kernel);
-  const size_t mh = static_cast<size_t>(c.num_attention_heads);
-  const size_t qh = static_cast<size_t>(c.qk_head_dim());
-  const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
-  const size_t ql = static_cast<size_t>(c.q_lora_rank);
-  const size_t vh = static_cast<size_t>(c.v_head_dim);
-  const size_t lt = static_cast<size_t>(c.routed_expert_hidden_size);
-  const size_t ne = static_cast<size_t>(c.num_experts);
-  const size_t sh = static_cast<size_t>(c.shared_intermediate());
-
+  Table T(c);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& L = w.layers[static_cast<size_t>(i)];
     const std::string pre = LayerPrefix(i);
+    auto t = [&](const char* leaf) -> const TensorTableEntry& { return T[pre + leaf]; };
     L.is_kda = c.is_kda[static_cast<size_t>(i)];
     L.is_moe = c.is_moe(i);
-    L.input_norm = ReadVector(snap, pre + "input_layernorm.weight", c.hidden_size);
-    L.post_norm = ReadVector(snap, pre + "post_attention_layernorm.weight", c.hidden_size);
-    L.attn_sw = ScoreWeight(snap, pre + "self_attention_res_norm.weight",
-                            pre + "self_attention_res_proj.weight", c.hidden_size);
-    L.mlp_sw =
-        ScoreWeight(snap, pre + "mlp_res_norm.weight", pre + "mlp_res_proj.weight", c.hidden_size);
-    const std::string at = pre + "self_attn.";
+    L.input_norm = ReadVector(snap, t("input_layernorm.weight"));
+    L.post_norm = ReadVector(snap, t("post_attention_layernorm.weight"));
+    L.attn_sw = ScoreWeight(snap, t("self_attention_res_norm.weight"), t("self_attention_res_proj.weight"));
+    L.mlp_sw = ScoreWeight(snap, t("mlp_res_norm.weight"), t("mlp_res_proj.weight"));
     if (L.is_kda) {
       KdaWeights& k = L.kda;
-      loader.Add(at + "q_proj.weight", p, d, opt.bits, &k.q);
-      loader.Add(at + "k_proj.weight", p, d, opt.bits, &k.k);
-      loader.Add(at + "v_proj.weight", p, d, opt.bits, &k.v);
-      loader.Add(at + "g_proj.weight", p, d, opt.bits, &k.g);
-      loader.Add(at + "o_proj.weight", d, p, opt.bits, &k.o);
-      loader.Add(at + "f_a_proj.weight", hd, d, 32, &k.f_a, true);
-      loader.Add(at + "f_b_proj.weight", p, hd, 32, &k.f_b, true);
-      loader.Add(at + "b_proj.weight", kh, d, 32, &k.b, true);
-      const int64_t taps = static_cast<int64_t>(p * conv);
-      k.q_conv = ReadVector(snap, at + "q_conv1d.weight", taps);
-      k.k_conv = ReadVector(snap, at + "k_conv1d.weight", taps);
-      k.v_conv = ReadVector(snap, at + "v_conv1d.weight", taps);
-      k.dt_bias = ReadVector(snap, at + "dt_bias", static_cast<int64_t>(p));
-      k.o_norm = ReadVector(snap, at + "o_norm.weight", static_cast<int64_t>(hd));
+      loader.Add(t("self_attn.q_proj.weight"), opt.bits, &k.q);
+      loader.Add(t("self_attn.k_proj.weight"), opt.bits, &k.k);
+      loader.Add(t("self_attn.v_proj.weight"), opt.bits, &k.v);
+      loader.Add(t("self_attn.g_proj.weight"), opt.bits, &k.g);
+      loader.Add(t("self_attn.o_proj.weight"), opt.bits, &k.o);
+      loader.Add(t("self_attn.f_a_proj.weight"), 32, &k.f_a);
+      loader.Add(t("self_attn.f_b_proj.weight"), 32, &k.f_b);
+      loader.Add(t("self_attn.b_proj.weight"), 32, &k.b);
+      k.q_conv = ReadVector(snap, t("self_attn.q_conv1d.weight"));
+      k.k_conv = ReadVector(snap, t("self_attn.k_conv1d.weight"));
+      k.v_conv = ReadVector(snap, t("self_attn.v_conv1d.weight"));
+      k.dt_bias = ReadVector(snap, t("self_attn.dt_bias"));
+      k.o_norm = ReadVector(snap, t("self_attn.o_norm.weight"));
       // A_log holds at least one value per head; the release zero-pads it to head_dim.
-      TensorRef a_ref = snap.FindOrThrow(at + "A_log");
-      if (!IsFloatReadable(a_ref.info->dtype) || a_ref.info->numel() < kh) {
-        throw Error(ErrorCode::kCorrupt,
-                    "A_log must be a float tensor with at least " + std::to_string(kh) +
-                        " elements (one per KDA head)",
-                    a_ref.file->path(), static_cast<int64_t>(a_ref.offset), a_ref.info->name);
-      }
-      std::vector<float> a_log = a_ref.file->ReadF32OrThrow(*a_ref.info);
-      k.a.resize(kh);
-      for (size_t h = 0; h < kh; ++h) k.a[h] = std::exp(a_log[h]);
+      std::vector<float> a_log = ReadVector(snap, t("self_attn.A_log"));
+      k.a.resize(static_cast<size_t>(c.kda_num_heads));
+      for (size_t h = 0; h < k.a.size(); ++h) k.a[h] = std::exp(a_log[h]);
     } else {
       MlaWeights& m = L.mla;
-      loader.Add(at + "q_a_proj.weight", ql, d, opt.mla_bits, &m.q_a);
-      loader.Add(at + "q_b_proj.weight", mh * qh, ql, opt.mla_bits, &m.q_b);
-      loader.Add(at + "kv_a_proj_with_mqa.weight", kvl + static_cast<size_t>(c.qk_rope_head_dim), d,
-                 opt.mla_bits, &m.kv_a);
-      loader.Add(at + "kv_b_proj.weight", mh * (static_cast<size_t>(c.qk_nope_head_dim) + vh), kvl,
-                 opt.mla_bits, &m.kv_b);
-      loader.Add(at + "o_proj.weight", d, mh * vh, opt.mla_bits, &m.o);
-      loader.Add(at + "g_proj.weight", mh * vh, d, opt.mla_bits, &m.g);
-      m.q_a_norm = ReadVector(snap, at + "q_a_layernorm.weight", static_cast<int64_t>(ql));
-      m.kv_a_norm = ReadVector(snap, at + "kv_a_layernorm.weight", static_cast<int64_t>(kvl));
+      loader.Add(t("self_attn.q_a_proj.weight"), opt.mla_bits, &m.q_a);
+      loader.Add(t("self_attn.q_b_proj.weight"), opt.mla_bits, &m.q_b);
+      loader.Add(t("self_attn.kv_a_proj_with_mqa.weight"), opt.mla_bits, &m.kv_a);
+      loader.Add(t("self_attn.kv_b_proj.weight"), opt.mla_bits, &m.kv_b);
+      loader.Add(t("self_attn.o_proj.weight"), opt.mla_bits, &m.o);
+      loader.Add(t("self_attn.g_proj.weight"), opt.mla_bits, &m.g);
+      m.q_a_norm = ReadVector(snap, t("self_attn.q_a_layernorm.weight"));
+      m.kv_a_norm = ReadVector(snap, t("self_attn.kv_a_layernorm.weight"));
     }
     if (!L.is_moe) {
-      const size_t inter = static_cast<size_t>(c.intermediate_size);
-      loader.Add(pre + "mlp.gate_proj.weight", inter, d, opt.bits, &L.dense.gate);
-      loader.Add(pre + "mlp.up_proj.weight", inter, d, opt.bits, &L.dense.up);
-      loader.Add(pre + "mlp.down_proj.weight", d, inter, opt.bits, &L.dense.down);
+      loader.Add(t("mlp.gate_proj.weight"), opt.bits, &L.dense.gate);
+      loader.Add(t("mlp.up_proj.weight"), opt.bits, &L.dense.up);
+      loader.Add(t("mlp.down_proj.weight"), opt.bits, &L.dense.down);
     } else {
       MoeWeights& m = L.moe;
-      const std::string mp = pre + "block_sparse_moe.";
-      loader.Add(mp + "gate.weight", ne, d, 32, &m.router, true);
-      m.score_bias = ReadVector(snap, mp + "gate.e_score_correction_bias", c.num_experts);
-      loader.Add(mp + "routed_expert_down_proj.weight", lt, d, opt.bits, &m.latent_down);
-      loader.Add(mp + "routed_expert_up_proj.weight", d, lt, opt.bits, &m.latent_up);
-      m.latent_norm = ReadVector(snap, mp + "routed_expert_norm.weight", static_cast<int64_t>(lt));
-      if (sh > 0) {
-        loader.Add(mp + "shared_experts.gate_proj.weight", sh, d, opt.bits, &m.shared.gate);
-        loader.Add(mp + "shared_experts.up_proj.weight", sh, d, opt.bits, &m.shared.up);
-        loader.Add(mp + "shared_experts.down_proj.weight", d, sh, opt.bits, &m.shared.down);
+      loader.Add(t("block_sparse_moe.gate.weight"), 32, &m.router);
+      m.score_bias = ReadVector(snap, t("block_sparse_moe.gate.e_score_correction_bias"));
+      loader.Add(t("block_sparse_moe.routed_expert_down_proj.weight"), opt.bits, &m.latent_down);
+      loader.Add(t("block_sparse_moe.routed_expert_up_proj.weight"), opt.bits, &m.latent_up);
+      m.latent_norm = ReadVector(snap, t("block_sparse_moe.routed_expert_norm.weight"));
+      if (c.shared_intermediate() > 0) {
+        loader.Add(t("block_sparse_moe.shared_experts.gate_proj.weight"), opt.bits, &m.shared.gate);
+        loader.Add(t("block_sparse_moe.shared_experts.up_proj.weight"), opt.bits, &m.shared.up);
+        loader.Add(t("block_sparse_moe.shared_experts.down_proj.weight"), opt.bits, &m.shared.down);
       }
     }
   }
 
-  TensorRef emb = snap.FindCheckedOrThrow("model.embed_tokens.weight", kFloatDTypes,
-                                          {c.vocab_size, c.hidden_size});
-  w.embed = EmbeddingTable(emb, c.vocab_size, c.hidden_size);
+  const TensorTableEntry& emb_spec = T["model.embed_tokens.weight"];
+  TensorRef emb = snap.FindCheckedOrThrow(emb_spec.name, kFloatDTypes, emb_spec.shape);
+  w.embed = EmbeddingTable(emb, emb_spec.shape[0], emb_spec.shape[1]);
   w.has_head = snap.Find("model.norm.weight").has_value();
   if (w.has_head) {
-    w.final_norm = ReadVector(snap, "model.norm.weight", c.hidden_size);
-    w.out_sw = ScoreWeight(snap, "model.output_attn_res_norm.weight",
-                           "model.output_attn_res_proj.weight", c.hidden_size);
-    loader.Add("lm_head.weight", static_cast<size_t>(c.vocab_size), d, opt.head_bits, &w.lm_head);
+    w.final_norm = ReadVector(snap, T["model.norm.weight"]);
+    w.out_sw = ScoreWeight(snap, T["model.output_attn_res_norm.weight"], T["model.output_attn_res_proj.weight"]);
+    loader.Add(T["lm_head.weight"], opt.head_bits, &w.lm_head);
   }
+  K3_CHECK(T.UnreadEntries(c.num_hidden_layers, w.has_head) == 0);
+  w.tensors_read = static_cast<int64_t>(T.read());
   loader.RunAll();
 
   auto add = [&](const Matrix& m) { w.resident_bytes += m.resident_bytes(); };

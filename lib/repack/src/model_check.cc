@@ -9,7 +9,7 @@ namespace {
 std::string Dt(DType d) { return std::string(DTypeName(d)); }
 
 // A matrix in container form: U8 payload + F32 .qs, int8 [O,I]+[O] or int4-g64 [O,I/2]+[O,I/64].
-void CheckQuantized(const TensorSpec& e, const std::string& full, const FoundTensor& l, const FindTensor& find,
+void CheckQuantized(const TensorTableEntry& e, const std::string& full, const FoundTensor& l, const FindTensor& find,
                     const ModelConfig& config, const QuantBits* bits, std::vector<Problem>& out) {
   const TensorInfo& t = *l.info;
   const int64_t o = e.shape[0], i = e.shape[1];
@@ -54,7 +54,7 @@ std::vector<Problem> CheckModelTensors(const ModelConfig& config, TensorForm for
                                        const std::string& dir, const std::string& prefix,
                                        const QuantBits* bits) {
   std::vector<Problem> out;
-  for (const TensorSpec& e : K3TensorTable(config)) {
+  for (const TensorTableEntry& e : K3TensorTable(config)) {
     const std::string full = prefix + e.name;
     std::optional<FoundTensor> l = find(full);
     if (!l) {
@@ -68,12 +68,16 @@ std::vector<Problem> CheckModelTensors(const ModelConfig& config, TensorForm for
         out.push_back({ErrorCode::kUnsupported, l->file, full, l->offset,
                        "dtype " + Dt(t.dtype) + ", expected BF16/F16/F32"});
       }
-      bool shape_ok = e.at_least ? t.numel() >= ShapeNumel(e.shape)
-                                 : (e.shape.size() == 1 ? t.numel() == ShapeNumel(e.shape) : t.shape == e.shape);
-      if (!shape_ok) {
+      if (e.min_numel > 0) {
+        if (t.numel() < static_cast<uint64_t>(e.min_numel)) {
+          out.push_back({ErrorCode::kCorrupt, l->file, full, l->offset,
+                         "shape " + ShapeString(t.shape) + ", expected at least " + std::to_string(e.min_numel) +
+                             " elements"});
+        }
+      } else if (e.vector ? t.numel() != e.numel() : t.shape != e.shape) {
         out.push_back({ErrorCode::kCorrupt, l->file, full, l->offset,
-                       "shape " + ShapeString(t.shape) + ", expected " + (e.at_least ? "at least " : "") +
-                           ShapeString(e.shape)});
+                       "shape " + ShapeString(t.shape) + ", expected " + ShapeString(e.shape) +
+                           (e.vector ? " (any shape of " + std::to_string(e.numel()) + " elements)" : "")});
       }
       continue;
     }

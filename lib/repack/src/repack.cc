@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -348,6 +349,150 @@ class ShardLock {
   bool waited_ = false;
 };
 
+// One shard's conversion as three stages joined by bounded queues: read (O_DIRECT
+// or through the page cache) -> quantize (the calling thread) -> hash + write.
+// Read and Write run on their own threads; every stage runs inside Guard, so
+// the first failure is kept and closes all queues, which ends the other stages.
+class ShardPipeline {
+ public:
+  ShardPipeline(const ShardPlan& p, std::vector<Segment> segs) : p_(p), segs_(std::move(segs)) {
+    for (auto& pool : pools_) {
+      for (size_t i = 0; i < kPipelineDepth; ++i) pool.Push({});
+    }
+  }
+
+  template <typename Fn>
+  void Guard(Fn&& stage) {
+    try {
+      stage();
+    } catch (...) {
+      Fail(std::current_exception());
+    }
+  }
+  void RethrowIfFailed() {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    if (err_) std::rethrow_exception(err_);
+  }
+
+  // Reads every copied or quantized segment's source bytes, in order.
+  void Read(UniqueFd* direct_fd) {
+    for (size_t i = 0; i < segs_.size(); ++i) {
+      const Segment& s = segs_[i];
+      Block b;
+      b.seg = i;
+      if (s.kind != Segment::kScales) {
+        if (!pools_[0].Pop(&b.bytes)) return;
+        b.pool = 0;
+        if (direct_fd->valid() &&
+            !ReadDirect(direct_fd->get(), &b.bytes, s.src_off, s.src_len, p_.src->path(), &b.skip)) {
+          LogOnce(&kPipelineDepth, LogLevel::kInfo,
+                  "%s: O_DIRECT refused by the filesystem; reading through the page cache",
+                  p_.src->path().c_str());
+          direct_fd->Reset();
+        }
+        if (!direct_fd->valid()) {
+          b.bytes.Reserve(s.src_len);
+          b.skip = 0;
+          PreadFull(p_.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p_.src->path());
+        }
+      }
+      if (!read_q_.Push(std::move(b))) return;
+    }
+    read_q_.Push(Block{});
+  }
+
+  // Quantizes kQuant segments (their scales follow as one kScales segment) and
+  // passes the rest through; `progress` gets the source bytes written so far.
+  void Transform(int threads, const std::function<void(uint64_t)>& progress) {
+    std::vector<float> scratch;
+    std::vector<float> scales;  // the current quantized tensor's scales
+    Block b;
+    while (read_q_.Pop(&b)) {
+      if (b.seg == SIZE_MAX) {
+        write_q_.Push(std::move(b));
+        return;
+      }
+      const Segment& s = segs_[b.seg];
+      const Item& it = p_.items[s.item];
+      if (s.kind == Segment::kQuant) {
+        if (s.row0 == 0) scales.assign(it.rows * it.qshape.scales_per_row(it.cols), 0.0f);
+        Block o;
+        o.seg = b.seg;
+        if (!pools_[1].Pop(&o.bytes)) return;
+        o.pool = 1;
+        o.bytes.Reserve(s.dst_len);
+        if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
+        QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads);
+        pools_[0].Push(std::move(b.bytes));
+        b = std::move(o);
+      } else if (s.kind == Segment::kScales) {
+        b.floats = std::move(scales);
+        scales.clear();
+      }
+      if (!write_q_.Push(std::move(b))) return;
+      progress(src_written_.load());
+    }
+  }
+
+  // The 8-byte length and the header, then every segment's output bytes, into
+  // `sink` and `hasher`.
+  void Write(DirectWriter* sink, Xxh128* hasher) {
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(p_.header.size() >> (8 * i));
+    hasher->Update(std::as_bytes(std::span(len)));
+    hasher->Update(std::as_bytes(std::span(p_.header.data(), p_.header.size())));
+    sink->Append(reinterpret_cast<const std::byte*>(len), 8);
+    sink->Append(reinterpret_cast<const std::byte*>(p_.header.data()), p_.header.size());
+    Block b;
+    while (write_q_.Pop(&b)) {
+      if (b.seg == SIZE_MAX) {
+        sink->Finish();
+        return;
+      }
+      const Segment& s = segs_[b.seg];
+      std::span<const std::byte> bytes = s.kind == Segment::kScales
+                                             ? std::as_bytes(std::span(b.floats))
+                                             : std::span<const std::byte>(b.bytes.data() + b.skip, s.dst_len);
+      K3_CHECK(bytes.size() == s.dst_len);
+      hasher->Update(bytes);
+      sink->Append(bytes.data(), bytes.size());
+      CrashPoint("repack-block-written");
+      src_written_ += s.src_len;
+      if (b.pool >= 0) pools_[b.pool].Push(std::move(b.bytes));
+    }
+  }
+
+ private:
+  struct Block {
+    size_t seg = SIZE_MAX;  // SIZE_MAX: end of stream
+    AlignedBuffer bytes;
+    size_t skip = 0;            // the segment's bytes start here in `bytes`
+    std::vector<float> floats;  // a tensor's scales
+    int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
+  };
+
+  void Fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(err_mu_);
+      if (!err_) err_ = e;
+    }
+    read_q_.Close();
+    write_q_.Close();
+    pools_[0].Close();
+    pools_[1].Close();
+  }
+
+  const ShardPlan& p_;
+  const std::vector<Segment> segs_;
+  BoundedQueue<AlignedBuffer> pools_[2] = {BoundedQueue<AlignedBuffer>(kPipelineDepth),
+                                           BoundedQueue<AlignedBuffer>(kPipelineDepth)};
+  BoundedQueue<Block> read_q_{kPipelineDepth}, write_q_{kPipelineDepth};
+  std::mutex err_mu_;
+  std::exception_ptr err_;
+  std::atomic<uint64_t> src_written_{0};
+};
+
 class Runner {
  public:
   Runner(const RepackOptions& o, const RepackObserver& obs) : opt_(o), observer_(obs) {}
@@ -357,6 +502,7 @@ class Runner {
   void Emit(RepackEvent::Kind kind, RepackEvent ev = {});
   // Returns the shard's xxh128.
   std::string WriteShard(const ShardPlan& p, RepackEvent* done);
+  void FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t written, RepackEvent* done);
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
   void CopyMetadata();
@@ -465,7 +611,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
   AtomicFileWriter out(final_path);
-  const std::vector<Segment> segs = Segments(p, opt_.block_bytes);
+  ShardPipeline pipe(p, Segments(p, opt_.block_bytes));
 
   // Source reads bypass the page cache (O_DIRECT) unless K3_DIRECT=0 or the
   // filesystem refuses: every byte is read once, so caching it only costs a copy
@@ -473,153 +619,41 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   UniqueFd direct_fd;
   if (GetEnvBool("K3_DIRECT", true)) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-
-  struct Block {
-    size_t seg = SIZE_MAX;  // SIZE_MAX: end of stream
-    AlignedBuffer bytes;
-    size_t skip = 0;            // the segment's bytes start here in `bytes`
-    std::vector<float> floats;  // a tensor's scales
-    int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
-  };
-  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(kPipelineDepth),
-                                          BoundedQueue<AlignedBuffer>(kPipelineDepth)};
-  for (auto& pool : pools) {
-    for (size_t i = 0; i < kPipelineDepth; ++i) pool.Push({});
-  }
-  BoundedQueue<Block> read_q(kPipelineDepth), write_q(kPipelineDepth);
-  std::mutex err_mu;
-  std::exception_ptr err;
-  auto fail = [&](std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> lock(err_mu);
-      if (!err) err = e;
-    }
-    read_q.Close();
-    write_q.Close();
-    pools[0].Close();
-    pools[1].Close();
-  };
-  std::atomic<uint64_t> src_written{0};
-
-  std::thread reader([&] {
-    try {
-      for (size_t i = 0; i < segs.size(); ++i) {
-        const Segment& s = segs[i];
-        Block b;
-        b.seg = i;
-        if (s.kind != Segment::kScales) {
-          if (!pools[0].Pop(&b.bytes)) return;
-          b.pool = 0;
-          if (direct_fd.valid() && !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len,
-                                               p.src->path(), &b.skip)) {
-            LogOnce(&kPipelineDepth, LogLevel::kInfo,
-                    "%s: O_DIRECT refused by the filesystem; reading through the page cache",
-                    p.src->path().c_str());
-            direct_fd.Reset();
-          }
-          if (!direct_fd.valid()) {
-            b.bytes.Reserve(s.src_len);
-            b.skip = 0;
-            PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p.src->path());
-          }
-        }
-        if (!read_q.Push(std::move(b))) return;
-      }
-      read_q.Push(Block{});
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  });
-
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
   DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes);
-  std::thread writer([&] {
-    try {
-      uint8_t len[8];
-      for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(p.header.size() >> (8 * i));
-      hasher.Update(std::as_bytes(std::span(len)));
-      hasher.Update(std::as_bytes(std::span(p.header.data(), p.header.size())));
-      sink.Append(reinterpret_cast<const std::byte*>(len), 8);
-      sink.Append(reinterpret_cast<const std::byte*>(p.header.data()), p.header.size());
-      Block b;
-      while (write_q.Pop(&b)) {
-        if (b.seg == SIZE_MAX) {
-          sink.Finish();
-          return;
-        }
-        const Segment& s = segs[b.seg];
-        std::span<const std::byte> bytes =
-            s.kind == Segment::kScales
-                ? std::as_bytes(std::span(b.floats))
-                : std::span<const std::byte>(b.bytes.data() + b.skip, s.dst_len);
-        K3_CHECK(bytes.size() == s.dst_len);
-        hasher.Update(bytes);
-        sink.Append(bytes.data(), bytes.size());
-        CrashPoint("repack-block-written");
-        src_written += s.src_len;
-        if (b.pool >= 0) pools[b.pool].Push(std::move(b.bytes));
-      }
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  });
 
-  try {
-    std::vector<float> scratch;
-    std::vector<float> scales;  // the current quantized tensor's scales
-    Block b;
-    while (read_q.Pop(&b)) {
-      if (b.seg == SIZE_MAX) {
-        write_q.Push(std::move(b));
-        break;
-      }
-      const Segment& s = segs[b.seg];
-      const Item& it = p.items[s.item];
-      if (s.kind == Segment::kQuant) {
-        if (s.row0 == 0) scales.assign(it.rows * it.qshape.scales_per_row(it.cols), 0.0f);
-        Block o;
-        o.seg = b.seg;
-        if (!pools[1].Pop(&o.bytes)) break;
-        o.pool = 1;
-        o.bytes.Reserve(s.dst_len);
-        if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
-        QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape,
-                      o.bytes.data(), scales.data() + s.row0 * it.qshape.scales_per_row(it.cols),
-                      scratch.data(), threads_);
-        pools[0].Push(std::move(b.bytes));
-        if (!write_q.Push(std::move(o))) break;
-      } else if (s.kind == Segment::kScales) {
-        b.floats = std::move(scales);
-        scales.clear();
-        if (!write_q.Push(std::move(b))) break;
-      } else {
-        if (!write_q.Push(std::move(b))) break;
-      }
+  std::thread reader([&] { pipe.Guard([&] { pipe.Read(&direct_fd); }); });
+  std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+  pipe.Guard([&] {
+    pipe.Transform(threads_, [&](uint64_t src_written) {
       const double now = NowSeconds();
-      if (now - last_progress_ >= 0.5) {
-        last_progress_ = now;
-        RepackEvent ev;
-        ev.shard = p.out_name;
-        ev.shard_src_bytes = p.src_bytes;
-        uint64_t saved = totals_.bytes_done;
-        totals_.bytes_done += src_written.load();
-        Emit(RepackEvent::Kind::kProgress, ev);
-        totals_.bytes_done = saved;
-      }
-    }
-  } catch (...) {
-    fail(std::current_exception());
-  }
+      if (now - last_progress_ < 0.5) return;
+      last_progress_ = now;
+      RepackEvent ev;
+      ev.shard = p.out_name;
+      ev.shard_src_bytes = p.src_bytes;
+      uint64_t saved = totals_.bytes_done;
+      totals_.bytes_done += src_written;
+      Emit(RepackEvent::Kind::kProgress, ev);
+      totals_.bytes_done = saved;
+    });
+  });
   reader.join();
   writer.join();
-  if (err) std::rethrow_exception(err);
+  pipe.RethrowIfFailed();
+  FinishShard(p, out, sink.bytes(), done);
+  done->shard_seconds = NowSeconds() - t_start;
+  return hasher.HexDigest();
+}
 
-  if (sink.bytes() != p.file_bytes || FileSizeOrThrow(out.fd(), out.temp_path()) != p.file_bytes) {
-    throw Error(
-        ErrorCode::kInternal,
-        "wrote " + std::to_string(sink.bytes()) + " bytes, planned " + std::to_string(p.file_bytes),
-        out.temp_path());
+// Size check, fsync, re-read of the header, the optional full comparison, then
+// the atomic publish: nothing is renamed into place before all of it passed.
+void Runner::FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t written, RepackEvent* done) {
+  if (written != p.file_bytes || FileSizeOrThrow(out.fd(), out.temp_path()) != p.file_bytes) {
+    throw Error(ErrorCode::kInternal,
+                "wrote " + std::to_string(written) + " bytes, planned " + std::to_string(p.file_bytes),
+                out.temp_path());
   }
   CrashPoint("repack-shard-written");
   FsyncOrThrow(out.fd(), out.temp_path());
@@ -631,9 +665,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
   }
   out.Commit();  // crash points "before-rename" / "after-rename" inside
   CrashPoint("repack-shard-committed");
-  done->shard_seconds = NowSeconds() - t_start;
   done->shard_out_bytes = p.file_bytes;
-  return hasher.HexDigest();
 }
 
 std::string ExistingAncestor(std::string p) {

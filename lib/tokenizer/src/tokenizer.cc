@@ -472,6 +472,19 @@ struct Tokenizer::Impl {
     }
     EncodeChunk(text.substr(piece_start), allow_special, out);
   }
+
+  // The loading steps of FromStringsOrThrow, in order (each throws kCorrupt or
+  // kUnsupported naming the file in `object`).
+  // tiktoken.model: arena, spans, rank table and single-byte ranks.
+  void LoadRanksOrThrow(std::string_view tiktoken_model);
+  // tokenizer_config.json: the names of the specials and of BOS/EOS.
+  std::vector<std::string> SpecialNamesOrThrow(std::string_view tokenizer_config_json,
+                                               std::optional<std::string>* bos_name,
+                                               std::optional<std::string>* eos_name) const;
+  // Appends the specials after the ranks and builds the lookup tables over both.
+  void AddSpecialsOrThrow(const std::vector<std::string>& names);
+  // config.json's bos_token_id / eos_token_id override the names' ids.
+  void ApplyModelConfigOrThrow(std::string_view model_config_json);
 };
 
 // ---------------------------------------------------------------------------
@@ -508,12 +521,7 @@ Tokenizer Tokenizer::LoadOrThrow(const TokenizerFiles& files) {
   }
 }
 
-Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
-                                        std::string_view tokenizer_config_json,
-                                        std::string_view model_config_json) {
-  auto impl = std::make_unique<Impl>();
-  Impl& t = *impl;
-
+void Tokenizer::Impl::LoadRanksOrThrow(std::string_view tiktoken_model) {
   // tiktoken.model: "<base64> <rank>" per line; ranks must be exactly 0..n-1.
   std::vector<std::pair<uint32_t, uint32_t>> by_rank;
   std::vector<bool> seen;
@@ -549,9 +557,9 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
     }
     if (seen[rank]) throw bad("duplicate rank " + std::to_string(rank));
     seen[rank] = true;
-    if (t.arena.size() + bytes.size() > UINT32_MAX / 2) throw bad("vocabulary too large");
-    by_rank[rank] = {uint32_t(t.arena.size()), uint32_t(bytes.size())};
-    t.arena += bytes;
+    if (arena.size() + bytes.size() > UINT32_MAX / 2) throw bad("vocabulary too large");
+    by_rank[rank] = {uint32_t(arena.size()), uint32_t(bytes.size())};
+    arena += bytes;
   }
   if (by_rank.empty()) throw Error(ErrorCode::kCorrupt, "no tokens", "", -1, "tiktoken.model");
   for (size_t r = 0; r < seen.size(); ++r) {
@@ -560,13 +568,13 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
                   "", -1, "tiktoken.model");
     }
   }
-  t.num_ranks = uint32_t(by_rank.size());
-  t.spans = by_rank;
-  t.ranks.Build(t.arena, t.spans);
+  num_ranks = uint32_t(by_rank.size());
+  spans = by_rank;
+  ranks.Build(arena, spans);
   // Duplicated byte strings would make ranks ambiguous.
-  for (uint32_t r = 0; r < t.num_ranks; ++r) {
-    auto [off, len] = t.spans[r];
-    if (t.ranks.Find(reinterpret_cast<const unsigned char*>(t.arena.data()) + off, len) != r) {
+  for (uint32_t r = 0; r < num_ranks; ++r) {
+    auto [off, len] = spans[r];
+    if (ranks.Find(reinterpret_cast<const unsigned char*>(arena.data()) + off, len) != r) {
       throw Error(ErrorCode::kCorrupt, "token bytes of rank " + std::to_string(r) + " repeat an earlier rank",
                   "", -1, "tiktoken.model");
     }
@@ -574,22 +582,25 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
   // Byte-level BPE needs every single byte as a token, or some text is unencodable.
   for (int b = 0; b < 256; ++b) {
     unsigned char c = static_cast<unsigned char>(b);
-    t.byte_rank[b] = t.ranks.Find(&c, 1);
-    if (t.byte_rank[b] == kNoRank) {
+    byte_rank[b] = ranks.Find(&c, 1);
+    if (byte_rank[b] == kNoRank) {
       throw Error(ErrorCode::kUnsupported, "byte " + std::to_string(b) + " has no rank", "", -1,
                   "tiktoken.model");
     }
   }
+}
 
+std::vector<std::string> Tokenizer::Impl::SpecialNamesOrThrow(std::string_view tokenizer_config_json,
+                                                            std::optional<std::string>* bos_name,
+                                                            std::optional<std::string>* eos_name) const {
   // tokenizer_config.json: names of the 256 special ids after the last rank.
   // Read with simdjson's On-Demand API: the real file holds model_max_length
   // = 1e30 as an integer literal, which the DOM parser refuses as a big integer;
   // On-Demand only parses the values we visit.
   std::vector<std::string> names(kNumSpecialTokens);
   for (uint32_t k = 0; k < kNumSpecialTokens; ++k) {
-    names[k] = "<|reserved_token_" + std::to_string(t.num_ranks + k) + "|>";
+    names[k] = "<|reserved_token_" + std::to_string(num_ranks + k) + "|>";
   }
-  std::optional<std::string> bos_name, eos_name;
   {
     auto bad = [](const std::string& why) {
       return Error(ErrorCode::kCorrupt, why, "", -1, "tokenizer_config.json");
@@ -622,9 +633,9 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
         std::string_view key;
         if (field.unescaped_key().get(key) != simdjson::SUCCESS) throw bad("malformed key");
         if (key == "bos_token") {
-          bos_name = token_name(field.value());
+          *bos_name = token_name(field.value());
         } else if (key == "eos_token") {
-          eos_name = token_name(field.value());
+          *eos_name = token_name(field.value());
         } else if (key == "added_tokens_decoder") {
           simdjson::ondemand::object added;
           if (field.value().get_object().get(added) != simdjson::SUCCESS) {
@@ -644,8 +655,8 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
             auto content = token_name(entry.value());
             if (!content || content->empty()) throw bad("added token " + id_str + " has no content");
             // Kimi's loader only names ids in the special range; others are ignored.
-            if (id < t.num_ranks || id >= uint64_t(t.num_ranks) + kNumSpecialTokens) continue;
-            names[id - t.num_ranks] = std::move(*content);
+            if (id < num_ranks || id >= uint64_t(num_ranks) + kNumSpecialTokens) continue;
+            names[id - num_ranks] = std::move(*content);
           }
         }
       }
@@ -653,45 +664,42 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
       throw bad(std::string("malformed JSON: ") + e.what());
     }
   }
+  return names;
+}
+
+void Tokenizer::Impl::AddSpecialsOrThrow(const std::vector<std::string>& names) {
   for (uint32_t k = 0; k < kNumSpecialTokens; ++k) {
-    TokenId id = t.num_ranks + k;
-    if (!t.special_ids.emplace(names[k], id).second) {
+    TokenId id = num_ranks + k;
+    if (!special_ids.emplace(names[k], id).second) {
       throw Error(ErrorCode::kCorrupt, "special token '" + names[k] + "' is named twice", "", -1,
                   "tokenizer_config.json");
     }
-    t.spans.push_back({uint32_t(t.arena.size()), uint32_t(names[k].size())});
-    t.arena += names[k];
+    spans.push_back({uint32_t(arena.size()), uint32_t(names[k].size())});
+    arena += names[k];
   }
   // The arena grew: rebuild the table's view of it (same offsets).
-  t.ranks.Build(t.arena, std::vector<std::pair<uint32_t, uint32_t>>(t.spans.begin(),
-                                                                    t.spans.begin() + t.num_ranks));
-  t.pair_rank.assign(65536, kNoRank);
+  ranks.Build(arena, std::vector<std::pair<uint32_t, uint32_t>>(spans.begin(),
+                                                                    spans.begin() + num_ranks));
+  pair_rank.assign(65536, kNoRank);
   for (uint32_t pair = 0; pair < 65536; ++pair) {
     unsigned char two[2] = {static_cast<unsigned char>(pair >> 8), static_cast<unsigned char>(pair & 0xFF)};
-    t.pair_rank[pair] = t.ranks.Find(two, 2);
+    pair_rank[pair] = ranks.Find(two, 2);
   }
   for (uint32_t k = 0; k < kNumSpecialTokens; ++k) {
     unsigned char first = static_cast<unsigned char>(names[k][0]);
-    t.specials_by_byte[first].push_back(t.num_ranks + k);
-    t.special_first_byte[first] = true;
+    specials_by_byte[first].push_back(num_ranks + k);
+    special_first_byte[first] = true;
   }
-  for (auto& list : t.specials_by_byte) {
+  for (auto& list : specials_by_byte) {
     std::stable_sort(list.begin(), list.end(), [&](TokenId a, TokenId b) {
-      return t.Bytes(a).size() > t.Bytes(b).size();
+      return Bytes(a).size() > Bytes(b).size();
     });
   }
+}
 
-  // BOS / EOS: config.json ids win (the EOS that stops generation is
-  // <|end_of_msg|> there, while tokenizer_config.json names [EOS]).
-  auto by_name = [&](const std::optional<std::string>& name) -> std::optional<TokenId> {
-    if (!name) return std::nullopt;
-    auto it = t.special_ids.find(*name);
-    if (it == t.special_ids.end()) return std::nullopt;
-    return it->second;
-  };
-  t.bos = by_name(bos_name);
-  t.eos = by_name(eos_name);
-  if (!model_config_json.empty()) {
+void Tokenizer::Impl::ApplyModelConfigOrThrow(std::string_view model_config_json) {
+  if (model_config_json.empty()) return;
+  {
     simdjson::dom::parser mparser;
     simdjson::padded_string mcfg(model_config_json);
     simdjson::dom::element mroot;
@@ -705,17 +713,37 @@ Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
       return std::nullopt;
     };
     auto check = [&](std::optional<TokenId> id, const char* key) {
-      if (id && *id >= t.num_ranks + kNumSpecialTokens) {
+      if (id && *id >= num_ranks + kNumSpecialTokens) {
         throw Error(ErrorCode::kCorrupt, std::string(key) + " " + std::to_string(*id) +
                                              " is outside the vocabulary",
                     "", -1, "config.json");
       }
       return id;
     };
-    if (auto b = check(id_of("bos_token_id"), "bos_token_id")) t.bos = b;
-    if (auto e = check(id_of("eos_token_id"), "eos_token_id")) t.eos = e;
+    if (auto b = check(id_of("bos_token_id"), "bos_token_id")) bos = b;
+    if (auto e = check(id_of("eos_token_id"), "eos_token_id")) eos = e;
   }
+}
 
+Tokenizer Tokenizer::FromStringsOrThrow(std::string_view tiktoken_model,
+                                        std::string_view tokenizer_config_json,
+                                        std::string_view model_config_json) {
+  auto impl = std::make_unique<Impl>();
+  Impl& t = *impl;
+  t.LoadRanksOrThrow(tiktoken_model);
+  std::optional<std::string> bos_name, eos_name;
+  t.AddSpecialsOrThrow(t.SpecialNamesOrThrow(tokenizer_config_json, &bos_name, &eos_name));
+  // BOS / EOS: config.json ids win (the EOS that stops generation is
+  // <|end_of_msg|> there, while tokenizer_config.json names [EOS]).
+  auto by_name = [&](const std::optional<std::string>& name) -> std::optional<TokenId> {
+    if (!name) return std::nullopt;
+    auto it = t.special_ids.find(*name);
+    if (it == t.special_ids.end()) return std::nullopt;
+    return it->second;
+  };
+  t.bos = by_name(bos_name);
+  t.eos = by_name(eos_name);
+  t.ApplyModelConfigOrThrow(model_config_json);
   t.CompileRegex();
   return Tokenizer(std::move(impl));
 }

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "k3/core/error.h"
 #include "k3/core/file.h"
@@ -121,9 +120,7 @@ void History::SaveOrThrow(const std::string& path) const {
   Put<uint64_t>(s, fingerprint);
   for (uint64_t c : counts) Put<uint64_t>(s, c);
   Put<uint64_t>(s, XXH64(s.data(), s.size(), 0));
-  std::error_code ec;
-  std::filesystem::create_directories(DirName(path), ec);
-  if (ec) throw Error(ErrorCode::kIo, "cannot create directory: " + ec.message(), DirName(path));
+  MakeDirs(DirName(path));
   WriteFileAtomic(path, s);
 }
 

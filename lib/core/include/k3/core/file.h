@@ -47,7 +47,10 @@ uint64_t FileSizeOrThrow(int fd, const std::string& path_for_errors);
 uint64_t FileSizeOrThrow(const std::string& path);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
-// The names in `dir` ("." and ".." excluded), sorted; empty when it cannot be read.
+// The names in `dir` ("." and ".." excluded), sorted. The OrThrow form throws
+// (ThrowErrno: the errno and `dir`) when it cannot be read; the
+// other returns nothing then.
+std::vector<std::string> ListDirectoryOrThrow(const std::string& dir);
 std::vector<std::string> ListDirectory(const std::string& dir);
 // mkdir -p: creates `dir` and its missing parents (0755). Throws kIo naming the
 // component that failed, kExists when `dir` exists but is not a directory.

@@ -14,6 +14,11 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kQuiet = 4 }
 std::optional<LogLevel> ParseLogLevel(std::string_view s);
 LogLevel CurrentLogLevel();
 void SetLogLevel(LogLevel level);
+// Validates K3_LOG (unset or empty = info) and applies it (SetLogLevel); an
+// unknown value throws kInvalidArgument naming the variable and the choices.
+// Every tool calls it at start-up, before its first log line: the logger itself
+// cannot fail, so without this check a typo would be ignored silently.
+void ApplyLogLevelFromEnv();
 void Log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // Logs once per process per `key` (a string literal's address is a fine key).
 void LogOnce(const void* key, LogLevel level, const char* fmt, ...)

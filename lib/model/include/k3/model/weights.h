@@ -140,6 +140,9 @@ struct ModelWeights {
   uint64_t resident_bytes = 0;    // heap + mapped matrix bytes
   int64_t quantized_matrices = 0;
   int64_t container_matrices = 0;  // taken as stored (U8 + .qs)
+  // Entries of the tensor table (k3/model/tensor_table.h) read: every non-expert
+  // one of the loaded layers, and the head's when present.
+  int64_t tensors_read = 0;
 };
 
 // Loads every non-expert tensor. `snapshot` must outlive the result (the
