@@ -3,8 +3,9 @@
 // on the engine and (b) streamed through lib/server on a loopback socket,
 // measured by a client: TTFT and decode tok/s, medians and ranges, the ratio.
 // Then N concurrent streaming clients with --queue N: all served, none lost,
-// FIFO order kept, time in queue. Each run starts from an empty session so
-// both sides prefill the whole prompt.
+// FIFO order kept, time in queue. Then the same request on the Anthropic
+// Messages route against the OpenAI route, interleaved. Each run starts from
+// an empty session so both sides prefill the whole prompt.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -74,9 +75,12 @@ double DoubleAfter(const std::string& s, const std::string& key) {
   return k == std::string::npos ? -1 : std::strtod(s.c_str() + k + key.size() + 3, nullptr);
 }
 
+enum class Route { kChat, kMessages };
+
 // A streaming client on a raw socket: TTFT is request sent -> first event with
 // generated text; decode rate is (tokens - 1) / (last text event - first).
-Timing StreamOnce(int port, const std::string& body) {
+Timing StreamOnce(int port, const std::string& body, Route route = Route::kChat) {
+  const bool messages = route == Route::kMessages;
   Timing t;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -87,7 +91,8 @@ Timing StreamOnce(int port, const std::string& body) {
     if (fd >= 0) ::close(fd);
     return t;
   }
-  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+  std::string req = std::string("POST ") + (messages ? "/v1/messages" : "/v1/chat/completions") +
+                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     "Connection: close\r\nContent-Length: " +
                     std::to_string(body.size()) + "\r\n\r\n" + body;
   auto t0 = Clock::now();
@@ -110,7 +115,7 @@ Timing StreamOnce(int port, const std::string& body) {
     while (pos != std::string::npos) {
       size_t end = all.find('}', pos);
       std::string_view d(all.data() + pos, (end == std::string::npos ? all.size() : end) - pos);
-      if (d.find("content\":\"") != std::string::npos) text = true;
+      if (d.find(messages ? "\"text_delta\"" : "content\":\"") != std::string::npos) text = true;
       pos = all.find("\"delta\":{", pos + 1);
     }
     scanned = all.size() > 16 ? all.size() - 16 : 0;
@@ -120,14 +125,41 @@ Timing StreamOnce(int port, const std::string& body) {
     }
   }
   ::close(fd);
-  t.ok = all.find("data: [DONE]") != std::string::npos;
-  t.tokens = IntAfter(all, "completion_tokens");
+  t.ok = all.find(messages ? "event: message_stop" : "data: [DONE]") != std::string::npos;
+  t.tokens = IntAfter(all, messages ? "output_tokens" : "completion_tokens");
   t.ttft_s = first;
   t.decode_tok_per_s = (t.tokens > 1 && last > first) ? double(t.tokens - 1) / (last - first) : 0;
   t.queue_wait_s = DoubleAfter(all, "queue_wait_s");
   t.ticket = IntAfter(all, "queue_ticket");
   t.start_index = IntAfter(all, "start_index");
   return t;
+}
+
+// One side of an interleaved comparison: per-run TTFT and decode rate.
+struct Side {
+  std::string name;
+  std::vector<double> ttft, rate;
+  int64_t tokens = 0;
+  void Add(double ttft_s, double tok_per_s, int64_t n) {
+    ttft.push_back(ttft_s);
+    rate.push_back(tok_per_s);
+    tokens = n;
+  }
+};
+
+// Ends a comparison line begun in `j`: both sides' medians and ranges and the
+// ratios other / base; prints it.
+void PrintComparison(JsonWriter& j, const Side& base, const Side& other) {
+  j.Field("completion_tokens_" + base.name, base.tokens).Field("completion_tokens_" + other.name, other.tokens);
+  PutSummary(j, base.name + "_ttft_s", base.ttft);
+  PutSummary(j, other.name + "_ttft_s", other.ttft);
+  PutSummary(j, base.name + "_decode_tok_per_s", base.rate);
+  PutSummary(j, other.name + "_decode_tok_per_s", other.rate);
+  j.Field("ttft_ratio_" + other.name + "_vs_" + base.name, Median(other.ttft) / Median(base.ttft));
+  j.Field("decode_ratio_" + other.name + "_vs_" + base.name, Median(other.rate) / Median(base.rate));
+  j.EndObject();
+  std::printf("%s\n", j.str().c_str());
+  std::fflush(stdout);
 }
 
 void RunServeBench(const ServeBenchArgs& a) {
@@ -161,8 +193,7 @@ void RunServeBench(const ServeBenchArgs& a) {
   direct.max_tokens = a.max_tokens;
   direct.sampling.temperature = 0;
 
-  std::vector<double> d_ttft, d_rate, s_ttft, s_rate;
-  int64_t d_tokens = 0, s_tokens = 0;
+  Side direct_side{"direct"}, server_side{"server"};
   for (int r = 0; r <= a.runs; ++r) {  // run 0 warms both paths and is not counted
     engine->ResetSession();
     auto t0 = Clock::now();
@@ -178,27 +209,15 @@ void RunServeBench(const ServeBenchArgs& a) {
     Timing s = StreamOnce(http.port(), body_json);
     if (!s.ok) throw Error(ErrorCode::kIo, "a streamed bench request did not complete");
     if (r == 0) continue;
-    d_tokens = res.usage.completion_tokens;
-    s_tokens = s.tokens;
-    d_ttft.push_back(first);
-    d_rate.push_back(d_tokens > 1 && last > first ? double(d_tokens - 1) / (last - first) : 0);
-    s_ttft.push_back(s.ttft_s);
-    s_rate.push_back(s.decode_tok_per_s);
+    int64_t n = res.usage.completion_tokens;
+    direct_side.Add(first, n > 1 && last > first ? double(n - 1) / (last - first) : 0, n);
+    server_side.Add(s.ttft_s, s.decode_tok_per_s, s.tokens);
   }
   JsonWriter j;
   j.BeginObject().Field("bench", "serve").Field("case", "single").Field("git_sha", SourceRevision());
   j.Field("cpu", CpuModel()).Field("threads", int64_t(std::thread::hardware_concurrency()));
   j.Field("runs", int64_t(a.runs)).Field("prompt_tokens", int64_t(direct.prompt_ids.size()));
-  j.Field("completion_tokens_direct", d_tokens).Field("completion_tokens_server", s_tokens);
-  PutSummary(j, "direct_ttft_s", d_ttft);
-  PutSummary(j, "server_ttft_s", s_ttft);
-  PutSummary(j, "direct_decode_tok_per_s", d_rate);
-  PutSummary(j, "server_decode_tok_per_s", s_rate);
-  j.Field("ttft_ratio_server_vs_direct", Median(s_ttft) / Median(d_ttft));
-  j.Field("decode_ratio_server_vs_direct", Median(s_rate) / Median(d_rate));
-  j.EndObject();
-  std::printf("%s\n", j.str().c_str());
-  std::fflush(stdout);
+  PrintComparison(j, direct_side, server_side);
 
   // N concurrent clients, all admitted (--queue N): none lost, FIFO kept.
   std::vector<Timing> results(size_t(a.clients));
@@ -231,6 +250,27 @@ void RunServeBench(const ServeBenchArgs& a) {
   if (!waits.empty()) PutSummary(c, "queue_wait_s", waits);
   c.EndObject();
   std::printf("%s\n", c.str().c_str());
+  std::fflush(stdout);
+
+  // The Messages route on the same request (thinking is off by default there),
+  // interleaved with the OpenAI route: what the Anthropic mapping and events cost.
+  std::string messages_json = "{\"model\":\"bench\",\"max_tokens\":" + std::to_string(a.max_tokens) +
+                              ",\"temperature\":0,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":";
+  AppendJsonString(messages_json, a.prompt);
+  messages_json += "}]}";
+  Side chat_side{"chat"}, messages_side{"messages"};
+  for (int r = 0; r <= a.runs; ++r) {
+    Timing o = StreamOnce(http.port(), body_json);
+    Timing m = StreamOnce(http.port(), messages_json, Route::kMessages);
+    if (!o.ok || !m.ok) throw Error(ErrorCode::kIo, "a streamed bench request (chat or messages) did not complete");
+    if (r == 0) continue;
+    chat_side.Add(o.ttft_s, o.decode_tok_per_s, o.tokens);
+    messages_side.Add(m.ttft_s, m.decode_tok_per_s, m.tokens);
+  }
+  JsonWriter mj;
+  mj.BeginObject().Field("bench", "serve").Field("case", "messages").Field("git_sha", SourceRevision());
+  mj.Field("cpu", CpuModel()).Field("runs", int64_t(a.runs));
+  PrintComparison(mj, chat_side, messages_side);
   http.Stop();
   serving.join();
   service.SetBackend(nullptr);

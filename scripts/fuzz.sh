@@ -28,7 +28,8 @@ SPECS=(safetensors_header_fuzz:4096:fuzz/safetensors.dict
        config_json_fuzz:8192
        index_json_fuzz:4096
        constrain_schema_fuzz:4096:fuzz/constrain_schema.dict
-       server_request_fuzz:4096:fuzz/server_request.dict)
+       server_request_fuzz:4096:fuzz/server_request.dict
+       messages_request_fuzz:4096:fuzz/messages_request.dict)
 TARGETS=()
 for s in "${SPECS[@]}"; do TARGETS+=("${s%%:*}"); done
 cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"

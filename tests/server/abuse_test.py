@@ -2,8 +2,9 @@
 """Abuse of `k3-run serve` (conventions 18: every request is hostile until
 parsed): malformed and truncated JSON, wrong types, deep nesting, invalid
 UTF-8, a 64 MiB body, 10,000 messages, garbage and oversized headers, slow
-senders, clients vanishing mid-stream. After each, the server must answer a
-normal request, and its RSS must stay bounded.
+senders, clients vanishing mid-stream; the same bodies on the Anthropic
+Messages route. After each, the server must answer a normal request, and its
+RSS must stay bounded.
 
 usage: abuse_test.py K3_RUN MODEL_DIR
 """
@@ -84,6 +85,30 @@ def main() -> int:
             check(s == 400, f"{name}: 400, got {s}")
             still_serves(srv, name)
 
+        # The same hostile bodies on the Messages route: 400 in Anthropic's error shape.
+        normal_messages = {"model": "k3-tiny", "max_tokens": 3, "messages": user("hi")}
+        messages_cases = dict(cases, **{
+            "10,000 messages": json.dumps(dict(normal_messages, messages=user("x") * 10000)).encode(),
+            "deep content blocks": json.dumps(dict(normal_messages, messages=[
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [[[[[]]]]]}]}])).encode(),
+            "image in a tool_result": json.dumps(dict(normal_messages, messages=[
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                              "content": [{"type": "image", "source": {}}]}]}])).encode(),
+        })
+        for name, payload in messages_cases.items():
+            st, _, body = request(srv.port, "POST", "/v1/messages", payload, {"Content-Type": "application/json"})
+            try:
+                err = json.loads(body)
+                shaped = err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+            except (ValueError, KeyError, TypeError):
+                shaped = False
+            check(st == 400 and shaped, f"messages, {name}: 400 invalid_request_error, got {st} {body[:120]!r}")
+        st, _, body = request(srv.port, "POST", "/v1/messages", normal_messages)
+        check(st == 200 and json.loads(body)["type"] == "message", "serves a Messages request after its abuse")
+        still_serves(srv, "the Messages abuse")
+
         # A 64 MiB body: refused with 413 (the cap is 16 MiB) without being buffered.
         sock = raw_socket(srv.port)
         size = 64 << 20
@@ -134,10 +159,11 @@ def main() -> int:
         # Clients vanishing mid-stream, several at once.
         before = srv.metric("k3_requests_cancelled_total")
 
-        def vanish():
+        def vanish(path: bytes = b"/v1/chat/completions",
+                   body: dict = dict(NORMAL, max_tokens=64, stream=True, thinking={"type": "disabled"})):
             sock = raw_socket(srv.port)
-            data = json.dumps(dict(NORMAL, max_tokens=64, stream=True, thinking={"type": "disabled"})).encode()
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+            data = json.dumps(body).encode()
+            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                          str(len(data)).encode() + b"\r\n\r\n" + data)
             sock.recv(200)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -145,6 +171,14 @@ def main() -> int:
         run_threads([vanish for _ in range(8)])
         srv.wait_metric("k3_requests_cancelled_total", before + 1)
         still_serves(srv, "clients vanishing mid-stream")
+
+        # And mid-stream on the Messages route.
+        before = srv.metric("k3_requests_cancelled_total")
+
+        messages_stream = {"model": "k3-tiny", "max_tokens": 64, "stream": True, "messages": user("hi")}
+        run_threads([lambda: vanish(b"/v1/messages", messages_stream) for _ in range(4)])
+        srv.wait_metric("k3_requests_cancelled_total", before + 1)
+        still_serves(srv, "Messages clients vanishing mid-stream")
 
         rss1 = srv.rss_kib()
         check(rss1 < rss0 + RSS_SLACK_KIB, f"RSS bounded: {rss0} KiB -> {rss1} KiB")

@@ -9,6 +9,7 @@
 
 #include "k3/core/json_writer.h"
 #include "k3/server/api.h"
+#include "request_body.h"
 
 namespace k3::server {
 namespace {
@@ -351,16 +352,16 @@ float Sampling(element root, std::string_view key, float dflt, const ApiPolicy& 
   throw Error(ErrorCode::kInvalidArgument, std::move(message), {}, Error::kNoOffset, std::string(param));
 }
 
-ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& policy) {
+element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy, simdjson::dom::parser& parser,
+                         simdjson::padded_string& padded) {
   if (body.size() > policy.max_body_bytes) {
     throw Error(ErrorCode::kNoSpace, "request body of " + std::to_string(body.size()) + " bytes exceeds the " +
                                          std::to_string(policy.max_body_bytes) + "-byte limit");
   }
-  simdjson::dom::parser parser;
   if (parser.allocate(std::max<size_t>(body.size(), 64), policy.max_depth) != simdjson::SUCCESS) {
     throw Error(ErrorCode::kNoSpace, "cannot allocate a parser for the request body");
   }
-  simdjson::padded_string padded(body);
+  padded = simdjson::padded_string(body);
   element root;
   if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
     std::string why = err == simdjson::DEPTH_ERROR
@@ -369,6 +370,13 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
     throw Error(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + why);
   }
   if (!root.is_object()) ThrowBadParam("", "request body must be a JSON object");
+  return root;
+}
+
+ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& policy) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded;
+  element root = ParseBodyOrThrow(body, policy, parser, padded);
 
   ChatRequest out;
   if (auto m = GetSet(root, "model")) {

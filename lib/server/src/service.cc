@@ -85,18 +85,26 @@ HttpReply Service::ErrorReply(const ApiError& e) const {
   return r;
 }
 
-bool Service::Authorized(std::string_view authorization) const {
-  if (options_.api_key.empty()) return true;
-  std::string expected = "Bearer " + options_.api_key;
-  // Constant time in the key: every byte of the longer string is compared.
-  size_t n = std::max(expected.size(), authorization.size());
-  unsigned char diff = expected.size() == authorization.size() ? 0 : 1;
+namespace {
+// Constant time in the key: every byte of the longer string is compared.
+bool SameSecret(std::string_view expected, std::string_view got) {
+  size_t n = std::max(expected.size(), got.size());
+  unsigned char diff = expected.size() == got.size() ? 0 : 1;
   for (size_t i = 0; i < n; ++i) {
     unsigned char a = i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0;
-    unsigned char b = i < authorization.size() ? static_cast<unsigned char>(authorization[i]) : 0;
+    unsigned char b = i < got.size() ? static_cast<unsigned char>(got[i]) : 0;
     diff |= a ^ b;
   }
   return diff == 0;
+}
+}  // namespace
+
+bool Service::Authorized(std::string_view authorization, std::string_view x_api_key) const {
+  if (options_.api_key.empty()) return true;
+  // Both are compared, so the time does not show which header was right.
+  bool bearer = SameSecret("Bearer " + options_.api_key, authorization);
+  bool key = !x_api_key.empty() && SameSecret(options_.api_key, x_api_key);
+  return bearer || key;
 }
 
 HttpReply Service::Unauthorized() const {
@@ -107,14 +115,27 @@ HttpReply Service::Unauthorized() const {
 bool Service::IsStream(const Job& job) { return job.request.stream; }
 
 std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std::string_view body) {
+  auto prepared = Admit(
+      body, [this](std::string_view b) { return ParseChatRequestOrThrow(b, options_.api); }, &Service::ErrorReply,
+      "chatcmpl-k3");
+  if (auto* job = std::get_if<std::unique_ptr<Job>>(&prepared)) {
+    (*job)->writer = MakeChatWriter((*job)->meta, (*job)->request.stream, (*job)->request.include_usage);
+  }
+  return prepared;
+}
+
+std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Admit(
+    std::string_view body, const std::function<ChatRequest(std::string_view)>& parse,
+    HttpReply (Service::*reply)(const ApiError&) const, const char* id_prefix) {
   metrics_.CountRequest();
+  auto ErrorReply = [&](const ApiError& e) { return (this->*reply)(e); };
   Backend* backend = backend_.load();
   if (!backend) {
     return ErrorReply(MakeApiError(503, "server_error", "the model is still loading", "loading"));
   }
   auto job = std::make_unique<Job>();
   try {
-    job->request = ParseChatRequestOrThrow(body, options_.api);
+    job->request = parse(body);
     job->prompt_ids = backend->PromptIds(job->request.chat);
   } catch (const Error& e) {
     return ErrorReply(ApiErrorFor(e));
@@ -135,7 +156,7 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std:
   }
   uint64_t n = next_id_.fetch_add(1);
   char id[64];
-  std::snprintf(id, sizeof id, "chatcmpl-k3-%llx-%llu", static_cast<unsigned long long>(std::time(nullptr)),
+  std::snprintf(id, sizeof id, "%s-%llx-%llu", id_prefix, static_cast<unsigned long long>(std::time(nullptr)),
                 static_cast<unsigned long long>(n));
   job->meta.id = id;
   job->meta.created = int64_t(std::time(nullptr));
@@ -145,12 +166,12 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std:
 }
 
 void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& write) {
-  const bool stream = job.request.stream;
-  // A heartbeat is an SSE comment when streaming, JSON whitespace otherwise:
-  // both are ignored by clients, and a failed write shows the client left.
-  auto heartbeat = [&](const char* what) {
-    return stream ? write(ChatStream::Heartbeat(what)) : write(" ");
-  };
+  ResponseWriter& out = *job.writer;
+  // A heartbeat is traffic the client ignores (an SSE comment or ping, JSON
+  // whitespace); a failed write shows the client left.
+  auto heartbeat = [&](const char* what) { return write(out.Heartbeat(what)); };
+  // message_start goes out before the wait; a failed write is seen by the first heartbeat.
+  if (std::string begin = out.Begin(); !begin.empty()) write(begin);
   RequestOutcome outcome;
   outcome.prompt_tokens = int64_t(job.prompt_ids.size());
   bool waited = job.ticket->WaitTurn([&] { return heartbeat("queued"); },
@@ -175,8 +196,6 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
   gen.sampling.seed = job.request.seed ? *job.request.seed : std::random_device{}();
   gen.structured = job.request.structured;  // compiled at parse time (issue 16)
 
-  ChatStream sse(job.meta, job.request.include_usage);
-  ChatAccumulator whole(job.meta);
   bool client_gone = false;
   auto last_write = Clock::now();
   const auto beat = std::chrono::milliseconds(options_.heartbeat_ms);
@@ -184,18 +203,12 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
 
   engine::Callbacks cb;
   cb.on_delta = [&](const engine::Delta& d) {
-    if (stream) {
-      std::string bytes = sse.OnDelta(d);
-      if (!bytes.empty()) {
-        if (!write(bytes)) return !(client_gone = true);
-        last_write = Clock::now();
-      }
-    } else {
-      whole.OnDelta(d);
-      if (Clock::now() - last_write >= beat) {
-        if (!write(" ")) return !(client_gone = true);
-        last_write = Clock::now();
-      }
+    std::string bytes = out.OnDelta(d);
+    // Nothing to send (a whole answer, held-back UTF-8): a heartbeat per period.
+    if (bytes.empty() && Clock::now() - last_write >= beat) bytes = out.Heartbeat("decode");
+    if (!bytes.empty()) {
+      if (!write(bytes)) return !(client_gone = true);
+      last_write = Clock::now();
     }
     return true;
   };
@@ -231,10 +244,8 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     }
     if (client_gone || result.finish == engine::FinishReason::kCancelled) {
       outcome.cancelled = true;
-    } else if (stream) {
-      if (!write(sse.Finish(result.finish, result.usage, stats))) outcome.cancelled = true;
-    } else {
-      if (!write(whole.Finish(result.finish, result.usage, stats))) outcome.cancelled = true;
+    } else if (!write(out.Finish(result, stats))) {
+      outcome.cancelled = true;
     }
   } catch (const std::exception& ex) {
     job.ticket.reset();
@@ -244,8 +255,7 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     ApiError err = ApiErrorFor(e);
     metrics_.CountRejected(err.status);
     // The 200 status is already sent: the error goes in the body (docs/server.md).
-    if (stream) write(sse.Error(err));
-    else write(err.Json());
+    write(out.Error(err));
   }
   metrics_.CountFinished(outcome);
 }

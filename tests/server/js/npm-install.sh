@@ -2,10 +2,18 @@
 # Installs the pinned npm clients (package.json + package-lock.json beside this
 # script) into a cache folder, once; prints the node_modules path. Needs the npm
 # registry only the first time (or when the lock file changes).
+#
+# The folder is named by the lock file's hash, so checkouts with different
+# pins (git worktrees, branches) each keep their own install instead of
+# replacing each other's; an flock serialises tests that install at once.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${K3_NPM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/k3/npm-server}
+base=${K3_NPM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/k3/npm-server}
+key=$(sha256sum "$here/package-lock.json" | cut -c1-16)
+cache=$base/$key
 mkdir -p "$cache"
+exec 9>"$base/$key.lock"
+flock 9
 if ! cmp -s "$here/package-lock.json" "$cache/package-lock.json" || [ ! -d "$cache/node_modules" ]; then
   cp "$here/package.json" "$here/package-lock.json" "$cache/"
   (cd "$cache" && npm ci --no-audit --no-fund --loglevel=error >&2)

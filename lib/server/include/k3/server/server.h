@@ -25,6 +25,7 @@
 #include "k3/server/api.h"
 #include "k3/server/metrics.h"
 #include "k3/server/queue.h"
+#include "k3/server/response_writer.h"
 #include "k3/server/stream.h"
 
 namespace k3::server {
@@ -87,9 +88,13 @@ class Service {
   HttpReply NotFound(std::string_view path) const;
   HttpReply ErrorReply(const ApiError& e) const;  // counts a rejection
 
-  // Constant-time compare of "Bearer <key>"; always true without a key.
-  bool Authorized(std::string_view authorization) const;
+  // Constant-time compare of "Bearer <key>" (or of x_api_key, Anthropic's
+  // header, with the key itself); always true without a key.
+  bool Authorized(std::string_view authorization, std::string_view x_api_key = {}) const;
   HttpReply Unauthorized() const;
+  // The Messages API's error replies: Anthropic's error shape (messages.h).
+  HttpReply MessagesErrorReply(const ApiError& e) const;  // counts a rejection
+  HttpReply MessagesUnauthorized() const;
 
   // A validated, admitted chat request waiting to run.
   struct Job {
@@ -97,11 +102,16 @@ class Service {
     std::vector<int32_t> prompt_ids;
     std::unique_ptr<RequestQueue::Ticket> ticket;
     ResponseMeta meta;
+    std::unique_ptr<ResponseWriter> writer;  // the API's bytes for this request
     std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   };
   // On the handler thread: validate, render, count prompt tokens, take a queue
   // place. An HttpReply is an answer already (400 / 413 / 429 / 503).
   std::variant<HttpReply, std::unique_ptr<Job>> PrepareChat(std::string_view body);
+  // The same for POST /v1/messages (messages_service.cc).
+  std::variant<HttpReply, std::unique_ptr<Job>> PrepareMessages(std::string_view body);
+  // POST /v1/messages/count_tokens: {"input_tokens": N}.
+  HttpReply CountTokens(std::string_view body);
   static bool IsStream(const Job& job);
   // In the response writer: wait for the model, generate, write. `write`
   // returns false when the client is gone; that cancels the request.
@@ -111,6 +121,12 @@ class Service {
   RequestQueue& queue() { return queue_; }
 
  private:
+  // Admission shared by both APIs: `parse` validates and renders, `reply`
+  // shapes an error, `id_prefix` starts the response id.
+  std::variant<HttpReply, std::unique_ptr<Job>> Admit(std::string_view body,
+                                                      const std::function<ChatRequest(std::string_view)>& parse,
+                                                      HttpReply (Service::*reply)(const ApiError&) const,
+                                                      const char* id_prefix);
   ServerOptions options_;
   std::atomic<Backend*> backend_{nullptr};
   RequestQueue queue_;
