@@ -86,6 +86,11 @@ Delta OutputStream::Push(int32_t id) {
                    options_.eos_ids.end();
   if (parser_) {
     if (eos) {
+      // K3's stop token is <|end_of_msg|>: the parser must see it, or it notes
+      // an answer that never ended (a warning on every normal ending).
+      if (parser_->IsEndOfMsg(static_cast<tok::TokenId>(id))) {
+        Absorb(parser_->Push(static_cast<tok::TokenId>(id)), out);
+      }
       done_ = true;
       finish_ = parser_->tool_calls().empty() ? FinishReason::kStop : FinishReason::kToolCalls;
       return out;

@@ -195,6 +195,8 @@ TEST_CASE("chat mode: reasoning, content, tool-call fragments, end of message") 
   CHECK(args == R"({"q":"two words"})");
   REQUIRE(os.tool_calls().size() == 1);
   CHECK(os.tool_calls()[0].arguments_json == args);
+  // <|end_of_msg|> is the config's EOS and ended the answer: nothing malformed.
+  CHECK(os.warnings().empty());
 }
 
 TEST_CASE("chat mode: a stop string ends the content; EOS ends without text") {
@@ -213,4 +215,9 @@ TEST_CASE("chat mode: a stop string ends the content; EOS ends without text") {
   Run r2 = Feed(os2, ids);
   CHECK(os2.done());
   CHECK(r2.streamed_content == "Hi");
+  CHECK(os2.warnings().empty());
+  // Cut off before the end marker (max_tokens): the parser says so.
+  OutputStream os3(&Tiny(), o);
+  Feed(os3, Ids("Hi"));
+  CHECK(os3.warnings() == std::vector<std::string>{"output ended without <|end_of_msg|>"});
 }

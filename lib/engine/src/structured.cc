@@ -353,7 +353,8 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
   forced_ = -1;
   steering_ = false;
   if (phase_ == Phase::kThink) {
-    if (must_close_ && (think_tokens_ >= think_budget_ || remaining <= MinRemaining() + kSteerMargin)) {
+    const bool capped = spec_.think_budget >= 0 && think_tokens_ >= think_budget_;
+    if (capped || (must_close_ && (think_tokens_ >= think_budget_ || remaining <= MinRemaining() + kSteerMargin))) {
       EnterSeq({Cand{close_think_open_resp_, Next::kBody}}, 0);
     } else {
       MaskSpecials(logits, {x_.close});

@@ -514,9 +514,11 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
     Unsupported(k->path, "top_k is not supported: k3 samples with temperature and top_p only");
   }
   // Thinking: enabled / adaptive -> K3's think channel on, disabled or
-  // absent (Anthropic's default) -> off. budget_tokens is checked as Anthropic
-  // does but is no hard cap (docs/server.md).
+  // absent (Anthropic's default) -> off. budget_tokens (>= 1024, as Anthropic
+  // checks it) caps the think channel: at the cap its close is forced
+  // (docs/server.md); a budget at or above max_tokens never binds.
   bool thinking = false;
+  int64_t think_budget = -1;
   if (auto th = Member(root, "thinking")) {
     MustBeObject(*th);
     Node type = Need(*th, "type");
@@ -524,7 +526,8 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
     if (t == "enabled") {
       thinking = true;
       Node budget = Need(*th, "budget_tokens");
-      if (Integer(budget) < 1024) ThrowBadParam(budget.path, budget.path + " must be at least 1024");
+      think_budget = Integer(budget);
+      if (think_budget < 1024) ThrowBadParam(budget.path, budget.path + " must be at least 1024");
     } else if (t == "adaptive") {
       thinking = true;
     } else if (t != "disabled") {
@@ -564,6 +567,7 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
     throw InMessagesTerms(e);
   }
   out.request.stop = std::move(stop);
+  if (think_budget >= 0) SetThinkBudget(out.request, think_budget);
   return out;
 }
 

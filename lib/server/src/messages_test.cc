@@ -307,5 +307,34 @@ TEST_CASE("Service: Messages requests with Anthropic's errors, 529 when the queu
   CHECK(out.find(R"("cache_read_input_tokens":2,"output_tokens":2})") != std::string::npos);
 }
 
+TEST_CASE("thinking.budget_tokens caps the think channel (the compiled spec carries it); none without thinking") {
+  std::string user = R"([{"role":"user","content":"hi"}])";
+  MessagesRequest capped = ParseMessagesRequestOrThrow(
+      Msgs(user, R"("thinking":{"type":"enabled","budget_tokens":1500})"), ApiPolicy{});
+  CHECK(capped.request.thinking);
+  CHECK(capped.request.think_budget == 1500);
+  REQUIRE(capped.request.structured);
+  CHECK(capped.request.structured->think_budget == 1500);
+  CHECK(capped.request.structured->active());
+  CHECK(capped.request.structured->tools.empty());
+  CHECK(capped.request.structured->calls == engine::StructuredOutput::Calls::kAuto);
+  // With a forced call too: the same spec carries both.
+  MessagesRequest both = ParseMessagesRequestOrThrow(
+      Msgs(user, R"("thinking":{"type":"enabled","budget_tokens":1024},"tools":)" +
+                     AnthropicTools() + R"(,"tool_choice":{"type":"any"})"),
+      ApiPolicy{});
+  REQUIRE(both.request.structured);
+  CHECK(both.request.structured->think_budget == 1024);
+  CHECK(both.request.structured->calls == engine::StructuredOutput::Calls::kRequired);
+  CHECK(both.request.structured->tools.size() == 2);
+  // Adaptive and disabled thinking: no cap, nothing to enforce.
+  for (const char* t : {R"({"type":"adaptive"})", R"({"type":"disabled"})"}) {
+    CAPTURE(t);
+    MessagesRequest m = ParseMessagesRequestOrThrow(Msgs(user, std::string(R"("thinking":)") + t), ApiPolicy{});
+    CHECK(m.request.think_budget == -1);
+    CHECK(m.request.structured == nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace k3::server

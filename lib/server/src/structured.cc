@@ -73,7 +73,17 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
   } else if (r.response_format == ResponseFormat::kJsonSchema) {
     spec->response = CompileAt(r.response_schema_json, response_param);
   }
+  if (r.thinking && r.think_budget >= 0) spec->think_budget = r.think_budget;
   r.structured = spec->active() ? std::move(spec) : nullptr;
+}
+
+void SetThinkBudget(ChatRequest& r, int64_t budget) {
+  r.think_budget = budget;
+  if (!r.thinking) return;
+  auto spec = r.structured ? std::make_shared<engine::StructuredOutput>(*r.structured)
+                           : std::make_shared<engine::StructuredOutput>();
+  spec->think_budget = budget;
+  r.structured = std::move(spec);
 }
 
 }  // namespace k3::server

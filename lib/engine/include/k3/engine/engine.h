@@ -104,11 +104,17 @@ struct StructuredOutput {
   Calls calls = Calls::kAuto;
   // kRequired with one function (named tool_choice); empty: any declared tool.
   std::string only_tool;
-  // Think tokens at most when a structure is forced after the think channel;
-  // -1: half of what max_tokens leaves after the shortest forced completion.
+  // Think tokens at most: >= 0 is a hard cap (the Messages API's
+  // thinking.budget_tokens; with nothing else to enforce the answer is then
+  // free text), after which the think channel's close is forced. -1: when a
+  // structure is forced, half of what max_tokens leaves after its shortest
+  // completion; otherwise no cap.
   int64_t think_budget = -1;
-  // Whether the loop has anything to enforce (tools declared or JSON asked for).
-  bool active() const { return response.has_value() || !tools.empty() || calls == Calls::kRequired; }
+  // Whether the loop has anything to enforce (tools declared, JSON asked for,
+  // or a think cap).
+  bool active() const {
+    return response.has_value() || !tools.empty() || calls == Calls::kRequired || think_budget >= 0;
+  }
 };
 
 struct GenerateRequest {

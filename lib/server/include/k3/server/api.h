@@ -78,6 +78,9 @@ struct ChatRequest {
   std::string tool_choice_name;         // kNamed: the one function allowed
   ResponseFormat response_format = ResponseFormat::kText;
   std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
+  // A hard cap on think tokens (the Messages API's thinking.budget_tokens);
+  // -1: none. Compiled into structured->think_budget.
+  int64_t think_budget = -1;
   // The compiled form of the fields above (CompileStructuredOrThrow), what
   // the engine enforces; null when there is nothing to enforce.
   std::shared_ptr<const engine::StructuredOutput> structured;
@@ -103,6 +106,11 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
 void CompileStructuredOrThrow(ChatRequest& request,
                               std::string_view response_param = "response_format.json_schema.schema",
                               std::string_view tool_choice_param = "tool_choice.function.name");
+
+// Caps the think channel at `budget` tokens (request.think_budget, and the
+// compiled spec's, made when there was none): at the cap the engine forces the
+// channel's close. No effect when thinking is off.
+void SetThinkBudget(ChatRequest& request, int64_t budget);
 
 // An error as the API answers it: HTTP status and the OpenAI error object.
 struct ApiError {

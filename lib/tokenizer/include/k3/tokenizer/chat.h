@@ -112,6 +112,7 @@ class ChatStreamParser {
   ChatDelta Finish();
 
   bool ended() const { return ended_; }  // <|end_of_msg|> was generated
+  bool IsEndOfMsg(TokenId id) const { return id == ids_.end_of_msg; }
   // The next ordinary token would land in the think channel (reasoning).
   bool in_reasoning() const { return channel_ == Channel::kThink; }
   const std::string& reasoning() const { return reasoning_; }
