@@ -293,7 +293,9 @@ def test_queue_fifo():
         b = body(max_tokens=16, stream=True, stream_options={"include_usage": True})
         results = run_threads([lambda i=i: chat(srv.port, dict(b, seed=i + 1)) for i in range(16)])
         ok = [r for r in results if r[0] == 200 and r[2][-1] == "[DONE]"]
-        check(len(ok) == 16, f"16 concurrent clients with --queue 16: all answered ({len(ok)})")
+        # On failure say how each one ended (status, last event), not just a count.
+        endings = [(r[0], r[2][-1] if r[0] == 200 and r[2] else r[2]) for r in results if r not in ok]
+        check(len(ok) == 16, f"16 concurrent clients with --queue 16: all answered ({len(ok)}; others: {endings})")
         stats = sorted((e["k3"]["queue_ticket"], e["k3"]["start_index"]) for r in ok for e in r[2]
                        if e != "[DONE]" and e.get("k3"))
         starts = [s for _, s in stats]
