@@ -62,6 +62,7 @@ struct Options {
   std::string filter;
   bool quick = false;
   bool sgemm = true;
+  std::vector<int> f32_rows = {0};  // decode rows of the f32 path (0: built-in choice)
 };
 
 // Plain streaming read: one pass summing 64-bit words, split across `threads`
@@ -468,21 +469,28 @@ void RunKernels(const Options& opt) {
           // runs are compute-bound and compare with sgemm instead.
           const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
           const size_t pass_bytes = bytes * size_t(copies);
-          Timing tm = TimeConfig(
-              opt.reps, copies, t, pass_bytes, mem,
-              [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); }, baseline);
-          if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
-          if (baseline && !sgemm_reported) {
-            Timing st;
-            st.secs_per_matrix = tm.base_secs;
-            st.mem_gbps = ctx.mem_gbps[t];
-            st.cpu_util = tm.base_cpu_util;
-            Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4, 1);
-            sgemm_reported = true;
+          for (int rows : batch == 1 ? opt.f32_rows : std::vector<int>{0}) {
+            quant::SetDecodeRowsForTesting(rows);
+            Timing tm = TimeConfig(
+                opt.reps, copies, t, pass_bytes, mem,
+                [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); },
+                baseline);
+            quant::SetDecodeRowsForTesting(0);
+            if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
+            if (baseline && !sgemm_reported) {
+              Timing st;
+              st.secs_per_matrix = tm.base_secs;
+              st.mem_gbps = ctx.mem_gbps[t];
+              st.cpu_util = tm.base_cpu_util;
+              Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4,
+                   1);
+              sgemm_reported = true;
+            }
+            const std::string suffix = rows == 0 ? "" : "_r" + std::to_string(rows);
+            Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt) + suffix, s, batch, t,
+                 quant::IsaName(isa), tm, bytes, copies);
           }
-          Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), tm, bytes, copies);
-          tm = TimeConfig(
+          Timing tm = TimeConfig(
               opt.reps, copies, t, pass_bytes, mem,
               [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
@@ -512,6 +520,10 @@ void Setup(CLI::App& root) {
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");
   cmd->add_flag("--quick", opt->quick, "1/8 of the rows (smoke test)");
   cmd->add_flag("!--no-sgemm", opt->sgemm, "skip the OpenBLAS baseline");
+  cmd->add_option("--f32-rows", opt->f32_rows,
+                  "decode rows per activation load of the f32 path to compare (0 = built-in; "
+                  "1,2,4 force it; lines get a _rN suffix)")
+      ->delimiter(',');
   cmd->callback([opt] { RunKernels(*opt); });
 }
 

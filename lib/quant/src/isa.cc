@@ -9,6 +9,8 @@
 #include <sys/auxv.h>
 #endif
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <optional>
@@ -24,6 +26,8 @@ namespace {
 
 // Set by SetIsaForTesting; takes precedence over the start-up choice.
 std::atomic<const internal::KernelTable*> g_test_override{nullptr};
+// Set by SetDecodeRowsForTesting (0: the built-in choice).
+std::atomic<int> g_decode_rows{0};
 
 const internal::KernelTable& TableFor(Isa isa) {
   switch (isa) {
@@ -156,7 +160,24 @@ void SetIsaForTesting(Isa isa) {
   g_test_override.store(&TableFor(isa), std::memory_order_release);
 }
 
+void SetDecodeRowsForTesting(int rows) {
+  if (rows != 0 && rows != 1 && rows != 2 && rows != 4) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "decode rows must be 0 (built-in), 1, 2 or 4, not " + std::to_string(rows));
+  }
+  g_decode_rows.store(rows, std::memory_order_relaxed);
+}
+
 namespace internal {
+
+int DecodeRowsF32(size_t act_bytes) noexcept {
+  if (const int forced = g_decode_rows.load(std::memory_order_relaxed)) return forced;
+  static const size_t l1 = [] {
+    const long v = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return v > 0 ? static_cast<size_t>(v) : size_t{32} << 10;
+  }();
+  return act_bytes < l1 ? 1 : 4;
+}
 
 const KernelTable& ActiveKernels() noexcept {
   try {
