@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -34,7 +37,9 @@ namespace k3::repack {
 namespace {
 
 constexpr uint64_t kMaxMetadataFileBytes = 512ull << 20;
-constexpr size_t kPipelineDepth = 4;  // blocks in flight per stage: bounds memory
+// Blocks in flight per stage of one stream's pipeline: bounds memory. With
+// several streams each gets a share (at least 2), so the buffers stay ~8 x 16 MiB.
+constexpr size_t kPipelineDepth = 4;
 
 enum class Op : uint8_t { kCopy, kQuant };
 
@@ -320,9 +325,13 @@ class ShardLock {
     }
     K3_LOG_WARN("%s is being converted by %s (another k3-repack into this destination); waiting for it",
                 shard.c_str(), holder.c_str());
-    while (::fcntl(fd_, F_SETLKW, &fl) != 0) {
-      if (errno == EINTR) continue;
-      ThrowErrno(errno, "lock", path);
+    // Polled, not F_SETLKW: the kernel's deadlock check sees processes, not
+    // threads, so with several streams per pass a blocked wait here plus one on
+    // the container lock (another stream's, or the other pass's) looks like a
+    // cycle and fails with EDEADLK, although every holder finishes and lets go.
+    while (::fcntl(fd_, F_SETLK, &fl) != 0) {
+      if (errno != EACCES && errno != EAGAIN && errno != EINTR) ThrowErrno(errno, "lock", path);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     waited_ = true;
   }
@@ -355,8 +364,10 @@ class Runner {
 
  private:
   void Emit(RepackEvent::Kind kind, RepackEvent ev = {});
-  // Returns the shard's xxh128.
-  std::string WriteShard(const ShardPlan& p, RepackEvent* done);
+  // Returns the shard's xxh128. Runs on a stream's thread: touches no Runner
+  // state but the options; source bytes written so far go to *progress.
+  std::string WriteShard(const ShardPlan& p, RepackEvent* done, std::atomic<uint64_t>* progress,
+                         size_t depth, int threads);
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
   void CopyMetadata();
@@ -377,6 +388,10 @@ class Runner {
   double convert_t0_ = 0;  // when the first shard started
   double last_progress_ = 0;
   int threads_ = 1;
+  // Serialises the container lock between streams: fcntl locks belong to the
+  // process, so two threads would both "hold" it (and closing one's descriptor
+  // would drop the other's).
+  std::mutex container_mu_;
 };
 
 void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
@@ -460,7 +475,8 @@ void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::strin
   WriteFileAtomic(path, RenderChecksumManifest(m));
 }
 
-std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
+std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
+                               std::atomic<uint64_t>* progress, size_t depth, int threads) {
   const double t_start = NowSeconds();
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
@@ -481,12 +497,12 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
     std::vector<float> floats;  // a tensor's scales
     int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
   };
-  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(kPipelineDepth),
-                                          BoundedQueue<AlignedBuffer>(kPipelineDepth)};
+  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(depth),
+                                          BoundedQueue<AlignedBuffer>(depth)};
   for (auto& pool : pools) {
-    for (size_t i = 0; i < kPipelineDepth; ++i) pool.Push({});
+    for (size_t i = 0; i < depth; ++i) pool.Push({});
   }
-  BoundedQueue<Block> read_q(kPipelineDepth), write_q(kPipelineDepth);
+  BoundedQueue<Block> read_q(depth), write_q(depth);
   std::mutex err_mu;
   std::exception_ptr err;
   auto fail = [&](std::exception_ptr e) {
@@ -499,7 +515,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
     pools[0].Close();
     pools[1].Close();
   };
-  std::atomic<uint64_t> src_written{0};
+  std::atomic<uint64_t>& src_written = *progress;
 
   std::thread reader([&] {
     try {
@@ -586,7 +602,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
         QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape,
                       o.bytes.data(), scales.data() + s.row0 * it.qshape.scales_per_row(it.cols),
-                      scratch.data(), threads_);
+                      scratch.data(), threads);
         pools[0].Push(std::move(b.bytes));
         if (!write_q.Push(std::move(o))) break;
       } else if (s.kind == Segment::kScales) {
@@ -595,17 +611,6 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done) {
         if (!write_q.Push(std::move(b))) break;
       } else {
         if (!write_q.Push(std::move(b))) break;
-      }
-      const double now = NowSeconds();
-      if (now - last_progress_ >= 0.5) {
-        last_progress_ = now;
-        RepackEvent ev;
-        ev.shard = p.out_name;
-        ev.shard_src_bytes = p.src_bytes;
-        uint64_t saved = totals_.bytes_done;
-        totals_.bytes_done += src_written.load();
-        Emit(RepackEvent::Kind::kProgress, ev);
-        totals_.bytes_done = saved;
       }
     }
   } catch (...) {
@@ -652,6 +657,11 @@ void Runner::CheckOptions() {
     throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
   }
   if (opt_.block_bytes < 4096) throw Error(ErrorCode::kInvalidArgument, "block size too small");
+  if (opt_.streams < 0 || opt_.streams > kMaxStreams) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--streams " + std::to_string(opt_.streams) + ": must be 0 (automatic) .. " +
+                    std::to_string(kMaxStreams));
+  }
   threads_ = opt_.threads > 0 ? opt_.threads : std::max(1, NumOnlineCpus());
   {
     char a[PATH_MAX], b[PATH_MAX];
@@ -751,32 +761,126 @@ void Runner::CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable) {
   }
 }
 
-// Converts each planned shard under its shard lock, recording its checksum.
+// Converts the planned shards under their shard locks, recording each checksum:
+// `streams` threads take the next shard in order, each running its own
+// pipeline; the calling thread emits their events (and the progress) in the
+// order they happen. A failure stops the others from starting another shard and
+// is rethrown once the shards in flight are finished.
 void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
   const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
   UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
-  for (const ShardPlan* p : todo) {
+  const size_t streams = std::min<size_t>(
+      todo.size(), static_cast<size_t>(opt_.streams > 0 ? opt_.streams : kDefaultStreams));
+  if (streams == 0) return;
+  const size_t depth = std::max<size_t>(2, kPipelineDepth / streams);
+  const int threads = std::max<int>(1, (threads_ + static_cast<int>(streams) - 1) /
+                                           static_cast<int>(streams));
+
+  struct Posted {
+    RepackEvent::Kind kind;
     RepackEvent ev;
-    ev.shard = p->out_name;
-    ev.shard_src_bytes = p->src_bytes;
-    ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
-    if (shard_lock.waited() && ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
-      ev.detail = "converted by a concurrent pass";
-      ev.shard_out_bytes = p->file_bytes;
-      ++totals_.shards_skipped;
-      Emit(RepackEvent::Kind::kShardSkipped, ev);
-      continue;
+    size_t slot;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Posted> posted;
+  std::exception_ptr err;
+  size_t running = streams;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<uint64_t>> progress(streams);
+  auto post = [&](RepackEvent::Kind kind, const RepackEvent& ev, size_t slot) {
+    std::lock_guard<std::mutex> lock(mu);
+    posted.push_back({kind, ev, slot});
+    cv.notify_one();
+  };
+
+  auto stream = [&](size_t slot) {
+    try {
+      for (size_t i = next++; i < todo.size() && !stop.load(); i = next++) {
+        const ShardPlan* p = todo[i];
+        RepackEvent ev;
+        ev.shard = p->out_name;
+        ev.shard_src_bytes = p->src_bytes;
+        ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
+        if (shard_lock.waited() &&
+            ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+          ev.detail = "converted by a concurrent pass";
+          ev.shard_out_bytes = p->file_bytes;
+          post(RepackEvent::Kind::kShardSkipped, ev, slot);
+          continue;
+        }
+        progress[slot] = 0;
+        post(RepackEvent::Kind::kShardStart, ev, slot);
+        ev.shard_xxh128 = WriteShard(*p, &ev, &progress[slot], depth, threads);
+        {
+          std::lock_guard<std::mutex> container(container_mu_);
+          ContainerLock lock(opt_.dst);
+          UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
+        }
+        post(RepackEvent::Kind::kShardDone, ev, slot);
+      }
+    } catch (...) {
+      stop = true;
+      std::lock_guard<std::mutex> lock(mu);
+      if (!err) err = std::current_exception();
     }
-    Emit(RepackEvent::Kind::kShardStart, ev);
-    ev.shard_xxh128 = WriteShard(*p, &ev);
-    {
-      ContainerLock lock(opt_.dst);
-      UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
+    cv.notify_one();
+  };
+  std::vector<std::thread> workers;
+  for (size_t i = 0; i < streams; ++i) workers.emplace_back(stream, i);
+
+  // The calling thread: the observer's events, in the order they were posted.
+  std::vector<std::string> active(streams);  // shard being converted per slot
+  std::vector<uint64_t> active_bytes(streams, 0);
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    cv.wait_for(lock, std::chrono::milliseconds(100),
+                [&] { return !posted.empty() || running == 0; });
+    while (!posted.empty()) {
+      Posted e = std::move(posted.front());
+      posted.pop_front();
+      lock.unlock();
+      if (e.kind == RepackEvent::Kind::kShardSkipped) {
+        ++totals_.shards_skipped;
+      } else if (e.kind == RepackEvent::Kind::kShardStart) {
+        active[e.slot] = e.ev.shard;
+        active_bytes[e.slot] = e.ev.shard_src_bytes;
+      } else if (e.kind == RepackEvent::Kind::kShardDone) {
+        active[e.slot].clear();
+        ++totals_.shards_done;
+        totals_.bytes_done += e.ev.shard_src_bytes;
+      }
+      Emit(e.kind, e.ev);
+      lock.lock();
     }
-    ++totals_.shards_done;
-    totals_.bytes_done += p->src_bytes;
-    Emit(RepackEvent::Kind::kShardDone, ev);
+    if (running == 0) break;
+    const double now = NowSeconds();
+    if (now - last_progress_ >= 0.5) {
+      last_progress_ = now;
+      RepackEvent ev;
+      uint64_t in_flight = 0;
+      for (size_t i = 0; i < streams; ++i) {
+        if (active[i].empty()) continue;
+        in_flight += progress[i].load();
+        ev.shard = active[i];  // one of the shards in flight is named
+        ev.shard_src_bytes = active_bytes[i];
+      }
+      if (!ev.shard.empty()) {
+        lock.unlock();
+        const uint64_t saved = totals_.bytes_done;
+        totals_.bytes_done += in_flight;
+        Emit(RepackEvent::Kind::kProgress, ev);
+        totals_.bytes_done = saved;
+        lock.lock();
+      }
+    }
   }
+  lock.unlock();
+  for (auto& w : workers) w.join();
+  if (err) std::rethrow_exception(err);
 }
 
 RepackEvent Runner::Run() {
