@@ -50,7 +50,8 @@ struct RepackBenchArgs {
   std::vector<int> grid_qd = {1, 2, 4};
   bool disk_limit = true;
   bool cp_verify = true;
-  std::vector<int> repack_streams = {0};  // k3-repack --streams values (0: its default)
+  // k3-repack configurations "SxR" (--streams S --reads R; 0 = its default)
+  std::vector<std::string> repack_configs = {"0x0"};
 };
 
 struct Measured {
@@ -263,7 +264,17 @@ void RunRepackBench(const RepackBenchArgs& a) {
   uint64_t shard_bytes = 0;
   for (const auto& f : shards) shard_bytes += f.second;
   std::vector<double> cp_s, cp_sync_s, verify_s, cat_s;
-  std::vector<std::vector<double>> repack_s(a.repack_streams.size());
+  struct RepackConfig {
+    std::string streams, reads, key;
+  };
+  std::vector<RepackConfig> configs;
+  for (const std::string& c : a.repack_configs) {
+    const size_t x = c.find('x');
+    if (x == std::string::npos || x == 0 || x + 1 == c.size())
+      throw Error(ErrorCode::kInvalidArgument, "--repack-configs: '" + c + "' is not SxR");
+    configs.push_back({c.substr(0, x), c.substr(x + 1), "repack_s" + c.substr(0, x) + "_r" + c.substr(x + 1)});
+  }
+  std::vector<std::vector<double>> repack_s(configs.size());
   struct Cell {
     int streams, qd;
     std::vector<double> secs;
@@ -282,15 +293,15 @@ void RunRepackBench(const RepackBenchArgs& a) {
     // k3-repack first (its output size sizes the baseline's writes), then the
     // grid, each step from a dropped cache.
     Measured r;
-    for (size_t i = 0; i < a.repack_streams.size(); ++i) {
+    for (size_t i = 0; i < configs.size(); ++i) {
       RunChild({"/bin/rm", "-rf", out});
       DropCaches(a.drop_caches);
       r = RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json",
-                    "--streams", std::to_string(a.repack_streams[i])});
+                    "--streams", configs[i].streams, "--reads", configs[i].reads});
       repack_s[i].push_back(r.seconds);
       repack_rss = std::max(repack_rss, r.peak_rss);
-      w.Field("repack_streams_" + std::to_string(a.repack_streams[i]) + "_s", r.seconds);
-      w.Field("repack_streams_" + std::to_string(a.repack_streams[i]) + "_peak_rss", r.peak_rss);
+      w.Field(configs[i].key + "_s", r.seconds);
+      w.Field(configs[i].key + "_peak_rss", r.peak_rss);
     }
     out_bytes = TreeBytes(out);
     w.Field("repack_cpu_s", r.cpu_s);
@@ -350,9 +361,9 @@ void RunRepackBench(const RepackBenchArgs& a) {
         .Field("disk_limit_max_s", limit.max);
     w.Field("disk_limit_gbps", shard_bytes / limit.median / gb);
   }
-  for (size_t i = 0; i < a.repack_streams.size(); ++i) {
+  for (size_t i = 0; i < configs.size(); ++i) {
     const Spread rs = SpreadOf(repack_s[i]);
-    const std::string k = "repack_streams_" + std::to_string(a.repack_streams[i]);
+    const std::string& k = configs[i].key;
     w.Field(k + "_s", rs.median).Field(k + "_min_s", rs.min).Field(k + "_max_s", rs.max);
     w.Field(k + "_gbps", shard_bytes / rs.median / gb);
     if (best) w.Field(k + "_vs_disk_limit", limit.median / rs.median);
@@ -391,8 +402,9 @@ void SetupRepackBench(CLI::App& root) {
       ->delimiter(',');
   cmd->add_flag("!--no-disk-limit", args->disk_limit, "skip the disk-limit grid");
   cmd->add_flag("!--no-cp-verify", args->cp_verify, "skip cp, k3-verify and cat");
-  cmd->add_option("--repack-streams", args->repack_streams,
-                  "k3-repack --streams values to time (0 = its default)")
+  cmd->add_option("--repack-configs", args->repack_configs,
+                  "k3-repack configurations to time, SxR = --streams S --reads R (0 = its "
+                  "default), e.g. 1x1,2x2")
       ->delimiter(',');
   cmd->callback([args] { RunRepackBench(*args); });
 }

@@ -157,6 +157,10 @@ int Main(int argc, char** argv) {
                  "source shards converted at once (0 = " +
                      std::to_string(k3::repack::kDefaultStreams) + "); output bytes do not depend on it")
       ->default_val(0);
+  app.add_option("--reads", opt.reads_in_flight,
+                 "source reads in flight per stream (0 = " +
+                     std::to_string(k3::repack::kDefaultReadsInFlight) + ")")
+      ->default_val(0);
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");

@@ -299,7 +299,7 @@ TEST_CASE("repack k3-tiny --bits 4: int4-g64 where the row length allows, MLA an
   CHECK(Run({Bin("k3-verify"), d / "out", "--full", "--source", TinySnapshot()}) == 0);
 }
 
-TEST_CASE("same output whatever the block size, thread count and stream count") {
+TEST_CASE("same output whatever the block size, thread, stream and read counts") {
   TempDir d;
   std::string log = d / "log";
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1",
@@ -310,10 +310,11 @@ TEST_CASE("same output whatever the block size, thread count and stream count") 
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
   // Several shards converted at once: the same bytes, every shard reported
   // started and done once, and the summary counts them all.
-  for (const char* streams : {"3", "16"}) {
+  for (auto [streams, reads] : {std::pair{"3", "4"}, std::pair{"16", "1"}}) {
     const std::string out = d / (std::string("out-s") + streams);
     const std::string slog = d / (std::string("log-s") + streams);
-    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json", "--streams", streams},
+    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json", "--streams", streams, "--reads",
+                 reads, "--block-mib", "1"},
                 {.log = slog}) == 0);
     CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
     const std::string l = ReadAll(slog);
@@ -328,6 +329,9 @@ TEST_CASE("same output whatever the block size, thread count and stream count") 
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), d / "out-bad", "--streams", "17"},
             {.log = d / "log-bad"}) != 0);
   CHECK(ReadAll(d / "log-bad").find("--streams 17") != std::string::npos);
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), d / "out-bad", "--reads", "17"},
+            {.log = d / "log-bad"}) != 0);
+  CHECK(ReadAll(d / "log-bad").find("--reads 17") != std::string::npos);
 }
 
 TEST_CASE("resume validates outputs; other parameters are refused; --force starts over") {

@@ -376,7 +376,7 @@ class Runner {
   // Returns the shard's xxh128. Runs on a stream's thread: touches no Runner
   // state but the options; source bytes written so far go to *progress.
   std::string WriteShard(const ShardPlan& p, RepackEvent* done, std::atomic<uint64_t>* progress,
-                         size_t depth, int threads, StreamBuffers* bufs);
+                         size_t depth, size_t reads, int threads, StreamBuffers* bufs);
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
   void CopyMetadata();
@@ -485,8 +485,8 @@ void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::strin
 }
 
 std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
-                               std::atomic<uint64_t>* progress, size_t depth, int threads,
-                               StreamBuffers* bufs) {
+                               std::atomic<uint64_t>* progress, size_t depth, size_t reads,
+                               int threads, StreamBuffers* bufs) {
   const double t_start = NowSeconds();
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
@@ -507,16 +507,37 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
     std::vector<float> floats;  // a tensor's scales
     int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
   };
-  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(depth),
-                                          BoundedQueue<AlignedBuffer>(depth)};
+  // Read blocks: `depth` queued plus one per further read in flight.
+  const size_t pool_blocks[2] = {depth + reads - 1, depth};
+  BoundedQueue<AlignedBuffer> pools[2] = {BoundedQueue<AlignedBuffer>(pool_blocks[0]),
+                                          BoundedQueue<AlignedBuffer>(pool_blocks[1])};
   for (int k = 0; k < 2; ++k) {
-    bufs->blocks[k].resize(depth);
+    bufs->blocks[k].resize(pool_blocks[k]);
     for (AlignedBuffer& b : bufs->blocks[k]) pools[k].Push(std::move(b));
     bufs->blocks[k].clear();
   }
   BoundedQueue<Block> read_q(depth), write_q(depth);
   std::mutex err_mu;
   std::exception_ptr err;
+  std::mutex turn_mu;
+  std::condition_variable turn_cv;
+  size_t take_turn = 0, push_turn = 0;
+  bool turns_closed = false;
+  auto wait_turn = [&](size_t* turn, size_t i) {
+    std::unique_lock<std::mutex> lock(turn_mu);
+    turn_cv.wait(lock, [&] { return turns_closed || *turn == i; });
+    return !turns_closed;
+  };
+  auto next_turn = [&](size_t* turn) {
+    std::lock_guard<std::mutex> lock(turn_mu);
+    ++*turn;
+    turn_cv.notify_all();
+  };
+  auto close_turns = [&] {
+    std::lock_guard<std::mutex> lock(turn_mu);
+    turns_closed = true;
+    turn_cv.notify_all();
+  };
   auto fail = [&](std::exception_ptr e) {
     {
       std::lock_guard<std::mutex> lock(err_mu);
@@ -526,37 +547,62 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
     write_q.Close();
     pools[0].Close();
     pools[1].Close();
+    close_turns();
   };
   std::atomic<uint64_t>& src_written = *progress;
 
-  std::thread reader([&] {
+  // `reads` reader threads keep that many source reads in flight (the disk
+  // serves queued reads faster than one at a time): thread k reads segments k,
+  // k+reads, ... Blocks are taken from the pool and handed to read_q in segment
+  // order (two turn counters), so the consumer sees them in order and a reader
+  // holding a block never waits on one that has none.
+  std::atomic<bool> use_direct{direct_fd.valid()};
+  auto read_segments = [&](size_t first) {
     try {
-      for (size_t i = 0; i < segs.size(); ++i) {
+      for (size_t i = first; i < segs.size(); i += reads) {
         const Segment& s = segs[i];
         Block b;
         b.seg = i;
+        if (!wait_turn(&take_turn, i)) return;
         if (s.kind != Segment::kScales) {
           if (!pools[0].Pop(&b.bytes)) return;
           b.pool = 0;
-          if (direct_fd.valid() && !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len,
+        }
+        next_turn(&take_turn);
+        if (s.kind != Segment::kScales) {
+          if (use_direct.load() && !ReadDirect(direct_fd.get(), &b.bytes, s.src_off, s.src_len,
                                                p.src->path(), &b.skip)) {
             LogOnce(&kPipelineDepth, LogLevel::kInfo,
                     "%s: O_DIRECT refused by the filesystem; reading through the page cache",
                     p.src->path().c_str());
-            direct_fd.Reset();
+            use_direct = false;
           }
-          if (!direct_fd.valid()) {
+          if (!use_direct.load()) {
             b.bytes.Reserve(s.src_len);
             b.skip = 0;
             PreadFull(p.src->fd(), std::span(b.bytes.data(), s.src_len), s.src_off, p.src->path());
           }
         }
-        if (!read_q.Push(std::move(b))) return;
+        if (!wait_turn(&push_turn, i)) return;
+        const bool pushed = read_q.Push(std::move(b));
+        next_turn(&push_turn);
+        if (!pushed) return;
       }
-      read_q.Push(Block{});
     } catch (...) {
       fail(std::current_exception());
     }
+  };
+  std::thread reader([&] {
+    std::vector<std::thread> threads;
+    for (size_t k = 1; k < reads; ++k) threads.emplace_back(read_segments, k);
+    read_segments(0);
+    for (auto& t : threads) t.join();
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(err_mu);
+      failed = err != nullptr;
+    }
+    if (!failed) read_q.Push(Block{});  // (a closed queue refuses it)
   });
 
   Xxh128 hasher;
@@ -633,7 +679,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   if (err) std::rethrow_exception(err);
   // Every block is back in its pool now: keep them for the stream's next shard.
   for (int k = 0; k < 2; ++k) {
-    for (size_t i = 0; i < depth; ++i) {
+    for (size_t i = 0; i < pool_blocks[k]; ++i) {
       AlignedBuffer b;
       if (!pools[k].TryPop(&b)) break;
       bufs->blocks[k].push_back(std::move(b));
@@ -677,6 +723,11 @@ void Runner::CheckOptions() {
     throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
   }
   if (opt_.block_bytes < 4096) throw Error(ErrorCode::kInvalidArgument, "block size too small");
+  if (opt_.reads_in_flight < 0 || opt_.reads_in_flight > kMaxReadsInFlight) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--reads " + std::to_string(opt_.reads_in_flight) + ": must be 0 (automatic) .. " +
+                    std::to_string(kMaxReadsInFlight));
+  }
   if (opt_.streams < 0 || opt_.streams > kMaxStreams) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--streams " + std::to_string(opt_.streams) + ": must be 0 (automatic) .. " +
@@ -793,6 +844,8 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
       todo.size(), static_cast<size_t>(opt_.streams > 0 ? opt_.streams : kDefaultStreams));
   if (streams == 0) return;
   const size_t depth = std::max<size_t>(2, kPipelineDepth / streams);
+  const size_t reads =
+      static_cast<size_t>(opt_.reads_in_flight > 0 ? opt_.reads_in_flight : kDefaultReadsInFlight);
   const int threads = std::max<int>(1, (threads_ + static_cast<int>(streams) - 1) /
                                            static_cast<int>(streams));
 
@@ -833,7 +886,7 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         }
         progress[slot] = 0;
         post(RepackEvent::Kind::kShardStart, ev, slot);
-        ev.shard_xxh128 = WriteShard(*p, &ev, &progress[slot], depth, threads, &bufs);
+        ev.shard_xxh128 = WriteShard(*p, &ev, &progress[slot], depth, reads, threads, &bufs);
         {
           std::lock_guard<std::mutex> container(container_mu_);
           ContainerLock lock(opt_.dst);

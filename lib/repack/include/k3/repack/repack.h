@@ -36,11 +36,16 @@ struct RepackOptions {
   // and network filesystems serve parallel streams faster than one
   // (docs/PERFORMANCE.md); each stream adds ~100-200 MB of buffers.
   int streams = 0;
+  // Source reads in flight per stream (one reader thread each, blocks handed on
+  // in order); 0 = kDefaultReadsInFlight. Each adds one block of memory.
+  int reads_in_flight = 0;
 };
 
 // Streams when RepackOptions::streams is 0 (never more than the shards to do).
 inline constexpr int kDefaultStreams = 2;
 inline constexpr int kMaxStreams = 16;
+inline constexpr int kDefaultReadsInFlight = 2;
+inline constexpr int kMaxReadsInFlight = 16;
 
 // Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
 std::vector<int64_t> ParseShardList(const std::string& list);
