@@ -177,40 +177,9 @@ double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
     std::lock_guard<std::mutex> lock(err_mu);
     if (err.empty()) err = e;
   };
-  auto read_stream = [&] {
-    AlignedBlock dummy(kIoAlign);  // keeps every thread's first touch out of the timing
-    for (size_t f = next_file++; f < files.size(); f = next_file++) {
-      UniqueFd fd = TryOpen(files[f].first, O_RDONLY | O_DIRECT);
-      if (!fd.valid()) return fail("O_DIRECT open refused: " + files[f].first);
-      const uint64_t size = files[f].second;
-      const uint64_t blocks = (size + kIoBlock - 1) / kIoBlock;
-      std::atomic<uint64_t> next_block{0};
-      std::vector<std::thread> q;
-      for (int i = 0; i < qd; ++i) {
-        q.emplace_back([&] {
-          AlignedBlock buf(kIoBlock);
-          for (uint64_t b = next_block++; b < blocks; b = next_block++) {
-            const uint64_t off = b * kIoBlock;
-            const uint64_t len = std::min<uint64_t>(kIoBlock, size - off);
-            const uint64_t want = (len + kIoAlign - 1) / kIoAlign * kIoAlign;
-            uint64_t got = 0;
-            while (got < len) {
-              const ssize_t n = ::pread(fd.get(), buf.data + got, want - got, off + got);
-              if (n < 0 && errno == EINTR) continue;
-              if (n <= 0) return fail("read " + files[f].first + ": " + std::strerror(errno));
-              got += static_cast<uint64_t>(n);
-            }
-          }
-        });
-      }
-      for (auto& t : q) t.join();
-    }
-  };
-  auto write_stream = [&](int w) {
-    const std::string path = JoinPath(work, "disk-limit." + std::to_string(w) + ".tmp");
-    UniqueFd fd = TryOpen(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-    if (!fd.valid()) return fail("O_DIRECT open refused: " + path);
-    const uint64_t bytes = (out_bytes / streams + kIoAlign - 1) / kIoAlign * kIoAlign;
+  // [0, bytes) in kIoBlock blocks, qd of them in flight (qd threads taking the
+  // blocks in turn); io(buf, off, len) moves one block and returns "" or an error.
+  auto blocks_in_flight = [&](uint64_t bytes, auto&& io) {
     const uint64_t blocks = (bytes + kIoBlock - 1) / kIoBlock;
     std::atomic<uint64_t> next_block{0};
     std::vector<std::thread> q;
@@ -219,18 +188,43 @@ double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
         AlignedBlock buf(kIoBlock);
         for (uint64_t b = next_block++; b < blocks; b = next_block++) {
           const uint64_t off = b * kIoBlock;
-          const uint64_t len = std::min<uint64_t>(kIoBlock, bytes - off);
-          uint64_t put = 0;
-          while (put < len) {
-            const ssize_t n = ::pwrite(fd.get(), buf.data + put, len - put, off + put);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) return fail("write " + path + ": " + std::strerror(errno));
-            put += static_cast<uint64_t>(n);
-          }
+          const std::string e = io(buf.data, off, std::min<uint64_t>(kIoBlock, bytes - off));
+          if (!e.empty()) return fail(e);
         }
       });
     }
     for (auto& t : q) t.join();
+  };
+  auto read_stream = [&] {
+    for (size_t f = next_file++; f < files.size(); f = next_file++) {
+      UniqueFd fd = TryOpen(files[f].first, O_RDONLY | O_DIRECT);
+      if (!fd.valid()) return fail("O_DIRECT open refused: " + files[f].first);
+      blocks_in_flight(files[f].second, [&](std::byte* buf, uint64_t off, uint64_t len) {
+        const uint64_t want = (len + kIoAlign - 1) / kIoAlign * kIoAlign;  // the tail too
+        for (uint64_t got = 0; got < len;) {
+          const ssize_t n = ::pread(fd.get(), buf + got, want - got, off + got);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return "read " + files[f].first + ": " + std::strerror(errno);
+          got += static_cast<uint64_t>(n);
+        }
+        return std::string();
+      });
+    }
+  };
+  auto write_stream = [&](int w) {
+    const std::string path = JoinPath(work, "disk-limit." + std::to_string(w) + ".tmp");
+    UniqueFd fd = TryOpen(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    if (!fd.valid()) return fail("O_DIRECT open refused: " + path);
+    const uint64_t bytes = (out_bytes / streams + kIoAlign - 1) / kIoAlign * kIoAlign;
+    blocks_in_flight(bytes, [&](std::byte* buf, uint64_t off, uint64_t len) {
+      for (uint64_t put = 0; put < len;) {
+        const ssize_t n = ::pwrite(fd.get(), buf + put, len - put, off + put);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return "write " + path + ": " + std::strerror(errno);
+        put += static_cast<uint64_t>(n);
+      }
+      return std::string();
+    });
     if (::fsync(fd.get()) != 0) fail("fsync " + path + ": " + std::strerror(errno));
   };
   const double t0 = NowSeconds();
