@@ -190,19 +190,20 @@ const KernelTable& ActiveKernels() noexcept {
   }
 }
 
-size_t PrefetchBytes() noexcept {
-  static const size_t d = [] {
-    // Kernels are noexcept: a bad value is a warning and the default, not an error.
+size_t PrefetchBytes(size_t default_bytes) noexcept {
+  // -1: K3_PREFETCH unset. Kernels are noexcept: a bad value is a warning and the
+  // kernels' defaults, not an error.
+  static const int64_t forced = [] {
+    if (!GetEnv("K3_PREFETCH")) return int64_t{-1};
     try {
       const int64_t n = GetEnvInt("K3_PREFETCH", int64_t(kDefaultPrefetchBytes));
-      if (n >= 0 && n <= (int64_t{1} << 20)) return static_cast<size_t>(n);
+      if (n >= 0 && n <= (int64_t{1} << 20)) return n;
     } catch (const std::exception&) {
     }
-    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using %zu",
-                kDefaultPrefetchBytes);
-    return kDefaultPrefetchBytes;
+    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using the defaults");
+    return int64_t{-1};
   }();
-  return d;
+  return forced >= 0 ? static_cast<size_t>(forced) : default_bytes;
 }
 
 }  // namespace internal

@@ -110,7 +110,9 @@ const KernelTable& ActiveKernels() noexcept;
 // real work per byte; the MXFP4 decode doubled with 2-8 KiB. Prefetching past a
 // matrix end is harmless (prefetches never fault).
 inline constexpr size_t kDefaultPrefetchBytes = 4096;
-size_t PrefetchBytes() noexcept;
+// K3_PREFETCH when set, else `default_bytes`: a kernel may default to its own
+// distance where one was measured better (kernels_avx512.cc).
+size_t PrefetchBytes(size_t default_bytes = kDefaultPrefetchBytes) noexcept;
 
 // Rows of the f32-activation decode that share each activation load (1, 2, 4)
 // for rows of `act_bytes` of f32 activations: SetDecodeRowsForTesting's value,

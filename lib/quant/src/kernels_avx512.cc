@@ -56,6 +56,15 @@ Scratch& Tls() {
 
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
+// Decode prefetch distances (K3_PREFETCH overrides them all). Measured on the
+// 2-vCPU Zen 5 VM, same-run A/B (docs/PERFORMANCE.md): 8 KiB ahead beats 4 KiB
+// for the int4/MXFP4 rows on both paths and for one int8 row of the f32 path
+// (0.53-0.92 -> 0.62-1.08 of the plain read); the int8 IDOT row and four
+// interleaved int8 rows of the f32 path keep 4 KiB (8 KiB: 0.81-0.98 -> 0.81,
+// 0.68 -> 0.58).
+constexpr size_t kPrefetchNibble = 8192;
+constexpr size_t kPrefetchI8Row = 8192;
+
 
 // ---------------------------------------------------------------------------
 // f32-activation path
@@ -318,7 +327,7 @@ struct Avx512Kit {
 // Row o dotted with one (layout-matched) activation row, decoding on the fly.
 float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
   const size_t n = w.cols;
-  const size_t pf = PrefetchBytes();
+  const size_t pf = PrefetchBytes(w.format == WeightFormat::kInt8 ? kPrefetchI8Row : kPrefetchNibble);
   switch (w.format) {
     case WeightFormat::kF32:
       return DotF32<Avx512Kit, F32Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n},
@@ -361,7 +370,9 @@ template <int R>
 void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
                    Scratch& s) noexcept {
   const size_t n = w.cols;
-  const size_t pf = PrefetchBytes();
+  const size_t pf = PrefetchBytes(w.format != WeightFormat::kInt8 ? kPrefetchNibble
+                                  : R == 1                       ? kPrefetchI8Row
+                                                                 : kDefaultPrefetchBytes);
   const float* gs[R];
   switch (w.format) {
     case WeightFormat::kF32: {
@@ -768,10 +779,11 @@ template <WeightFormat F>
 NibDirect<F> NibRow(const WeightView& w, size_t o) {
   const size_t n = w.cols;
   if constexpr (F == WeightFormat::kMxfp4) {
-    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup, PrefetchBytes()};
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup,
+            PrefetchBytes(kPrefetchNibble)};
   } else {
     return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group,
-            PrefetchBytes()};
+            PrefetchBytes(kPrefetchNibble)};
   }
 }
 
