@@ -44,6 +44,8 @@ struct IoArgs {
   bool no_drop = false;
   bool no_decode = false;
   int decode_tokens = 6;
+  int decode_rounds = 2;
+  bool cold = true;  // the cold expert-read section (and fio)
   double decode_budget_gb = 1.0;
   uint64_t seed = 1;
   bool json = false;  // output is JSON lines either way; kept for the documented CLI
@@ -225,81 +227,83 @@ void RunIo(const IoArgs& a) {
     Print(j);
   }
 
-  // The drive's ceiling, same files, same run.
-  const std::vector<std::string> files(expert_files.begin(), expert_files.end());
-  const uint64_t bs17 = (slot + 4095) / 4096 * 4096;
-  double fio_rand = 0;
-  if (!a.no_fio) {
-    const double seq = RunFio("seq4m", files, "read", 4ull << 20, a.queue_depth, a.fio_runtime_s);
-    const double rnd = RunFio("rand17m", files, "randread", bs17, a.queue_depth, a.fio_runtime_s);
-    const double rnd1 = RunFio("rand17m_qd1", files, "randread", bs17, 1, a.fio_runtime_s);
-    fio_rand = rnd;
-    JsonWriter j = Line(ctx, "fio");
-    j.Field("seq_4m_gbps", seq / 1e9);
-    j.Field("rand_17m_gbps", rnd / 1e9);
-    j.Field("rand_17m_qd1_gbps", rnd1 / 1e9);
-    j.Field("bs_rand", bs17);
-    j.Field("iodepth", static_cast<int64_t>(a.queue_depth));
-    j.Field("runtime_s", static_cast<int64_t>(a.fio_runtime_s));
-    Print(j);
-  }
-
-  // Ours, each rep right after a fio random-read run on the same files, so a
-  // drive shared with other work drifts equally for both sides of the ratio.
-  struct Variant {
-    const char* name;
-    bool uring, direct, pipe;
-    int reps;
-    uint64_t chunk = 0;  // read pieces (K3_READ_CHUNK_MB); 0: whole experts
-    int qd_scale = 1;    // pieces in flight = qd x this (same bytes in flight)
-  };
-  const Variant variants[] = {{"uring_direct", true, true, true, a.reps},
-                              {"uring_direct_chunk4m_2xqd", true, true, true, a.reps, 4u << 20, 2},
-                              {"pread_pool_direct", false, true, true, a.reps},
-                              {"uring_buffered", true, false, true, std::max(1, a.reps / 2)}};
-  std::vector<std::vector<double>> gbps(std::size(variants));
-  std::vector<ReadResult> results(std::size(variants));
-  std::vector<double> fio_reps;
-  for (int rep = 0; rep < a.reps; ++rep) {
+  double fio_rand = a.no_fio && a.fio_gbps > 0 ? a.fio_gbps * 1e9 : 0;
+  if (a.cold) {
+    // The drive's ceiling, same files, same run.
+    const std::vector<std::string> files(expert_files.begin(), expert_files.end());
+    const uint64_t bs17 = (slot + 4095) / 4096 * 4096;
     if (!a.no_fio) {
-      fio_reps.push_back(RunFio("rand17m", files, "randread", bs17, a.queue_depth,
-                                std::max(2, a.fio_runtime_s / 2)));
+      const double seq = RunFio("seq4m", files, "read", 4ull << 20, a.queue_depth, a.fio_runtime_s);
+      const double rnd = RunFio("rand17m", files, "randread", bs17, a.queue_depth, a.fio_runtime_s);
+      const double rnd1 = RunFio("rand17m_qd1", files, "randread", bs17, 1, a.fio_runtime_s);
+      fio_rand = rnd;
+      JsonWriter j = Line(ctx, "fio");
+      j.Field("seq_4m_gbps", seq / 1e9);
+      j.Field("rand_17m_gbps", rnd / 1e9);
+      j.Field("rand_17m_qd1_gbps", rnd1 / 1e9);
+      j.Field("bs_rand", bs17);
+      j.Field("iodepth", static_cast<int64_t>(a.queue_depth));
+      j.Field("runtime_s", static_cast<int64_t>(a.fio_runtime_s));
+      Print(j);
     }
+
+    // Ours, each rep right after a fio random-read run on the same files, so a
+    // drive shared with other work drifts equally for both sides of the ratio.
+    struct Variant {
+      const char* name;
+      bool uring, direct, pipe;
+      int reps;
+      uint64_t chunk = 0;  // read pieces (K3_READ_CHUNK_MB); 0: whole experts
+      int qd_scale = 1;    // pieces in flight = qd x this (same bytes in flight)
+    };
+    const Variant variants[] = {{"uring_direct", true, true, true, a.reps},
+                                {"uring_direct_chunk4m_2xqd", true, true, true, a.reps, 4u << 20, 2},
+                                {"pread_pool_direct", false, true, true, a.reps},
+                                {"uring_buffered", true, false, true, std::max(1, a.reps / 2)}};
+    std::vector<std::vector<double>> gbps(std::size(variants));
+    std::vector<ReadResult> results(std::size(variants));
+    std::vector<double> fio_reps;
+    for (int rep = 0; rep < a.reps; ++rep) {
+      if (!a.no_fio) {
+        fio_reps.push_back(RunFio("rand17m", files, "randread", bs17, a.queue_depth,
+                                  std::max(2, a.fio_runtime_s / 2)));
+      }
+      for (size_t vi = 0; vi < std::size(variants); ++vi) {
+        const Variant& v = variants[vi];
+        if (rep >= v.reps) continue;
+        if (can_drop) DropCaches();
+        stream::StreamOptions o;
+        o.uring = v.uring;
+        o.direct = v.direct;
+        o.pipe = v.pipe;
+        o.queue_depth = a.queue_depth * v.qd_scale;
+        o.io_threads = a.queue_depth;
+        o.read_chunk_bytes = v.chunk;
+        results[vi] = ReadPattern(snap, c, o, a.tokens, a.seed + static_cast<uint64_t>(rep));
+        gbps[vi].push_back(results[vi].gbps);
+      }
+    }
+    if (!fio_reps.empty()) fio_rand = Median(fio_reps);
+    if (a.no_fio && a.fio_gbps > 0) fio_rand = a.fio_gbps * 1e9;
     for (size_t vi = 0; vi < std::size(variants); ++vi) {
       const Variant& v = variants[vi];
-      if (rep >= v.reps) continue;
-      if (can_drop) DropCaches();
-      stream::StreamOptions o;
-      o.uring = v.uring;
-      o.direct = v.direct;
-      o.pipe = v.pipe;
-      o.queue_depth = a.queue_depth * v.qd_scale;
-      o.io_threads = a.queue_depth;
-      o.read_chunk_bytes = v.chunk;
-      results[vi] = ReadPattern(snap, c, o, a.tokens, a.seed + static_cast<uint64_t>(rep));
-      gbps[vi].push_back(results[vi].gbps);
+      const std::vector<double>& g = gbps[vi];
+      JsonWriter j = Line(ctx, "expert_read");
+      j.Field("variant", v.name).Field("backend", results[vi].backend).Field("direct", results[vi].direct);
+      j.Field("tokens", static_cast<int64_t>(a.tokens));
+      j.Field("experts_per_token",
+              static_cast<uint64_t>(results[vi].misses / static_cast<uint64_t>(a.tokens)));
+      j.Field("bytes_per_rep", results[vi].bytes);
+      j.Field("reps", static_cast<int64_t>(g.size()));
+      j.Field("gbps_median", Median(g));
+      j.Field("gbps_min", *std::min_element(g.begin(), g.end()));
+      j.Field("gbps_max", *std::max_element(g.begin(), g.end()));
+      if (fio_rand > 0) {
+        j.Field("fio_rand_17m_gbps_median", fio_rand / 1e9);
+        j.Field("ratio_vs_fio_rand_17m", Median(g) * 1e9 / fio_rand);
+      }
+      Print(j);
     }
-  }
-  if (!fio_reps.empty()) fio_rand = Median(fio_reps);
-  if (a.no_fio && a.fio_gbps > 0) fio_rand = a.fio_gbps * 1e9;
-  for (size_t vi = 0; vi < std::size(variants); ++vi) {
-    const Variant& v = variants[vi];
-    const std::vector<double>& g = gbps[vi];
-    JsonWriter j = Line(ctx, "expert_read");
-    j.Field("variant", v.name).Field("backend", results[vi].backend).Field("direct", results[vi].direct);
-    j.Field("tokens", static_cast<int64_t>(a.tokens));
-    j.Field("experts_per_token",
-            static_cast<uint64_t>(results[vi].misses / static_cast<uint64_t>(a.tokens)));
-    j.Field("bytes_per_rep", results[vi].bytes);
-    j.Field("reps", static_cast<int64_t>(g.size()));
-    j.Field("gbps_median", Median(g));
-    j.Field("gbps_min", *std::min_element(g.begin(), g.end()));
-    j.Field("gbps_max", *std::max_element(g.begin(), g.end()));
-    if (fio_rand > 0) {
-      j.Field("fio_rand_17m_gbps_median", fio_rand / 1e9);
-      j.Field("ratio_vs_fio_rand_17m", Median(g) * 1e9 / fio_rand);
-    }
-    Print(j);
   }
 
   if (a.no_decode) return;
@@ -328,13 +332,17 @@ void RunIo(const IoArgs& a) {
     uint64_t chunk;
     int qd_scale;
   };
+  // The configurations the defaults choose between (K3_PIPE, K3_READ_CHUNK_MB,
+  // K3_QD), then what the defaults chose on this machine.
   const DecodeConfig configs[] = {{"pipe_off", false, 0, 1},
                                   {"pipe_on", true, 0, 1},
-                                  {"pipe_on_chunk4m_2xqd", true, 4u << 20, 2}};
+                                  {"pipe_on_chunk4m_2xqd", true, 4u << 20, 2},
+                                  {"pipe_off_chunk4m_2xqd", false, 4u << 20, 2},
+                                  {"pipe_on_2xqd", true, 0, 2}};
   DecodeAcc acc[std::size(configs)];
   const model::RunOptions ro = env.run;
   constexpr int kWarmup = 3;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < a.decode_rounds; ++round) {
     for (size_t ci = 0; ci < std::size(configs); ++ci) {
       DecodeAcc& d = acc[ci];
       stream::StreamOptions so = env.stream;
@@ -392,6 +400,12 @@ void RunIo(const IoArgs& a) {
     j.Field("timed_tokens", static_cast<int64_t>(d.spt.size()));
     j.Field("warmup_tokens_per_round", static_cast<int64_t>(kWarmup));
     j.Field("s_per_token_median", Median(d.spt));
+    j.Field("s_per_token_min", *std::min_element(d.spt.begin(), d.spt.end()));
+    j.Field("s_per_token_max", *std::max_element(d.spt.begin(), d.spt.end()));
+    // What EngineOptions::FromEnv gives here (the defaults unless K3_* are set).
+    j.Field("default_pipe", env.stream.pipe)
+        .Field("default_queue_depth", static_cast<int64_t>(env.stream.queue_depth))
+        .Field("default_read_chunk_bytes", env.stream.read_chunk_bytes);
     j.Field("expert_bytes_per_token", bytes_per_token);
     j.Field("resident_bytes", static_cast<uint64_t>(resident));
     j.Field("mem_bw_gbps", mem_bw / 1e9);
@@ -426,6 +440,9 @@ void SetupIo(CLI::App& root) {
   cmd->add_flag("--no-drop", a->no_drop, "do not drop the page cache between reps");
   cmd->add_flag("--no-decode", a->no_decode, "skip the decode measurement");
   cmd->add_option("--decode-tokens", a->decode_tokens, "timed decode steps (default 6)");
+  cmd->add_option("--decode-rounds", a->decode_rounds,
+                  "interleaved rounds over the decode configurations (default 2)");
+  cmd->add_flag("!--no-cold", a->cold, "skip the cold expert-read section and fio (decode only)");
   cmd->add_option("--decode-budget-gb", a->decode_budget_gb, "K3_EXPERT_GB for decode (default 1)");
   cmd->add_option("--seed", a->seed, "routing pattern seed");
   cmd->add_flag("--json", a->json, "JSON lines (always on)");

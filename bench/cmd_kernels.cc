@@ -1,6 +1,10 @@
 // `k3-bench kernels`: lib/quant matrix kernels against memory bandwidth measured
 // in the same run (decode) and OpenBLAS sgemm (batched prefill).
 //
+// Decode ratios are against plain streaming reads interleaved with the kernel
+// passes (R K R K ... K R): each pass against the mean of its two neighbours,
+// median and range over the passes reported.
+//
 // Weight sets are cycled so that each timed repetition streams a working set far
 // larger than the caches (like one MoE layer visiting many experts); every
 // buffer is written before timing because the first touch of fresh pages in
@@ -58,6 +62,7 @@ struct Options {
   std::string filter;
   bool quick = false;
   bool sgemm = true;
+  std::vector<int> f32_rows = {0};  // decode rows of the f32 path (0: built-in choice)
 };
 
 // Plain streaming read: one pass summing 64-bit words, split across `threads`
@@ -182,19 +187,27 @@ struct Context {
   std::vector<double> mem_gbps;  // by thread count
 };
 
-// One timed configuration: medians over the repetitions. For decode the
-// streaming-read pass runs right before each kernel pass, so the two see the
-// same machine load and the ratio is the median of per-repetition ratios.
+// One timed configuration: medians over the repetitions. For decode the plain
+// streaming read runs before the first kernel pass, between every two and after
+// the last (R K R K ... K R, the prefetching read beside each plain one), so
+// each kernel pass has a read on either side; its ratio is against the mean of
+// those two adjacent reads, and the median and the range of the per-pass ratios
+// are reported (never one sample): on a shared VM the read itself swings by 2x
+// from minute to minute.
 struct Timing {
   double secs_per_matrix = 0;
-  double mem_gbps = 0;
-  double ratio = 0;
+  double mem_gbps = 0;        // median of all interleaved plain reads
+  double mem_min = 0, mem_max = 0;
+  double ratio = 0;           // median of per-pass ratios against the adjacent reads
+  double ratio_min = 0, ratio_max = 0;
   double mem_pf_gbps = 0;     // prefetching read (decode only)
   double ratio_pf = 0;
+  double ratio_pf_min = 0, ratio_pf_max = 0;
   double cpu_util = 0;        // process CPU time / (wall time x threads)
   double base_secs = 0;       // interleaved baseline pass (sgemm), median
   double vs_base = 0;         // median of per-repetition baseline_time / kernel_time
   double base_cpu_util = 0;
+  int reads = 0;              // interleaved plain reads
 };
 
 // A baseline pass run before every kernel pass of a batched configuration.
@@ -220,8 +233,19 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
       .Field("weight_gbps", gbps)
       .Field("mem_read_gbps", mem_gbps)
       .Field("ratio", ratio);
-  if (tm.mem_pf_gbps > 0)
-    j.Field("mem_read_pf_gbps", tm.mem_pf_gbps).Field("ratio_pf", tm.ratio_pf);
+  if (tm.reads > 0) {
+    j.Field("ratio_min", tm.ratio_min)
+        .Field("ratio_max", tm.ratio_max)
+        .Field("mem_read_min_gbps", tm.mem_min)
+        .Field("mem_read_max_gbps", tm.mem_max)
+        .Field("reads", int64_t(tm.reads));
+  }
+  if (tm.mem_pf_gbps > 0) {
+    j.Field("mem_read_pf_gbps", tm.mem_pf_gbps)
+        .Field("ratio_pf", tm.ratio_pf)
+        .Field("ratio_pf_min", tm.ratio_pf_min)
+        .Field("ratio_pf_max", tm.ratio_pf_max);
+  }
   j.Field("gmacs", gmacs)
       .Field("cpu_util", tm.cpu_util)
       .Field("ms_per_matrix", secs_per_matrix * 1e3)
@@ -241,6 +265,7 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
         "%.2f",
         kernel.c_str(), s.name, s.rows, s.cols, batch, threads, isa, gbps, mem_gbps, ratio, gmacs,
         tm.cpu_util);
+    if (tm.reads > 0) std::printf(" [%.2f, %.2f]", tm.ratio_min, tm.ratio_max);
     if (tm.mem_pf_gbps > 0)
       std::printf("  (pf read %.2f, ratio %.2f)", tm.mem_pf_gbps, tm.ratio_pf);
     if (tm.vs_base > 0) std::printf("  vs sgemm %.2fx", tm.vs_base);
@@ -249,23 +274,25 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
   std::fflush(stdout);
 }
 
-// Median seconds of one pass over all copies, per matrix; with `mem` given, a
-// streaming-read pass over it precedes every kernel pass (see Timing).
+// Median seconds of one pass over all copies, per matrix; with `mem` given, the
+// plain and prefetching streaming reads over it are interleaved with the kernel
+// passes (see Timing).
 template <typename Fn>
 Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
                   const std::vector<uint64_t>* mem, Fn&& run_copy,
                   const BaselineFn& baseline = nullptr) {
   for (int c = 0; c < copies; ++c) run_copy(c);  // warm: page-ins, code, scratch
   if (baseline) baseline();
-  std::vector<double> secs, mem_gbps, ratios, util, base_secs, vs_base, base_util, pf_gbps,
-      pf_ratios;
-  const size_t pf_bytes = kStreamPrefetchBytes;
+  std::vector<double> secs, util, base_secs, vs_base, base_util;
+  std::vector<double> read_gbps, pf_gbps;  // reps + 1 of each when mem is given
+  const double mem_bytes = mem ? double(mem->size() * 8) : 0.0;
+  auto reads = [&] {
+    if (!mem) return;
+    read_gbps.push_back(mem_bytes / StreamReadPass(*mem, threads) / 1e9);
+    pf_gbps.push_back(mem_bytes / StreamReadPass(*mem, threads, kStreamPrefetchBytes) / 1e9);
+  };
+  reads();
   for (int r = 0; r < reps; ++r) {
-    double mem_secs = 0, pf_secs = 0;
-    if (mem) {
-      mem_secs = StreamReadPass(*mem, threads);
-      pf_secs = StreamReadPass(*mem, threads, pf_bytes);
-    }
     if (baseline) {
       const double bc0 = ProcessCpuSeconds();
       const double bt0 = NowSeconds();
@@ -284,14 +311,7 @@ Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
     util.push_back((ProcessCpuSeconds() - c0) / (wall * threads));
     secs.push_back(wall / copies);
     if (baseline) vs_base.push_back(base_secs.back() / (wall / copies));
-    if (mem) {
-      const double mg = double(mem->size() * 8) / mem_secs / 1e9;
-      mem_gbps.push_back(mg);
-      ratios.push_back(double(pass_bytes) / wall / 1e9 / mg);
-      const double pg = double(mem->size() * 8) / pf_secs / 1e9;
-      pf_gbps.push_back(pg);
-      pf_ratios.push_back(double(pass_bytes) / wall / 1e9 / pg);
-    }
+    reads();
   }
   Timing t;
   t.secs_per_matrix = Median(secs);
@@ -302,10 +322,23 @@ Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
     t.base_cpu_util = Median(base_util);
   }
   if (mem) {
-    t.mem_gbps = Median(mem_gbps);
+    std::vector<double> ratios, pf_ratios;
+    for (int r = 0; r < reps; ++r) {
+      const double kernel_gbps = double(pass_bytes) / (secs[r] * copies) / 1e9;
+      ratios.push_back(kernel_gbps / (0.5 * (read_gbps[r] + read_gbps[r + 1])));
+      pf_ratios.push_back(kernel_gbps / (0.5 * (pf_gbps[r] + pf_gbps[r + 1])));
+    }
+    t.reads = int(read_gbps.size());
+    t.mem_gbps = Median(read_gbps);
+    t.mem_min = *std::min_element(read_gbps.begin(), read_gbps.end());
+    t.mem_max = *std::max_element(read_gbps.begin(), read_gbps.end());
     t.ratio = Median(ratios);
+    t.ratio_min = *std::min_element(ratios.begin(), ratios.end());
+    t.ratio_max = *std::max_element(ratios.begin(), ratios.end());
     t.mem_pf_gbps = Median(pf_gbps);
     t.ratio_pf = Median(pf_ratios);
+    t.ratio_pf_min = *std::min_element(pf_ratios.begin(), pf_ratios.end());
+    t.ratio_pf_max = *std::max_element(pf_ratios.begin(), pf_ratios.end());
   }
   return t;
 }
@@ -436,21 +469,28 @@ void RunKernels(const Options& opt) {
           // runs are compute-bound and compare with sgemm instead.
           const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
           const size_t pass_bytes = bytes * size_t(copies);
-          Timing tm = TimeConfig(
-              opt.reps, copies, t, pass_bytes, mem,
-              [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); }, baseline);
-          if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
-          if (baseline && !sgemm_reported) {
-            Timing st;
-            st.secs_per_matrix = tm.base_secs;
-            st.mem_gbps = ctx.mem_gbps[t];
-            st.cpu_util = tm.base_cpu_util;
-            Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4, 1);
-            sgemm_reported = true;
+          for (int rows : batch == 1 ? opt.f32_rows : std::vector<int>{0}) {
+            quant::SetDecodeRowsForTesting(rows);
+            Timing tm = TimeConfig(
+                opt.reps, copies, t, pass_bytes, mem,
+                [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); },
+                baseline);
+            quant::SetDecodeRowsForTesting(0);
+            if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
+            if (baseline && !sgemm_reported) {
+              Timing st;
+              st.secs_per_matrix = tm.base_secs;
+              st.mem_gbps = ctx.mem_gbps[t];
+              st.cpu_util = tm.base_cpu_util;
+              Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4,
+                   1);
+              sgemm_reported = true;
+            }
+            const std::string suffix = rows == 0 ? "" : "_r" + std::to_string(rows);
+            Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt) + suffix, s, batch, t,
+                 quant::IsaName(isa), tm, bytes, copies);
           }
-          Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), tm, bytes, copies);
-          tm = TimeConfig(
+          Timing tm = TimeConfig(
               opt.reps, copies, t, pass_bytes, mem,
               [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
@@ -480,6 +520,10 @@ void Setup(CLI::App& root) {
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");
   cmd->add_flag("--quick", opt->quick, "1/8 of the rows (smoke test)");
   cmd->add_flag("!--no-sgemm", opt->sgemm, "skip the OpenBLAS baseline");
+  cmd->add_option("--f32-rows", opt->f32_rows,
+                  "decode rows per activation load of the f32 path to compare (0 = built-in; "
+                  "1,2,4 force it; lines get a _rN suffix)")
+      ->delimiter(',');
   cmd->callback([opt] { RunKernels(*opt); });
 }
 

@@ -1,6 +1,10 @@
 // k3-bench repack: conversion throughput against the same disk's baselines, in the
 // same run. Per run (page cache dropped before each step when --drop-caches):
-//   k3-repack SRC OUT          vs  cp -r SRC COPY (+ sync, so both are durable)
+//   k3-repack SRC OUT          vs  the disk's limit: the source's bytes read while
+//                                  the output's size is written, O_DIRECT, 16 MiB
+//                                  blocks, over a grid of parallel streams x queue
+//                                  depth (the best configuration's median is the limit)
+//                              and cp -r SRC COPY (+ sync, so both are durable)
 //   k3-verify OUT --full       vs  cat SRC/* OUT/* > /dev/null
 // Each child runs as its own process: wall time and its peak RSS (wait4) are
 // measured. Prints one JSON line per step and a summary with medians and ratios.
@@ -11,10 +15,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -36,6 +46,12 @@ struct RepackBenchArgs {
   bool drop_caches = false;
   int bits = 8;
   bool keep = false;
+  std::vector<int> grid_streams = {1, 2, 4};
+  std::vector<int> grid_qd = {1, 2, 4};
+  bool disk_limit = true;
+  bool cp_verify = true;
+  // k3-repack configurations "SxR" (--streams S --reads R; 0 = its default)
+  std::vector<std::string> repack_configs = {"0x0"};
 };
 
 struct Measured {
@@ -116,6 +132,121 @@ void Print(JsonWriter& w) {
   std::fflush(stdout);
 }
 
+// --- The disk's limit for this conversion ---------------------------------
+
+constexpr size_t kIoBlock = 16u << 20;
+constexpr size_t kIoAlign = 4096;
+
+struct AlignedBlock {
+  explicit AlignedBlock(size_t n) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kIoAlign, n) != 0) throw Error(ErrorCode::kIo, "posix_memalign");
+    std::memset(p, 0x5a, n);  // written once: fresh pages are slow to fault in here
+    data = static_cast<std::byte*>(p);
+  }
+  ~AlignedBlock() { std::free(data); }
+  AlignedBlock(const AlignedBlock&) = delete;
+  AlignedBlock& operator=(const AlignedBlock&) = delete;
+  std::byte* data;
+};
+
+// The source's shard files (what k3-repack reads), largest first so that the
+// streams finish together.
+std::vector<std::pair<std::string, uint64_t>> SourceShards(const std::string& src) {
+  std::vector<std::pair<std::string, uint64_t>> files;
+  for (const std::string& name : ListDirectory(src)) {
+    if (!name.ends_with(".safetensors")) continue;
+    const std::string path = JoinPath(src, name);
+    files.emplace_back(path, FileSizeOrThrow(path));
+  }
+  std::sort(files.begin(), files.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  return files;
+}
+
+// `streams` threads each take the next source file and read it with `qd`
+// block reads in flight (qd threads taking its blocks in turn), O_DIRECT;
+// meanwhile `streams` writers write out_bytes / streams each to their own file
+// the same way, then fsync (k3-repack's output is durable too). Returns seconds
+// until the last read and the last fsync are done.
+double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
+                     uint64_t out_bytes, const std::string& work, int streams, int qd) {
+  std::atomic<size_t> next_file{0};
+  std::mutex err_mu;
+  std::string err;
+  auto fail = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(err_mu);
+    if (err.empty()) err = e;
+  };
+  // [0, bytes) in kIoBlock blocks, qd of them in flight (qd threads taking the
+  // blocks in turn); io(buf, off, len) moves one block and returns "" or an error.
+  auto blocks_in_flight = [&](uint64_t bytes, auto&& io) {
+    const uint64_t blocks = (bytes + kIoBlock - 1) / kIoBlock;
+    std::atomic<uint64_t> next_block{0};
+    std::vector<std::thread> q;
+    for (int i = 0; i < qd; ++i) {
+      q.emplace_back([&] {
+        AlignedBlock buf(kIoBlock);
+        for (uint64_t b = next_block++; b < blocks; b = next_block++) {
+          const uint64_t off = b * kIoBlock;
+          const std::string e = io(buf.data, off, std::min<uint64_t>(kIoBlock, bytes - off));
+          if (!e.empty()) return fail(e);
+        }
+      });
+    }
+    for (auto& t : q) t.join();
+  };
+  auto read_stream = [&] {
+    for (size_t f = next_file++; f < files.size(); f = next_file++) {
+      UniqueFd fd = TryOpen(files[f].first, O_RDONLY | O_DIRECT);
+      if (!fd.valid()) return fail("O_DIRECT open refused: " + files[f].first);
+      blocks_in_flight(files[f].second, [&](std::byte* buf, uint64_t off, uint64_t len) {
+        const uint64_t want = (len + kIoAlign - 1) / kIoAlign * kIoAlign;  // the tail too
+        for (uint64_t got = 0; got < len;) {
+          const ssize_t n = ::pread(fd.get(), buf + got, want - got, off + got);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return "read " + files[f].first + ": " + std::strerror(errno);
+          got += static_cast<uint64_t>(n);
+        }
+        return std::string();
+      });
+    }
+  };
+  auto write_stream = [&](int w) {
+    const std::string path = JoinPath(work, "disk-limit." + std::to_string(w) + ".tmp");
+    UniqueFd fd = TryOpen(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    if (!fd.valid()) return fail("O_DIRECT open refused: " + path);
+    const uint64_t bytes = (out_bytes / streams + kIoAlign - 1) / kIoAlign * kIoAlign;
+    blocks_in_flight(bytes, [&](std::byte* buf, uint64_t off, uint64_t len) {
+      for (uint64_t put = 0; put < len;) {
+        const ssize_t n = ::pwrite(fd.get(), buf + put, len - put, off + put);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return "write " + path + ": " + std::strerror(errno);
+        put += static_cast<uint64_t>(n);
+      }
+      return std::string();
+    });
+    if (::fsync(fd.get()) != 0) fail("fsync " + path + ": " + std::strerror(errno));
+  };
+  const double t0 = NowSeconds();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < streams; ++i) threads.emplace_back(read_stream);
+  for (int i = 0; i < streams; ++i) threads.emplace_back(write_stream, i);
+  for (auto& t : threads) t.join();
+  const double secs = NowSeconds() - t0;
+  for (int i = 0; i < streams; ++i)
+    ::unlink(JoinPath(work, "disk-limit." + std::to_string(i) + ".tmp").c_str());
+  if (!err.empty()) throw Error(ErrorCode::kIo, "disk-limit baseline: " + err);
+  return secs;
+}
+
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread SpreadOf(const std::vector<double>& v) {
+  if (v.empty()) return {};
+  return {Median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+}
+
 void RunRepackBench(const RepackBenchArgs& a) {
   const std::string bin = SelfDir();
   const std::string out = JoinPath(a.work, "repack-out");
@@ -123,61 +254,128 @@ void RunRepackBench(const RepackBenchArgs& a) {
   if (!IsDirectory(a.work))
     throw Error(ErrorCode::kNotFound, "--work must be an existing directory", a.work);
   const uint64_t src_bytes = TreeBytes(a.src);
-  std::vector<double> repack_s, cp_s, cp_sync_s, verify_s, cat_s;
+  const auto shards = SourceShards(a.src);
+  uint64_t shard_bytes = 0;
+  for (const auto& f : shards) shard_bytes += f.second;
+  std::vector<double> cp_s, cp_sync_s, verify_s, cat_s;
+  struct RepackConfig {
+    std::string streams, reads, key;
+  };
+  std::vector<RepackConfig> configs;
+  for (const std::string& c : a.repack_configs) {
+    const size_t x = c.find('x');
+    if (x == std::string::npos || x == 0 || x + 1 == c.size())
+      throw Error(ErrorCode::kInvalidArgument, "--repack-configs: '" + c + "' is not SxR");
+    configs.push_back({c.substr(0, x), c.substr(x + 1), "repack_s" + c.substr(0, x) + "_r" + c.substr(x + 1)});
+  }
+  std::vector<std::vector<double>> repack_s(configs.size());
+  struct Cell {
+    int streams, qd;
+    std::vector<double> secs;
+  };
+  std::vector<Cell> grid;
+  if (a.disk_limit) {
+    for (int st : a.grid_streams) {
+      for (int q : a.grid_qd) grid.push_back({st, q, {}});
+    }
+  }
   uint64_t repack_rss = 0, verify_rss = 0, out_bytes = 0;
   for (int run = 0; run < a.runs; ++run) {
-    RunChild({"/bin/rm", "-rf", out, copy});
-    DropCaches(a.drop_caches);
-    const double load_before = LoadAverage();
-    Measured r =
-        RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json"});
-    out_bytes = TreeBytes(out);
-    DropCaches(a.drop_caches);
-    Measured c = RunChild({"/bin/cp", "-r", a.src, copy});
-    Measured s = RunChild({"/bin/sync"});
-    DropCaches(a.drop_caches);
-    Measured v = RunChild({bin + "/k3-verify", out, "--full", "--source", a.src, "--json"});
-    DropCaches(a.drop_caches);
-    Measured k = RunChild({"/bin/sh", "-c", "cat '" + a.src + "'/* '" + out + "'/* > /dev/null"});
-    repack_s.push_back(r.seconds);
-    cp_s.push_back(c.seconds);
-    cp_sync_s.push_back(c.seconds + s.seconds);
-    verify_s.push_back(v.seconds);
-    cat_s.push_back(k.seconds);
-    repack_rss = std::max(repack_rss, r.peak_rss);
-    verify_rss = std::max(verify_rss, v.peak_rss);
     JsonWriter w;
     w.BeginObject().Field("bench", "repack").Field("run", int64_t{run});
-    w.Field("repack_s", r.seconds)
-        .Field("cp_s", c.seconds)
-        .Field("cp_sync_s", c.seconds + s.seconds);
-    w.Field("verify_full_s", v.seconds).Field("cat_both_s", k.seconds);
-    w.Field("repack_cpu_s", r.cpu_s).Field("cp_cpu_s", c.cpu_s);
-    w.Field("verify_cpu_s", v.cpu_s).Field("cat_cpu_s", k.cpu_s);
-    w.Field("repack_peak_rss", r.peak_rss).Field("verify_peak_rss", v.peak_rss);
-    w.Field("load_avg_before", load_before).Field("load_avg_after", LoadAverage());
+    w.Field("load_avg_before", LoadAverage());
+    // k3-repack first (its output size sizes the baseline's writes), then the
+    // grid, each step from a dropped cache.
+    Measured r;
+    for (size_t i = 0; i < configs.size(); ++i) {
+      RunChild({"/bin/rm", "-rf", out});
+      DropCaches(a.drop_caches);
+      r = RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json",
+                    "--streams", configs[i].streams, "--reads", configs[i].reads});
+      repack_s[i].push_back(r.seconds);
+      repack_rss = std::max(repack_rss, r.peak_rss);
+      w.Field(configs[i].key + "_s", r.seconds);
+      w.Field(configs[i].key + "_peak_rss", r.peak_rss);
+    }
+    out_bytes = TreeBytes(out);
+    w.Field("repack_cpu_s", r.cpu_s);
+    for (Cell& c : grid) {
+      DropCaches(a.drop_caches);
+      c.secs.push_back(DiskLimitPass(shards, out_bytes, a.work, c.streams, c.qd));
+      w.Field("disk_s" + std::to_string(c.streams) + "_qd" + std::to_string(c.qd) + "_s",
+              c.secs.back());
+    }
+    if (a.cp_verify) {
+      DropCaches(a.drop_caches);
+      Measured c = RunChild({"/bin/cp", "-r", a.src, copy});
+      Measured s = RunChild({"/bin/sync"});
+      RunChild({"/bin/rm", "-rf", copy});
+      DropCaches(a.drop_caches);
+      Measured v = RunChild({bin + "/k3-verify", out, "--full", "--source", a.src, "--json"});
+      DropCaches(a.drop_caches);
+      Measured k =
+          RunChild({"/bin/sh", "-c", "cat '" + a.src + "'/* '" + out + "'/* > /dev/null"});
+      cp_s.push_back(c.seconds);
+      cp_sync_s.push_back(c.seconds + s.seconds);
+      verify_s.push_back(v.seconds);
+      cat_s.push_back(k.seconds);
+      verify_rss = std::max(verify_rss, v.peak_rss);
+      w.Field("cp_s", c.seconds).Field("cp_sync_s", c.seconds + s.seconds);
+      w.Field("verify_full_s", v.seconds).Field("cat_both_s", k.seconds);
+      w.Field("cp_cpu_s", c.cpu_s).Field("verify_cpu_s", v.cpu_s).Field("cat_cpu_s", k.cpu_s);
+      w.Field("verify_peak_rss", v.peak_rss);
+    }
+    w.Field("load_avg_after", LoadAverage());
     Print(w);
   }
   if (!a.keep) RunChild({"/bin/rm", "-rf", out, copy});
   const double gb = 1e9;
-  const double rs = Median(repack_s), cs = Median(cp_s), css = Median(cp_sync_s);
-  const double vs = Median(verify_s), ks = Median(cat_s);
   JsonWriter w;
   w.BeginObject().Field("bench", "repack").Field("summary", true);
   w.Field("runs", int64_t{a.runs})
       .Field("drop_caches", a.drop_caches)
       .Field("bits", int64_t{a.bits});
   w.Field("threads", int64_t{NumOnlineCpus()});
-  w.Field("src_bytes", src_bytes).Field("out_bytes", out_bytes);
-  w.Field("repack_gbps", src_bytes / rs / gb);
-  w.Field("cp_gbps", src_bytes / cs / gb);
-  w.Field("cp_sync_gbps", src_bytes / css / gb);
-  w.Field("repack_vs_cp", cs / rs);
-  w.Field("repack_vs_cp_sync", css / rs);
-  w.Field("verify_full_gbps", (src_bytes + out_bytes) / vs / gb);
-  w.Field("cat_both_gbps", (src_bytes + out_bytes) / ks / gb);
-  w.Field("verify_vs_cat", ks / vs);
+  w.Field("src_bytes", src_bytes).Field("src_shard_bytes", shard_bytes);
+  w.Field("src_shards", uint64_t(shards.size())).Field("out_bytes", out_bytes);
+  // The limit: the grid cell with the fastest median (its spread alongside).
+  const Cell* best = nullptr;
+  for (const Cell& c : grid) {
+    const Spread sp = SpreadOf(c.secs);
+    w.Field("disk_s" + std::to_string(c.streams) + "_qd" + std::to_string(c.qd) + "_gbps",
+            shard_bytes / sp.median / gb);
+    if (!best || sp.median < Median(best->secs)) best = &c;
+  }
+  Spread limit;
+  if (best) {
+    limit = SpreadOf(best->secs);
+    w.Field("disk_limit_streams", int64_t{best->streams}).Field("disk_limit_qd", int64_t{best->qd});
+    w.Field("disk_limit_s", limit.median)
+        .Field("disk_limit_min_s", limit.min)
+        .Field("disk_limit_max_s", limit.max);
+    w.Field("disk_limit_gbps", shard_bytes / limit.median / gb);
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Spread rs = SpreadOf(repack_s[i]);
+    const std::string& k = configs[i].key;
+    w.Field(k + "_s", rs.median).Field(k + "_min_s", rs.min).Field(k + "_max_s", rs.max);
+    w.Field(k + "_gbps", shard_bytes / rs.median / gb);
+    if (best) w.Field(k + "_vs_disk_limit", limit.median / rs.median);
+  }
+  if (a.cp_verify) {
+    const double rs = Median(repack_s.front());
+    const double cs = Median(cp_s), css = Median(cp_sync_s);
+    const double vs = Median(verify_s), ks = Median(cat_s);
+    w.Field("cp_gbps", src_bytes / cs / gb);
+    w.Field("cp_sync_gbps", src_bytes / css / gb);
+    w.Field("repack_vs_cp", cs / rs);
+    w.Field("repack_vs_cp_sync", css / rs);
+    w.Field("verify_full_gbps", (src_bytes + out_bytes) / vs / gb);
+    w.Field("cat_both_gbps", (src_bytes + out_bytes) / ks / gb);
+    w.Field("verify_vs_cat", ks / vs);
+  }
   w.Field("repack_peak_rss", repack_rss).Field("verify_peak_rss", verify_rss);
+  w.Field("git", SourceRevision()).Field("cpu", CpuModel());
   Print(w);
 }
 
@@ -192,6 +390,16 @@ void SetupRepackBench(CLI::App& root) {
   cmd->add_option("--bits", args->bits, "k3-repack --bits")->default_val(8);
   cmd->add_flag("--drop-caches", args->drop_caches, "drop the page cache before every step (root)");
   cmd->add_flag("--keep", args->keep, "keep the last outputs");
+  cmd->add_option("--grid-streams", args->grid_streams, "disk-limit baseline: parallel streams")
+      ->delimiter(',');
+  cmd->add_option("--grid-qd", args->grid_qd, "disk-limit baseline: reads in flight per stream")
+      ->delimiter(',');
+  cmd->add_flag("!--no-disk-limit", args->disk_limit, "skip the disk-limit grid");
+  cmd->add_flag("!--no-cp-verify", args->cp_verify, "skip cp, k3-verify and cat");
+  cmd->add_option("--repack-configs", args->repack_configs,
+                  "k3-repack configurations to time, SxR = --streams S --reads R (0 = its "
+                  "default), e.g. 1x1,2x2")
+      ->delimiter(',');
   cmd->callback([args] { RunRepackBench(*args); });
 }
 

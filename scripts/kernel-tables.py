@@ -4,8 +4,8 @@
     build/bin/k3-bench kernels --json --reps 5 --batch-ws-mib 48 > k.jsonl
     scripts/kernel-tables.py k.jsonl
 
-Decode (batch 1): weight GB/s / ratio (plain read) / ratio_pf (prefetching read)
-(cpu_util) per ISA and thread count. Batch 32: GMAC/s / vs_sgemm for the IDOT
+Decode (batch 1): weight GB/s / ratio (plain read) [range over the passes] /
+ratio_pf (prefetching read) (cpu_util) per ISA and thread count. Batch 32: GMAC/s / vs_sgemm for the IDOT
 (MatMulQ8) and f32-activation (MatMul) paths.
 """
 import json
@@ -21,6 +21,13 @@ def main(path):
         if m["kernel"] == "mem_read":
             print("mem_read t%d: %.2f GB/s plain, %.2f GB/s prefetching"
                   % (m["threads"], m["mem_read_gbps"], m.get("mem_read_pf_gbps", 0)))
+    reads = {}
+    for r in rows:  # the interleaved plain reads' range, per thread count
+        if "mem_read_min_gbps" in r:
+            lo, hi = reads.get(r["threads"], (1e9, 0))
+            reads[r["threads"]] = (min(lo, r["mem_read_min_gbps"]), max(hi, r["mem_read_max_gbps"]))
+    for t, (lo, hi) in sorted(reads.items()):
+        print("interleaved plain reads t%d: %.2f-%.2f GB/s over the run" % (t, lo, hi))
     table = {}
     for r in rows:
         if r["kernel"] in ("mem_read", "sgemm_openblas"):
@@ -39,8 +46,15 @@ def main(path):
             for i in isas:
                 for t in threads:
                     r = d.get((path_name, 1, t, i))
-                    cells.append("—" if r is None else "%.2f / **%.2f** / %.2f (%.2f)" % (
-                        r["weight_gbps"], r["ratio"], r.get("ratio_pf", 0), r["cpu_util"]))
+                    if r is None:
+                        cells.append("—")
+                    elif "ratio_min" in r:  # interleaved reads: median [range]
+                        cells.append("%.2f / **%.2f** [%.2f–%.2f] / %.2f (%.2f)" % (
+                            r["weight_gbps"], r["ratio"], r["ratio_min"], r["ratio_max"],
+                            r.get("ratio_pf", 0), r["cpu_util"]))
+                    else:
+                        cells.append("%.2f / **%.2f** / %.2f (%.2f)" % (
+                            r["weight_gbps"], r["ratio"], r.get("ratio_pf", 0), r["cpu_util"]))
             if any(c != "—" for c in cells):
                 print(f"| {shape} {nr}×{nc} | {fmt} | {label} | " + " | ".join(cells) + " |")
 

@@ -153,6 +153,14 @@ int Main(int argc, char** argv) {
   app.add_flag("--recheck", opt.recheck,
                "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
+  app.add_option("--streams", opt.streams,
+                 "source shards converted at once (0 = " +
+                     std::to_string(k3::repack::kDefaultStreams) + "); output bytes do not depend on it")
+      ->default_val(0);
+  app.add_option("--reads", opt.reads_in_flight,
+                 "source reads in flight per stream (0 = " +
+                     std::to_string(k3::repack::kDefaultReadsInFlight) + ")")
+      ->default_val(0);
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");

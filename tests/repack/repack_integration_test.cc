@@ -299,15 +299,39 @@ TEST_CASE("repack k3-tiny --bits 4: int4-g64 where the row length allows, MLA an
   CHECK(Run({Bin("k3-verify"), d / "out", "--full", "--source", TinySnapshot()}) == 0);
 }
 
-TEST_CASE("same output whatever the block size and thread count") {
+TEST_CASE("same output whatever the block size, thread, stream and read counts") {
   TempDir d;
   std::string log = d / "log";
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--threads", "1", "--block-mib", "1",
-               "--verify-full", "--json"},
+               "--verify-full", "--json", "--streams", "1"},
               {.log = log}) == 0);
   // Layer shards hold 16 experts x 6528 bytes, all re-read and compared.
   CHECK(ReadAll(log).find("\"expert_bytes_verified\":104448,") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
+  // Several shards converted at once: the same bytes, every shard reported
+  // started and done once, and the summary counts them all.
+  for (auto [streams, reads] : {std::pair{"3", "4"}, std::pair{"16", "1"}}) {
+    const std::string out = d / (std::string("out-s") + streams);
+    const std::string slog = d / (std::string("log-s") + streams);
+    REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out, "--json", "--streams", streams, "--reads",
+                 reads, "--block-mib", "1"},
+                {.log = slog}) == 0);
+    CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
+    const std::string l = ReadAll(slog);
+    size_t starts = 0, dones = 0;
+    for (size_t at = 0; (at = l.find("\"event\":\"shard_start\"", at)) != std::string::npos; ++at)
+      ++starts;
+    for (size_t at = 0; (at = l.find("\"event\":\"shard_done\"", at)) != std::string::npos; ++at)
+      ++dones;
+    CHECK(starts == 9);  // 11 source shards, 2 without text-model tensors
+    CHECK(dones == 9);
+  }
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), d / "out-bad", "--streams", "17"},
+            {.log = d / "log-bad"}) != 0);
+  CHECK(ReadAll(d / "log-bad").find("--streams 17") != std::string::npos);
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), d / "out-bad", "--reads", "17"},
+            {.log = d / "log-bad"}) != 0);
+  CHECK(ReadAll(d / "log-bad").find("--reads 17") != std::string::npos);
 }
 
 TEST_CASE("resume validates outputs; other parameters are refused; --force starts over") {

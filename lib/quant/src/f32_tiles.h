@@ -41,19 +41,40 @@ size_t UnitCount(size_t n) {
   return (n + kUnitCols<Kit, U> - 1) / kUnitCols<Kit, U>;
 }
 
-// One weight row against one activation row (decode).
+// R weight rows against one activation row (decode): each activation vector is
+// loaded once for the R rows (an R x 1 tile over the whole row, accumulators in
+// registers). Per row the operations are DotF32's, so the result does not depend
+// on R; what R changes is the activation traffic per weight byte, which for a
+// 12288-column f32 row (48 KiB, beyond L1) was 8 bytes from L2 per int4 weight
+// byte at R = 1.
+template <typename Kit, F32Unit U, int R, typename Src>
+void DotF32Rows(const Src* w, const float* x, const float* const* gs, size_t n,
+                float* out) noexcept {
+  constexpr int S = Kit::template kSlots<U>;
+  typename Kit::V a[S][R][1];
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[j][r][0] = Kit::Zero();
+  }
+  const float* xs[1] = {x};
+  const typename Kit::template Tile<U, R, 1, Src> tile{w, xs, gs, n};
+  ForSlots(0, UnitCount<Kit, U>(n), a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    typename Kit::V v[S];
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) v[j] = a[j][r][0];
+    out[r] = Kit::template Reduce<S>(v);
+  }
+}
+
+// One weight row against one activation row (decode, RowDot).
 template <typename Kit, F32Unit U, typename Src>
 float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
-  constexpr int S = Kit::template kSlots<U>;
-  typename Kit::V a[S][1][1];
-#pragma GCC unroll 4
-  for (int j = 0; j < S; ++j) a[j][0][0] = Kit::Zero();
-  const typename Kit::template Tile<U, 1, 1, Src> tile{&w, &x, &gs, n};
-  ForSlots(0, UnitCount<Kit, U>(n), a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
-  typename Kit::V v[S];
-#pragma GCC unroll 4
-  for (int j = 0; j < S; ++j) v[j] = a[j][0][0];
-  return Kit::template Reduce<S>(v);
+  float out;
+  DotF32Rows<Kit, U, 1>(&w, x, &gs, n, &out);
+  return out;
 }
 
 // One column block of an R x B tile, its accumulators [batch][slot][row] in acc.

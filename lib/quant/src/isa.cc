@@ -9,6 +9,8 @@
 #include <sys/auxv.h>
 #endif
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <optional>
@@ -24,6 +26,8 @@ namespace {
 
 // Set by SetIsaForTesting; takes precedence over the start-up choice.
 std::atomic<const internal::KernelTable*> g_test_override{nullptr};
+// Set by SetDecodeRowsForTesting (0: the built-in choice).
+std::atomic<int> g_decode_rows{0};
 
 const internal::KernelTable& TableFor(Isa isa) {
   switch (isa) {
@@ -156,7 +160,24 @@ void SetIsaForTesting(Isa isa) {
   g_test_override.store(&TableFor(isa), std::memory_order_release);
 }
 
+void SetDecodeRowsForTesting(int rows) {
+  if (rows != 0 && rows != 1 && rows != 2 && rows != 4) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "decode rows must be 0 (built-in), 1, 2 or 4, not " + std::to_string(rows));
+  }
+  g_decode_rows.store(rows, std::memory_order_relaxed);
+}
+
 namespace internal {
+
+int DecodeRowsF32(size_t act_bytes) noexcept {
+  if (const int forced = g_decode_rows.load(std::memory_order_relaxed)) return forced;
+  static const size_t l1 = [] {
+    const long v = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return v > 0 ? static_cast<size_t>(v) : size_t{32} << 10;
+  }();
+  return act_bytes < l1 ? 1 : 4;
+}
 
 const KernelTable& ActiveKernels() noexcept {
   try {
@@ -169,19 +190,20 @@ const KernelTable& ActiveKernels() noexcept {
   }
 }
 
-size_t PrefetchBytes() noexcept {
-  static const size_t d = [] {
-    // Kernels are noexcept: a bad value is a warning and the default, not an error.
+size_t PrefetchBytes(size_t default_bytes) noexcept {
+  // -1: K3_PREFETCH unset. Kernels are noexcept: a bad value is a warning and the
+  // kernels' defaults, not an error.
+  static const int64_t forced = [] {
+    if (!GetEnv("K3_PREFETCH")) return int64_t{-1};
     try {
       const int64_t n = GetEnvInt("K3_PREFETCH", int64_t(kDefaultPrefetchBytes));
-      if (n >= 0 && n <= (int64_t{1} << 20)) return static_cast<size_t>(n);
+      if (n >= 0 && n <= (int64_t{1} << 20)) return n;
     } catch (const std::exception&) {
     }
-    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using %zu",
-                kDefaultPrefetchBytes);
-    return kDefaultPrefetchBytes;
+    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using the defaults");
+    return int64_t{-1};
   }();
-  return d;
+  return forced >= 0 ? static_cast<size_t>(forced) : default_bytes;
 }
 
 }  // namespace internal

@@ -110,7 +110,16 @@ const KernelTable& ActiveKernels() noexcept;
 // real work per byte; the MXFP4 decode doubled with 2-8 KiB. Prefetching past a
 // matrix end is harmless (prefetches never fault).
 inline constexpr size_t kDefaultPrefetchBytes = 4096;
-size_t PrefetchBytes() noexcept;
+// K3_PREFETCH when set, else `default_bytes`: a kernel may default to its own
+// distance where one was measured better (kernels_avx512.cc).
+size_t PrefetchBytes(size_t default_bytes = kDefaultPrefetchBytes) noexcept;
+
+// Rows of the f32-activation decode that share each activation load (1, 2, 4)
+// for rows of `act_bytes` of f32 activations: SetDecodeRowsForTesting's value,
+// else 1 while the activations fit in L1 and more rows beyond (measured on the
+// 2-vCPU Zen 5 VM, docs/PERFORMANCE.md: interleaved weight streams read slower
+// than one, so extra rows only pay once the activations come from L2).
+int DecodeRowsF32(size_t act_bytes) noexcept;
 inline void PrefetchLine(const void* p, size_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
 }

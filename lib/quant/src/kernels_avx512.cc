@@ -56,6 +56,15 @@ Scratch& Tls() {
 
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
+// Decode prefetch distances (K3_PREFETCH overrides them all). Measured on the
+// 2-vCPU Zen 5 VM, same-run A/B (docs/PERFORMANCE.md): 8 KiB ahead beats 4 KiB
+// for the int4/MXFP4 rows on both paths and for one int8 row of the f32 path
+// (0.53-0.92 -> 0.62-1.08 of the plain read); the int8 IDOT row and four
+// interleaved int8 rows of the f32 path keep 4 KiB (8 KiB: 0.81-0.98 -> 0.81,
+// 0.68 -> 0.58).
+constexpr size_t kPrefetchNibble = 8192;
+constexpr size_t kPrefetchI8Row = 8192;
+
 
 // ---------------------------------------------------------------------------
 // f32-activation path
@@ -99,7 +108,9 @@ struct NibbleSrc {
   void Block32(size_t c, __m512& even, __m512& odd) const {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c / 2)));
-    even = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
+    // vpermps reads only index bits 3:0, so the low nibble needs no mask (one
+    // uop fewer per 32 columns; this decode is what bounds the f32 path).
+    even = _mm512_permutexvar_ps(v, lut);
     odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
   }
   void Prefetch(size_t c) const {
@@ -289,7 +300,9 @@ struct Avx512Kit {
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   // Two slots: 32 zmm hold a 4 x 3 tile of them (the group units also keep their
-  // activation vectors, hence 4 x 2 there).
+  // activation vectors, hence 4 x 2 there). (Four slots for the plain unit, to
+  // break decode's FMA chain, measured within the noise on decode and ~15%
+  // slower batched on the Zen 5 VM: not taken.)
   template <F32Unit U>
   static constexpr int kSlots = 2;
   template <F32Unit U>
@@ -314,7 +327,7 @@ struct Avx512Kit {
 // Row o dotted with one (layout-matched) activation row, decoding on the fly.
 float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) noexcept {
   const size_t n = w.cols;
-  const size_t pf = PrefetchBytes();
+  const size_t pf = PrefetchBytes(w.format == WeightFormat::kInt8 ? kPrefetchI8Row : kPrefetchNibble);
   switch (w.format) {
     case WeightFormat::kF32:
       return DotF32<Avx512Kit, F32Unit::kPlain>(F32Src{static_cast<const float*>(w.data) + o * n},
@@ -351,13 +364,74 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
   return xp;
 }
 
+// Rows o .. o+R-1 dotted with one (layout-matched) activation row, decoding on
+// the fly: DotDirect's operations per row.
+template <int R>
+void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
+                   Scratch& s) noexcept {
+  const size_t n = w.cols;
+  const size_t pf = PrefetchBytes(w.format != WeightFormat::kInt8 ? kPrefetchNibble
+                                  : R == 1                       ? kPrefetchI8Row
+                                                                 : kDefaultPrefetchBytes);
+  const float* gs[R];
+  switch (w.format) {
+    case WeightFormat::kF32: {
+      F32Src src[R];
+      for (int r = 0; r < R; ++r) {
+        src[r] = F32Src{static_cast<const float*>(w.data) + (o + r) * n};
+        gs[r] = nullptr;
+      }
+      DotF32Rows<Avx512Kit, F32Unit::kPlain, R>(src, x, gs, n, y + o);
+      return;
+    }
+    case WeightFormat::kInt8: {
+      I8Src src[R];
+      for (int r = 0; r < R; ++r) {
+        src[r] = I8Src{static_cast<const int8_t*>(w.data) + (o + r) * n, pf};
+        gs[r] = nullptr;
+      }
+      DotF32Rows<Avx512Kit, F32Unit::kPlain, R>(src, x, gs, n, y + o);
+      for (int r = 0; r < R; ++r) y[o + r] *= w.scales[o + r];
+      return;
+    }
+    case WeightFormat::kInt4G64: {
+      NibbleSrc src[R];
+      for (int r = 0; r < R; ++r) {
+        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutI4(), pf};
+        gs[r] = w.scales + (o + r) * (n / kInt4Group);
+      }
+      DotF32Rows<Avx512Kit, F32Unit::kG64, R>(src, x, gs, n, y + o);
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      const size_t groups = n / kMxGroup;
+      float* gbuf = Grow(s.gscale, R * groups);
+      NibbleSrc src[R];
+      for (int r = 0; r < R; ++r) {
+        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutMx2(), pf};
+        MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
+        gs[r] = gbuf + r * groups;
+      }
+      DotF32Rows<Avx512Kit, F32Unit::kG32, R>(src, x, gs, n, y + o);
+      return;
+    }
+  }
+}
+
 void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                   size_t r1) noexcept {
   Scratch& s = Tls();
   const float* xl = LayoutActs(w, x, batch, s);
   if (batch == 1) {
-    for (size_t o = r0; o < r1; ++o) y[o] = DotDirect(w, o, GroupScalesF32(w, o, s), xl);
-    return;
+    auto rows = [&]<int N>(size_t o) { DotDirectRows<N>(w, o, xl, y, s); };
+    switch (DecodeRowsF32(w.cols * sizeof(float))) {
+      case 4:
+        return ForRowBlocks<4>(r0, r1, rows);
+      case 2:
+        return ForRowBlocks<2>(r0, r1, rows);
+      default:
+        return ForRowBlocks<1>(r0, r1, rows);
+    }
   }
   MatMulF32Batched<Avx512Kit>(w, xl, batch, y, r0, r1, s);
 }
@@ -506,6 +580,9 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
 // Rows decoded once per chunk are reused by every activation row; kRowBlock rows
 // at a time share each activation load.
 constexpr int kRowBlock = 4;
+// Decode (batch 1) rows sharing each activation load, int8 IDOT and nibble IDOT.
+constexpr int kDecodeRowsQ8 = 1;
+constexpr int kDecodeRowsNib = 1;
 
 template <WeightFormat F, int R>
 void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
@@ -543,15 +620,23 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   const size_t groups = n / kActGroup;
   const int32_t* corr = ActCorrections(x, kBias<F>, s);
   if (x.batch == 1) {
-    float* gsb = Grow(s.gscale, groups);
-    const float* gs[1] = {gsb};
-    for (size_t o = r0; o < r1; ++o) {
-      if (!kI8) GroupScalesQ8(w, o, gsb);
-      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
-      float d;
-      DotQ8Rows<kI8, 1>(src, gs, x.q.data(), corr, x.scales.data(), groups, &d);
-      y[o] = kI8 ? d * w.scales[o] : d;
-    }
+    // Several rows per activation load (DotQ8Rows' per-row operations do not
+    // depend on R): a 12288-column row's activations and corrections (25 KiB)
+    // no longer come from L1 once per weight line of every row.
+    constexpr int kR = kI8 ? kDecodeRowsQ8 : 1;
+    float* gsb = Grow(s.gscale, kR * groups);
+    ForRowBlocks<kR>(r0, r1, [&]<int N>(size_t o) {
+      Q8Direct<F> src[N];
+      const float* gs[N];
+      for (int r = 0; r < N; ++r) {
+        src[r] = Q8Direct<F>{RowBytes<F>(w, o + r), PrefetchBytes()};
+        gs[r] = gsb + r * groups;
+        if (!kI8) GroupScalesQ8(w, o + r, gsb + r * groups);
+      }
+      float d[N];
+      DotQ8Rows<kI8, N>(src, gs, x.q.data(), corr, x.scales.data(), groups, d);
+      for (int r = 0; r < N; ++r) y[o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
+    });
     return;
   }
   ForRowBlocks<kRowBlock>(r0, r1, [&]<int N>(size_t o) { RowBlockQ8<F, N>(w, x, corr, o, y, s); });
@@ -694,10 +779,11 @@ template <WeightFormat F>
 NibDirect<F> NibRow(const WeightView& w, size_t o) {
   const size_t n = w.cols;
   if constexpr (F == WeightFormat::kMxfp4) {
-    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup, PrefetchBytes()};
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup,
+            PrefetchBytes(kPrefetchNibble)};
   } else {
     return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group,
-            PrefetchBytes()};
+            PrefetchBytes(kPrefetchNibble)};
   }
 }
 
@@ -738,21 +824,34 @@ void DotNibRows(const Src* w, const NibActs& x, size_t b, float* out) noexcept {
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
 }
 
-// Batch-1 MXFP4: the factors of 16 groups come from one vpmovzxbd of their
-// E8M0 bytes and one multiply, and each step's f is a lane permute of that. The
-// values are those of DotNibRows (gs bits and xs*0.5 are the same, IEEE multiply
-// is lane-wise), so batch 1 and batched still agree bit for bit.
-float DotNibMx1(const NibDirect<WeightFormat::kMxfp4>& w, const NibActs& x) noexcept {
+// Batch 1: the factors of 16 groups come from one multiply (MXFP4: one
+// vpmovzxbd of their E8M0 bytes; int4: their 8 g64 scales spread to the 16
+// groups by one permute), and each step's f is a lane permute of that. The
+// values are those of DotNibRows (gs bits times xs, IEEE multiply is lane-wise),
+// so batch 1 and batched still agree bit for bit; per step it loads 192 bytes
+// of activations instead of 256, and no scalar scale loads.
+template <WeightFormat F>
+float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
   __m512 a = _mm512_setzero_ps();
-  const uint8_t* e = static_cast<const uint8_t*>(w.factors);
   const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   for (size_t t0 = 0; t0 < x.steps; t0 += 4) {
-    const size_t g0 = t0 * 4;
-    const size_t ng = w.groups - g0 >= 16 ? 16 : w.groups - g0;
-    if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
-    const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
-    const __m512 f16 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(eb, 23)),
-                                     _mm512_loadu_ps(x.xsg + g0));
+    const size_t g0 = t0 * 4;  // activation (32-column) groups
+    __m512 gs16;
+    if constexpr (F == WeightFormat::kMxfp4) {
+      const uint8_t* e = static_cast<const uint8_t*>(w.factors);
+      const size_t ng = w.groups - g0 >= 16 ? 16 : w.groups - g0;
+      if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
+      const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
+      gs16 = _mm512_castsi512_ps(_mm512_slli_epi32(eb, 23));
+    } else {
+      const float* sc = static_cast<const float*>(w.factors);
+      const size_t s0 = g0 / 2;  // int4 groups: one per two activation groups
+      const size_t ns = w.groups - s0 >= 8 ? 8 : w.groups - s0;
+      if (w.pf != 0) PrefetchLine(sc + s0, w.pf / 8);  // 4 scale bytes per 32 weight bytes
+      gs16 = _mm512_permutexvar_ps(halves, _mm512_maskz_loadu_ps(TailMask16(ns), sc + s0));
+    }
+    const __m512 f16 = _mm512_mul_ps(gs16, _mm512_loadu_ps(x.xsg + g0));
     const size_t t1 = t0 + 4 < x.steps ? t0 + 4 : x.steps;
     for (size_t t = t0; t < t1; ++t) {
       __m512i wa, wb;
@@ -802,14 +901,15 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
                    Scratch& s) noexcept {
   const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
-    for (size_t o = r0; o < r1; ++o) {
-      const NibDirect<F> src[1] = {NibRow<F>(w, o)};
-      if constexpr (F == WeightFormat::kMxfp4) {
-        y[o] = DotNibMx1(src[0], acts);
+    ForRowBlocks<kDecodeRowsNib>(r0, r1, [&]<int N>(size_t o) {
+      NibDirect<F> src[N];
+      for (int r = 0; r < N; ++r) src[r] = NibRow<F>(w, o + r);
+      if constexpr (N == 1) {
+        y[o] = DotNib1<F>(src[0], acts);
       } else {
-        DotNibRows<1>(src, acts, 0, y + o);
+        DotNibRows<N>(src, acts, 0, y + o);
       }
-    }
+    });
     return;
   }
   ForRowBlocks<kRowBlock>(r0, r1,

@@ -436,8 +436,16 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
       omp_set_num_threads(1);
       for (size_t b = 0; b < batch; ++b) {
         std::vector<float> y1(rows), q1(rows);
-        MatMul(m.View(), x.data() + b * cols, 1, y1.data());
-        CHECK(std::memcmp(y1.data(), y_all.data() + b * rows, rows * 4) == 0);
+        // Decode runs 1, 2 or 4 rows per activation load (by row width): each
+        // must give the batched bits (70 rows: blocks and a tail).
+        for (int decode_rows : {1, 2, 4, 0}) {
+          SetDecodeRowsForTesting(decode_rows);
+          std::fill(y1.begin(), y1.end(), -1.0f);
+          MatMul(m.View(), x.data() + b * cols, 1, y1.data());
+          CHECK_MESSAGE(std::memcmp(y1.data(), y_all.data() + b * rows, rows * 4) == 0,
+                        FmtName(fmt) << " cols " << cols << " b" << b << " decode rows "
+                                     << decode_rows << " " << IsaStr(isa));
+        }
         if (fmt != WeightFormat::kF32) {
           ActsQ8 a1;
           QuantizeActs(x.data() + b * cols, 1, cols, &a1);

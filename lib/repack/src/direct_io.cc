@@ -72,12 +72,13 @@ const std::byte* DirectReader::Read(uint64_t off, uint64_t len) {
   return buf_.data();
 }
 
-DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes)
-    : path_(path), buffered_fd_(buffered_fd) {
+DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes,
+                           AlignedBuffer* stage)
+    : path_(path), buffered_fd_(buffered_fd), stage_(stage ? stage : &own_stage_) {
   stage_cap_ = std::max<size_t>(AlignedBuffer::kAlign,
                                 stage_bytes / AlignedBuffer::kAlign * AlignedBuffer::kAlign);
   if (GetEnvBool("K3_DIRECT", true)) direct_fd_ = TryOpen(path, O_WRONLY | O_DIRECT);
-  if (direct_fd_.valid()) stage_.Reserve(stage_cap_);
+  if (direct_fd_.valid()) stage_->Reserve(stage_cap_);
 }
 
 void DirectWriter::Append(const std::byte* data, size_t n) {
@@ -89,7 +90,7 @@ void DirectWriter::Append(const std::byte* data, size_t n) {
   }
   while (n > 0) {
     size_t k = std::min(n, stage_cap_ - fill_);
-    std::memcpy(stage_.data() + fill_, data, k);
+    std::memcpy(stage_->data() + fill_, data, k);
     fill_ += k;
     data += k;
     n -= k;
@@ -100,7 +101,7 @@ void DirectWriter::Append(const std::byte* data, size_t n) {
 void DirectWriter::Flush(size_t n) {
   size_t done = 0;
   while (done < n && direct_fd_.valid()) {
-    ssize_t w = ::pwrite(direct_fd_.get(), stage_.data() + done, n - done,
+    ssize_t w = ::pwrite(direct_fd_.get(), stage_->data() + done, n - done,
                          static_cast<off_t>(file_off_ + done));
     if (w < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
@@ -117,10 +118,10 @@ void DirectWriter::Flush(size_t n) {
     done += static_cast<size_t>(w);
   }
   if (done < n) {
-    PwriteFull(buffered_fd_, std::span(stage_.data() + done, n - done), file_off_ + done, path_);
+    PwriteFull(buffered_fd_, std::span(stage_->data() + done, n - done), file_off_ + done, path_);
   }
   // Keep any unflushed remainder at the start of the stage.
-  std::memmove(stage_.data(), stage_.data() + n, fill_ - n);
+  std::memmove(stage_->data(), stage_->data() + n, fill_ - n);
   fill_ -= n;
   file_off_ += n;
 }
@@ -130,7 +131,7 @@ void DirectWriter::Finish() {
   const size_t aligned = fill_ / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
   if (aligned > 0 && direct_fd_.valid()) Flush(aligned);
   if (fill_ > 0) {
-    PwriteFull(buffered_fd_, std::span(stage_.data(), fill_), file_off_, path_);
+    PwriteFull(buffered_fd_, std::span(stage_->data(), fill_), file_off_, path_);
     file_off_ += fill_;
     fill_ = 0;
   }

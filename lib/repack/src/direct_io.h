@@ -55,7 +55,11 @@ class DirectReader {
 // on the buffered descriptor makes both durable. Not thread-safe.
 class DirectWriter {
  public:
-  DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes);
+  // `stage` (optional) lends its memory for the staging block, so a caller
+  // writing many files reuses one (fresh pages are slow to fault in on VMs);
+  // it must outlive the writer.
+  DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes,
+               AlignedBuffer* stage = nullptr);
   void Append(const std::byte* data, size_t n);
   void Finish();  // writes what is staged; call once, before fsync
   uint64_t bytes() const { return appended_; }
@@ -65,7 +69,8 @@ class DirectWriter {
   std::string path_;
   int buffered_fd_;
   UniqueFd direct_fd_;
-  AlignedBuffer stage_;
+  AlignedBuffer own_stage_;
+  AlignedBuffer* stage_;  // own_stage_ or the caller's
   size_t stage_cap_;
   size_t fill_ = 0;
   uint64_t file_off_ = 0;  // file offset of stage_[0]

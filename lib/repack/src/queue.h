@@ -33,6 +33,16 @@ class BoundedQueue {
     return true;
   }
 
+  // Pops without waiting; false when empty or closed.
+  bool TryPop(T* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || items_.empty()) return false;
+    *out = std::move(items_.front());
+    items_.pop_front();
+    not_full_.notify_one();
+    return true;
+  }
+
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;

@@ -160,14 +160,19 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
                            static_cast<double>(plan_.slot_bytes);
     Log(LogLevel::kInfo,
         "expert cache: %lld slot(s)/layer x %lld MoE layers x %s = %s (%s); resident %s, "
-        "MemAvailable %s, reserve %s, read window %s; projected peak %s",
+        "MemAvailable %s, reserve %s, read window %s; projected peak %s; reads: pipe %s, "
+        "%d in flight, %s",
         static_cast<long long>(plan_.slots_per_layer), static_cast<long long>(plan_.moe_layers),
         FormatBytes(plan_.slot_bytes).c_str(), FormatBytes(plan_.cache_bytes).c_str(),
         plan_.from_env ? "K3_EXPERT_GB" : "sized from MemAvailable",
         FormatBytes(plan_.resident_bytes).c_str(), FormatBytes(plan_.available_bytes).c_str(),
         FormatBytes(static_cast<uint64_t>(options_.reserve_bytes)).c_str(),
         FormatBytes(static_cast<uint64_t>(working)).c_str(),
-        FormatBytes(plan_.resident_bytes + plan_.cache_bytes + static_cast<uint64_t>(working)).c_str());
+        FormatBytes(plan_.resident_bytes + plan_.cache_bytes + static_cast<uint64_t>(working)).c_str(),
+        options_.pipe ? "on" : "off", options_.queue_depth,
+        options_.read_chunk_bytes == 0
+            ? "whole experts"
+            : (FormatBytes(options_.read_chunk_bytes) + " pieces").c_str());
   }
 
   // Files: the snapshot's buffered fds plus an O_DIRECT twin each.

@@ -27,5 +27,10 @@ std::optional<Isa> ForcedIsaOrThrow();
 const char* IsaName(Isa isa);
 // Tests: switch the dispatch (must be supported). Not thread-safe w.r.t. running kernels.
 void SetIsaForTesting(Isa isa);
+// Decode (batch 1) rows of the f32-activation path that share each activation
+// load: 1, 2 or 4 (results do not depend on it), 0 = the built-in choice (by
+// row width, see kernels.h). Tests and benchmarks (same-run A/B); not
+// thread-safe w.r.t. running kernels.
+void SetDecodeRowsForTesting(int rows);
 
 }  // namespace k3::quant

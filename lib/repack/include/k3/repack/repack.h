@@ -4,8 +4,9 @@
 // through. Every output file is published atomically; reruns resume, disjoint
 // concurrent passes (several hosts, one NFS directory) are safe.
 //
-// RunRepack throws k3::Error on the first failure (cold path); the observer sees
-// events on the calling thread only.
+// RunRepack throws k3::Error on the first failure (cold path; shards being
+// converted by other streams are finished, no new one is started); the observer
+// sees events on the calling thread only.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,21 @@ struct RepackOptions {
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
   uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
+  // Source shards converted at once, each its own read -> quantize -> write
+  // pipeline (output bytes do not depend on it); 0 = kDefaultStreams. Disks
+  // and network filesystems serve parallel streams faster than one
+  // (docs/PERFORMANCE.md); each stream adds ~100-200 MB of buffers.
+  int streams = 0;
+  // Source reads in flight per stream (one reader thread each, blocks handed on
+  // in order); 0 = kDefaultReadsInFlight. Each adds one block of memory.
+  int reads_in_flight = 0;
 };
+
+// Streams when RepackOptions::streams is 0 (never more than the shards to do).
+inline constexpr int kDefaultStreams = 2;
+inline constexpr int kMaxStreams = 16;
+inline constexpr int kDefaultReadsInFlight = 2;
+inline constexpr int kMaxReadsInFlight = 16;
 
 // Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
 std::vector<int64_t> ParseShardList(const std::string& list);
