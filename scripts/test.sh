@@ -59,5 +59,5 @@ fi
 echo "== aarch64: cross build, unit label and repack / verify / generate under qemu-user"
 scripts/test-arm64.sh
 
-echo "== fuzzing the untrusted-input parsers (clang, ASan/UBSan, ${K3_FUZZ_SECONDS:-30}s per target)"
+echo "== fuzzing the untrusted-input parsers (clang, ASan/UBSan, ${K3_FUZZ_SECONDS:-12}s per target)"
 scripts/fuzz.sh
