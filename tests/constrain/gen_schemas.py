@@ -132,6 +132,35 @@ HAND = [
     {"type": "array", "maxItems": 4, "items": {"anyOf": [
         {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
         {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1, "maxItems": 2}]}},
+    # Free keys beside declared ones (additionalProperties as a schema).
+    {"type": "object", "properties": {"title": {"type": "string", "maxLength": 30},
+                                      "priority": {"type": "integer", "minimum": 1, "maximum": 5}},
+     "required": ["title"], "additionalProperties": {"type": "string", "maxLength": 12}, "maxProperties": 4},
+    {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 50}},
+     "additionalProperties": {"type": ["number", "boolean"]}, "minProperties": 1},
+    # enum / const beside other keywords (the values that fail them are dropped).
+    {"type": "object", "properties": {"level": {"type": "integer", "enum": [0, 1, 2, 3, 10, 99], "minimum": 1, "maximum": 10},
+                                      "mode": {"type": "string", "enum": ["a", "fast", "thorough", "x"], "minLength": 2},
+                                      "flag": {"const": True, "type": "boolean", "description": "always set"}},
+     "required": ["level", "mode"], "additionalProperties": False},
+    # Recursive $ref (unrolled): a tree through $defs, through "#", and mutual recursion.
+    {"$defs": {"node": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                         "children": {"type": "array", "items": {"$ref": "#/$defs/node"},
+                                                                      "maxItems": 2}},
+                        "required": ["name"], "additionalProperties": False}},
+     "type": "object", "properties": {"root": {"$ref": "#/$defs/node"}}, "required": ["root"]},
+    {"type": "object", "properties": {"op": {"enum": ["and", "or", "eq"]}, "field": {"type": "string", "maxLength": 10},
+                                      "args": {"type": "array", "items": {"$ref": "#"}, "maxItems": 3}},
+     "required": ["op"], "additionalProperties": False},
+    {"$defs": {"filter": {"anyOf": [{"$ref": "#/$defs/cond"},
+                                    {"type": "object", "properties": {"all": {"type": "array", "items": {"$ref": "#/$defs/filter"},
+                                                                              "minItems": 1, "maxItems": 2}},
+                                     "required": ["all"], "additionalProperties": False}]},
+               "cond": {"type": "object", "properties": {"key": {"type": "string", "maxLength": 10},
+                                                         "value": {"type": ["string", "number"]}},
+                        "required": ["key", "value"], "additionalProperties": False}},
+     "type": "object", "properties": {"filter": {"$ref": "#/$defs/filter"}}, "required": ["filter"],
+     "additionalProperties": False},
 ]
 
 

@@ -3,8 +3,8 @@
 (issue 16), whose unconstrained output is garbage, checked with Debian's
 python3-jsonschema, an implementation independent of k3:
 
-* every schema of tests/constrain/schemas.json (36 hand-written tool and
-  structured-output schemas + 214 seeded random ones from gen_schemas.py, which
+* every schema of tests/constrain/schemas.json (42 hand-written tool and
+  structured-output schemas + 208 seeded random ones from gen_schemas.py, which
   cover nesting, arrays, enums, const, anyOf/oneOf, bounds, optional and
   required properties, additionalProperties false, $ref, unicode and
   escape-heavy keys) as response_format json_schema: the answer is compact JSON

@@ -14,6 +14,7 @@
 #include "k3/constrain/constrain.h"
 #include "k3/core/error.h"
 #include "k3/tokenizer/tokenizer.h"
+#include "schema_internal.h"  // kMaxRefRecursion
 
 using k3::constrain::CompiledSchema;
 using k3::constrain::Schema;
@@ -326,13 +327,131 @@ TEST_CASE("anyOf, oneOf and type lists") {
   CHECK(CompileError(R"({"oneOf":[{"type":"string"},{"enum":["x"]}]})").object() == "oneOf");
 }
 
-TEST_CASE("$ref to local definitions; recursion refused") {
+TEST_CASE("additionalProperties as a schema beside properties: free keys") {
+  const char* s = R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer"},"gone":false},
+                      "required":["name"],"additionalProperties":{"type":"boolean"}})";
+  CHECK(Accepts(s, R"({"name":"x"})"));
+  CHECK(Accepts(s, R"({"name":"x","extra":true})"));
+  CHECK(Accepts(s, R"({"name":"x","extra":false,"n":3,"more":true})"));  // declared keys still fit after free ones
+  CHECK(Accepts(s, R"({"name":"x","na":true,"names":false,"":true})"));  // prefixes and extensions are free keys
+  CHECK(Accepts(s, "{\"name\":\"x\",\"\xc3\xa9\":true}"));                // UTF-8 in a free key
+  CHECK_FALSE(Prefix(s, R"({"e)"));                                // free keys only once the required ones are in
+  CHECK(Prefix(s, R"({"n":1,"name":"x","e)"));
+  CHECK_FALSE(Prefix(s, R"({"name":"x","extra":1)"));              // free values follow additionalProperties
+  CHECK_FALSE(Prefix(s, R"({"name":"x","name")"));                 // a declared key never comes back as a free key
+  CHECK(Prefix(s, R"({"name":"x","name)"));                        // ... though "names" may follow
+  CHECK_FALSE(Prefix(s, R"({"name":"x","n":true)"));               // "n" is declared: an integer
+  CHECK_FALSE(Prefix(s, R"({"name":"x","gone")"));                 // schema false: never written, not even free
+  CHECK_FALSE(Prefix(s, R"({"name":"x","e\u0078)"));               // free keys are written without escapes
+  CHECK_FALSE(Prefix(s, R"({"name":"x","\u006e")"));               // (which could spell a declared key)
+  // maxProperties / minProperties count free keys too.
+  const char* m = R"({"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"}},"required":["a"],
+                      "additionalProperties":{"type":"null"},"minProperties":2,"maxProperties":2})";
+  CHECK_FALSE(Accepts(m, R"({"a":null})"));
+  CHECK(Accepts(m, R"({"a":null,"x":null})"));
+  CHECK(Accepts(m, R"({"b":null,"a":null})"));
+  CHECK_FALSE(Prefix(m, R"({"b":null,"x)"));                       // a is still missing
+  CHECK_FALSE(Prefix(m, R"({"a":null,"x":null,)"));                // maxProperties reached
+  // minProperties can count one free key only (free keys may repeat).
+  const char* one = R"({"type":"object","properties":{"a":{"type":"null"}},"additionalProperties":{"type":"null"},"minProperties":2})";
+  CHECK(Accepts(one, R"({"a":null,"x":null})"));
+  CHECK(Accepts(one, R"({"a":null,"x":null,"x":null})"));
+  CHECK_FALSE(Prefix(one, R"({"x)"));                              // x and a second x would be one key
+  CHECK(CompileError(R"({"type":"object","properties":{"a":{}},"additionalProperties":{"type":"null"},"minProperties":3})")
+            .object() == "minProperties");
+  // A required key outside properties is a declared key whose value follows additionalProperties.
+  const char* r = R"({"type":"object","required":["z"],"additionalProperties":{"type":"integer"}})";
+  CHECK(Accepts(r, R"({"z":2,"q":1})"));
+  CHECK_FALSE(Prefix(r, R"({"q)"));
+  CHECK_FALSE(Prefix(r, R"({"z":1,"z")"));
+  // Python separators (XTML arguments) spell free keys the same way.
+  k3::constrain::Format py;
+  py.python_separators = true;
+  TokenConstraint c(Schema::CompileOrThrow(s), Bytes(), py);
+  CHECK(c.AdvanceBytes(R"({"name": "x", "extra": true})"));
+  CHECK(c.Accepting());
+}
+
+TEST_CASE("enum and const filtered by the other keywords") {
+  const char* b = R"({"type":"integer","enum":[1,5,50,100],"minimum":2,"maximum":50})";
+  CHECK(Accepts(b, "5"));
+  CHECK(Accepts(b, "50"));
+  CHECK_FALSE(Accepts(b, "1"));
+  CHECK_FALSE(Accepts(b, "100"));
+  CHECK_FALSE(Prefix(b, "10"));
+  const char* l = R"({"type":"string","enum":["a","bb","ccc","dddd"],"minLength":2,"maxLength":3})";
+  CHECK(Accepts(l, R"("bb")"));
+  CHECK(Accepts(l, R"("ccc")"));
+  CHECK_FALSE(Accepts(l, R"("a")"));
+  CHECK_FALSE(Accepts(l, R"("dddd")"));
+  // const with enum: the value must be both.
+  CHECK(Accepts(R"({"const":"x","enum":["x","y"]})", R"("x")"));
+  CHECK_FALSE(Accepts(R"({"const":"x","enum":["x","y"]})", R"("y")"));
+  CHECK(CompileError(R"({"const":"z","enum":["x","y"]})").code() == k3::ErrorCode::kInvalidArgument);
+  // Beside a $ref, or object values against properties.
+  const char* r = R"({"$defs":{"s":{"type":"string","maxLength":2}},"enum":["ab","abc",7],"$ref":"#/$defs/s"})";
+  CHECK(Accepts(r, R"("ab")"));
+  CHECK_FALSE(Accepts(r, R"("abc")"));
+  CHECK_FALSE(Accepts(r, "7"));
+  const char* o = R"({"type":"object","properties":{"k":{"type":"integer","maximum":3}},"enum":[{"k":1},{"k":5}]})";
+  CHECK(Accepts(o, R"({"k":1})"));
+  CHECK_FALSE(Accepts(o, R"({"k":5})"));
+  CHECK(Accepts(R"({"const":0.5,"exclusiveMinimum":0})", "0.5"));
+  // Every value dropped: nothing can match.
+  auto e = CompileError(R"({"type":"number","enum":[1,2],"minimum":10})");
+  CHECK(e.code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(std::string(e.what()).find("other keywords") != std::string::npos);
+  // What the other keywords may not be is still refused.
+  CHECK(CompileError(R"({"type":"string","enum":["a"],"pattern":"a"})").object() == "pattern");
+}
+
+TEST_CASE("$ref to local definitions; recursion unrolled to a bound") {
   const char* s = R"({"$defs":{"p":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}},
                       "type":"array","items":{"$ref":"#/$defs/p"}})";
   CHECK(Accepts(s, R"([{"x":1},{"x":2}])"));
-  auto e = CompileError(R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}}}},"$ref":"#/$defs/n"})");
-  CHECK(e.code() == k3::ErrorCode::kUnsupported);
-  CHECK(std::string(e.what()).find("recursive") != std::string::npos);
+  // A linked list: past kMaxRefRecursion re-entries the optional child is not offered.
+  const char* list = R"({"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},"next":{"$ref":"#/$defs/n"}},
+                         "required":["v"]}},"$ref":"#/$defs/n"})";
+  std::string deep = R"({"v":0)", close = "}";
+  for (int i = 1; i <= k3::constrain::kMaxRefRecursion; ++i) {
+    deep += R"(,"next":{"v":)" + std::to_string(i);
+    close += "}";
+  }
+  CHECK(Accepts(list, deep + close));
+  CHECK(Prefix(list, R"({"v":0,"next":{"v":1,"next")"));
+  CHECK_FALSE(Prefix(list, deep + ","));  // the deepest copy has no "next"
+  // A tree through "#" (the root), and mutual recursion through anyOf.
+  const char* tree = R"({"type":"object","properties":{"name":{"type":"string"},"kids":{"type":"array","items":{"$ref":"#"}}},
+                         "required":["name"]})";
+  CHECK(Accepts(tree, R"({"name":"a","kids":[{"name":"b","kids":[]},{"name":"c","kids":[{"name":"d"}]}]})"));
+  const char* expr = R"({"$defs":{"e":{"anyOf":[{"type":"integer"},{"$ref":"#/$defs/op"}]},
+      "op":{"type":"object","properties":{"op":{"enum":["+","*"]},"args":{"type":"array","items":{"$ref":"#/$defs/e"},
+            "minItems":2,"maxItems":2}},"required":["op","args"],"additionalProperties":false}},"$ref":"#/$defs/e"})";
+  CHECK(Accepts(expr, "3"));
+  CHECK(Accepts(expr, R"({"op":"+","args":[1,{"op":"*","args":[2,3]}]})"));
+  std::string nest = "1", open;
+  for (int i = 0; i < k3::constrain::kMaxRefRecursion; ++i) {
+    nest = R"({"op":"+","args":[1,)" + nest + "]}";
+    open += R"({"op":"+","args":[1,)";
+  }
+  CHECK(Accepts(expr, nest));  // each reference is expanded inside itself kMaxRefRecursion times
+  CHECK(Prefix(expr, open + "2"));
+  CHECK_FALSE(Prefix(expr, open + "{"));  // one more op would expand e a sixth time
+  // No finite value within the bound: kInvalidArgument naming the reference.
+  auto e = CompileError(R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}},"required":["next"]}},
+                           "$ref":"#/$defs/n"})");
+  CHECK(e.code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(std::string(e.what()).find("#/$defs/n") != std::string::npos);
+  // Too many nodes at the full bound: fewer levels are unrolled.
+  std::string wide = R"({"$defs":{"w":{"type":"object","properties":{"next":{"$ref":"#/$defs/w"})";
+  for (int i = 0; i < 63; ++i) {
+    wide += ",\"o" + std::to_string(i) + R"(":{"type":"object","properties":{)";
+    for (int j = 0; j < 64; ++j) wide += std::string(j ? "," : "") + "\"s" + std::to_string(j) + R"(":{"type":"string"})";
+    wide += "}}";
+  }
+  wide += R"(}}},"$ref":"#/$defs/w"})";
+  CHECK_NOTHROW(Schema::CompileOrThrow(wide));
+  CHECK(Prefix(wide, R"({"next":{"next":{)"));
 }
 
 TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointer") {
@@ -346,7 +465,6 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
       {R"({"type":"array","prefixItems":[{}]})", "prefixItems", "/"},
       {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties", "/properties/a~1b"},
       {R"({"allOf":[{"type":"string"},{"maxLength":3}]})", "allOf", "/"},
-      {R"({"type":"object","properties":{"a":{}},"additionalProperties":{"type":"string"}})", "additionalProperties", "/"},
       {R"({"$ref":"https://example.com/s.json"})", "$ref", "/"},
       {R"({"type":"integer","exclusiveMinimum":true})", "exclusiveMinimum", "/"},
       {R"({"frobnicate":1})", "frobnicate", "/"},
@@ -357,6 +475,12 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
     CHECK_MESSAGE(e.object() == c.keyword, e.what());
     CHECK_MESSAGE(std::string(e.what()).find(std::string("at ") + c.pointer) != std::string::npos, e.what());
   }
+  // The two refusals real tool schemas hit most say what to change.
+  auto big = CompileError(R"({"type":"integer","maximum":1e20})");
+  CHECK(big.object() == "maximum");
+  CHECK(std::string(big.what()).find("1e+20 lies beyond +-1e15") != std::string::npos);
+  CHECK(std::string(CompileError(R"({"type":"string","pattern":"^a"})").what()).find("regular expressions") !=
+        std::string::npos);
   CHECK(CompileError("{").code() == k3::ErrorCode::kCorrupt);
   // Caps that keep a hostile schema from making every mask slow.
   std::string many = R"({"anyOf":[)";
@@ -508,6 +632,10 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
       R"({"type":"string","minLength":3})",
       R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
       R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"nm":{"type":"integer"}},"required":["nm"],
+          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
+      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
+          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
       R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
           {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
   };

@@ -40,6 +40,9 @@ struct Vocabulary::Impl {
   static constexpr uint32_t kShortChars = 16;
   std::vector<uint64_t> plain_upto[kShortChars];
   std::vector<uint32_t> plain_long;
+  // Tokens without a backslash: free keys beside declared ones are written
+  // without escapes (their staying tokens are the plain ones without '\').
+  std::vector<uint64_t> no_backslash;
 };
 
 namespace {
@@ -126,6 +129,9 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
       v.stay_mask[l][id / 64] |= uint64_t{1} << (id % 64);
     }
   }
+  v.no_backslash.assign(v.words, 0);
+  for (size_t id = 0; id < v.tokens.size(); ++id)
+    if (v.tokens[id].find('\\') == std::string::npos) v.no_backslash[id / 64] |= uint64_t{1} << (id % 64);
   for (uint32_t c = 0; c < Impl::kShortChars; ++c) v.plain_upto[c].assign(v.words, 0);
   for (size_t id = 0; id < v.tokens.size(); ++id) {
     uint16_t chars = v.stay_chars[kStrPlain][id];
@@ -298,7 +304,13 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
         return;
       }
       shortcut = true;
-      OrStayingTokens(v, StayKey(StrLexState{top.lex, top.pos}), left, mask);
+      if (n.key_of >= 0) {
+        // A free key beside declared ones: unbounded, never in an escape.
+        const std::vector<uint64_t>& stay = v.stay_mask[StayKey(StrLexState{top.lex, top.pos})];
+        for (size_t w = 0; w < v.words; ++w) mask[w] |= stay[w] & v.no_backslash[w];
+      } else {
+        OrStayingTokens(v, StayKey(StrLexState{top.lex, top.pos}), left, mask);
+      }
     }
   }
   const size_t levels = size_t(v.max_depth) + 1;

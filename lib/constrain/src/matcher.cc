@@ -35,6 +35,10 @@ uint64_t AllProps(const SchemaNode& n) {
   return n.props.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.props.size()) - 1;
 }
 
+uint64_t AllReserved(const SchemaNode& n) {
+  return n.reserved.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.reserved.size()) - 1;
+}
+
 // [a, b] with each end open or closed, intersected with the node's bounds.
 bool Meets(const SchemaNode& n, double a, bool a_closed, double b, bool b_closed) {
   double lo = a;
@@ -150,7 +154,7 @@ bool Matcher::Same(const State& a, const State& b) const {
     const Frame &x = arena_[size_t(i)], &y = arena_[size_t(j)];
     if (x.node != y.node || x.phase != y.phase || x.lex != y.lex || x.pos != y.pos || x.count != y.count ||
         x.bits != y.bits || x.bits2 != y.bits2 || x.frac != y.frac || x.nd_int != y.nd_int ||
-        x.nd_frac != y.nd_frac || x.nd_exp != y.nd_exp || x.neg != y.neg)
+        x.nd_frac != y.nd_frac || x.nd_exp != y.nd_exp || x.neg != y.neg || x.free_count != y.free_count)
       return false;
   }
   return true;
@@ -170,30 +174,49 @@ void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
 Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
-  bool map = n.map_value >= 0;
+  const bool free_keys = n.map_value >= 0;  // keys other than the declared ones (additionalProperties)
   uint64_t unseen = AllProps(n) & ~f.bits;
-  // Properties so far: declared ones seen, or (free keys) entries counted.
-  const uint64_t have = map ? f.count : uint64_t(std::popcount(f.bits));
+  const uint64_t seen = uint64_t(std::popcount(f.bits));
+  const uint64_t have = seen + f.free_count;  // entries so far
   const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
-  const bool can_close = missing == 0 && have >= n.min_props;
-  // Keys that may come next: an optional one only if the required ones left
-  // still fit under maxProperties.
-  if (!map && have + 1 + missing > n.max_props) unseen &= n.required_mask;
-  const bool can_add = have < n.max_props && (map || unseen);
+  // minProperties counts distinct keys: free keys may repeat (a parser keeps
+  // one of each), so at most one of them counts.
+  const uint64_t distinct = seen + (f.free_count ? 1 : 0);
+  const bool can_close = missing == 0 && distinct >= n.min_props;
+  // Keys that may come next: an optional declared key only if the required
+  // ones left still fit under maxProperties. A free key only once nothing
+  // else is needed (every required key written, minProperties met with this
+  // one): then the object may close after it, so a shortest completion never
+  // loops on free keys, and what is needed always fits.
+  if (have + 1 + missing > n.max_props) unseen &= n.required_mask;
+  if (have >= n.max_props) unseen = 0;
+  const bool free_ok = free_keys && missing == 0 && n.min_props <= seen + 1 && have < n.max_props;
+  const bool can_add = unseen || free_ok;
+  // A key starts: a declared one (matched byte by byte against the candidates)
+  // and, beside it, a free key (a string frame); both are followed until the
+  // key's bytes tell them apart.
   auto begin_key = [&]() -> R {
     if (!can_add) return R::kFail;
-    if (map) {
-      Modify(s).phase = kObjAfterKey;
-      Frame k;
-      k.node = n.key_node;
-      Push(s, k);
-      return R::kDone;
+    if (unseen) {
+      State d = s;
+      Frame& m = Modify(d);
+      m.phase = kObjKey;
+      m.bits2 = unseen;
+      m.pos = 0;
+      out.push_back(d);
     }
-    Frame& m = Modify(s);
-    m.phase = kObjKey;
-    m.bits2 = unseen;
-    m.pos = 0;
-    return R::kDone;
+    if (free_ok) {
+      State k = s;
+      Frame& m = Modify(k);
+      m.phase = kObjAfterKey;
+      m.count = kFreeKey;
+      Frame key;
+      key.node = n.key_node;
+      key.bits = nodes_[n.key_node].key_of >= 0 ? AllReserved(n) : 0;
+      Push(k, key);
+      out.push_back(k);
+    }
+    return R::kOut;
   };
   switch (f.phase) {
     case kObjOpen:
@@ -240,10 +263,11 @@ Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
       Modify(s).phase = format_.python_separators ? kObjColonSpace : kObjValue;
       return R::kDone;
     case kObjValue: {
-      uint32_t child = map ? uint32_t(n.map_value) : n.props[f.count].child;
+      const bool free_key = f.count == kFreeKey;
+      uint32_t child = free_key ? uint32_t(n.map_value) : n.props[f.count].child;
       Frame& m = Modify(s);
       m.phase = kObjAfterValue;
-      if (map) ++m.count;  // entries, for min/maxProperties
+      if (free_key) ++m.free_count;  // entries, for min/maxProperties
       else m.bits |= uint64_t{1} << f.count;
       StartValue(s, child, b, out);
       return R::kOut;
@@ -307,8 +331,15 @@ Matcher::R Matcher::StepString(State& s, uint8_t b) {
   StrLexState ls{f.lex, f.pos};
   StrStep r = StrLexStep(ls, b, f.phase == kRawPhase);
   if (r == StrStep::kFail) return R::kFail;
+  // A free key beside declared keys: no escapes, so that its bytes are its
+  // value and comparing them with the reserved keys' bytes is exact.
+  const std::vector<std::string>* reserved = n.key_of >= 0 ? &nodes_[size_t(n.key_of)].reserved : nullptr;
+  if (reserved && b == '\\') return R::kFail;
   if (r == StrStep::kClose) {
     if (f.count < n.min_len) return R::kFail;
+    if (reserved)
+      for (uint64_t c = f.bits; c; c &= c - 1)
+        if ((*reserved)[size_t(std::countr_zero(c))].size() == f.bits2) return R::kFail;  // a declared key
     Pop(s);
     return R::kDone;
   }
@@ -321,6 +352,15 @@ Matcher::R Matcher::StepString(State& s, uint8_t b) {
   m.lex = ls.lex;
   m.pos = ls.hex;
   m.count = count;
+  if (reserved && f.bits) {
+    uint64_t still = 0;
+    for (uint64_t c = f.bits; c; c &= c - 1) {
+      const std::string& key = (*reserved)[size_t(std::countr_zero(c))];
+      if (f.bits2 < key.size() && uint8_t(key[size_t(f.bits2)]) == b) still |= c & -c;
+    }
+    m.bits = still;
+    m.bits2 = still ? f.bits2 + 1 : 0;  // 0 once no reserved key is left: equal states merge
+  }
   return R::kDone;
 }
 

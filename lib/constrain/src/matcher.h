@@ -16,6 +16,7 @@
 namespace k3::constrain {
 
 inline constexpr uint32_t kRootNode = 0xFFFFFFFFu;
+inline constexpr uint32_t kFreeKey = 0xFFFFFFFFu;  // Frame::count of an object whose current key is free
 
 struct Frame {
   int32_t parent = -1;     // arena index of the enclosing frame
@@ -23,12 +24,13 @@ struct Frame {
   uint8_t phase = 0;       // per kind (matcher.cc)
   uint8_t lex = 0;         // string lexer / number state
   uint16_t pos = 0;        // literal or key byte position; \u accumulator
-  uint32_t count = 0;      // string code points, array items, chosen property
-  uint64_t bits = 0;       // object: properties seen; literals: candidates
-  uint64_t bits2 = 0;      // object: key candidates; number: integer digits' value
+  uint32_t count = 0;      // string code points, array items, chosen property (kFreeKey)
+  uint64_t bits = 0;       // object: properties seen; literals: candidates; free key: reserved keys it still equals
+  uint64_t bits2 = 0;      // object: key candidates; number: integer digits' value; free key: bytes so far
   uint64_t frac = 0;       // number: fraction digits' value
   uint8_t nd_int = 0, nd_frac = 0, nd_exp = 0;
   bool neg = false;
+  uint32_t free_count = 0;  // object: entries with free keys
 };
 
 struct State {
@@ -40,6 +42,9 @@ class Matcher {
  public:
   Matcher(const CompiledSchema::Impl& schema, std::vector<Frame>& arena, Format format = {})
       : nodes_(schema.nodes), root_(schema.root), arena_(arena), format_(format) {}
+  // Over nodes still being compiled (the compiler filters enum values with it).
+  Matcher(const std::vector<SchemaNode>& nodes, uint32_t root, std::vector<Frame>& arena, Format format = {})
+      : nodes_(nodes), root_(root), arena_(arena), format_(format) {}
 
   // Frame::phase of a raw (Format::raw_top_string) string or literal frame.
   static constexpr uint8_t kRawPhase = 1;

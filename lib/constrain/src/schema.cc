@@ -8,10 +8,12 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
+#include "matcher.h"
 #include "schema_internal.h"
 
 namespace k3::constrain {
@@ -138,12 +140,31 @@ bool LiteralHasType(const std::string& lit, std::string_view type) {
   return false;
 }
 
+// Thrown where a recursive $ref would nest deeper than the unrolling allows:
+// that copy of the reference is the schema false. Caught where false is
+// harmless (an optional property, an anyOf alternative, array items with no
+// minItems, additionalProperties); elsewhere it climbs to the next such place,
+// and at the root it is kInvalidArgument (no finite value within the bound).
+struct RecursionCut {};
+
 class Compiler {
  public:
-  explicit Compiler(element root) : root_(root) {}
+  // max_recursion: how many times a recursive $ref may be expanded inside itself.
+  Compiler(element root, int max_recursion) : root_(root), max_recursion_(max_recursion) {}
 
-  uint32_t CompileRoot() { return Compile(root_, "", 0); }
+  uint32_t CompileRoot() {
+    // The root is the target of "#": a "#" inside it is a re-entry.
+    if (Cyclic("#")) ++active_["#"];
+    try {
+      return Compile(root_, "", 0);
+    } catch (const RecursionCut&) {
+      Unsatisfiable("", "every value needs the recursive reference '" + cut_ref_ + "' nested inside itself more than " +
+                            std::to_string(max_recursion_) + " times, the most k3 unrolls");
+    }
+  }
   std::vector<SchemaNode> TakeNodes() { return std::move(nodes_); }
+  // A recursive $ref was unrolled (a smaller bound may fit the node cap).
+  bool recursed() const { return recursed_; }
 
   uint32_t Add(SchemaNode n) {
     if (nodes_.size() >= size_t(kMaxNodes))
@@ -188,8 +209,9 @@ class Compiler {
     return Add(std::move(s));
   }
 
-  uint32_t LiteralNode(std::vector<std::string> lits, const std::string& ptr, const std::string& kw) {
-    if (lits.empty()) Unsatisfiable(ptr, "no value of '" + kw + "' has the schema's type");
+  uint32_t LiteralNode(std::vector<std::string> lits, const std::string& ptr, const std::string& kw,
+                       const char* why_empty = "has the schema's type") {
+    if (lits.empty()) Unsatisfiable(ptr, "no value of '" + kw + "' " + why_empty);
     if (lits.size() > size_t(kMaxLiterals))
       Unsupported(kw, ptr, "more than " + std::to_string(kMaxLiterals) + " values");
     // Duplicates would make two candidates complete at once; keep one.
@@ -303,7 +325,9 @@ class Compiler {
       for (int b = 0; b < 256; ++b) un.first[b] = un.first[b] || nodes_[a].first[b];
   }
 
-  uint32_t Compile(element e, const std::string& ptr, int depth) {
+  // skip_literals: compile as if enum and const were absent (the filter of
+  // their values by the other keywords).
+  uint32_t Compile(element e, const std::string& ptr, int depth, bool skip_literals = false) {
     if (depth >= kMaxDepth)
       throw Error(ErrorCode::kUnsupported, "schema at " + Where(ptr) + " nests deeper than " + std::to_string(kMaxDepth),
                   {}, Error::kNoOffset, "schema");
@@ -319,13 +343,14 @@ class Compiler {
     for (auto field : o) {
       std::string_view k = field.key;
       if (kAnnotations.count(k) || k.substr(0, 2) == "x-") continue;
+      if (skip_literals && (k == "enum" || k == "const")) continue;
       if (kObjectWords.count(k) || kArrayWords.count(k) || kStringWords.count(k) ||
           kNumberWords.count(k) || kOtherWords.count(k)) {
         constraints.insert(std::string(k));
         continue;
       }
       static const std::map<std::string_view, std::string_view> kWhy = {
-          {"pattern", "regular expressions are not compiled into the automaton"},
+          {"pattern", "regular expressions are not compiled into the automaton (an enum of the allowed strings is)"},
           {"patternProperties", "regular expressions are not compiled into the automaton"},
           {"propertyNames", "key schemas are not supported"},
           {"multipleOf", "divisibility is not expressible per byte"},
@@ -358,9 +383,49 @@ class Compiler {
 
     auto only = [&](const std::string& kw) {
       for (auto& c : constraints)
-        if (c != kw && !(kw == "enum" && c == "type") && !(kw == "const" && c == "type"))
-          Unsupported(c, ptr, "'" + c + "' together with '" + kw + "' is not supported");
+        if (c != kw) Unsupported(c, ptr, "'" + c + "' together with '" + kw + "' is not supported");
     };
+
+    if (constraints.count("enum") || constraints.count("const")) {
+      std::vector<std::string> lits;  // compact texts
+      std::string kw = constraints.count("enum") ? "enum" : "const";
+      if (constraints.count("enum")) {
+        element v = o["enum"];
+        if (v.type() != element_type::ARRAY) Corrupt(ptr + "/enum", "must be an array");
+        for (element x : simdjson::dom::array(v)) {
+          std::string text;
+          AppendCompact(text, x);
+          lits.push_back(std::move(text));
+        }
+      }
+      if (constraints.count("const")) {
+        std::string text;
+        element cv = o["const"];
+        AppendCompact(text, cv);
+        // With both, the value must be the const and in the enum.
+        bool in_enum = !constraints.count("enum") || std::find(lits.begin(), lits.end(), text) != lits.end();
+        lits.clear();
+        if (in_enum) lits.push_back(std::move(text));
+      }
+      bool others = false;
+      for (auto& c : constraints) others = others || (c != "enum" && c != "const" && c != "type");
+      if (!others) {
+        std::vector<std::string> types = TypeList(o, ptr);
+        std::erase_if(lits, [&](const std::string& l) {
+          bool ok = types.empty();
+          for (auto& t : types) ok = ok || LiteralHasType(l, t);
+          return !ok;
+        });
+        return LiteralNode(std::move(lits), ptr, kw);
+      }
+      // Other keywords too (bounds, lengths, a $ref, ...): compile the schema
+      // without enum/const and keep the values its automaton accepts, so each
+      // output validates against every keyword (a value the automaton would
+      // not spell, e.g. 1e-07 under bounds, is dropped: that only narrows).
+      uint32_t rest = Compile(e, ptr, depth, true);
+      std::erase_if(lits, [&](const std::string& l) { return !AcceptsText(rest, l); });
+      return LiteralNode(std::move(lits), ptr, kw, "satisfies the schema's other keywords");
+    }
 
     if (constraints.count("$ref")) {
       only("$ref");
@@ -376,29 +441,6 @@ class Compiler {
       if (arr.size() != 1) Unsupported("allOf", ptr, "only a single-schema allOf is supported");
       return Compile(arr.at(0), ptr + "/allOf/0", depth + 1);
     }
-    if (constraints.count("enum") || constraints.count("const")) {
-      std::string kw = constraints.count("enum") ? "enum" : "const";
-      if (constraints.count("enum") && constraints.count("const"))
-        Unsupported("const", ptr, "'const' together with 'enum' is not supported");
-      only(kw);
-      std::vector<std::string> types = TypeList(o, ptr);
-      std::vector<std::string> lits;
-      auto add = [&](element v) {
-        std::string text;
-        AppendCompact(text, v);
-        bool ok = types.empty();
-        for (auto& t : types) ok = ok || LiteralHasType(text, t);
-        if (ok) lits.push_back(std::move(text));
-      };
-      element v = o[kw];
-      if (kw == "enum") {
-        if (v.type() != element_type::ARRAY) Corrupt(ptr + "/enum", "must be an array");
-        for (element x : simdjson::dom::array(v)) add(x);
-      } else {
-        add(v);
-      }
-      return LiteralNode(std::move(lits), ptr, kw);
-    }
     if (constraints.count("anyOf") || constraints.count("oneOf")) {
       std::string kw = constraints.count("anyOf") ? "anyOf" : "oneOf";
       only(kw);
@@ -408,12 +450,18 @@ class Compiler {
       if (arr.size() == 0) Corrupt(ptr + "/" + kw, "must not be empty");
       uint32_t u = Add(SchemaNode{});
       std::vector<uint32_t> alts;
+      bool cut = false;
       size_t i = 0;
       for (element x : arr) {
         std::string p = ptr + "/" + kw + "/" + std::to_string(i++);
         if (x.type() == element_type::BOOL && !bool(x)) continue;  // false adds nothing
-        alts.push_back(Compile(x, p, depth + 1));
+        try {
+          alts.push_back(Compile(x, p, depth + 1));
+        } catch (const RecursionCut&) {
+          cut = true;  // a recursion's deepest copy: this alternative is false
+        }
       }
+      if (alts.empty() && cut) throw RecursionCut{};
       if (alts.empty()) Unsatisfiable(ptr, "every alternative is false");
       // oneOf is compiled as anyOf: an output may match several alternatives
       // (refused by a validator for oneOf) only when they overlap.
@@ -442,7 +490,14 @@ class Compiler {
     if (types.size() == 1) return CompileTyped(o, types[0], ptr, depth);
     uint32_t u = Add(SchemaNode{});
     std::vector<uint32_t> alts;
-    for (auto& t : types) alts.push_back(CompileTyped(o, t, ptr, depth));
+    for (auto& t : types) {
+      try {
+        alts.push_back(CompileTyped(o, t, ptr, depth));
+      } catch (const RecursionCut&) {
+        // this type needs the recursion's deepest copy; the others remain
+      }
+    }
+    if (alts.empty()) throw RecursionCut{};
     FillUnion(u, alts, ptr, "type");
     return u;
   }
@@ -518,8 +573,16 @@ class Compiler {
         if (n.min_items > 0) Unsatisfiable(ptr, "items is false but minItems > 0");
         n.max_items = 0;
         n.items = AnyNode();
+      } else if (has_items) {
+        try {
+          n.items = Compile(items, ptr + "/items", depth + 1);
+        } catch (const RecursionCut&) {
+          if (n.min_items > 0) throw;  // an item is needed
+          n.max_items = 0;             // a recursion's deepest copy: only []
+          n.items = AnyNode();
+        }
       } else {
-        n.items = has_items ? Compile(items, ptr + "/items", depth + 1) : AnyNode();
+        n.items = AnyNode();
       }
       element uniq;
       if (o["uniqueItems"].get(uniq) == simdjson::SUCCESS && uniq.type() == element_type::BOOL && bool(uniq)) {
@@ -565,16 +628,38 @@ class Compiler {
     auto is_required = [&](const std::string& k) {
       return std::find(required.begin(), required.end(), k) != required.end();
     };
+    // The additionalProperties schema, compiled once (its node is shared);
+    // kNoNode when it is a recursion's deepest copy (then it acts as false).
+    int32_t add_node = kNoNode;
+    bool add_cut = false;
+    auto additional = [&]() -> int32_t {
+      if (!add_schema) return int32_t(AnyNode());
+      if (add_node == kNoNode && !add_cut) {
+        try {
+          add_node = int32_t(Compile(add_el, ptr + "/additionalProperties", depth + 1));
+        } catch (const RecursionCut&) {
+          add_cut = true;
+        }
+      }
+      return add_node;
+    };
+    std::vector<std::string> reserved;  // every key of properties, as generated
     for (auto& [key, schema] : props) {
       std::string p = ptr + "/properties/" + PointerEscape(key);
+      reserved.push_back(KeyBytes(key));
       if (schema.type() == element_type::BOOL && !bool(schema)) {
         if (is_required(key)) Unsatisfiable(p, "a required property has the schema false");
         continue;  // the property may never appear
       }
       Property pr;
       pr.key = KeyBytes(key);
-      pr.child = Compile(schema, p, depth + 1);
       pr.required = is_required(key);
+      try {
+        pr.child = Compile(schema, p, depth + 1);
+      } catch (const RecursionCut&) {
+        if (pr.required) throw;
+        continue;  // a recursion's deepest copy: the optional property is not offered
+      }
       n.props.push_back(std::move(pr));
     }
     for (auto& r : required) {
@@ -583,32 +668,50 @@ class Compiler {
       if (add_false) Unsatisfiable(ptr, "required '" + r + "' is not in properties and additionalProperties is false");
       Property pr;
       pr.key = KeyBytes(r);
-      pr.child = add_schema ? Compile(add_el, ptr + "/additionalProperties", depth + 1) : AnyNode();
+      int32_t child = additional();
+      if (child == kNoNode) throw RecursionCut{};
+      pr.child = uint32_t(child);
       pr.required = true;
+      reserved.push_back(pr.key);
       n.props.push_back(std::move(pr));
     }
     if (n.props.size() > size_t(kMaxProperties))
       Unsupported("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties");
     for (size_t i = 0; i < n.props.size(); ++i)
       if (n.props[i].required) n.required_mask |= uint64_t{1} << i;
-    if (n.props.empty() && !add_false) {
-      // Free keys: any object, or a map whose values follow additionalProperties.
-      n.map_value = int32_t(add_schema ? Compile(add_el, ptr + "/additionalProperties", depth + 1) : AnyNode());
-      n.key_node = StringNode(0, kUnbounded);
-    } else if (add_schema && !n.props.empty()) {
-      Unsupported("additionalProperties", ptr, "a schema for additional properties together with 'properties'");
+    // Free keys, with values of additionalProperties (any value when absent or
+    // true): when it is a schema, or when nothing is declared. Declared
+    // properties with additionalProperties absent or true generate only the
+    // declared keys. Free keys never equal a key of properties.
+    if (!add_false && (add_schema || n.props.empty())) {
+      int32_t v = additional();
+      if (v != kNoNode) {
+        n.map_value = v;
+        n.key_node = StringNode(0, kUnbounded);
+      }
+    }
+    if (n.map_value >= 0 && !reserved.empty()) {
+      if (reserved.size() > size_t(kMaxProperties))
+        Unsupported("properties", ptr, "more than " + std::to_string(kMaxProperties) +
+                                           " properties beside additionalProperties");
+      n.reserved = std::move(reserved);
     }
     n.min_props = Count(o, "minProperties", ptr, 0);
     n.max_props = Count(o, "maxProperties", ptr, kUnbounded);
     if (n.min_props > n.max_props) Unsatisfiable(ptr, "minProperties > maxProperties");
     if (size_t(std::popcount(n.required_mask)) > n.max_props) Unsatisfiable(ptr, "more required properties than maxProperties");
-    if (n.map_value < 0 && n.min_props > n.props.size()) Unsatisfiable(ptr, "minProperties exceeds the properties that may appear");
-    // Free keys may repeat, and a parser keeps one of each: beyond one
-    // property the count of distinct keys cannot be promised.
-    if (n.map_value >= 0 && n.min_props > 1)
-      Unsupported("minProperties", ptr, "above 1 only with declared properties (free keys may repeat)");
+    // minProperties counts distinct keys. Free keys may repeat, and a parser
+    // keeps one of each: only one free key can be promised.
+    if (n.min_props > n.props.size() + (n.map_value >= 0 ? 1 : 0)) {
+      if (n.map_value >= 0)
+        Unsupported("minProperties", ptr, "counts at most one free key (free keys may repeat): above the declared "
+                                          "properties + 1 it is not supported");
+      if (add_cut) throw RecursionCut{};
+      Unsatisfiable(ptr, "minProperties exceeds the properties that may appear");
+    }
     uint32_t idx = Add(std::move(n));
     SetFirst(idx);
+    if (!nodes_[idx].reserved.empty()) nodes_[nodes_[idx].key_node].key_of = int32_t(idx);
     return idx;
   }
 
@@ -627,8 +730,13 @@ class Compiler {
     // The largest magnitude the generated digits can reach.
     const double kLimit = std::pow(10.0, kMaxIntDigits);
     auto check = [&](const char* kw, double x) {
-      if (!(std::fabs(x) < kLimit))
-        Unsupported(kw, ptr, "bounds beyond +-1e" + std::to_string(kMaxIntDigits) + " are not supported");
+      if (!(std::fabs(x) < kLimit)) {
+        char buf[64];
+        auto r = std::to_chars(buf, buf + sizeof buf, x);
+        Unsupported(kw, ptr, "the bound " + std::string(buf, r.ptr) + " lies beyond +-1e" + std::to_string(kMaxIntDigits) +
+                                 " (generated numbers have at most " + std::to_string(kMaxIntDigits) +
+                                 " integer digits, so such bounds are not enforced; drop or narrow it)");
+      }
       any = true;
     };
     if (Number(o, "minimum", ptr, v)) { check("minimum", v); n.lo = v; }
@@ -657,11 +765,8 @@ class Compiler {
     return idx;
   }
 
-  uint32_t CompileRef(const std::string& ref, const std::string& ptr, int depth) {
-    if (ref.empty() || ref[0] != '#') Unsupported("$ref", ptr, "only local references ('#/...') are supported");
-    auto it = refs_.find(ref);
-    if (it != refs_.end()) return it->second;
-    if (in_progress_.count(ref)) Unsupported("$ref", ptr, "recursive reference '" + ref + "'");
+  // The element a local reference points to; kCorrupt when it resolves to nothing.
+  element Resolve(const std::string& ref, const std::string& ptr) {
     element target = root_;
     std::string_view rest = std::string_view(ref).substr(1);
     while (!rest.empty()) {
@@ -683,19 +788,172 @@ class Compiler {
       }
       target = next;
     }
-    in_progress_.insert(ref);
-    uint32_t idx = Compile(target, ref.substr(1), depth + 1);
-    in_progress_.erase(ref);
-    refs_[ref] = idx;
+    return target;
+  }
+
+  // The local references anywhere below a reference's target (every "$ref"
+  // string, wherever it sits: more edges than the schema uses only makes
+  // Cyclic() more cautious). Unresolvable ones are left to Compile.
+  const std::vector<std::string>& RefsBelow(const std::string& ref) {
+    auto it = refs_below_.find(ref);
+    if (it != refs_below_.end()) return it->second;
+    std::vector<std::string> found;
+    element target;
+    bool ok = true;
+    try {
+      target = Resolve(ref, "");
+    } catch (const Error&) {
+      ok = false;
+    }
+    std::vector<element> todo;
+    if (ok) todo.push_back(target);
+    while (!todo.empty()) {
+      element e = todo.back();
+      todo.pop_back();
+      // Targets may overlap (every one lies inside "#"): bound the total work.
+      if (++walked_ > kMaxRefWalk)
+        Unsupported("$ref", "", "too many reference targets to search for recursion (" +
+                                    std::to_string(kMaxRefWalk) + " schema values)");
+      if (e.type() == element_type::ARRAY) {
+        for (element x : simdjson::dom::array(e)) todo.push_back(x);
+      } else if (e.type() == element_type::OBJECT) {
+        for (auto f : object(e)) {
+          if (f.key == "$ref" && f.value.type() == element_type::STRING) {
+            std::string_view r(f.value);
+            if (!r.empty() && r[0] == '#') found.emplace_back(r);
+          }
+          todo.push_back(f.value);
+        }
+      }
+    }
+    return refs_below_.emplace(ref, std::move(found)).first->second;
+  }
+
+  // Whether a cycle of references can be reached from `ref` (depth-first
+  // search for a back edge). References that reach none compile to the same
+  // nodes wherever they are used: compiled once and shared.
+  bool Cyclic(const std::string& ref) {
+    auto known = cyclic_.find(ref);
+    if (known != cyclic_.end()) return known->second;
+    std::map<std::string, int> color;  // 1 on the stack, 2 done
+    std::vector<std::pair<std::string, size_t>> stack = {{ref, 0}};
+    color[ref] = 1;
+    bool found = false;
+    while (!stack.empty() && !found) {
+      auto& [at, next] = stack.back();
+      const std::vector<std::string>& out = RefsBelow(at);
+      if (next == out.size()) {
+        color[at] = 2;
+        stack.pop_back();
+        continue;
+      }
+      std::string to = out[next++];
+      auto k = cyclic_.find(to);
+      int c = color[to];
+      if (c == 1 || (k != cyclic_.end() && k->second)) {
+        found = true;
+      } else if (c == 0 && k == cyclic_.end()) {
+        color[to] = 1;
+        stack.emplace_back(to, 0);
+      }
+    }
+    // Every reference finished without a back edge reaches no cycle; those
+    // still on the stack reach the one found.
+    for (auto& [r, c] : color)
+      if (c == 2) cyclic_[r] = false;
+    for (auto& [r, next] : stack) cyclic_[r] = true;
+    cyclic_[ref] = found;
+    return found;
+  }
+
+  // Local references are inlined. One that reaches no cycle compiles once and
+  // is shared. A recursive one is unrolled: it may be expanded inside its own
+  // expansion max_recursion_ times; one more is false (RecursionCut). Its
+  // nodes depend on how often each reference is being expanded, so they are
+  // shared only between uses with the same counts.
+  uint32_t CompileRef(const std::string& ref, const std::string& ptr, int depth) {
+    if (ref.empty() || ref[0] != '#') Unsupported("$ref", ptr, "only local references ('#/...') are supported");
+    if (!Cyclic(ref)) {
+      auto it = refs_.find(ref);
+      if (it != refs_.end()) return it->second;
+      uint32_t idx = Compile(Resolve(ref, ptr), ref.substr(1), depth + 1);
+      refs_[ref] = idx;
+      return idx;
+    }
+    element target = Resolve(ref, ptr);
+    auto found = active_.find(ref);
+    const int expanded = found == active_.end() ? 0 : found->second;
+    if (expanded > 0) recursed_ = true;
+    if (expanded > max_recursion_) {
+      cut_ref_ = ref;
+      throw RecursionCut{};
+    }
+    std::string key = ref;
+    for (auto& [r, count] : active_) key += '\0' + r + '\0' + std::to_string(count);
+    if (auto it = unrolled_.find(key); it != unrolled_.end()) {
+      if (it->second < 0) throw RecursionCut{};
+      return uint32_t(it->second);
+    }
+    // Every expansion compiles its target again (even one that ends cut and
+    // adds no nodes): bound them as the node cap bounds the nodes.
+    if (++expansions_ > kMaxExpansions)
+      throw Error(ErrorCode::kUnsupported, "recursive references at " + Where(ptr) + " expand more than " +
+                                               std::to_string(kMaxExpansions) + " times",
+                  {}, Error::kNoOffset, "schema");
+    ++active_[ref];
+    auto restore = [&]() {
+      if (--active_[ref] == 0) active_.erase(ref);
+    };
+    uint32_t idx;
+    try {
+      idx = Compile(target, ref.substr(1), depth + 1);
+    } catch (const RecursionCut&) {
+      restore();
+      unrolled_[key] = -1;
+      throw;
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    unrolled_[key] = int64_t(idx);
     return idx;
+  }
+
+  // Whether the automaton of `node` accepts `text` as a complete value
+  // (compact spelling): the filter of enum/const values by other keywords.
+  bool AcceptsText(uint32_t node, const std::string& text) {
+    std::vector<Frame> arena;
+    Matcher m(nodes_, node, arena);
+    std::vector<State> cur = {m.Start()}, next;
+    for (char c : text) {
+      next.clear();
+      for (const State& st : cur) m.Step(st, uint8_t(c), next);
+      m.Dedupe(next, 1024);
+      if (next.empty()) return false;
+      cur.swap(next);
+    }
+    for (const State& st : cur)
+      if (m.Accepting(st)) return true;
+    return false;
   }
 
  private:
   element root_;
+  int max_recursion_;
   std::vector<SchemaNode> nodes_;
   int32_t any_ = -1;
-  std::map<std::string, uint32_t> refs_;
-  std::set<std::string> in_progress_;
+  std::map<std::string, uint32_t> refs_;                     // acyclic references, compiled once
+  std::map<std::string, std::vector<std::string>> refs_below_;
+  std::map<std::string, bool> cyclic_;
+  static constexpr size_t kMaxRefWalk = size_t{1} << 23;
+  size_t walked_ = 0;
+  static constexpr int kMaxExpansions = 1 << 16;
+  int expansions_ = 0;
+  std::map<std::string, int> active_;                        // cyclic references being expanded, and how often
+  std::map<std::string, int64_t> unrolled_;                  // (ref, active) -> node, -1: cut
+  std::string cut_ref_;
+  bool recursed_ = false;
   simdjson::dom::parser literal_parser_;
 };
 
@@ -717,9 +975,21 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) {
   element doc;
   auto err = parser.parse(padded).get(doc);
   if (err) throw Error(ErrorCode::kCorrupt, std::string("schema is not JSON: ") + simdjson::error_message(err));
-  Compiler c(doc);
-  uint32_t root = c.CompileRoot();
-  return Finish(c, root);
+  // A recursive $ref unrolls kMaxRefRecursion levels; when that exceeds the
+  // node cap (or the nesting cap), fewer levels are tried before giving up.
+  std::optional<Error> first;
+  for (int levels = kMaxRefRecursion; levels >= 0; --levels) {
+    Compiler c(doc, levels);
+    try {
+      uint32_t root = c.CompileRoot();
+      return Finish(c, root);
+    } catch (const Error& e) {
+      const bool retry = c.recursed() && levels > 0 && e.code() == ErrorCode::kUnsupported && e.object() == "schema";
+      if (!first) first = e;
+      if (!retry) throw *first;
+    }
+  }
+  throw *first;
 }
 
 CompiledSchema Schema::JsonObject() {

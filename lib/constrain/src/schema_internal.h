@@ -13,13 +13,18 @@
 namespace k3::constrain {
 
 enum class NodeKind : uint8_t {
-  kObject,    // '{' ... '}' with declared properties, or free keys (map_value)
+  kObject,    // '{' ... '}' with declared properties, free keys (map_value), or both
   kArray,     // '[' items ']'
   kString,    // '"' ... '"' with optional length bounds (code points)
   kNumber,    // JSON number; integer-only and bounds optional
   kLiterals,  // one of a few compact JSON texts (enum, const, true/false/null)
   kUnion,     // alternatives tracked in parallel (anyOf, oneOf, type lists)
 };
+
+// How many times a recursive $ref may be expanded inside its own expansion;
+// one more is the schema false (docs/constrain.md, "$ref"). Beside the other
+// limits of constrain.h, kept here so that the public header stays as it is.
+inline constexpr int kMaxRefRecursion = 4;
 
 inline constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
 inline constexpr int32_t kNoNode = -1;
@@ -35,8 +40,11 @@ struct SchemaNode {
   // kObject
   std::vector<Property> props;
   uint64_t required_mask = 0;
-  int32_t map_value = kNoNode;  // free keys with values of this node (props empty)
+  int32_t map_value = kNoNode;  // free keys with values of this node (additionalProperties)
   uint32_t key_node = 0;        // the free-key string node (map_value set)
+  // Free keys beside declared ones: every key a free key must differ from (the
+  // declared keys as generated, those whose schema is false or cut included).
+  std::vector<std::string> reserved;
   uint32_t min_props = 0, max_props = kUnbounded;  // minProperties / maxProperties
   // kArray
   uint32_t items = 0;
@@ -44,6 +52,9 @@ struct SchemaNode {
   bool unique = false;  // uniqueItems over literal items: Frame::bits holds the values used
   // kString
   uint32_t min_len = 0, max_len = kUnbounded;
+  // A free key of object node key_of beside its declared keys: written without
+  // escapes (so its bytes are its value) and never equal to a reserved key.
+  int32_t key_of = kNoNode;
   // kNumber
   bool integer = false;
   bool bounded = false;  // any of the four bounds present
