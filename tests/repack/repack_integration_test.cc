@@ -361,6 +361,42 @@ TEST_CASE("resume validates outputs; other parameters are refused; --force start
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4"}, {.log = log}) == 7);
   CHECK(ReadAll(log).find("--force") != std::string::npos);
   CHECK(TreeDiff(before, ReadTree(out)) == "");
+  {
+    // While another pass converts (it holds a shard lock), the refusal names it,
+    // and --force is refused too: it would delete what that pass writes.
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const std::string lock_path = out + "/.k3-repack.shards.lock";
+    const pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+      const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT, 0644);
+      struct flock fl {};
+      fl.l_type = F_WRLCK;
+      fl.l_whence = SEEK_SET;
+      fl.l_start = 3;
+      fl.l_len = 1;
+      const char ok = (fd >= 0 && ::fcntl(fd, F_SETLK, &fl) == 0) ? '1' : '0';
+      if (::write(ready[1], &ok, 1) != 1) ::_exit(1);
+      for (;;) ::pause();
+    }
+    ::close(ready[1]);
+    char ok = 0;
+    REQUIRE(::read(ready[0], &ok, 1) == 1);
+    ::close(ready[0]);
+    REQUIRE(ok == '1');
+    const std::string who = "process " + std::to_string(holder) + " (another k3-repack) is converting";
+    const auto locked = ReadTree(out);
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4"}, {.log = log}) == 7);
+    CHECK(ReadAll(log).find(who) != std::string::npos);
+    CHECK(ReadAll(log).find("rerun with its parameters") != std::string::npos);
+    CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4", "--force"}, {.log = log}) == 7);
+    CHECK(ReadAll(log).find(who) != std::string::npos);
+    CHECK(ReadAll(log).find("--force would delete") != std::string::npos);
+    CHECK(TreeDiff(locked, ReadTree(out)) == "");
+    ::kill(holder, SIGKILL);
+    CHECK(Wait(holder) != 0);
+  }
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--bits", "4", "--force"}) == 0);
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", TinySnapshot()}) == 0);
   CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--force"}) == 0);

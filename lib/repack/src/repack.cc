@@ -307,6 +307,21 @@ void CheckSourceMatchesConfig(const Snapshot& snap, const ModelConfig& config, c
   throw Error(problems.front().code, detail, JoinPath(src, "config.json"));
 }
 
+constexpr char kShardLockName[] = ".k3-repack.shards.lock";
+
+// The process converting into `dst` now (it holds a shard lock), or 0 if none.
+// Only for a pass that holds no shard lock itself yet: closing this descriptor
+// would drop them.
+pid_t ConvertingProcess(const std::string& dst) {
+  UniqueFd fd(::open(JoinPath(dst, kShardLockName).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return 0;
+  struct flock who {};
+  who.l_type = F_WRLCK;
+  who.l_whence = SEEK_SET;  // l_start 0, l_len 0: the whole file
+  if (::fcntl(fd.get(), F_GETLK, &who) != 0 || who.l_type == F_UNLCK) return 0;
+  return who.l_pid;
+}
+
 // Exclusive fcntl lock on byte `number` of DST/.k3-repack.shards.lock: held while
 // a pass converts that shard, so two passes that chose the same shard never
 // write it at once (one waits, then keeps what the other wrote). A separate file
@@ -799,6 +814,15 @@ void Runner::CheckOptions() {
 // Returns whether what it holds is to be discarded.
 bool Runner::CheckDestination(const Fingerprint& fp, const std::string& fp_text) {
   const std::string fp_path = JoinPath(opt_.dst, kFingerprintName);
+  if (opt_.force) {
+    if (const pid_t other = ConvertingProcess(opt_.dst); other != 0) {
+      throw Error(ErrorCode::kExists,
+                  "process " + std::to_string(other) +
+                      " (another k3-repack) is converting into this destination now, and --force would delete "
+                      "what it writes: wait for it to end",
+                  opt_.dst);
+    }
+  }
   bool force_clean = false;
   if (PathExists(fp_path)) {
     std::string have = ReadFileOrThrow(fp_path, 64u << 20);
@@ -810,6 +834,13 @@ bool Runner::CheckDestination(const Fingerprint& fp, const std::string& fp_text)
         why = e.what();
       }
       if (why.empty()) why = "fingerprint differs";
+      if (const pid_t other = ConvertingProcess(opt_.dst); other != 0) {
+        throw Error(ErrorCode::kExists,
+                    why + "; process " + std::to_string(other) +
+                        " (another k3-repack) is converting into this destination with those parameters now: "
+                        "rerun with its parameters to join it, or wait for it to end",
+                    fp_path);
+      }
       if (!opt_.force) {
         throw Error(
             ErrorCode::kExists,
@@ -890,7 +921,7 @@ void Runner::CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable) {
 // order they happen. A failure stops the others from starting another shard and
 // is rethrown once the shards in flight are finished.
 void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
-  const std::string shard_lock_path = JoinPath(opt_.dst, ".k3-repack.shards.lock");
+  const std::string shard_lock_path = JoinPath(opt_.dst, kShardLockName);
   UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
   const size_t streams = std::min<size_t>(
       todo.size(), static_cast<size_t>(opt_.streams > 0 ? opt_.streams : kDefaultStreams));
