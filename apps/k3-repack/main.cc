@@ -186,6 +186,7 @@ int Main(int argc, char** argv) {
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     opt.block_bytes = block_mib << 20;
     opt.space_check = !no_space_check;
+    opt.direct = k3::GetEnvBool("K3_DIRECT", true);  // docs/environment.md
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {
       if (json)
         PrintJson(e);

@@ -79,6 +79,7 @@ int Main(int argc, char** argv) {
     k3::ApplyLogLevelFromEnv();
     if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
     k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-check
+    opt.direct = k3::GetEnvBool("K3_DIRECT", true);  // docs/environment.md
     k3::repack::VerifyReport r = k3::repack::VerifyContainer(opt);
     if (opt.progress && !json) std::fprintf(stderr, "\r\033[K");
     for (const auto& p : r.problems) {

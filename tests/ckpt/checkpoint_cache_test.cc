@@ -5,6 +5,10 @@
 // session that prefills the whole prompt (whose own agreement with the oracle
 // is ckpt_session_test's and model_golden_test's business).
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -329,6 +333,36 @@ void Damage(const std::string& path, const DamageCase& dc, const SessionCheckpoi
   WriteFileAtomic(path, bytes);
 }
 
+// The fraction of `path`'s pages in the page cache (mincore over a mapping).
+double CachedFraction(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  struct stat st {};
+  REQUIRE(::fstat(fd, &st) == 0);
+  const size_t len = size_t(st.st_size);
+  void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(p != MAP_FAILED);
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((len + page - 1) / page);
+  REQUIRE(::mincore(p, len, in.data()) == 0);
+  ::munmap(p, len);
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return double(n) / double(in.size());
+}
+
+bool DirectIoWorks(const std::string& dir) {
+  // tmpfs may accept the O_DIRECT flag but has nothing to bypass.
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) return false;
+  const std::string probe = dir + "/probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
 }  // namespace
 
 TEST_CASE("every kind of damaged checkpoint file is refused, named, removed; the prompt re-prefills") {
@@ -493,4 +527,78 @@ TEST_CASE("a prefill cancelled midway resumes from its K-token checkpoint, bit-i
   PrefillResult d = PrefillWithCheckpoints(plain, nullptr, prompt, 16, {}, out);
   CHECK(d.fed == 45);
   CHECK(std::memcmp(logits.data(), ref.data(), V * 4) == 0);
+}
+
+TEST_CASE("checkpoint files: direct and buffered I/O write the same bytes and read the same state") {
+  // A layout of ~21 MB: several 8 MiB direct blocks, none ending where a tensor
+  // does, and a data section that starts at an unaligned file offset.
+  StateLayout lay;
+  lay.kda_layers = 2;
+  lay.mla_layers = 3;
+  lay.kda_heads = 4;
+  lay.kda_head_dim = 64;
+  lay.kda_proj = 768;
+  lay.conv_kernel = 4;
+  lay.kv_lora = 512;
+  lay.qk_rope = 64;
+  const int64_t tokens = 3001;
+  auto ck = std::make_shared<SessionCheckpoint>();
+  ck->fingerprint = {"0123456789abcdef0123456789abcdef", "direct-io test"};
+  ck->layout = lay;
+  ck->position = tokens;
+  for (int64_t i = 0; i < tokens; ++i) ck->ids.push_back(int32_t((i * 7919) % 160000));
+  ck->kda.resize(lay.kda_layer_floats() * uint64_t(lay.kda_layers));
+  for (size_t i = 0; i < ck->kda.size(); ++i) ck->kda[i] = float(i % 1013) * 0.25f - 17.0f;
+  auto seg = std::make_shared<MlaSegment>();
+  seg->end = tokens;
+  seg->ids = ck->ids;
+  seg->rows.resize(lay.mla_row_floats() * uint64_t(lay.mla_layers * tokens));
+  for (size_t i = 0; i < seg->rows.size(); ++i) seg->rows[i] = float(i % 4099) / 64.0f;
+  ck->mla.push_back(seg);
+
+  const std::string dir = TempDir("k3_ckpt_direct");
+  std::map<std::string, std::string> bytes;
+  std::vector<std::string> dirs = {dir};
+  // tmpfs refuses O_DIRECT: the writer and the reader fall back to buffered I/O.
+  if (std::filesystem::is_directory("/dev/shm")) dirs.push_back(test::MakeTempDir("k3_ckpt_direct", "/dev/shm"));
+  for (const std::string& d : dirs) {
+    for (bool direct : {true, false}) {
+      const std::string path = d + (direct ? "/direct.k3ckpt" : "/buffered.k3ckpt");
+      WriteCheckpointFileOrThrow(path, *ck, direct);
+      if (d == dir) {
+        // Where the filesystem takes O_DIRECT, a direct write leaves (almost)
+        // nothing in the page cache; a buffered one leaves it all there.
+        const double cached = CachedFraction(path);
+        if (DirectIoWorks(dir)) {
+          CHECK_MESSAGE((direct ? cached < 0.05 : cached > 0.95), "page-cached fraction " << cached);
+        } else {
+          MESSAGE("O_DIRECT is refused under " << dir << ": only the fallback is tested here");
+        }
+      }
+      bytes[path] = ReadFileOrThrow(path, 1u << 30);
+      for (bool read_direct : {true, false}) {
+        INFO(path << " read " << (read_direct ? "direct" : "buffered"));
+        CheckpointFileResult r = ReadCheckpointFile(path, ck->fingerprint, lay, false, read_direct);
+        REQUIRE(r.status == CheckpointFileStatus::kOk);
+        CHECK(r.checkpoint->ids == ck->ids);
+        CHECK(r.checkpoint->kda == ck->kda);
+        REQUIRE(r.checkpoint->mla.size() == 1);
+        CHECK(r.checkpoint->mla[0]->rows == seg->rows);
+      }
+    }
+  }
+  const std::string ref = bytes.begin()->second;
+  CHECK(ref.size() > (size_t{16} << 20));
+  for (const auto& [path, b] : bytes) {
+    INFO(path);
+    CHECK(b == ref);
+  }
+  // A flipped byte deep in the MLA rows (in a later direct block) is caught.
+  {
+    const std::string path = dir + "/direct.k3ckpt";
+    std::string b = bytes[path];
+    b[b.size() - 5000] = char(b[b.size() - 5000] ^ 0x10);
+    WriteFileAtomic(path, b);
+    CHECK(ReadCheckpointFile(path, ck->fingerprint, lay).status == CheckpointFileStatus::kChecksumMismatch);
+  }
 }

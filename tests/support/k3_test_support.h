@@ -53,10 +53,10 @@ inline bool SkipWithoutEnv(const char* var, const char* test) {
   return true;
 }
 
-// Creates a fresh directory /tmp/<prefix>_XXXXXX and returns its path; the test
-// fails (REQUIRE) when it cannot be made. Callers remove it when they need to.
-inline std::string MakeTempDir(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "_XXXXXX";
+// Creates a fresh directory <parent>/<prefix>_XXXXXX and returns its path; the
+// test fails (REQUIRE) when it cannot be made. Callers remove it when they need to.
+inline std::string MakeTempDir(const std::string& prefix, const std::string& parent = "/tmp") {
+  std::string tmpl = parent + "/" + prefix + "_XXXXXX";
   char* d = ::mkdtemp(tmpl.data());
   REQUIRE(d != nullptr);
   return d;

@@ -120,7 +120,7 @@ void CheckpointCache::ScanDisk() {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   for (const Found& f : found) {
-    CheckpointFileResult r = ReadCheckpointFile(f.path, fingerprint_, layout_, true);
+    CheckpointFileResult r = ReadCheckpointFile(f.path, fingerprint_, layout_, true, options_.direct);
     if (r.status != CheckpointFileStatus::kOk) {
       // Another model's or other options' files may share the directory: not ours to delete.
       K3_LOG_WARN("ckpt: ignoring %s: %s (%s)", f.path.c_str(), CheckpointFileStatusName(r.status),
@@ -176,7 +176,7 @@ void CheckpointCache::Save(model::Session& session) {
 void CheckpointCache::Park(Entry& e) {
   const std::string path = FilePathFor(e.ids);
   try {
-    WriteCheckpointFileOrThrow(path, *e.ram);
+    WriteCheckpointFileOrThrow(path, *e.ram, options_.direct);
     e.path = path;
     e.file_bytes = FileSizeOrThrow(path);
     ++stats_.parks;
@@ -257,7 +257,7 @@ int64_t CheckpointCache::RestoreDeepest(model::Session& session, std::span<const
   max_len = std::min<int64_t>(max_len, static_cast<int64_t>(ids.size()));
   while (Entry* e = FindDeepest(ids, max_len, min_position)) {
     if (!e->ram) {
-      CheckpointFileResult r = ReadCheckpointFile(e->path, fingerprint_, layout_);
+      CheckpointFileResult r = ReadCheckpointFile(e->path, fingerprint_, layout_, false, options_.direct);
       if (r.status != CheckpointFileStatus::kOk || r.ids != e->ids) {
         const char* kind = r.status == CheckpointFileStatus::kOk
                                ? "corrupt"

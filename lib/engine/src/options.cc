@@ -50,6 +50,7 @@ EngineOptions EngineOptions::FromEnv(std::string model_dir) {
   stream::StreamOptions& s = o.stream;
   if (GetEnv("K3_EXPERT_GB")) s.budget_bytes = GetEnvDouble("K3_EXPERT_GB", 0, 0, 1e6) * 1e9;
   s.direct = GetEnvBool("K3_DIRECT", true);
+  o.checkpoints.direct = s.direct;
   s.uring = GetEnvBool("K3_URING", true);
   s.pipe = GetEnvBool("K3_PIPE", true);
   s.io_threads = static_cast<int>(GetEnvInt("K3_IO_THREADS", 4, 1, 16));

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <thread>
 
-#include "direct_io.h"
+#include "k3/core/direct_io.h"
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
 #include "k3/core/error.h"
@@ -731,15 +731,15 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   AtomicFileWriter out(final_path);
   ShardPipeline pipe(p, Segments(p, opt_.block_bytes), depth, reads, bufs, progress);
 
-  // Source reads bypass the page cache (O_DIRECT) unless K3_DIRECT=0 or the
+  // Source reads bypass the page cache (O_DIRECT) unless --direct is off or the
   // filesystem refuses: every byte is read once, so caching it only costs a copy
   // and evicts what the rest of the machine needs.
   UniqueFd direct_fd;
-  if (GetEnvBool("K3_DIRECT", true)) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
+  if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
-  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, &bufs->stage);
+  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, opt_.direct, &bufs->stage);
 
   std::thread reader([&] { pipe.Read(direct_fd); });
   std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });

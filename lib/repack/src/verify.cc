@@ -13,7 +13,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "direct_io.h"
+#include "k3/core/direct_io.h"
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
 #include "k3/core/file.h"
@@ -209,11 +209,11 @@ std::string Verifier::StreamShard(size_t s) {
   const uint64_t block = opt_.block_bytes;
   Xxh128 h;
   // Both trees are read once, bypassing the page cache where the filesystem allows.
-  DirectReader dst_reader(path, f.fd());
+  DirectReader dst_reader(path, f.fd(), opt_.direct);
   std::map<std::string, std::unique_ptr<DirectReader>> src_readers;
   auto src_read = [&](const TensorRef& r, uint64_t off, size_t n) {
     auto& rd = src_readers[r.file->path()];
-    if (!rd) rd = std::make_unique<DirectReader>(r.file->path(), r.file->fd());
+    if (!rd) rd = std::make_unique<DirectReader>(r.file->path(), r.file->fd(), opt_.direct);
     return rd->Read(off, n);
   };
   const std::byte* buf = nullptr;  // the block last read from the container file

@@ -58,14 +58,19 @@ struct CheckpointFileResult {
 
 // Writes `checkpoint` to `path` atomically (tmp, fsync, rename, fsync dir).
 // Throws k3::Error (kIo, kNoSpace) naming the path; nothing is left behind.
-void WriteCheckpointFileOrThrow(const std::string& path, const model::SessionCheckpoint& checkpoint);
+// `direct`: the data bypasses the page cache (O_DIRECT) where the filesystem
+// allows it (K3_DIRECT); the bytes written are the same either way.
+void WriteCheckpointFileOrThrow(const std::string& path, const model::SessionCheckpoint& checkpoint,
+                                bool direct = true);
 
 // Reads and checks a checkpoint file against what this process would make.
 // header_only: checks the header, the fingerprint and the tensor table and
 // reads the ids, but neither the state nor the checksum (the start-up scan).
+// `direct` as for the writer (the state is read with O_DIRECT where allowed).
 CheckpointFileResult ReadCheckpointFile(const std::string& path,
                                         const model::StateFingerprint& fingerprint,
-                                        const model::StateLayout& layout, bool header_only = false);
+                                        const model::StateLayout& layout, bool header_only = false,
+                                        bool direct = true);
 
 // ---------------------------------------------------------------------------
 // The cache.
@@ -78,6 +83,9 @@ struct CheckpointCacheOptions {
   std::string disk_dir;
   // Cap on the parked files' total size, decimal GB (oldest removed first).
   double disk_gb = 50.0;
+  // Parked files are written and read with O_DIRECT where the filesystem
+  // allows it (EngineOptions::FromEnv sets it from K3_DIRECT).
+  bool direct = true;
 };
 
 struct CheckpointCacheStats {

@@ -31,6 +31,9 @@ struct RepackOptions {
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
   uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
+  // Source reads and shard writes bypass the page cache (O_DIRECT) where the
+  // filesystem allows it; the tool sets it from K3_DIRECT at start-up.
+  bool direct = true;
   // Source shards converted at once, each its own read -> quantize -> write
   // pipeline (output bytes do not depend on it); 0 = kDefaultStreams. Disks
   // and network filesystems serve parallel streams faster than one

@@ -20,6 +20,9 @@ struct VerifyOptions {
   bool full = false;
   int threads = 0;  // files verified in parallel; 0 = online CPUs
   uint64_t block_bytes = 16u << 20;
+  // Reads bypass the page cache (O_DIRECT) where the filesystem allows it; the
+  // tool sets it from K3_DIRECT at start-up.
+  bool direct = true;
   // Called after each file is hashed (from worker threads, one call at a time).
   std::function<void(size_t files_done, size_t files_total, uint64_t bytes_hashed)> progress;
 };

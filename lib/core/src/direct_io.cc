@@ -1,4 +1,4 @@
-#include "direct_io.h"
+#include "k3/core/direct_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,9 +11,8 @@
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
-#include "k3/core/sys.h"
 
-namespace k3::repack {
+namespace k3 {
 
 void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
@@ -51,9 +50,9 @@ bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const st
   return true;
 }
 
-DirectReader::DirectReader(const std::string& path, int buffered_fd)
+DirectReader::DirectReader(const std::string& path, int buffered_fd, bool direct)
     : path_(path), buffered_fd_(buffered_fd) {
-  if (GetEnvBool("K3_DIRECT", true)) direct_fd_ = TryOpen(path, O_RDONLY | O_DIRECT);
+  if (direct) direct_fd_ = TryOpen(path, O_RDONLY | O_DIRECT);
   if (!direct_fd_.valid()) ::posix_fadvise(buffered_fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
@@ -72,12 +71,12 @@ const std::byte* DirectReader::Read(uint64_t off, uint64_t len) {
   return buf_.data();
 }
 
-DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes,
+DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes, bool direct,
                            AlignedBuffer* stage)
     : path_(path), buffered_fd_(buffered_fd), stage_(stage ? stage : &own_stage_) {
   stage_cap_ = std::max<size_t>(AlignedBuffer::kAlign,
                                 stage_bytes / AlignedBuffer::kAlign * AlignedBuffer::kAlign);
-  if (GetEnvBool("K3_DIRECT", true)) direct_fd_ = TryOpen(path, O_WRONLY | O_DIRECT);
+  if (direct) direct_fd_ = TryOpen(path, O_WRONLY | O_DIRECT);
   if (direct_fd_.valid()) stage_->Reserve(stage_cap_);
 }
 
@@ -137,4 +136,4 @@ void DirectWriter::Finish() {
   }
 }
 
-}  // namespace k3::repack
+}  // namespace k3

@@ -1,7 +1,9 @@
-// Page-cache-bypassing reads for the conversion and verification streams: every
-// byte is read exactly once, so caching it costs a copy and evicts what the rest
-// of the machine needs. Falls back to buffered reads where O_DIRECT is refused
-// (tmpfs, some FUSE/NFS mounts) or K3_DIRECT=0.
+// Page-cache-bypassing reads and writes for data read or written exactly once
+// (conversion and verification streams, parked checkpoints): caching it costs a
+// copy into freshly allocated page-cache memory and evicts what the rest of the
+// machine needs. Falls back to buffered I/O where O_DIRECT is refused (tmpfs,
+// some FUSE/NFS mounts) or when the caller says `direct = false` (K3_DIRECT=0,
+// read by each tool at start-up, docs/environment.md).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +13,7 @@
 
 #include "k3/core/file.h"
 
-namespace k3::repack {
+namespace k3 {
 
 // Heap block aligned for O_DIRECT; contents uninitialised. Grows, never shrinks.
 class AlignedBuffer {
@@ -37,8 +39,9 @@ bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const st
 // One file read block by block, directly when possible. Not thread-safe.
 class DirectReader {
  public:
-  // `buffered_fd` stays owned by the caller and is used after a fallback.
-  DirectReader(const std::string& path, int buffered_fd);
+  // `buffered_fd` stays owned by the caller and is used after a fallback (and
+  // throughout when `direct` is false).
+  DirectReader(const std::string& path, int buffered_fd, bool direct);
   // Reads [off, off+len) and returns a pointer to it, valid until the next Read.
   const std::byte* Read(uint64_t off, uint64_t len);
 
@@ -57,8 +60,9 @@ class DirectWriter {
  public:
   // `stage` (optional) lends its memory for the staging block, so a caller
   // writing many files reuses one (fresh pages are slow to fault in on VMs);
-  // it must outlive the writer.
-  DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes,
+  // it must outlive the writer. `direct` false: every byte goes through the
+  // buffered descriptor.
+  DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes, bool direct,
                AlignedBuffer* stage = nullptr);
   void Append(const std::byte* data, size_t n);
   void Finish();  // writes what is staged; call once, before fsync
@@ -77,4 +81,4 @@ class DirectWriter {
   uint64_t appended_ = 0;
 };
 
-}  // namespace k3::repack
+}  // namespace k3
