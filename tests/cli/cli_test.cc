@@ -208,3 +208,28 @@ TEST_CASE("K3_LOG=bogus is refused by every tool at start-up, naming the variabl
   // The accepted values still work (a valid K3_LOG is no error).
   CHECK(Run({Bin("k3-fixture"), "presets"}, {.env = {"K3_LOG=quiet"}}) == 0);
 }
+
+TEST_CASE("K3_DIRECT is read by k3-repack and k3-verify at start-up: a bad value is exit 2, 0 still converts") {
+  TempDir d("k3cli");
+  const std::string dst = d / "dst";
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{Bin("k3-repack"), TinySnapshot(), dst, "-q"},
+        std::vector<std::string>{Bin("k3-verify"), TinySnapshot()}}) {
+    CAPTURE(argv[0]);
+    const std::string log = d / "log";
+    CHECK(Run(argv, {.env = {"K3_DIRECT=bogus"}, .log = log}) == 2);
+    const std::string e = ReadAll(log);
+    CHECK(e.find(": error: 'K3_DIRECT'") != std::string::npos);
+    CHECK(e.find("bogus") != std::string::npos);
+  }
+  CHECK(!Exists(dst));
+  // Buffered I/O throughout gives the same container as the direct default.
+  const std::string buffered = d / "buffered";
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), dst, "-q"}) == 0);
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), buffered, "-q"}, {.env = {"K3_DIRECT=0"}}) == 0);
+  CHECK(Run({Bin("k3-verify"), buffered, "--full", "--source", TinySnapshot()}, {.env = {"K3_DIRECT=0"}}) == 0);
+  for (const char* f : {"model.safetensors.index.json", "checksums.xxh128"}) {
+    CAPTURE(f);
+    CHECK(ReadAll(dst + "/" + f) == ReadAll(buffered + "/" + f));
+  }
+}
