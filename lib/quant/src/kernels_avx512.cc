@@ -409,6 +409,12 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
       NibbleSrc src[R];
       for (int r = 0; r < R; ++r) {
         src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutMx2(), pf};
+        // The E8M0 bytes are a stream of their own (1 byte per 16 weight bytes)
+        // that the row's first instructions wait on: touch it as far ahead as the
+        // weights (perf: 3/4 of this function's samples sat on that load's miss).
+        for (size_t g = 0; pf != 0 && g < groups; g += 64) {
+          PrefetchLine(w.e8m0 + (o + r) * groups + g, pf / 16);
+        }
         MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
         gs[r] = gbuf + r * groups;
       }
