@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -135,15 +136,13 @@ struct CpuRule {
   const char* why;
 };
 
-// AMD family 26 (Zen 5 class, the 2-vCPU EPYC VM of docs/PERFORMANCE.md): the
-// 256-bit AVX-VNNI int8 decode reads the 7168x12288 row at 0.92 of the plain
-// read against 0.80 for the 512-bit one, and is no slower on the other int8
-// shapes; batched, the AVX-512 kernel is 18-39 % faster (batch 32), so batches
-// keep it. Zen 4 (family 25) has no AVX-VNNI and was not measured: no rule.
-constexpr CpuRule kCpuRules[] = {
-    {"AuthenticAMD", 26, Isa::kAvx512, Isa::kAvx2Vnni,
-     "AMD family 26: measured faster there, docs/PERFORMANCE.md"},
-};
+// None at present. The one measured candidate, int8 decode from avx2vnni on AMD
+// family 26 (its 256-bit kernel read the 7168x12288 row at 0.92 of the plain
+// read against 0.80 for the 512-bit one), went away when the AVX-512 int8
+// decode dropped its correction table (kernels_avx512.cc, the sign trick): it
+// then led avx2vnni on every int8 shape there (docs/PERFORMANCE.md). Batches
+// would keep AVX-512 in any case (18-39 % faster at batch 32 there).
+constexpr std::array<CpuRule, 0> kCpuRules{};
 
 struct Choice {
   const internal::KernelTable* table = nullptr;        // everything by default

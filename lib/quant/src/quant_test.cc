@@ -826,7 +826,7 @@ TEST_CASE("int8 IDOT gives the same bits on every x86 SIMD ISA (decode and batch
 
 TEST_CASE("the start-up dispatch (per-CPU rules) gives the bits of its base ISA") {
   // Whatever table the start-up choice takes each kernel from (isa.cc's
-  // kCpuRules, e.g. int8 decode from avx2vnni on AMD family 26), MatMulQ8 and
+  // kCpuRules, e.g. a rule taking int8 decode from avx2vnni), MatMulQ8 and
   // MatMul must give exactly the bits of the ISA it reports as active, at batch 1
   // and batched; only int8 MatMulQ8 at batch 1 may name another kernel ISA.
   IsaGuard guard;

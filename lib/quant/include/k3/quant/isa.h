@@ -26,8 +26,8 @@ inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni,
 Isa ActiveIsa();                 // the ISA the dispatched kernels use
 // The ISA whose kernel MatMulQ8 runs for `format` weights at `batch` activation
 // rows: ActiveIsa(), except where a measured per-CPU rule (isa.cc) takes one
-// kernel from another ISA with identical bits (e.g. int8 decode on AMD family
-// 26 from avx2vnni). K3_FORCE_ISA and SetIsaForTesting force one ISA for all.
+// kernel from another ISA with identical bits (none at present; see isa.cc).
+// K3_FORCE_ISA and SetIsaForTesting force one ISA for all.
 Isa Q8Isa(WeightFormat format, size_t batch);
 // The start-up choice in words, without choosing or logging (for --version and
 // `k3-run info`): "avx512 kernels (best this CPU runs); int8 IDOT decode ...",
