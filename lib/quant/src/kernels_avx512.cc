@@ -18,7 +18,8 @@
 // them with the signed activations; the activation-only correction -B*Σxq is
 // formed once per call and is the dpbusd's start value, so every lane's int32 is
 // exact. int8: one zmm covers 64 columns = two activation groups (lanes 0-7,
-// 8-15). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
+// 8-15); int8 decode (batch 1) forms the same int32 by the sign trick instead,
+// with no correction table to keep in L1 (DotQ8Rows' kSigned). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
 // stored even/odd per group once per call so that 128-bit lane L is group L of
 // the step and the nibbles need no shuffle.
 #include <immintrin.h>
