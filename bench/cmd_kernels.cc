@@ -213,8 +213,11 @@ struct Timing {
 // A baseline pass run before every kernel pass of a batched configuration.
 using BaselineFn = std::function<void()>;
 
+// `isa` is the requested one (an ISA name or "auto"), `ran` the ISA whose kernel
+// this line timed (under auto, the dispatch's per-format choice).
 void Emit(const Options& opt, const Context& ctx, const std::string& kernel, const Shape& s,
-          size_t batch, int threads, const char* isa, const Timing& tm, size_t bytes, int copies) {
+          size_t batch, int threads, const char* isa, const char* ran, const Timing& tm,
+          size_t bytes, int copies) {
   const double secs_per_matrix = tm.secs_per_matrix;
   const double mem_gbps = tm.mem_gbps;
   const double gbps = double(bytes) / secs_per_matrix / 1e9;
@@ -230,6 +233,7 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
       .Field("batch", uint64_t(batch))
       .Field("threads", int64_t(threads))
       .Field("isa", isa)
+      .Field("kernel_isa", ran)
       .Field("weight_gbps", gbps)
       .Field("mem_read_gbps", mem_gbps)
       .Field("ratio", ratio);
@@ -269,6 +273,7 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
     if (tm.mem_pf_gbps > 0)
       std::printf("  (pf read %.2f, ratio %.2f)", tm.mem_pf_gbps, tm.ratio_pf);
     if (tm.vs_base > 0) std::printf("  vs sgemm %.2fx", tm.vs_base);
+    if (std::strcmp(isa, ran) != 0) std::printf("  (kernel %s)", ran);
     std::printf("\n");
   }
   std::fflush(stdout);
@@ -377,8 +382,17 @@ void RunKernels(const Options& opt) {
     }
     if (wanted && quant::IsaSupported(i)) isas.push_back(i);
   }
-  if (isas.empty()) throw Error(ErrorCode::kInvalidArgument, "no requested ISA runs on this CPU");
-  const Isa startup = quant::ActiveIsa();
+  // "auto": the start-up dispatch itself (per-CPU rules included), so a run can
+  // put it beside the ISAs it mixes. Listed as kAuto below.
+  bool want_auto = false;
+  for (size_t b = 0; b <= opt.isas.size();) {
+    size_t e = opt.isas.find(',', b);
+    if (e == std::string::npos) e = opt.isas.size();
+    want_auto |= opt.isas.compare(b, e - b, "auto") == 0;
+    b = e + 1;
+  }
+  if (isas.empty() && !want_auto)
+    throw Error(ErrorCode::kInvalidArgument, "no requested ISA runs on this CPU");
 
   // Bandwidth baseline: a 1 GiB (or --ws-mib) buffer written first, kept for the
   // per-configuration passes.
@@ -463,8 +477,18 @@ void RunKernels(const Options& opt) {
         if (sgemm) baseline = [&sgemm, t] { sgemm->Run(t); };
 #endif
         bool sgemm_reported = false;
-        for (Isa isa : isas) {
-          quant::SetIsaForTesting(isa);
+        std::vector<int> runs;  // ISA values, -1 = auto (the start-up dispatch)
+        for (Isa isa : isas) runs.push_back(int(isa));
+        if (want_auto) runs.push_back(-1);
+        for (int run : runs) {
+          const bool is_auto = run < 0;
+          if (is_auto) {
+            quant::ResetIsaForTesting();
+          } else {
+            quant::SetIsaForTesting(Isa(run));
+          }
+          const Isa isa = quant::ActiveIsa();
+          const std::string label = is_auto ? "auto" : quant::IsaName(isa);
           // Decode is a bandwidth question (interleaved streaming reads); batched
           // runs are compute-bound and compare with sgemm instead.
           const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
@@ -482,25 +506,25 @@ void RunKernels(const Options& opt) {
               st.secs_per_matrix = tm.base_secs;
               st.mem_gbps = ctx.mem_gbps[t];
               st.cpu_util = tm.base_cpu_util;
-              Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", st, s.rows * s.cols * 4,
-                   1);
+              Emit(opt, ctx, "sgemm_openblas", s, batch, t, "openblas", "openblas", st,
+                   s.rows * s.cols * 4, 1);
               sgemm_reported = true;
             }
             const std::string suffix = rows == 0 ? "" : "_r" + std::to_string(rows);
             Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt) + suffix, s, batch, t,
-                 quant::IsaName(isa), tm, bytes, copies);
+                 label.c_str(), quant::IsaName(isa), tm, bytes, copies);
           }
           Timing tm = TimeConfig(
               opt.reps, copies, t, pass_bytes, mem,
               [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
-          Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t,
-               quant::IsaName(isa), tm, bytes, copies);
+          Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t, label.c_str(),
+               quant::IsaName(quant::Q8Isa(s.fmt, batch)), tm, bytes, copies);
         }
       }
     }
   }
-  quant::SetIsaForTesting(startup);
+  quant::ResetIsaForTesting();
 }
 
 void Setup(CLI::App& root) {
@@ -514,7 +538,8 @@ void Setup(CLI::App& root) {
   cmd->add_option("--ws-mib", opt->ws_mib, "decode working set per repetition, MiB");
   cmd->add_option("--batch-ws-mib", opt->batch_ws_mib, "batched working set per repetition, MiB");
   cmd->add_option("--isa", opt->isas,
-                  "comma list of scalar,avx2,avx2vnni,avx512,neon,neondot (unsupported ones skipped)");
+                  "comma list of scalar,avx2,avx2vnni,avx512,neon,neondot (unsupported ones "
+                  "skipped) and auto (the start-up dispatch; kernel_isa says what ran)");
   cmd->add_option("--threads", opt->threads, "thread counts")->delimiter(',');
   cmd->add_option("--batch", opt->batches, "batch sizes")->delimiter(',');
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");

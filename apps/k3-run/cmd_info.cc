@@ -8,6 +8,7 @@
 #include "command.h"
 #include "k3/core/sys.h"
 #include "k3/model/info.h"
+#include "k3/quant/isa.h"
 
 namespace k3::run {
 namespace {
@@ -28,6 +29,8 @@ void SetupInfo(CLI::App& root) {
     const double cache = GetEnvDouble("K3_EXPERT_GB", 8.0) * 1e9;
     ModelInfo info = DescribeModelOrThrow(args->model_dir, static_cast<uint64_t>(cache));
     std::fputs(RenderModelInfo(info, args->json).c_str(), stdout);
+    // Which matrix kernels a run here would use (per-CPU rules included).
+    if (!args->json) std::printf("kernels     %s\n", quant::DispatchDetail().c_str());
   });
 }
 

@@ -165,6 +165,9 @@ TEST_CASE("k3-run info: snapshot, container, incomplete container") {
   CHECK(t.find("weights     int4-g64 / int8 / int8 (bits 4, mla-bits 8, head-bits 8)\n") != std::string::npos);
   CHECK(t.find("fingerprint 9 output shards from 11 source shards\n") != std::string::npos);
   CHECK(t.find("experts     112 stored (16 per MoE layer)") != std::string::npos);
+  // The kernel dispatch, as --version words it (ISA, per-CPU rules, override).
+  CHECK(t.find("\nkernels     ") != std::string::npos);
+  CHECK(t.find(" kernels (best this CPU runs)") != std::string::npos);
   // Incomplete: says so, with what to do.
   const std::string part = d / "part";
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), part, "--shards", "1,2", "-q"}) == 0);

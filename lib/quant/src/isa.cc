@@ -2,7 +2,17 @@
 // which also checks that the OS saves the wide registers), the kernel's
 // AT_HWCAP bits on aarch64, K3_FORCE_ISA, one log line. Only the kernel files of
 // the architecture being built exist, so every table reference is guarded.
+//
+// Per-CPU kernel preferences (kCpuRules): on a CPU where another ISA's kernel for
+// one (format, batch class) was measured faster than the best ISA's, and the two
+// give identical bits (quant_test.cc proves it for every pair a rule may mix),
+// MatMulQ8 takes that kernel from the other table; everything else stays on the
+// best ISA. K3_FORCE_ISA (and SetIsaForTesting) force one table for everything.
 #include "k3/quant/isa.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
@@ -11,14 +21,17 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
+#include "k3/quant/quant.h"
 #include "kernels.h"
 
 namespace k3::quant {
@@ -81,22 +94,116 @@ std::optional<Isa> CheckForcedIsa() {
   return isa;
 }
 
-const internal::KernelTable* ChooseOrThrow() {
-  Isa isa = BestIsa();
-  const char* why = "best this CPU runs";
-  if (std::optional<Isa> forced = CheckForcedIsa()) {
-    isa = *forced;
-    why = "K3_FORCE_ISA";
+// What CPUID leaves 0 and 1 report (x86-64; empty elsewhere).
+struct CpuIdent {
+  std::string vendor;  // "AuthenticAMD", "GenuineIntel", ...
+  int family = 0;      // display family (base + extended when base is 0xF)
+  int model = 0;       // display model
+};
+
+CpuIdent ReadCpuIdent() {
+  CpuIdent id;
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return id;
+  char v[13] = {};
+  std::memcpy(v, &b, 4);
+  std::memcpy(v + 4, &d, 4);
+  std::memcpy(v + 8, &c, 4);
+  id.vendor = v;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return id;
+  const int base_family = static_cast<int>((a >> 8) & 0xF);
+  const int base_model = static_cast<int>((a >> 4) & 0xF);
+  id.family = base_family == 0xF ? base_family + static_cast<int>((a >> 20) & 0xFF) : base_family;
+  id.model = base_family == 0xF || base_family == 6
+                 ? base_model + (static_cast<int>((a >> 16) & 0xF) << 4)
+                 : base_model;
+#endif
+  return id;
+}
+
+// One measured preference: on `vendor` CPUs of display family `family` whose
+// best ISA is `best`, int8-weight MatMulQ8 at batch 1 (decode) comes from
+// `decode` when the CPU runs it. Only pairs whose int8 IDOT bits are identical
+// may appear here (the x86 SIMD ISAs: quant_test.cc "int8 IDOT gives the same
+// bits on every x86 SIMD ISA"), so a token decoded alone still gives the bits
+// of the same token in a batched prefill.
+struct CpuRule {
+  const char* vendor;
+  int family;
+  Isa best;
+  Isa decode;
+  const char* why;
+};
+
+// None at present. The one measured candidate, int8 decode from avx2vnni on AMD
+// family 26 (its 256-bit kernel read the 7168x12288 row at 0.92 of the plain
+// read against 0.80 for the 512-bit one), went away when the AVX-512 int8
+// decode dropped its correction table (kernels_avx512.cc, the sign trick): it
+// then led avx2vnni on every int8 shape there (docs/PERFORMANCE.md). Batches
+// would keep AVX-512 in any case (18-39 % faster at batch 32 there).
+constexpr std::array<CpuRule, 0> kCpuRules{};
+
+struct Choice {
+  const internal::KernelTable* table = nullptr;        // everything by default
+  const internal::KernelTable* int8_decode = nullptr;  // int8 MatMulQ8 at batch 1, if not `table`
+  const char* why = "";
+  const char* int8_why = "";
+};
+
+// The start-up choice without K3_FORCE_ISA: the best ISA and the rules.
+Choice DefaultChoice() {
+  Choice c;
+  const Isa best = BestIsa();
+  c.table = &TableFor(best);
+  c.why = "best this CPU runs";
+  const CpuIdent id = ReadCpuIdent();
+  for (const CpuRule& r : kCpuRules) {
+    if (id.vendor == r.vendor && id.family == r.family && best == r.best &&
+        IsaSupported(r.decode)) {
+      c.int8_decode = &TableFor(r.decode);
+      c.int8_why = r.why;
+    }
   }
-  K3_LOG_INFO("quant: %s kernels (%s)", IsaName(isa), why);
-  return &TableFor(isa);
+  return c;
+}
+
+std::string Describe(const Choice& c) {
+  std::string s = std::string(IsaName(c.table->isa)) + " kernels (" + c.why + ")";
+  if (c.int8_decode != nullptr) {
+    s += "; int8 IDOT decode (batch 1): " + std::string(IsaName(c.int8_decode->isa)) + " (" +
+         c.int8_why + ")";
+  }
+  return s;
+}
+
+Choice ChooseOrThrow() {
+  Choice c = DefaultChoice();
+  if (std::optional<Isa> forced = CheckForcedIsa()) {
+    c = Choice{&TableFor(*forced), nullptr, "K3_FORCE_ISA", ""};
+  }
+  K3_LOG_INFO("quant: %s", Describe(c).c_str());
+  return c;
+}
+
+const Choice& StartupChoiceOrThrow() {
+  // A throwing initialiser leaves the static unset, so every call reports the error.
+  static const Choice chosen = ChooseOrThrow();
+  return chosen;
 }
 
 const internal::KernelTable& ActiveTableOrThrow() {
   if (const internal::KernelTable* t = g_test_override.load(std::memory_order_acquire)) return *t;
-  // A throwing initialiser leaves the static unset, so every call reports the error.
-  static const internal::KernelTable* chosen = ChooseOrThrow();
-  return *chosen;
+  return *StartupChoiceOrThrow().table;
+}
+
+const internal::KernelTable& Q8TableOrThrow(WeightFormat format, size_t batch) {
+  if (const internal::KernelTable* t = g_test_override.load(std::memory_order_acquire)) return *t;
+  const Choice& c = StartupChoiceOrThrow();
+  if (format == WeightFormat::kInt8 && batch == 1 && c.int8_decode != nullptr) {
+    return *c.int8_decode;
+  }
+  return *c.table;
 }
 
 }  // namespace
@@ -153,12 +260,25 @@ const char* IsaName(Isa isa) {
 
 Isa ActiveIsa() { return ActiveTableOrThrow().isa; }
 
+Isa Q8Isa(WeightFormat format, size_t batch) { return Q8TableOrThrow(format, batch).isa; }
+
+std::string DispatchDetail() {
+  Choice c = DefaultChoice();
+  std::string s = Describe(c);
+  if (auto forced = GetEnv("K3_FORCE_ISA"); forced && !forced->empty()) {
+    return s + "; K3_FORCE_ISA=" + *forced + " forces one ISA for everything";
+  }
+  return s + "; K3_FORCE_ISA overrides";
+}
+
 void SetIsaForTesting(Isa isa) {
   if (!IsaSupported(isa)) {
     throw Error(ErrorCode::kUnsupported, std::string("ISA ") + IsaName(isa) + " not supported");
   }
   g_test_override.store(&TableFor(isa), std::memory_order_release);
 }
+
+void ResetIsaForTesting() { g_test_override.store(nullptr, std::memory_order_release); }
 
 void SetDecodeRowsForTesting(int rows) {
   if (rows != 0 && rows != 1 && rows != 2 && rows != 4) {
@@ -186,6 +306,15 @@ const KernelTable& ActiveKernels() noexcept {
     // Kernels cannot throw; the apps call ActiveIsa() at start-up to get this as
     // a k3::Error, so reaching here means a caller skipped that check.
     K3_LOG_ERROR("quant: %s", e.what());
+    std::abort();
+  }
+}
+
+const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept {
+  try {
+    return Q8TableOrThrow(format, batch);
+  } catch (const std::exception& e) {
+    K3_LOG_ERROR("quant: %s", e.what());  // as ActiveKernels
     std::abort();
   }
 }

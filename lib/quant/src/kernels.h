@@ -102,6 +102,10 @@ const KernelTable& NeonDotKernels() noexcept;  // kernels_neon.cc built with +do
 // The table of ActiveIsa(); aborts with a message if K3_FORCE_ISA is invalid
 // (kernels are noexcept; apps call ActiveIsa() first to get a k3::Error instead).
 const KernelTable& ActiveKernels() noexcept;
+// The table MatMulQ8 uses for `format` weights and `batch` activation rows: the
+// active one, except where a per-CPU rule (isa.cc) takes that kernel from another
+// table with identical bits. Aborts like ActiveKernels.
+const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept;
 
 // Software prefetch of weight streams: the SIMD kernels touch the line this many
 // bytes ahead of the one they decode (K3_PREFETCH=bytes, 0 = off). Measured on

@@ -18,7 +18,8 @@
 // them with the signed activations; the activation-only correction -B*Σxq is
 // formed once per call and is the dpbusd's start value, so every lane's int32 is
 // exact. int8: one zmm covers 64 columns = two activation groups (lanes 0-7,
-// 8-15). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
+// 8-15); int8 decode (batch 1) forms the same int32 by the sign trick instead,
+// with no correction table to keep in L1 (DotQ8Rows' kSigned). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
 // stored even/odd per group once per call so that 128-bit lane L is group L of
 // the step and the nibbles need no shuffle.
 #include <immintrin.h>
@@ -409,6 +410,12 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
       NibbleSrc src[R];
       for (int r = 0; r < R; ++r) {
         src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutMx2(), pf};
+        // The E8M0 bytes are a stream of their own (1 byte per 16 weight bytes)
+        // that the row's first instructions wait on: touch it as far ahead as the
+        // weights (perf: 3/4 of this function's samples sat on that load's miss).
+        for (size_t g = 0; pf != 0 && g < groups; g += 64) {
+          PrefetchLine(w.e8m0 + (o + r) * groups + g, pf / 16);
+        }
         MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
         gs[r] = gbuf + r * groups;
       }
@@ -499,6 +506,17 @@ struct Q8Direct {
   }
 };
 
+// int8 decode (batch 1) without the correction table: the stored signed bytes.
+struct I8Signed {
+  const uint8_t* row;
+  size_t pf = 0;  // PrefetchBytes()
+  __m512i Chunk(size_t k, bool half) const {
+    if (pf != 0) PrefetchLine(row + k * 64, pf);
+    return half ? _mm512_maskz_loadu_epi8(0xffffffffull, row + k * 64)
+                : _mm512_loadu_si512(row + k * 64);
+  }
+};
+
 struct Q8Buffered {
   const uint8_t* wu;
   __m512i Chunk(size_t k, bool) const { return _mm512_loadu_si512(wu + k * 64); }
@@ -542,7 +560,13 @@ const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
 // f_g = gs_g*xs_g (xs_g alone for int8) come from one multiply, pair k's vector
 // [f_2k x8, f_2k+1 x8] is a lane permute of it, and one accumulator collects
 // cvt(dot)*f over the pairs in column order before a fixed-order reduction.
-template <bool kInt8, int R, typename Src>
+//
+// kSigned (int8 decode only, Src = I8Signed): the lanes' int32 from the signed
+// weights by the sign trick, |w| (unsigned; -128 gives 128) times x negated
+// where w < 0 (|x| <= 127, so no wrap), with no correction table: the same exact
+// int32 as the biased form, so the same bits, and the 12288-column row's
+// activations take 13.5 KiB of L1 instead of 25.5 KiB beside the weight stream.
+template <bool kInt8, int R, typename Src, bool kSigned = false>
 void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
                const float* xs, size_t groups, float* out) noexcept {
   __m512 a[R];
@@ -564,12 +588,26 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
       const bool half = 2 * k + 1 >= ng;
       const __m512i x = half ? _mm512_maskz_loadu_epi8(0xffffffffull, xq + c)
                              : _mm512_loadu_si512(xq + c);
-      const __m512i cv = _mm512_loadu_si512(corr + c / 4);
       const __m512i idx = _mm512_add_epi32(pair_base, _mm512_set1_epi32(static_cast<int>(2 * k)));
+      if constexpr (kSigned) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
+        for (int r = 0; r < R; ++r) {
+          const __m512i wv = w[r].Chunk(c / 64, half);
+          const __m512i xs_w = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv),
+                                                    _mm512_setzero_si512(), x);
+          const __m512i d =
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), xs_w);
+          a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]),
+                                 a[r]);
+        }
+      } else {
+        const __m512i cv = _mm512_loadu_si512(corr + c / 4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
+          a[r] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
+        }
       }
     }
   }
@@ -580,8 +618,7 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
 // Rows decoded once per chunk are reused by every activation row; kRowBlock rows
 // at a time share each activation load.
 constexpr int kRowBlock = 4;
-// Decode (batch 1) rows sharing each activation load, int8 IDOT and nibble IDOT.
-constexpr int kDecodeRowsQ8 = 1;
+// Decode (batch 1) rows sharing each activation load, nibble IDOT.
 constexpr int kDecodeRowsNib = 1;
 
 template <WeightFormat F, int R>
@@ -618,27 +655,33 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
   constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
-  const int32_t* corr = ActCorrections(x, kBias<F>, s);
   if (x.batch == 1) {
-    // Several rows per activation load (DotQ8Rows' per-row operations do not
-    // depend on R): a 12288-column row's activations and corrections (25 KiB)
-    // no longer come from L1 once per weight line of every row.
-    constexpr int kR = kI8 ? kDecodeRowsQ8 : 1;
-    float* gsb = Grow(s.gscale, kR * groups);
-    ForRowBlocks<kR>(r0, r1, [&]<int N>(size_t o) {
-      Q8Direct<F> src[N];
-      const float* gs[N];
-      for (int r = 0; r < N; ++r) {
-        src[r] = Q8Direct<F>{RowBytes<F>(w, o + r), PrefetchBytes()};
-        gs[r] = gsb + r * groups;
-        if (!kI8) GroupScalesQ8(w, o + r, gsb + r * groups);
+    if constexpr (kI8) {
+      // The sign trick, no correction table (DotQ8Rows' kSigned): on the Zen 5
+      // VM the 7168x12288 row went 0.83-0.91 -> 0.97-0.98 of the plain read,
+      // and no int8 shape was slower (docs/PERFORMANCE.md).
+      for (size_t o = r0; o < r1; ++o) {
+        const I8Signed src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
+        const float* gs[1] = {nullptr};
+        float d;
+        DotQ8Rows<true, 1, I8Signed, true>(src, gs, x.q.data(), nullptr, x.scales.data(), groups,
+                                           &d);
+        y[o] = d * w.scales[o];
       }
-      float d[N];
-      DotQ8Rows<kI8, N>(src, gs, x.q.data(), corr, x.scales.data(), groups, d);
-      for (int r = 0; r < N; ++r) y[o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
-    });
+    } else {
+      // (int4/MXFP4 here only under K3_QUANT_NIBBLE64, the A/B kernel.)
+      const int32_t* corr = ActCorrections(x, kBias<F>, s);
+      float* gs = Grow(s.gscale, groups);
+      for (size_t o = r0; o < r1; ++o) {
+        const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
+        const float* gsp[1] = {gs};
+        GroupScalesQ8(w, o, gs);
+        DotQ8Rows<false, 1>(src, gsp, x.q.data(), corr, x.scales.data(), groups, y + o);
+      }
+    }
     return;
   }
+  const int32_t* corr = ActCorrections(x, kBias<F>, s);
   ForRowBlocks<kRowBlock>(r0, r1, [&]<int N>(size_t o) { RowBlockQ8<F, N>(w, x, corr, o, y, s); });
 }
 

@@ -236,7 +236,7 @@ void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
   K3_CHECK(w.format != WeightFormat::kF32);
   K3_CHECK(x.cols == w.cols && w.cols % kActGroup == 0);
   if (w.rows == 0 || x.batch == 0) return;
-  const internal::KernelTable& k = internal::ActiveKernels();
+  const internal::KernelTable& k = internal::Q8Kernels(w.format, x.batch);
   ForRowRanges(w.rows, w.rows * w.cols * x.batch,
                [&](size_t r0, size_t r1) { k.matmul_q8(w, x, y, r0, r1); });
 }

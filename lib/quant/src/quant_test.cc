@@ -774,6 +774,96 @@ TEST_CASE("the AVX-VNNI build of the AVX2 kernels gives the AVX2 bits" *
   }
 }
 
+// A CPU without AVX2 reports this case as skipped, with a line on stderr.
+TEST_CASE("int8 IDOT gives the same bits on every x86 SIMD ISA (decode and batched mixed)" *
+          doctest::skip(k3::test::SkipUnlessCpuRuns(Isa::kAvx2, "x86 int8 IDOT bits"))) {
+  // The int8 IDOT kernels of avx2, avx2vnni and avx512 run the same operations
+  // per output: exact int32 per 4-column lane of each 32-column group, group g
+  // into accumulator slot g mod 2 (avx512: the upper 8 lanes of one zmm) by
+  // fma(cvt(d), xs_g, slot), then the same fixed reduction tree and the row
+  // scale. So the dispatch may take int8 IDOT from one table for decode and from
+  // another for batches (isa.cc): a token decoded alone must still give the
+  // bits of the same token inside a chunked prefill.
+  std::vector<Isa> x86;
+  for (Isa i : {Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512}) {
+    if (IsaSupported(i)) x86.push_back(i);
+  }
+  MESSAGE("x86 int8 IDOT bits: " << x86.size() << " SIMD ISA(s) on this CPU");
+  IsaGuard guard;
+  std::mt19937 rng(47);
+  // 32/96/160: 1, 3, 5 groups (odd: half chunks, partial 16-group blocks);
+  // 1056: 33 groups; 12288: the kda_o row.
+  for (size_t cols : {size_t{32}, size_t{96}, size_t{160}, size_t{448}, size_t{1056},
+                      size_t{12288}}) {
+    Mat m = RandomMat(WeightFormat::kInt8, 11, cols, rng);
+    m.data[3] = 0x80;  // -128 is storable: no ISA may wrap or saturate on it
+    const size_t batch = 9;
+    std::vector<float> x = RandomVec(batch * cols, rng);
+    ActsQ8 all;
+    QuantizeActs(x.data(), batch, cols, &all);
+    std::vector<std::vector<float>> batched(x86.size());
+    for (size_t k = 0; k < x86.size(); ++k) {
+      SetIsaForTesting(x86[k]);
+      batched[k].assign(batch * m.rows, -1.0f);
+      MatMulQ8(m.View(), all, batched[k].data());
+    }
+    for (size_t b = 0; b < batch; ++b) {
+      ActsQ8 one;
+      QuantizeActs(x.data() + b * cols, 1, cols, &one);
+      for (size_t k = 0; k < x86.size(); ++k) {
+        SetIsaForTesting(x86[k]);
+        std::vector<float> y(m.rows, -1.0f);
+        MatMulQ8(m.View(), one, y.data());
+        for (size_t j = 0; j < x86.size(); ++j) {
+          INFO("cols " << cols << " b" << b << ": decode " << IsaStr(x86[k]) << " vs batched "
+                       << IsaStr(x86[j]));
+          CHECK(std::memcmp(y.data(), batched[j].data() + b * m.rows, m.rows * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the start-up dispatch (per-CPU rules) gives the bits of its base ISA") {
+  // Whatever table the start-up choice takes each kernel from (isa.cc's
+  // kCpuRules, e.g. a rule taking int8 decode from avx2vnni), MatMulQ8 and
+  // MatMul must give exactly the bits of the ISA it reports as active, at batch 1
+  // and batched; only int8 MatMulQ8 at batch 1 may name another kernel ISA.
+  IsaGuard guard;
+  ResetIsaForTesting();
+  const Isa base = ActiveIsa();
+  MESSAGE("dispatch: " << DispatchDetail());
+  for (WeightFormat fmt : {WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    for (size_t batch : {size_t{1}, size_t{2}, size_t{32}}) CHECK(Q8Isa(fmt, batch) == base);
+  }
+  for (size_t batch : {size_t{2}, size_t{32}}) CHECK(Q8Isa(WeightFormat::kInt8, batch) == base);
+  const Isa decode = Q8Isa(WeightFormat::kInt8, 1);
+  CHECK(IsaSupported(decode));
+  MESSAGE("int8 IDOT decode kernel: " << IsaStr(decode) << ", base " << IsaStr(base));
+  std::mt19937 rng(53);
+  for (WeightFormat fmt : {WeightFormat::kInt8, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    const size_t rows = 37, cols = 1536;
+    Mat m = RandomMat(fmt, rows, cols, rng);
+    for (size_t batch : {size_t{1}, size_t{7}}) {
+      std::vector<float> x = RandomVec(batch * cols, rng);
+      ActsQ8 a;
+      QuantizeActs(x.data(), batch, cols, &a);
+      std::vector<float> yd(batch * rows, -1.0f), yb(batch * rows, -2.0f);
+      std::vector<float> fd(batch * rows, -1.0f), fb(batch * rows, -2.0f);
+      ResetIsaForTesting();
+      MatMulQ8(m.View(), a, yd.data());
+      MatMul(m.View(), x.data(), batch, fd.data());
+      SetIsaForTesting(base);
+      CHECK(Q8Isa(fmt, batch) == base);  // a forced ISA runs everything
+      MatMulQ8(m.View(), a, yb.data());
+      MatMul(m.View(), x.data(), batch, fb.data());
+      INFO(FmtName(fmt) << " b" << batch << " base " << IsaStr(base));
+      CHECK(std::memcmp(yd.data(), yb.data(), yd.size() * 4) == 0);
+      CHECK(std::memcmp(fd.data(), fb.data(), fd.size() * 4) == 0);
+    }
+  }
+}
+
 TEST_CASE("quantizers produce identical bytes on every ISA (ties, NaN, inf, zeros, subnormals)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("quantizer bytes");

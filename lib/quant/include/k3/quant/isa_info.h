@@ -1,5 +1,6 @@
 // The kernel ISA as --version reports it, without choosing (or logging) the
-// dispatch: the best this CPU runs, and the override if K3_FORCE_ISA names one.
+// dispatch: the best this CPU runs, the per-CPU rules, and the override if
+// K3_FORCE_ISA names one.
 #pragma once
 
 #include <string>
@@ -8,13 +9,10 @@
 
 namespace k3::quant {
 
-// "kernels: avx512 (best this CPU runs)".
+// "kernels: avx512 kernels (best this CPU runs); int8 IDOT decode (batch 1):
+// avx2vnni (...); K3_FORCE_ISA overrides".
 inline std::string KernelsVersionDetail() {
-  Isa best = Isa::kScalar;
-  for (Isa i : kAllIsas) {
-    if (IsaSupported(i)) best = i;
-  }
-  return std::string("kernels: ") + IsaName(best) + " (best this CPU runs; K3_FORCE_ISA overrides)";
+  return "kernels: " + DispatchDetail();
 }
 
 }  // namespace k3::quant
