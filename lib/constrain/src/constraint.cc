@@ -195,37 +195,50 @@ struct TokenConstraint::Impl {
     }
     return true;
   }
-  // Runs bytes; on success the new configuration is compacted to the arena's
-  // bottom and committed.
+  // Runs bytes; on success the new configuration is committed. Steps only
+  // append frames, so the arena holds dead ones too: once they outnumber the
+  // live ones (with some slack) the live chains are compacted to a fresh arena.
+  // Amortized, a byte costs its steps and no copy; probes that commit one byte
+  // at a time (GreedyCompletion) stay cheap.
   bool Run(std::string_view bytes) {
-    std::vector<State> cur;
-    if (!RunFrom(bytes, cur)) {
+    if (!RunFrom(bytes, run_cur)) {
       arena.resize(committed);
       return false;
     }
-    // Compact: copy each live chain (root to top) to a fresh arena.
-    std::vector<Frame> fresh;
-    std::vector<State> moved;
-    std::vector<Frame> chain;
-    for (const State& s : cur) {
-      chain.clear();
-      for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
-      int32_t parent = -1;
-      for (size_t k = chain.size(); k-- > 0;) {
-        Frame f = chain[k];
-        f.parent = parent;
-        fresh.push_back(f);
-        parent = int32_t(fresh.size() - 1);
-      }
-      moved.push_back(State{parent, int32_t(chain.size())});
+    states.swap(run_cur);
+    size_t live = 0;
+    for (const State& s : states) live += size_t(s.depth);
+    if (arena.size() > 4 * live + kCompactSlack) {
+      CompactLive(arena, states, spare_arena, spare_states);
+      arena.swap(spare_arena);
+      states.swap(spare_states);
     }
-    arena.swap(fresh);
-    states.swap(moved);
     committed = arena.size();
     text.append(bytes);
     mask_valid = false;
     return true;
   }
+  // Copies each live chain (root to top) of `from` over `src` to `dst` (replaced),
+  // with `to` the same states over `dst`. Shared frames are copied once per state.
+  static void CompactLive(const std::vector<Frame>& src, const std::vector<State>& from, std::vector<Frame>& dst,
+                          std::vector<State>& to) {
+    dst.clear();
+    to.clear();
+    for (const State& s : from) {
+      // The chain is written top first at the end of dst, then reversed in place
+      // so that parents come before children (as the matcher appends them).
+      const size_t base = dst.size();
+      for (int32_t i = s.top; i >= 0; i = src[size_t(i)].parent) dst.push_back(src[size_t(i)]);
+      std::reverse(dst.begin() + std::ptrdiff_t(base), dst.end());
+      int32_t parent = -1;
+      for (size_t k = base; k < dst.size(); ++k) {
+        dst[k].parent = parent;
+        parent = int32_t(k);
+      }
+      to.push_back(State{parent, int32_t(dst.size() - base)});
+    }
+  }
+  static constexpr size_t kCompactSlack = 256;  // frames (64 bytes each)
   void ComputeMask();
   void WalkFrom(const State& start);
 
@@ -241,6 +254,9 @@ struct TokenConstraint::Impl {
   std::vector<uint64_t> mask;
   bool mask_valid = false;
   mutable std::vector<State> scratch;
+  mutable std::vector<State> run_cur;  // Run / Allowed: the configuration being stepped
+  std::vector<Frame> spare_arena;      // compaction targets, kept for their capacity
+  std::vector<State> spare_states;
   // Walk scratch, per trie depth.
   std::vector<std::vector<State>> path;
   std::vector<size_t> saved;
@@ -355,8 +371,7 @@ bool TokenConstraint::Allowed(uint32_t id) const {
   const Impl& m = *impl_;
   if (id >= m.vocab->tokens.size() || m.vocab->tokens[id].empty()) return false;
   if (m.mask_valid) return (m.mask[id / 64] >> (id % 64)) & 1;
-  std::vector<State> cur;
-  bool ok = m.RunFrom(m.vocab->tokens[id], cur);
+  bool ok = m.RunFrom(m.vocab->tokens[id], m.run_cur);
   m.arena.resize(m.committed);
   return ok;
 }
@@ -390,11 +405,11 @@ void TokenConstraint::Reset() { impl_->Reset(); }
 
 TokenConstraint TokenConstraint::Clone() const {
   const Impl& m = *impl_;
-  // A fresh Impl (its matcher must point at its own arena), then the state.
+  // A fresh Impl (its matcher must point at its own arena), then the live
+  // chains of the state only (the source's dead frames stay behind).
   TokenConstraint c(std::make_unique<Impl>(m.keep, m.vocab, m.format));
-  c.impl_->arena.assign(m.arena.begin(), m.arena.begin() + std::ptrdiff_t(m.committed));
-  c.impl_->states = m.states;
-  c.impl_->committed = m.committed;
+  Impl::CompactLive(m.arena, m.states, c.impl_->arena, c.impl_->states);
+  c.impl_->committed = c.impl_->arena.size();
   c.impl_->text = m.text;
   return c;
 }

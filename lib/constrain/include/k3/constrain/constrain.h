@@ -128,7 +128,8 @@ class TokenConstraint {
   void Reset();
   // An independent copy of this state (same schema, vocabulary and format):
   // lets a caller look ahead (e.g. probe a short completion) without
-  // disturbing the generation's constraint. Cost: the live stack and the text.
+  // disturbing the generation's constraint. Cost: the live stacks (one copy per
+  // state) and the text; the copy has no dead frames.
   TokenConstraint Clone() const;
 
   struct Impl;
