@@ -787,3 +787,47 @@ TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
     }
   }
 }
+
+TEST_CASE("long outputs: states stay exact once dead frames are compacted away, and in clones") {
+  // Thousands of bytes commit far more frames than live ones, so the arena is
+  // compacted many times along the way (Run), and Clone copies live chains
+  // only; a fresh constraint run over the whole text in one step is the
+  // reference, and a union keeps several states alive at once.
+  const k3::tok::Tokenizer& tiny = Tiny();
+  Vocabulary tv = Vocabulary::FromTokenizer(tiny);
+  auto s = Schema::CompileOrThrow(
+      R"({"type":"array","items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":30}},"required":["k"]},)"
+      R"({"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"type":"array","items":{"type":"integer"},"maxItems":3}]}})");
+  std::mt19937_64 rng(1616);
+  TokenConstraint c(s, tv);
+  std::vector<uint64_t> m, mc;
+  int checks = 0;
+  for (int step = 0; c.text().size() < 4000; ++step) {
+    REQUIRE(step < 20000);
+    c.AllowedMask(m);
+    std::vector<uint32_t> ok;
+    for (uint32_t id = 0; id < tv.vocab_size(); ++id)
+      if (Bit(m, id)) ok.push_back(id);
+    REQUIRE_MESSAGE(!ok.empty(), "dead end after '" << c.text() << "'");
+    const uint32_t pick = ok[rng() % ok.size()];
+    TokenConstraint probe = c.Clone();
+    probe.Advance(pick);
+    if (probe.Complete()) continue;  // keep the array open
+    c.Advance(pick);
+    if (step % 97 == 0) {
+      CheckMaskAgainstDirect(s, tv, c.text(), c);
+      TokenConstraint copy = c.Clone();
+      copy.AllowedMask(mc);
+      c.AllowedMask(m);
+      CHECK(mc == m);
+      CHECK(copy.text() == c.text());
+      CHECK(copy.Accepting() == c.Accepting());
+      ++checks;
+    }
+  }
+  CHECK(checks >= 5);
+  // Closing it all still works from the long state.
+  TokenConstraint direct(s, tv);
+  REQUIRE(direct.AdvanceBytes(c.text()));
+  CHECK(direct.Accepting() == c.Accepting());
+}
