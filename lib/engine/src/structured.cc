@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -448,9 +449,21 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
       json_->AllowedMask(bits_);
       const bool accepting = json_->Accepting();
       const float close_logit = logits[size_t(x_.close)];
+      // Word by word: inside a string nearly every word is all ones, outside
+      // one nearly all zeros.
       const size_t n = std::min(logits.size(), bits_.size() * 64);
-      for (size_t i = 0; i < n; ++i) {
-        if (!((bits_[i / 64] >> (i % 64)) & 1)) logits[i] = kMasked;
+      for (size_t w = 0; w * 64 < n; ++w) {
+        const uint64_t word = bits_[w];
+        if (word == ~uint64_t{0}) continue;
+        const size_t base = w * 64, end = std::min(n, base + 64);
+        if (word == 0) {
+          std::fill(logits.begin() + std::ptrdiff_t(base), logits.begin() + std::ptrdiff_t(end), kMasked);
+          continue;
+        }
+        for (uint64_t off = ~word; off; off &= off - 1) {
+          const size_t i = base + size_t(std::countr_zero(off));
+          if (i < end) logits[i] = kMasked;
+        }
       }
       for (size_t i = n; i < logits.size(); ++i) logits[i] = kMasked;
       if (accepting) logits[size_t(x_.close)] = close_logit;
