@@ -161,11 +161,11 @@ void RunVocabBench(const StructuredBenchArgs& a) {
   std::printf("%s\n", j.str().c_str());
 }
 
-// The model's own vocabulary with the real budget (max_tokens = --tokens, so
-// short answers lie in the steering window): no forward pass, so a profile of
-// it is the decoder's alone.
+// The model's own vocabulary (or --vocab-dir's) with the real budget
+// (max_tokens = --tokens, so short answers lie in the steering window): no
+// forward pass, so a profile of it is the decoder's alone.
 void RunDecoderBench(const StructuredBenchArgs& a) {
-  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(a.model_dir);
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(a.vocab_dir.empty() ? a.model_dir : a.vocab_dir);
   const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
   engine::StructuredOutput json;
   json.response = constrain::Schema::CompileOrThrow(kSchema);
@@ -268,7 +268,7 @@ void SetupStructuredBench(CLI::App& root) {
   cmd->add_option("--vocab-dir", args->vocab_dir,
                   "also time the decoder alone over this tokenizer directory's vocabulary (needs the XTML specials)");
   cmd->add_flag("--decoder-only", args->decoder_only,
-                "only the decoder over the model's vocabulary with random logits (no forward pass), max_tokens = --tokens");
+                "only the decoder with random logits (no forward pass) over the model's vocabulary or --vocab-dir's, max_tokens = --tokens");
   cmd->callback([args] {
     if (args->decoder_only) {
       RunDecoderBench(*args);
