@@ -174,24 +174,30 @@ void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
 Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
-  const bool free_keys = n.map_value >= 0;  // keys other than the declared ones (additionalProperties)
-  uint64_t unseen = AllProps(n) & ~f.bits;
-  const uint64_t seen = uint64_t(std::popcount(f.bits));
-  const uint64_t have = seen + f.free_count;  // entries so far
-  const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
-  // minProperties counts distinct keys: free keys may repeat (a parser keeps
-  // one of each), so at most one of them counts.
-  const uint64_t distinct = seen + (f.free_count ? 1 : 0);
-  const bool can_close = missing == 0 && distinct >= n.min_props;
-  // Keys that may come next: an optional declared key only if the required
-  // ones left still fit under maxProperties. A free key only once nothing
-  // else is needed (every required key written, minProperties met with this
-  // one): then the object may close after it, so a shortest completion never
-  // loops on free keys, and what is needed always fits.
-  if (have + 1 + missing > n.max_props) unseen &= n.required_mask;
-  if (have >= n.max_props) unseen = 0;
-  const bool free_ok = free_keys && missing == 0 && n.min_props <= seen + 1 && have < n.max_props;
-  const bool can_add = unseen || free_ok;
+  // What may come next where a key or the close can (the key-byte, colon and
+  // value phases, most of a mask walk's steps inside an object, need none of it).
+  uint64_t unseen = 0;
+  bool can_close = false, free_ok = false, can_add = false;
+  if (f.phase == kObjOpen || f.phase == kObjComma || f.phase == kObjAfterValue) {
+    const bool free_keys = n.map_value >= 0;  // keys other than the declared ones (additionalProperties)
+    unseen = AllProps(n) & ~f.bits;
+    const uint64_t seen = uint64_t(std::popcount(f.bits));
+    const uint64_t have = seen + f.free_count;  // entries so far
+    const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
+    // minProperties counts distinct keys: free keys may repeat (a parser keeps
+    // one of each), so at most one of them counts.
+    const uint64_t distinct = seen + (f.free_count ? 1 : 0);
+    can_close = missing == 0 && distinct >= n.min_props;
+    // Keys that may come next: an optional declared key only if the required
+    // ones left still fit under maxProperties. A free key only once nothing
+    // else is needed (every required key written, minProperties met with this
+    // one): then the object may close after it, so a shortest completion never
+    // loops on free keys, and what is needed always fits.
+    if (have + 1 + missing > n.max_props) unseen &= n.required_mask;
+    if (have >= n.max_props) unseen = 0;
+    free_ok = free_keys && missing == 0 && n.min_props <= seen + 1 && have < n.max_props;
+    can_add = unseen || free_ok;
+  }
   // A key starts: a declared one (matched byte by byte against the candidates)
   // and, beside it, a free key (a string frame); both are followed until the
   // key's bytes tell them apart.
