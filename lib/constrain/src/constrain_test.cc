@@ -831,3 +831,68 @@ TEST_CASE("long outputs: states stay exact once dead frames are compacted away, 
   REQUIRE(direct.AdvanceBytes(c.text()));
   CHECK(direct.Accepting() == c.Accepting());
 }
+
+TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, arrays and at the root") {
+  const k3::tok::Tokenizer& tiny = Tiny();
+  Vocabulary tv = Vocabulary::FromTokenizer(tiny);
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
+          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
+      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
+      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
+      R"({"type":"object","properties":{"nm":{"type":"integer"},"name":{"type":"string","maxLength":4}},"required":["nm"],
+          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
+      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
+          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
+      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
+          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
+      R"({"type":"object","properties":{"a":{"type":"object","properties":{"ab":{"type":"null"},"abc":{"type":"array"}},"required":["abc"]},"b":{}}})",
+      R"({"type":"object"})",
+      R"({})",
+  };
+  std::mt19937_64 rng(4);
+  int known = 0, states = 0;
+  for (const char* js : schemas) {
+    CAPTURE(js);
+    auto s = Schema::CompileOrThrow(js);
+    for (bool py : {false, true}) {
+      k3::constrain::Format f;
+      f.python_separators = py;
+      for (int walk = 0; walk < 4; ++walk) {
+        TokenConstraint c(s, tv, f);
+        std::vector<uint64_t> m;
+        for (int step = 0; step < 60 && !c.Complete(); ++step) {
+          uint64_t set[4];
+          ++states;
+          if (c.NextBytes(set)) {
+            ++known;
+            for (int b = 0; b < 256; ++b) {
+              TokenConstraint probe = c.Clone();
+              const char ch = char(b);
+              if (probe.AdvanceBytes(std::string_view(&ch, 1)) && !((set[b / 64] >> (b % 64)) & 1)) {
+                FAIL_CHECK("byte " << b << " taken after '" << c.text() << "' but not in NextBytes");
+              }
+            }
+          }
+          c.AllowedMask(m);
+          std::vector<uint32_t> ok;
+          for (uint32_t id = 0; id < tv.vocab_size(); ++id)
+            if (Bit(m, id)) ok.push_back(id);
+          REQUIRE(!ok.empty());
+          // Short tokens so that the walk stops at many positions between values.
+          uint32_t pick = ok[rng() % ok.size()];
+          for (int t = 0; t < 4 && tv.TokenBytes(pick).size() > 2; ++t) pick = ok[rng() % ok.size()];
+          c.Advance(pick);
+        }
+      }
+    }
+  }
+  MESSAGE("NextBytes known at " << known << " of " << states << " states");
+  CHECK(known * 3 > states);
+  // A complete value takes nothing.
+  TokenConstraint done(Schema::CompileOrThrow(R"({"type":"object"})"), Bytes());
+  REQUIRE(done.AdvanceBytes("{}"));
+  uint64_t set[4];
+  REQUIRE(done.NextBytes(set));
+  CHECK((set[0] | set[1] | set[2] | set[3]) == 0);
+}

@@ -386,6 +386,13 @@ void TokenConstraint::Advance(uint32_t id) {
 
 bool TokenConstraint::AdvanceBytes(std::string_view bytes) { return impl_->Run(bytes); }
 
+bool TokenConstraint::NextBytes(uint64_t set[4]) const {
+  set[0] = set[1] = set[2] = set[3] = 0;
+  for (const State& s : impl_->states)
+    if (!impl_->matcher.NextBytes(s, set)) return false;
+  return true;
+}
+
 bool TokenConstraint::Accepting() const {
   for (const State& s : impl_->states)
     if (impl_->matcher.Accepting(s)) return true;

@@ -171,6 +171,55 @@ void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
   v.resize(n);
 }
 
+bool Matcher::NextBytes(const State& s, uint64_t set[4]) const {
+  auto add = [&](uint8_t b) { set[b / 64] |= uint64_t{1} << (b % 64); };
+  auto add_first = [&](uint32_t node) {
+    const std::array<bool, 256>& first = nodes_[node].first;
+    for (int b = 0; b < 256; ++b)
+      if (first[size_t(b)]) add(uint8_t(b));
+  };
+  const Frame& f = arena_[size_t(s.top)];
+  if (f.node == kRootNode) {
+    if (f.phase != 0) return true;  // the value is complete: nothing follows
+    if (format_.raw_top_string) return false;
+    add_first(root_);
+    return true;
+  }
+  const SchemaNode& n = nodes_[f.node];
+  // Objects and arrays take every byte themselves (they never hand one on).
+  if (n.kind == NodeKind::kObject) {
+    switch (f.phase) {
+      case kObjOpen: add('"'); add('}'); return true;
+      case kObjComma: add('"'); return true;
+      case kObjCommaSpace:
+      case kObjColonSpace: add(' '); return true;
+      case kObjAfterKey: add(':'); return true;
+      case kObjAfterValue: add(','); add('}'); return true;
+      case kObjKey:
+        for (uint64_t c = f.bits2; c; c &= c - 1) {
+          const std::string& key = n.props[size_t(std::countr_zero(c))].key;
+          if (f.pos < key.size()) add(uint8_t(key[f.pos]));
+          else if (f.pos == key.size()) add('"');
+        }
+        return true;
+      case kObjValue:
+        add_first(f.count == kFreeKey ? uint32_t(n.map_value) : n.props[f.count].child);
+        return true;
+    }
+    return false;
+  }
+  if (n.kind == NodeKind::kArray) {
+    switch (f.phase) {
+      case kArrOpen: add(']'); add_first(n.items); return true;
+      case kArrAfterValue: add(','); add(']'); return true;
+      case kArrCommaSpace: add(' '); return true;
+      case kArrComma: add_first(n.items); return true;
+    }
+    return false;
+  }
+  return false;
+}
+
 Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];

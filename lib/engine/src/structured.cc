@@ -124,7 +124,13 @@ std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& p
   while (!probe.Accepting()) {
     if (out.size() >= max_bytes) return std::nullopt;
     bool moved = false;
+    // Where the constraint knows which bytes can come (a key's next bytes, a
+    // ':' or ',', a value's first byte) the others are not tried: the same
+    // first byte in preference order is taken, after far fewer refusals.
+    uint64_t next[4];
+    const bool known = probe.NextBytes(next);
     for (char b : Preference(lex.l)) {
+      if (known && !((next[uint8_t(b) / 64] >> (uint8_t(b) % 64)) & 1)) continue;
       // A refused byte leaves the probe as it was (and costs one step).
       if (probe.AdvanceBytes(std::string_view(&b, 1))) {
         out += b;
