@@ -337,11 +337,16 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   saved[0] = committed;
   exited[0] = !shortcut;
   const int32_t string_depth = start.depth;
+  // Between values the first bytes a state takes are known: the root's other
+  // children (most of the 256) are skipped without a step each.
+  uint64_t first[4] = {0, 0, 0, 0};
+  const bool first_known = !shortcut && matcher.NextBytes(start, first);
   const size_t count = v.byte.size();
   size_t i = 0;
   while (i < count) {
     const uint16_t d = v.depth[i];
     if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
+    if (d == 1 && first_known && !((first[v.byte[i] / 64] >> (v.byte[i] % 64)) & 1)) { i = v.end[i]; continue; }
     arena.resize(saved[d - 1]);
     std::vector<State>& here = path[d];
     here.clear();

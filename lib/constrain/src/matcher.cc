@@ -174,9 +174,7 @@ void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
 bool Matcher::NextBytes(const State& s, uint64_t set[4]) const {
   auto add = [&](uint8_t b) { set[b / 64] |= uint64_t{1} << (b % 64); };
   auto add_first = [&](uint32_t node) {
-    const std::array<bool, 256>& first = nodes_[node].first;
-    for (int b = 0; b < 256; ++b)
-      if (first[size_t(b)]) add(uint8_t(b));
+    for (size_t w = 0; w < 4; ++w) set[w] |= nodes_[node].first_bits[w];
   };
   const Frame& f = arena_[size_t(s.top)];
   if (f.node == kRootNode) {
