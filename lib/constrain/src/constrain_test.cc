@@ -896,3 +896,45 @@ TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, 
   REQUIRE(done.NextBytes(set));
   CHECK((set[0] | set[1] | set[2] | set[3]) == 0);
 }
+
+TEST_CASE("a vocabulary without most single bytes: the mask equals the direct check") {
+  // The walk jumps between the trie root's children by first byte; here most
+  // first bytes have no child at all.
+  std::vector<std::string> t;
+  std::mt19937_64 rng(77);
+  const std::string alphabet = "{}[]\",:019-.etrufalsn\\ab";
+  std::set<std::string> seen;
+  while (t.size() < 1500) {
+    std::string s;
+    const size_t len = 1 + rng() % 5;
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (s.size() == 1 && s[0] != '"' && s[0] != '}' && s[0] != ']') continue;  // few single bytes
+    if (s[0] == '-' || s[0] == '0' || s[0] == '[') continue;  // first bytes a value may take, with no child
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  Vocabulary v(std::move(t), 1500 + 2);
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"a":{"type":"integer"},"ab":{"type":"array","items":{"type":"boolean"}},"b":{"type":"string"}},"required":["a"]})",
+      R"({"type":"array","items":{"anyOf":[{"type":"number"},{"type":"null"},{"type":"object"}]}})",
+      R"({})",
+  };
+  int checked = 0;
+  for (const char* js : schemas) {
+    auto s = Schema::CompileOrThrow(js);
+    for (int walk = 0; walk < 24; ++walk) {
+      TokenConstraint c(s, v);
+      std::vector<uint64_t> m;
+      for (int step = 0; step < 30 && !c.Complete(); ++step) {
+        CheckMaskAgainstDirect(s, v, c.text(), c);
+        ++checked;
+        c.AllowedMask(m);
+        std::vector<uint32_t> ok;
+        for (uint32_t id = 0; id < v.vocab_size(); ++id)
+          if (Bit(m, id)) ok.push_back(id);
+        if (ok.empty()) break;  // this vocabulary may not spell every continuation
+        c.Advance(ok[rng() % ok.size()]);
+      }
+    }
+  }
+  CHECK(checked > 100);
+}

@@ -29,6 +29,11 @@ struct Vocabulary::Impl {
   std::vector<uint32_t> end;
   std::vector<int32_t> token;   // id ending at this node, or -1
   std::vector<uint8_t> quote_below;  // this node's byte or one below it is '"'
+  // From a node, the first of it and its later siblings with quote_below set,
+  // or the end of the siblings: inside a string the walk jumps there at once.
+  std::vector<uint32_t> quote_next;
+  // The root's child for each first byte (node index), or -1.
+  int32_t root_child[256];
   uint16_t max_depth = 0;
   // Per string-lexer class (StayKey): tokens that stay inside the string, and
   // the code points each of them starts (0xFFFF: leaves the string or is invalid).
@@ -107,7 +112,20 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
   // The root itself is not stored: its children are the top-level entries.
   auto root_kids = pool[0].kids;
   std::sort(root_kids.begin(), root_kids.end());
-  for (auto& [kb, ki] : root_kids) Flatten(pool, ki, 1, kb, v);
+  for (int32_t& c : v.root_child) c = -1;
+  for (auto& [kb, ki] : root_kids) {
+    v.root_child[kb] = int32_t(v.byte.size());
+    Flatten(pool, ki, 1, kb, v);
+  }
+  // Siblings follow each other at equal depth: what follows a subtree at the
+  // same depth is the next sibling, at a smaller one the parent's end.
+  const size_t nodes = v.byte.size();
+  v.quote_next.assign(nodes, 0);
+  for (size_t i = nodes; i-- > 0;) {
+    const uint32_t next = v.end[i];
+    const bool sibling = next < nodes && v.depth[next] == v.depth[i];
+    v.quote_next[i] = v.quote_below[i] ? uint32_t(i) : sibling ? v.quote_next[next] : next;
+  }
 
   for (int l = 0; l < kNumStayKeys; ++l) {
     v.stay_mask[l].assign(v.words, 0);
@@ -337,16 +355,29 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   saved[0] = committed;
   exited[0] = !shortcut;
   const int32_t string_depth = start.depth;
-  // Between values the first bytes a state takes are known: the root's other
-  // children (most of the 256) are skipped without a step each.
+  // Between values the first bytes a state takes are known: the walk visits
+  // only the root's children for those (not each of up to 256 with a step).
   uint64_t first[4] = {0, 0, 0, 0};
   const bool first_known = !shortcut && matcher.NextBytes(start, first);
   const size_t count = v.byte.size();
-  size_t i = 0;
+  // The next root child at or after first byte `b` whose byte the state takes.
+  auto next_root = [&](unsigned b) -> size_t {
+    for (; b < 256; ++b) {
+      const uint64_t rest = first[b / 64] >> (b % 64);
+      if (!rest) {
+        b = (b / 64) * 64 + 63;  // nothing left in this word
+        continue;
+      }
+      b += unsigned(std::countr_zero(rest));
+      if (v.root_child[b] >= 0) return size_t(v.root_child[b]);
+    }
+    return count;
+  };
+  size_t i = first_known ? next_root(0) : 0;
   while (i < count) {
     const uint16_t d = v.depth[i];
-    if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
-    if (d == 1 && first_known && !((first[v.byte[i] / 64] >> (v.byte[i] % 64)) & 1)) { i = v.end[i]; continue; }
+    if (!exited[d - 1] && !v.quote_below[i]) { i = v.quote_next[i]; continue; }
+    if (d == 1 && first_known && !((first[v.byte[i] / 64] >> (v.byte[i] % 64)) & 1)) { i = next_root(v.byte[i]); continue; }
     arena.resize(saved[d - 1]);
     std::vector<State>& here = path[d];
     here.clear();
