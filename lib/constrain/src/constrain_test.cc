@@ -100,6 +100,27 @@ Vocabulary RandomVocab(const std::string& alphabet, size_t size, size_t max_len,
   return Vocabulary(std::move(t), uint32_t(size));
 }
 
+// Schemas for random walks: objects with bounds and enums, arrays, strings,
+// uniqueItems, property counts, free keys, recursion and an overlapping union.
+const std::vector<const char*>& WalkSchemas() {
+  static const std::vector<const char*> v = {
+      R"({"type":"object"})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
+          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
+      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
+      R"({"type":"string","minLength":3})",
+      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"nm":{"type":"integer"}},"required":["nm"],
+          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
+      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
+          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
+      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
+          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
+  };
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("compact JSON only: no whitespace between tokens") {
@@ -624,21 +645,7 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
   const k3::tok::Tokenizer& tiny = Tiny();
   Vocabulary tv = Vocabulary::FromTokenizer(tiny);
   CHECK(tv.vocab_size() == tiny.vocab_size());
-  const char* schemas[] = {
-      R"({"type":"object"})",
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
-          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
-      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
-      R"({"type":"string","minLength":3})",
-      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
-      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"nm":{"type":"integer"}},"required":["nm"],
-          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
-      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
-          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
-      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
-          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
-  };
+  const std::vector<const char*>& schemas = WalkSchemas();
   std::mt19937_64 rng(16);
   for (const char* js : schemas) {
     auto s = Schema::CompileOrThrow(js);
@@ -835,21 +842,10 @@ TEST_CASE("long outputs: states stay exact once dead frames are compacted away, 
 TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, arrays and at the root") {
   const k3::tok::Tokenizer& tiny = Tiny();
   Vocabulary tv = Vocabulary::FromTokenizer(tiny);
-  const char* schemas[] = {
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
-          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
-      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
-      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
-      R"({"type":"object","properties":{"nm":{"type":"integer"},"name":{"type":"string","maxLength":4}},"required":["nm"],
-          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
-      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
-          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
-      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
-          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
-      R"({"type":"object","properties":{"a":{"type":"object","properties":{"ab":{"type":"null"},"abc":{"type":"array"}},"required":["abc"]},"b":{}}})",
-      R"({"type":"object"})",
-      R"({})",
-  };
+  std::vector<const char*> schemas = WalkSchemas();
+  for (const char* js : {R"({"type":"object","properties":{"a":{"type":"object","properties":{"ab":{"type":"null"},"abc":{"type":"array"}},"required":["abc"]},"b":{}}})",
+                         R"({"type":"object"})", R"({})"})
+    schemas.push_back(js);
   std::mt19937_64 rng(4);
   int known = 0, states = 0;
   for (const char* js : schemas) {
