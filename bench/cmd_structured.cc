@@ -7,6 +7,7 @@
 // bookkeeping of every step, forced ids included).
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ struct StructuredBenchArgs {
   int runs = 5;
   int threads = 0;
   std::string vocab_dir;  // also: the decoder alone over this tokenizer's vocabulary
+  bool decoder_only = false;
 };
 
 // A tool / structured-output schema of the usual shape: required and optional
@@ -63,9 +65,77 @@ Run Generate(engine::Engine& e, const std::vector<int32_t>& prompt,
   return r;
 }
 
-// The decoder alone over a (real-size) vocabulary, with random logits: per step
-// the logits copy, Prepare (mask or forced id), the draw check and Accept, i.e.
-// everything Engine::Generate adds to a step; the draw itself is not counted.
+// The decoder alone with random logits: per step the logits copy, Prepare
+// (mask or forced id), the draw checks and Accept, i.e. everything
+// Engine::Generate adds to a step; the draw itself is not counted. `budget`:
+// max_tokens of each answer (the steering near its end included), or 0 for an
+// answer that never comes near it.
+struct DecoderSteps {
+  std::vector<double> wall_us, cpu_us;
+  std::vector<double> answer_tokens;
+  uint64_t ids_hash = 14695981039346656037ull;  // FNV-1a over every answer's ids: equal = the same answers
+};
+DecoderSteps TimeDecoder(const tok::Tokenizer& tok, const constrain::Vocabulary& vocab,
+                         const engine::StructuredOutput& spec, int runs, int tokens, bool budget) {
+  const std::vector<int64_t> eos = {int64_t(tok.SpecialIdOrThrow("<|end_of_msg|>"))};
+  std::vector<float> logits(tok.vocab_size()), masked;
+  DecoderSteps out;
+  uint64_t state = 7;
+  for (int r = 0; r < runs; ++r) {
+    const int64_t max_tokens = budget ? tokens : int64_t{1} << 20;
+    engine::StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, max_tokens);
+    model::Sampler sampler(1.0f, 1.0f, 100 + uint64_t(r));
+    int i = 0;
+    for (; i < tokens; ++i) {
+      for (float& x : logits) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        x = float(state >> 40) / float(1 << 24) * 8.0f;
+      }
+      const int64_t left = max_tokens - i;
+      const double s0 = NowSeconds(), c0 = ThreadCpuSeconds();
+      masked.assign(logits.begin(), logits.end());
+      int32_t id = d.Prepare(masked, left);
+      double spent = NowSeconds() - s0, cpu = ThreadCpuSeconds() - c0;
+      if (id < 0) {
+        // As Engine::Generate: a refused draw is masked and drawn again.
+        for (int tries = 0;; ++tries) {
+          id = sampler.Sample(masked);
+          const double s1 = NowSeconds(), c1 = ThreadCpuSeconds();
+          const bool ok = d.Allowed(id);
+          if (!ok) {
+            masked[size_t(id)] = -std::numeric_limits<float>::infinity();
+            if (tries == 8) id = d.Fallback();
+          }
+          spent += NowSeconds() - s1;
+          cpu += ThreadCpuSeconds() - c1;
+          if (ok || tries == 8) break;
+        }
+      }
+      const double s2 = NowSeconds(), c2 = ThreadCpuSeconds();
+      d.Accept(id);
+      spent += NowSeconds() - s2;
+      cpu += ThreadCpuSeconds() - c2;
+      out.ids_hash = (out.ids_hash ^ uint32_t(id)) * 1099511628211ull;
+      out.wall_us.push_back(1e6 * spent);
+      out.cpu_us.push_back(1e6 * cpu);
+      if (eos[0] == id) break;
+    }
+    out.answer_tokens.push_back(double(std::min(i + 1, tokens)));
+  }
+  return out;
+}
+
+double P99(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, v.size() * 99 / 100)];
+}
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / double(v.size());
+}
+
+// Over a (real-size) vocabulary, far from the budget.
 void RunVocabBench(const StructuredBenchArgs& a) {
   const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(a.vocab_dir);
   const double t0 = NowSeconds();
@@ -73,42 +143,7 @@ void RunVocabBench(const StructuredBenchArgs& a) {
   const double build_s = NowSeconds() - t0;
   engine::StructuredOutput spec;
   spec.response = constrain::Schema::CompileOrThrow(kSchema);
-  const std::vector<int64_t> eos = {int64_t(tok.SpecialIdOrThrow("<|end_of_msg|>"))};
-  std::vector<float> logits(tok.vocab_size()), masked;
-  std::vector<double> step_us, step_cpu_us;
-  uint64_t state = 7;
-  for (int r = 0; r < a.runs; ++r) {
-    engine::StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, 1 << 20);
-    model::Sampler sampler(1.0f, 1.0f, 100 + uint64_t(r));
-    for (int i = 0; i < a.tokens; ++i) {
-      for (float& x : logits) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        x = float(state >> 40) / float(1 << 24) * 8.0f;
-      }
-      const double s0 = NowSeconds(), c0 = ThreadCpuSeconds();
-      masked.assign(logits.begin(), logits.end());
-      int32_t id = d.Prepare(masked, 1 << 20);
-      double spent = NowSeconds() - s0, cpu = ThreadCpuSeconds() - c0;
-      if (id < 0) {
-        id = sampler.Sample(masked);
-        const double s1 = NowSeconds(), c1 = ThreadCpuSeconds();
-        if (!d.Allowed(id)) id = d.Fallback();
-        spent += NowSeconds() - s1;
-        cpu += ThreadCpuSeconds() - c1;
-      }
-      const double s2 = NowSeconds(), c2 = ThreadCpuSeconds();
-      d.Accept(id);
-      spent += NowSeconds() - s2;
-      cpu += ThreadCpuSeconds() - c2;
-      step_us.push_back(1e6 * spent);
-      step_cpu_us.push_back(1e6 * cpu);
-      if (eos[0] == id) break;
-    }
-  }
-  auto p99 = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, v.size() * 99 / 100)];
-  };
+  const DecoderSteps s = TimeDecoder(tok, vocab, spec, a.runs, a.tokens, false);
   JsonWriter j;
   j.BeginObject();
   j.Field("bench", "structured_vocab");
@@ -116,14 +151,46 @@ void RunVocabBench(const StructuredBenchArgs& a) {
   j.Field("cpu", CpuModel());
   j.Field("vocab_size", static_cast<int64_t>(tok.vocab_size()));
   j.Field("vocabulary_build_s", build_s);
-  j.Field("steps", static_cast<int64_t>(step_us.size()));
-  PutSummary(j, "decoder_us_per_step", step_us);
-  j.Field("decoder_us_per_step_p99", p99(step_us));
-  PutSummary(j, "decoder_cpu_us_per_step", step_cpu_us);
-  j.Field("decoder_cpu_us_per_step_p99", p99(step_cpu_us));
-  double sum = 0;
-  for (double x : step_cpu_us) sum += x;
-  j.Field("decoder_cpu_us_per_step_mean", sum / double(step_cpu_us.size()));
+  j.Field("steps", static_cast<int64_t>(s.wall_us.size()));
+  PutSummary(j, "decoder_us_per_step", s.wall_us);
+  j.Field("decoder_us_per_step_p99", P99(s.wall_us));
+  PutSummary(j, "decoder_cpu_us_per_step", s.cpu_us);
+  j.Field("decoder_cpu_us_per_step_p99", P99(s.cpu_us));
+  j.Field("decoder_cpu_us_per_step_mean", Mean(s.cpu_us));
+  j.EndObject();
+  std::printf("%s\n", j.str().c_str());
+}
+
+// The model's own vocabulary (or --vocab-dir's) with the real budget
+// (max_tokens = --tokens, so short answers lie in the steering window): no
+// forward pass, so a profile of it is the decoder's alone.
+void RunDecoderBench(const StructuredBenchArgs& a) {
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(a.vocab_dir.empty() ? a.model_dir : a.vocab_dir);
+  const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
+  engine::StructuredOutput json;
+  json.response = constrain::Schema::CompileOrThrow(kSchema);
+  engine::StructuredOutput call;
+  call.tools.push_back({"plan", constrain::Schema::CompileOrThrow(kSchema)});
+  call.calls = engine::StructuredOutput::Calls::kRequired;
+  JsonWriter j;
+  j.BeginObject();
+  j.Field("bench", "structured_decoder");
+  j.Field("git_sha", SourceRevision());
+  j.Field("cpu", CpuModel());
+  j.Field("vocab_size", static_cast<int64_t>(tok.vocab_size()));
+  j.Field("max_tokens", static_cast<int64_t>(a.tokens));
+  j.Field("runs", static_cast<int64_t>(a.runs));
+  for (const auto& [name, spec] : {std::pair<const char*, const engine::StructuredOutput*>{"json", &json}, {"call", &call}}) {
+    const DecoderSteps s = TimeDecoder(tok, vocab, *spec, a.runs, a.tokens, true);
+    const std::string k = name;
+    PutSummary(j, k + "_cpu_us_per_step", s.cpu_us);
+    j.Field(k + "_cpu_us_per_step_mean", Mean(s.cpu_us));
+    j.Field(k + "_cpu_us_per_step_p99", P99(s.cpu_us));
+    j.Field(k + "_tokens_median", Median(s.answer_tokens));
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(s.ids_hash));
+    j.Field(k + "_ids_fnv", std::string(hash));
+  }
   j.EndObject();
   std::printf("%s\n", j.str().c_str());
 }
@@ -200,7 +267,13 @@ void SetupStructuredBench(CLI::App& root) {
   cmd->add_option("--threads", args->threads, "compute threads (default: every CPU)")->check(CLI::Range(1, 1024));
   cmd->add_option("--vocab-dir", args->vocab_dir,
                   "also time the decoder alone over this tokenizer directory's vocabulary (needs the XTML specials)");
+  cmd->add_flag("--decoder-only", args->decoder_only,
+                "only the decoder with random logits (no forward pass) over the model's vocabulary or --vocab-dir's, max_tokens = --tokens");
   cmd->callback([args] {
+    if (args->decoder_only) {
+      RunDecoderBench(*args);
+      return;
+    }
     RunStructuredBench(*args);
     if (!args->vocab_dir.empty()) RunVocabBench(*args);
   });

@@ -3,7 +3,8 @@
 # vocabulary, plus a real-size vocabulary: the first RANKS (default 163,840, K3's
 # rank count) ranks of OpenAI's o200k_base encoding, taken as data from the npm
 # `tiktoken` package (MIT licence) and written as a tiktoken.model directory.
-# Prints k3-bench's JSON lines.
+# Also writes o200k-RANKS-xtml (the same ranks with K3's specials) for
+# `k3-bench structured --vocab-dir`. Prints k3-bench's JSON lines.
 #
 #   scripts/bench-constrain.sh [RANKS] [RUNS]
 #
@@ -40,5 +41,22 @@ with open(out + "/tokenizer_config.json", "w") as f:
 import os
 os.rename(out + "/tiktoken.model.tmp", out + "/tiktoken.model")
 PY
+fi
+# The same ranks with K3's special tokens (the tiny model's added_tokens_decoder
+# moved to ids RANKS..RANKS+255): what `k3-bench structured --vocab-dir` needs.
+if [[ ! -f "$vocab-xtml/tiktoken.model" ]]; then
+  mkdir -p "$vocab-xtml"
+  /usr/bin/python3 - "$root/tests/data/oracle/k3-tiny/tokenizer_config.json" "$vocab-xtml" "$ranks" <<'PY'
+import json, sys
+src, out, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cfg = json.load(open(src))
+added = cfg["added_tokens_decoder"]
+first = min(int(k) for k in added)
+cfg["added_tokens_decoder"] = {str(int(k) - first + ranks): v for k, v in added.items()}
+with open(out + "/tokenizer_config.json", "w") as f:
+    json.dump(cfg, f)
+PY
+  cp "$vocab/tiktoken.model" "$vocab-xtml/tiktoken.model.tmp"
+  mv "$vocab-xtml/tiktoken.model.tmp" "$vocab-xtml/tiktoken.model"
 fi
 "$bench_bin" constrain "$root/tests/data/oracle/k3-tiny" --vocab-dir "$vocab" --runs "$runs"

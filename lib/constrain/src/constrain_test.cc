@@ -100,6 +100,27 @@ Vocabulary RandomVocab(const std::string& alphabet, size_t size, size_t max_len,
   return Vocabulary(std::move(t), uint32_t(size));
 }
 
+// Schemas for random walks: objects with bounds and enums, arrays, strings,
+// uniqueItems, property counts, free keys, recursion and an overlapping union.
+const std::vector<const char*>& WalkSchemas() {
+  static const std::vector<const char*> v = {
+      R"({"type":"object"})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
+          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
+      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
+      R"({"type":"string","minLength":3})",
+      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
+      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"nm":{"type":"integer"}},"required":["nm"],
+          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
+      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
+          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
+      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
+          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
+  };
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("compact JSON only: no whitespace between tokens") {
@@ -624,21 +645,7 @@ TEST_CASE("mask equals the direct check along random walks (byte-split and tiny 
   const k3::tok::Tokenizer& tiny = Tiny();
   Vocabulary tv = Vocabulary::FromTokenizer(tiny);
   CHECK(tv.vocab_size() == tiny.vocab_size());
-  const char* schemas[] = {
-      R"({"type":"object"})",
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":-5,"maximum":300},
-          "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},"ok":{"type":"boolean"}},"required":["name","n"]})",
-      R"({"type":"array","items":{"type":"number","minimum":0,"maximum":1},"maxItems":4})",
-      R"({"type":"string","minLength":3})",
-      R"({"type":"array","items":{"enum":["x","xy",1,12,true]},"uniqueItems":true})",
-      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["c"],"minProperties":2,"maxProperties":2})",
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"nm":{"type":"integer"}},"required":["nm"],
-          "additionalProperties":{"type":"integer","minimum":0,"maximum":9},"maxProperties":4})",
-      R"({"$defs":{"t":{"type":"object","properties":{"v":{"enum":[1,2,30],"maximum":9},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},
-          "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
-      R"({"type":"array","maxItems":5,"items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":5}},"required":["k"]},
-          {"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"enum":["k","kk"]},{"type":"string","maxLength":2}]}})",
-  };
+  const std::vector<const char*>& schemas = WalkSchemas();
   std::mt19937_64 rng(16);
   for (const char* js : schemas) {
     auto s = Schema::CompileOrThrow(js);
@@ -786,4 +793,144 @@ TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
       CheckMaskAgainstDirect(s, v, p, tc, f);
     }
   }
+}
+
+TEST_CASE("long outputs: states stay exact once dead frames are compacted away, and in clones") {
+  // Thousands of bytes commit far more frames than live ones, so the arena is
+  // compacted many times along the way (Run), and Clone copies live chains
+  // only; a fresh constraint run over the whole text in one step is the
+  // reference, and a union keeps several states alive at once.
+  const k3::tok::Tokenizer& tiny = Tiny();
+  Vocabulary tv = Vocabulary::FromTokenizer(tiny);
+  auto s = Schema::CompileOrThrow(
+      R"({"type":"array","items":{"anyOf":[{"type":"object","properties":{"k":{"type":"integer"},"v":{"type":"string","maxLength":30}},"required":["k"]},)"
+      R"({"type":"object","properties":{"k":{"type":"string"},"w":{"enum":["p","q"]}},"required":["w"]},{"type":"array","items":{"type":"integer"},"maxItems":3}]}})");
+  std::mt19937_64 rng(1616);
+  TokenConstraint c(s, tv);
+  std::vector<uint64_t> m, mc;
+  int checks = 0;
+  for (int step = 0; c.text().size() < 4000; ++step) {
+    REQUIRE(step < 20000);
+    c.AllowedMask(m);
+    std::vector<uint32_t> ok;
+    for (uint32_t id = 0; id < tv.vocab_size(); ++id)
+      if (Bit(m, id)) ok.push_back(id);
+    REQUIRE_MESSAGE(!ok.empty(), "dead end after '" << c.text() << "'");
+    const uint32_t pick = ok[rng() % ok.size()];
+    TokenConstraint probe = c.Clone();
+    probe.Advance(pick);
+    if (probe.Complete()) continue;  // keep the array open
+    c.Advance(pick);
+    if (step % 97 == 0) {
+      CheckMaskAgainstDirect(s, tv, c.text(), c);
+      TokenConstraint copy = c.Clone();
+      copy.AllowedMask(mc);
+      c.AllowedMask(m);
+      CHECK(mc == m);
+      CHECK(copy.text() == c.text());
+      CHECK(copy.Accepting() == c.Accepting());
+      ++checks;
+    }
+  }
+  CHECK(checks >= 5);
+  // Closing it all still works from the long state.
+  TokenConstraint direct(s, tv);
+  REQUIRE(direct.AdvanceBytes(c.text()));
+  CHECK(direct.Accepting() == c.Accepting());
+}
+
+TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, arrays and at the root") {
+  const k3::tok::Tokenizer& tiny = Tiny();
+  Vocabulary tv = Vocabulary::FromTokenizer(tiny);
+  std::vector<const char*> schemas = WalkSchemas();
+  for (const char* js : {R"({"type":"object","properties":{"a":{"type":"object","properties":{"ab":{"type":"null"},"abc":{"type":"array"}},"required":["abc"]},"b":{}}})",
+                         R"({"type":"object"})", R"({})"})
+    schemas.push_back(js);
+  std::mt19937_64 rng(4);
+  int known = 0, states = 0;
+  for (const char* js : schemas) {
+    CAPTURE(js);
+    auto s = Schema::CompileOrThrow(js);
+    for (bool py : {false, true}) {
+      k3::constrain::Format f;
+      f.python_separators = py;
+      for (int walk = 0; walk < 4; ++walk) {
+        TokenConstraint c(s, tv, f);
+        std::vector<uint64_t> m;
+        for (int step = 0; step < 60 && !c.Complete(); ++step) {
+          uint64_t set[4];
+          ++states;
+          if (c.NextBytes(set)) {
+            ++known;
+            for (int b = 0; b < 256; ++b) {
+              TokenConstraint probe = c.Clone();
+              const char ch = char(b);
+              if (probe.AdvanceBytes(std::string_view(&ch, 1)) && !((set[b / 64] >> (b % 64)) & 1)) {
+                FAIL_CHECK("byte " << b << " taken after '" << c.text() << "' but not in NextBytes");
+              }
+            }
+          }
+          c.AllowedMask(m);
+          std::vector<uint32_t> ok;
+          for (uint32_t id = 0; id < tv.vocab_size(); ++id)
+            if (Bit(m, id)) ok.push_back(id);
+          REQUIRE(!ok.empty());
+          // Short tokens so that the walk stops at many positions between values.
+          uint32_t pick = ok[rng() % ok.size()];
+          for (int t = 0; t < 4 && tv.TokenBytes(pick).size() > 2; ++t) pick = ok[rng() % ok.size()];
+          c.Advance(pick);
+        }
+      }
+    }
+  }
+  MESSAGE("NextBytes known at " << known << " of " << states << " states");
+  CHECK(known * 3 > states);
+  // A complete value takes nothing.
+  TokenConstraint done(Schema::CompileOrThrow(R"({"type":"object"})"), Bytes());
+  REQUIRE(done.AdvanceBytes("{}"));
+  uint64_t set[4];
+  REQUIRE(done.NextBytes(set));
+  CHECK((set[0] | set[1] | set[2] | set[3]) == 0);
+}
+
+TEST_CASE("a vocabulary without most single bytes: the mask equals the direct check") {
+  // The walk jumps between the trie root's children by first byte; here most
+  // first bytes have no child at all.
+  std::vector<std::string> t;
+  std::mt19937_64 rng(77);
+  const std::string alphabet = "{}[]\",:019-.etrufalsn\\ab";
+  std::set<std::string> seen;
+  while (t.size() < 1500) {
+    std::string s;
+    const size_t len = 1 + rng() % 5;
+    for (size_t i = 0; i < len; ++i) s += alphabet[rng() % alphabet.size()];
+    if (s.size() == 1 && s[0] != '"' && s[0] != '}' && s[0] != ']') continue;  // few single bytes
+    if (s[0] == '-' || s[0] == '0' || s[0] == '[') continue;  // first bytes a value may take, with no child
+    if (seen.insert(s).second) t.push_back(s);
+  }
+  Vocabulary v(std::move(t), 1500 + 2);
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"a":{"type":"integer"},"ab":{"type":"array","items":{"type":"boolean"}},"b":{"type":"string"}},"required":["a"]})",
+      R"({"type":"array","items":{"anyOf":[{"type":"number"},{"type":"null"},{"type":"object"}]}})",
+      R"({})",
+  };
+  int checked = 0;
+  for (const char* js : schemas) {
+    auto s = Schema::CompileOrThrow(js);
+    for (int walk = 0; walk < 24; ++walk) {
+      TokenConstraint c(s, v);
+      std::vector<uint64_t> m;
+      for (int step = 0; step < 30 && !c.Complete(); ++step) {
+        CheckMaskAgainstDirect(s, v, c.text(), c);
+        ++checked;
+        c.AllowedMask(m);
+        std::vector<uint32_t> ok;
+        for (uint32_t id = 0; id < v.vocab_size(); ++id)
+          if (Bit(m, id)) ok.push_back(id);
+        if (ok.empty()) break;  // this vocabulary may not spell every continuation
+        c.Advance(ok[rng() % ok.size()]);
+      }
+    }
+  }
+  CHECK(checked > 100);
 }

@@ -29,6 +29,11 @@ struct Vocabulary::Impl {
   std::vector<uint32_t> end;
   std::vector<int32_t> token;   // id ending at this node, or -1
   std::vector<uint8_t> quote_below;  // this node's byte or one below it is '"'
+  // From a node, the first of it and its later siblings with quote_below set,
+  // or the end of the siblings: inside a string the walk jumps there at once.
+  std::vector<uint32_t> quote_next;
+  // The root's child for each first byte (node index), or -1.
+  int32_t root_child[256];
   uint16_t max_depth = 0;
   // Per string-lexer class (StayKey): tokens that stay inside the string, and
   // the code points each of them starts (0xFFFF: leaves the string or is invalid).
@@ -107,7 +112,20 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, uint32_t vocab_size
   // The root itself is not stored: its children are the top-level entries.
   auto root_kids = pool[0].kids;
   std::sort(root_kids.begin(), root_kids.end());
-  for (auto& [kb, ki] : root_kids) Flatten(pool, ki, 1, kb, v);
+  for (int32_t& c : v.root_child) c = -1;
+  for (auto& [kb, ki] : root_kids) {
+    v.root_child[kb] = int32_t(v.byte.size());
+    Flatten(pool, ki, 1, kb, v);
+  }
+  // Siblings follow each other at equal depth: what follows a subtree at the
+  // same depth is the next sibling, at a smaller one the parent's end.
+  const size_t nodes = v.byte.size();
+  v.quote_next.assign(nodes, 0);
+  for (size_t i = nodes; i-- > 0;) {
+    const uint32_t next = v.end[i];
+    const bool sibling = next < nodes && v.depth[next] == v.depth[i];
+    v.quote_next[i] = v.quote_below[i] ? uint32_t(i) : sibling ? v.quote_next[next] : next;
+  }
 
   for (int l = 0; l < kNumStayKeys; ++l) {
     v.stay_mask[l].assign(v.words, 0);
@@ -195,37 +213,50 @@ struct TokenConstraint::Impl {
     }
     return true;
   }
-  // Runs bytes; on success the new configuration is compacted to the arena's
-  // bottom and committed.
+  // Runs bytes; on success the new configuration is committed. Steps only
+  // append frames, so the arena holds dead ones too: once they outnumber the
+  // live ones (with some slack) the live chains are compacted to a fresh arena.
+  // Amortized, a byte costs its steps and no copy; probes that commit one byte
+  // at a time (GreedyCompletion) stay cheap.
   bool Run(std::string_view bytes) {
-    std::vector<State> cur;
-    if (!RunFrom(bytes, cur)) {
+    if (!RunFrom(bytes, run_cur)) {
       arena.resize(committed);
       return false;
     }
-    // Compact: copy each live chain (root to top) to a fresh arena.
-    std::vector<Frame> fresh;
-    std::vector<State> moved;
-    std::vector<Frame> chain;
-    for (const State& s : cur) {
-      chain.clear();
-      for (int32_t i = s.top; i >= 0; i = arena[size_t(i)].parent) chain.push_back(arena[size_t(i)]);
-      int32_t parent = -1;
-      for (size_t k = chain.size(); k-- > 0;) {
-        Frame f = chain[k];
-        f.parent = parent;
-        fresh.push_back(f);
-        parent = int32_t(fresh.size() - 1);
-      }
-      moved.push_back(State{parent, int32_t(chain.size())});
+    states.swap(run_cur);
+    size_t live = 0;
+    for (const State& s : states) live += size_t(s.depth);
+    if (arena.size() > 4 * live + kCompactSlack) {
+      CompactLive(arena, states, spare_arena, spare_states);
+      arena.swap(spare_arena);
+      states.swap(spare_states);
     }
-    arena.swap(fresh);
-    states.swap(moved);
     committed = arena.size();
     text.append(bytes);
     mask_valid = false;
     return true;
   }
+  // Copies each live chain (root to top) of `from` over `src` to `dst` (replaced),
+  // with `to` the same states over `dst`. Shared frames are copied once per state.
+  static void CompactLive(const std::vector<Frame>& src, const std::vector<State>& from, std::vector<Frame>& dst,
+                          std::vector<State>& to) {
+    dst.clear();
+    to.clear();
+    for (const State& s : from) {
+      // The chain is written top first at the end of dst, then reversed in place
+      // so that parents come before children (as the matcher appends them).
+      const size_t base = dst.size();
+      for (int32_t i = s.top; i >= 0; i = src[size_t(i)].parent) dst.push_back(src[size_t(i)]);
+      std::reverse(dst.begin() + std::ptrdiff_t(base), dst.end());
+      int32_t parent = -1;
+      for (size_t k = base; k < dst.size(); ++k) {
+        dst[k].parent = parent;
+        parent = int32_t(k);
+      }
+      to.push_back(State{parent, int32_t(dst.size() - base)});
+    }
+  }
+  static constexpr size_t kCompactSlack = 256;  // frames (64 bytes each)
   void ComputeMask();
   void WalkFrom(const State& start);
 
@@ -241,6 +272,9 @@ struct TokenConstraint::Impl {
   std::vector<uint64_t> mask;
   bool mask_valid = false;
   mutable std::vector<State> scratch;
+  mutable std::vector<State> run_cur;  // Run / Allowed: the configuration being stepped
+  std::vector<Frame> spare_arena;      // compaction targets, kept for their capacity
+  std::vector<State> spare_states;
   // Walk scratch, per trie depth.
   std::vector<std::vector<State>> path;
   std::vector<size_t> saved;
@@ -321,11 +355,29 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   saved[0] = committed;
   exited[0] = !shortcut;
   const int32_t string_depth = start.depth;
+  // Between values the first bytes a state takes are known: the walk visits
+  // only the root's children for those (not each of up to 256 with a step).
+  uint64_t first[4] = {0, 0, 0, 0};
+  const bool first_known = !shortcut && matcher.NextBytes(start, first);
   const size_t count = v.byte.size();
-  size_t i = 0;
+  // The next root child at or after first byte `b` whose byte the state takes.
+  auto next_root = [&](unsigned b) -> size_t {
+    for (; b < 256; ++b) {
+      const uint64_t rest = first[b / 64] >> (b % 64);
+      if (!rest) {
+        b = (b / 64) * 64 + 63;  // nothing left in this word
+        continue;
+      }
+      b += unsigned(std::countr_zero(rest));
+      if (v.root_child[b] >= 0) return size_t(v.root_child[b]);
+    }
+    return count;
+  };
+  size_t i = first_known ? next_root(0) : 0;
   while (i < count) {
     const uint16_t d = v.depth[i];
-    if (!exited[d - 1] && !v.quote_below[i]) { i = v.end[i]; continue; }
+    if (!exited[d - 1] && !v.quote_below[i]) { i = v.quote_next[i]; continue; }
+    if (d == 1 && first_known && !((first[v.byte[i] / 64] >> (v.byte[i] % 64)) & 1)) { i = next_root(v.byte[i]); continue; }
     arena.resize(saved[d - 1]);
     std::vector<State>& here = path[d];
     here.clear();
@@ -355,8 +407,7 @@ bool TokenConstraint::Allowed(uint32_t id) const {
   const Impl& m = *impl_;
   if (id >= m.vocab->tokens.size() || m.vocab->tokens[id].empty()) return false;
   if (m.mask_valid) return (m.mask[id / 64] >> (id % 64)) & 1;
-  std::vector<State> cur;
-  bool ok = m.RunFrom(m.vocab->tokens[id], cur);
+  bool ok = m.RunFrom(m.vocab->tokens[id], m.run_cur);
   m.arena.resize(m.committed);
   return ok;
 }
@@ -370,6 +421,13 @@ void TokenConstraint::Advance(uint32_t id) {
 }
 
 bool TokenConstraint::AdvanceBytes(std::string_view bytes) { return impl_->Run(bytes); }
+
+bool TokenConstraint::NextBytes(uint64_t set[4]) const {
+  set[0] = set[1] = set[2] = set[3] = 0;
+  for (const State& s : impl_->states)
+    if (!impl_->matcher.NextBytes(s, set)) return false;
+  return true;
+}
 
 bool TokenConstraint::Accepting() const {
   for (const State& s : impl_->states)
@@ -390,11 +448,11 @@ void TokenConstraint::Reset() { impl_->Reset(); }
 
 TokenConstraint TokenConstraint::Clone() const {
   const Impl& m = *impl_;
-  // A fresh Impl (its matcher must point at its own arena), then the state.
+  // A fresh Impl (its matcher must point at its own arena), then the live
+  // chains of the state only (the source's dead frames stay behind).
   TokenConstraint c(std::make_unique<Impl>(m.keep, m.vocab, m.format));
-  c.impl_->arena.assign(m.arena.begin(), m.arena.begin() + std::ptrdiff_t(m.committed));
-  c.impl_->states = m.states;
-  c.impl_->committed = m.committed;
+  Impl::CompactLive(m.arena, m.states, c.impl_->arena, c.impl_->states);
+  c.impl_->committed = c.impl_->arena.size();
   c.impl_->text = m.text;
   return c;
 }

@@ -171,27 +171,80 @@ void Matcher::Dedupe(std::vector<State>& v, size_t max_states) const {
   v.resize(n);
 }
 
+bool Matcher::NextBytes(const State& s, uint64_t set[4]) const {
+  auto add = [&](uint8_t b) { set[b / 64] |= uint64_t{1} << (b % 64); };
+  auto add_first = [&](uint32_t node) {
+    for (size_t w = 0; w < 4; ++w) set[w] |= nodes_[node].first_bits[w];
+  };
+  const Frame& f = arena_[size_t(s.top)];
+  if (f.node == kRootNode) {
+    if (f.phase != 0) return true;  // the value is complete: nothing follows
+    if (format_.raw_top_string) return false;
+    add_first(root_);
+    return true;
+  }
+  const SchemaNode& n = nodes_[f.node];
+  // Objects and arrays take every byte themselves (they never hand one on).
+  if (n.kind == NodeKind::kObject) {
+    switch (f.phase) {
+      case kObjOpen: add('"'); add('}'); return true;
+      case kObjComma: add('"'); return true;
+      case kObjCommaSpace:
+      case kObjColonSpace: add(' '); return true;
+      case kObjAfterKey: add(':'); return true;
+      case kObjAfterValue: add(','); add('}'); return true;
+      case kObjKey:
+        for (uint64_t c = f.bits2; c; c &= c - 1) {
+          const std::string& key = n.props[size_t(std::countr_zero(c))].key;
+          if (f.pos < key.size()) add(uint8_t(key[f.pos]));
+          else if (f.pos == key.size()) add('"');
+        }
+        return true;
+      case kObjValue:
+        add_first(f.count == kFreeKey ? uint32_t(n.map_value) : n.props[f.count].child);
+        return true;
+    }
+    return false;
+  }
+  if (n.kind == NodeKind::kArray) {
+    switch (f.phase) {
+      case kArrOpen: add(']'); add_first(n.items); return true;
+      case kArrAfterValue: add(','); add(']'); return true;
+      case kArrCommaSpace: add(' '); return true;
+      case kArrComma: add_first(n.items); return true;
+    }
+    return false;
+  }
+  return false;
+}
+
 Matcher::R Matcher::StepObject(State& s, uint8_t b, std::vector<State>& out) {
   const Frame f = arena_[size_t(s.top)];
   const SchemaNode& n = nodes_[f.node];
-  const bool free_keys = n.map_value >= 0;  // keys other than the declared ones (additionalProperties)
-  uint64_t unseen = AllProps(n) & ~f.bits;
-  const uint64_t seen = uint64_t(std::popcount(f.bits));
-  const uint64_t have = seen + f.free_count;  // entries so far
-  const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
-  // minProperties counts distinct keys: free keys may repeat (a parser keeps
-  // one of each), so at most one of them counts.
-  const uint64_t distinct = seen + (f.free_count ? 1 : 0);
-  const bool can_close = missing == 0 && distinct >= n.min_props;
-  // Keys that may come next: an optional declared key only if the required
-  // ones left still fit under maxProperties. A free key only once nothing
-  // else is needed (every required key written, minProperties met with this
-  // one): then the object may close after it, so a shortest completion never
-  // loops on free keys, and what is needed always fits.
-  if (have + 1 + missing > n.max_props) unseen &= n.required_mask;
-  if (have >= n.max_props) unseen = 0;
-  const bool free_ok = free_keys && missing == 0 && n.min_props <= seen + 1 && have < n.max_props;
-  const bool can_add = unseen || free_ok;
+  // What may come next where a key or the close can (the key-byte, colon and
+  // value phases, most of a mask walk's steps inside an object, need none of it).
+  uint64_t unseen = 0;
+  bool can_close = false, free_ok = false, can_add = false;
+  if (f.phase == kObjOpen || f.phase == kObjComma || f.phase == kObjAfterValue) {
+    const bool free_keys = n.map_value >= 0;  // keys other than the declared ones (additionalProperties)
+    unseen = AllProps(n) & ~f.bits;
+    const uint64_t seen = uint64_t(std::popcount(f.bits));
+    const uint64_t have = seen + f.free_count;  // entries so far
+    const uint64_t missing = uint64_t(std::popcount(n.required_mask & ~f.bits));
+    // minProperties counts distinct keys: free keys may repeat (a parser keeps
+    // one of each), so at most one of them counts.
+    const uint64_t distinct = seen + (f.free_count ? 1 : 0);
+    can_close = missing == 0 && distinct >= n.min_props;
+    // Keys that may come next: an optional declared key only if the required
+    // ones left still fit under maxProperties. A free key only once nothing
+    // else is needed (every required key written, minProperties met with this
+    // one): then the object may close after it, so a shortest completion never
+    // loops on free keys, and what is needed always fits.
+    if (have + 1 + missing > n.max_props) unseen &= n.required_mask;
+    if (have >= n.max_props) unseen = 0;
+    free_ok = free_keys && missing == 0 && n.min_props <= seen + 1 && have < n.max_props;
+    can_add = unseen || free_ok;
+  }
   // A key starts: a declared one (matched byte by byte against the candidates)
   // and, beside it, a free key (a string frame); both are followed until the
   // key's bytes tell them apart.

@@ -58,6 +58,11 @@ class Matcher {
   bool Accepting(const State& s) const;
   // Two states with equal stacks (frame by frame, wherever they live).
   bool Same(const State& a, const State& b) const;
+  // ORs into `set` (bit b of word b / 64) a superset of the bytes `s` takes
+  // next, where the top frame tells them cheaply (objects, arrays, the root);
+  // false (and `set` unspecified) for strings, numbers and literals. Needs
+  // compiled nodes (SchemaNode::first_bits is set when compilation ends).
+  bool NextBytes(const State& s, uint64_t set[4]) const;
   // Drops states equal to an earlier one, and any beyond `max_states`.
   void Dedupe(std::vector<State>& v, size_t max_states) const;
 

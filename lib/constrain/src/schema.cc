@@ -961,6 +961,9 @@ CompiledSchema Finish(Compiler& c, uint32_t root) {
   auto impl = std::make_shared<CompiledSchema::Impl>();
   impl->nodes = c.TakeNodes();
   impl->root = root;
+  for (SchemaNode& n : impl->nodes)
+    for (int b = 0; b < 256; ++b)
+      if (n.first[size_t(b)]) n.first_bits[size_t(b / 64)] |= uint64_t{1} << (b % 64);
   return CompiledSchema(std::move(impl));
 }
 

@@ -71,6 +71,8 @@ struct SchemaNode {
   std::vector<uint32_t> alts;
   // every kind: the bytes a value of this node may start with
   std::array<bool, 256> first{};
+  // the same as bits (byte b: bit b % 64 of word b / 64), set once compiled
+  std::array<uint64_t, 4> first_bits{};
 };
 
 struct CompiledSchema::Impl {

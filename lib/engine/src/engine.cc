@@ -414,15 +414,20 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
         // Masked logits are -inf, so never drawn. Near the end of max_tokens
         // the decoder may still refuse a draw that leaves no room to close the
         // answer: it is masked and drawn again, a few times, then steered.
+        // The checks count as constraint time, the draws do not.
         for (int tries = 0;; ++tries) {
           id = sampler.Sample(im.masked);
-          if (structured->Allowed(id)) break;
-          im.masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
-          if (tries == 8) {
-            const int32_t f = structured->Fallback();
-            id = f >= 0 ? f : model::Sampler::Argmax(im.masked);
-            break;
+          const double tc = NowSeconds();
+          const bool allowed = structured->Allowed(id);
+          if (!allowed) {
+            im.masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+            if (tries == 8) {
+              const int32_t f = structured->Fallback();
+              id = f >= 0 ? f : model::Sampler::Argmax(im.masked);
+            }
           }
+          res.timings.constrain_s += NowSeconds() - tc;
+          if (allowed || tries == 8) break;
         }
       }
       const double t1 = NowSeconds();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -118,19 +119,19 @@ void LexStep(LexState& s, char c) {
   }
 }
 
-std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes,
-                                            const int32_t* byte_tokens) {
-  constrain::TokenConstraint probe = c.Clone();
-  LexState lex;
-  for (char ch : probe.text()) LexStep(lex, ch);
+std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes) {
   std::string out;
   while (!probe.Accepting()) {
     if (out.size() >= max_bytes) return std::nullopt;
     bool moved = false;
+    // Where the constraint knows which bytes can come (a key's next bytes, a
+    // ':' or ',', a value's first byte) the others are not tried: the same
+    // first byte in preference order is taken, after far fewer refusals.
+    uint64_t next[4];
+    const bool known = probe.NextBytes(next);
     for (char b : Preference(lex.l)) {
-      // A refused byte costs less through Allowed (no commit) than AdvanceBytes.
-      const int32_t id = byte_tokens ? byte_tokens[uint8_t(b)] : -1;
-      if (id >= 0 && !probe.Allowed(uint32_t(id))) continue;
+      if (known && !((next[uint8_t(b) / 64] >> (uint8_t(b) % 64)) & 1)) continue;
+      // A refused byte leaves the probe as it was (and costs one step).
       if (probe.AdvanceBytes(std::string_view(&b, 1))) {
         out += b;
         LexStep(lex, b);
@@ -141,6 +142,13 @@ std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c,
     if (!moved) return std::nullopt;
   }
   return out;
+}
+
+std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes) {
+  constrain::TokenConstraint probe = c.Clone();
+  LexState lex;
+  for (char ch : probe.text()) LexStep(lex, ch);
+  return GreedyCompletionInPlace(probe, lex, max_bytes);
 }
 
 StructuredDecoder::StructuredDecoder(const StructuredOutput& spec, const tok::Tokenizer& tok,
@@ -176,7 +184,7 @@ StructuredDecoder::StructuredDecoder(const StructuredOutput& spec, const tok::To
   }
   auto min_json = [&](const constrain::CompiledSchema& s) {
     constrain::TokenConstraint c(s, vocab_);
-    auto g = GreedyCompletion(c, 1 << 16, byte_token_);
+    auto g = GreedyCompletionInPlace(c, LexState{}, 1 << 16);
     return g ? int64_t(g->size()) : int64_t{1} << 20;
   };
   if (spec_.response) min_json_response_ = min_json(*spec_.response);
@@ -242,6 +250,8 @@ void StructuredDecoder::EnterJson(const constrain::CompiledSchema& schema, bool 
   json_tool_ = tool;
   greedy_len_ = -1;
   greedy_dirty_ = true;
+  greedy_fresh_ = false;
+  probe_id_ = -1;
   lex_ = LexState{};
 }
 
@@ -291,12 +301,30 @@ int64_t StructuredDecoder::MinAfter(Next next, int tool) const {
   return 0;
 }
 
+void StructuredDecoder::RefreshGreedy() {
+  constrain::TokenConstraint probe = json_->Clone();
+  std::optional<std::string> g = GreedyCompletionInPlace(probe, lex_, 1 << 16);
+  greedy_ok_ = g.has_value();
+  greedy_ = g ? std::move(*g) : std::string();
+  greedy_fresh_ = true;
+}
+
 int64_t StructuredDecoder::GreedyLen() {
-  auto g = GreedyCompletion(*json_, 1 << 16, byte_token_);
-  greedy_len_ = g ? int64_t(g->size()) : int64_t{1} << 20;
+  if (!greedy_fresh_) RefreshGreedy();
+  greedy_len_ = greedy_ok_ ? int64_t(greedy_.size()) : int64_t{1} << 20;
   greedy_age_ = 0;
   greedy_dirty_ = false;
   return greedy_len_;
+}
+
+std::optional<std::string> StructuredDecoder::CachedCompletion() const {
+  if (phase_ != Phase::kJson || !greedy_fresh_ || !greedy_ok_) return std::nullopt;
+  return greedy_;
+}
+
+std::optional<std::string> StructuredDecoder::FreshCompletion() const {
+  if (phase_ != Phase::kJson) return std::nullopt;
+  return GreedyCompletion(*json_, 1 << 16);
 }
 
 int64_t StructuredDecoder::MinRemaining() {
@@ -329,8 +357,9 @@ void StructuredDecoder::MaskSpecials(std::span<float> logits, std::initializer_l
 
 int32_t StructuredDecoder::SteerToken() {
   if (json_->Accepting()) return x_.close;
-  auto g = GreedyCompletion(*json_, 1 << 16, byte_token_);
-  if (!g || g->empty()) return -1;
+  if (!greedy_fresh_) RefreshGreedy();
+  if (!greedy_ok_ || greedy_.empty()) return -1;
+  const std::string* g = &greedy_;
   try {
     std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
     if (!ids.empty() && json_->Allowed(ids[0]) && g->starts_with(tok_.TokenBytes(ids[0]))) return int32_t(ids[0]);
@@ -351,6 +380,7 @@ int32_t StructuredDecoder::Fallback() {
 
 int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
   forced_ = -1;
+  probe_id_ = -1;
   steering_ = false;
   if (phase_ == Phase::kThink) {
     const bool capped = spec_.think_budget >= 0 && think_tokens_ >= think_budget_;
@@ -425,9 +455,21 @@ int32_t StructuredDecoder::Prepare(std::span<float> logits, int64_t remaining) {
       json_->AllowedMask(bits_);
       const bool accepting = json_->Accepting();
       const float close_logit = logits[size_t(x_.close)];
+      // Word by word: inside a string nearly every word is all ones, outside
+      // one nearly all zeros.
       const size_t n = std::min(logits.size(), bits_.size() * 64);
-      for (size_t i = 0; i < n; ++i) {
-        if (!((bits_[i / 64] >> (i % 64)) & 1)) logits[i] = kMasked;
+      for (size_t w = 0; w * 64 < n; ++w) {
+        const uint64_t word = bits_[w];
+        if (word == ~uint64_t{0}) continue;
+        const size_t base = w * 64, end = std::min(n, base + 64);
+        if (word == 0) {
+          std::fill(logits.begin() + std::ptrdiff_t(base), logits.begin() + std::ptrdiff_t(end), kMasked);
+          continue;
+        }
+        for (uint64_t off = ~word; off; off &= off - 1) {
+          const size_t i = base + size_t(std::countr_zero(off));
+          if (i < end) logits[i] = kMasked;
+        }
       }
       for (size_t i = n; i < logits.size(); ++i) logits[i] = kMasked;
       if (accepting) logits[size_t(x_.close)] = close_logit;
@@ -451,11 +493,26 @@ bool StructuredDecoder::Allowed(int32_t id) {
       if (!near_ || StaysInString(id)) return true;
       // Near the budget: a token is taken only if the answer can still close
       // after it (one token can lengthen the shortest completion a lot: close
-      // a string and make a required object due).
-      constrain::TokenConstraint after = json_->Clone();
-      after.Advance(uint32_t(id));
-      auto g = GreedyCompletion(after, 1 << 16, byte_token_);
-      return g && int64_t(g->size()) + JsonTail() <= remaining_ - 1;
+      // a string and make a required object due). A prefix of the known
+      // completion leaves its rest; any other token is probed, and the probe's
+      // completion serves the next step if this token is taken.
+      const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
+      int64_t after_len;
+      if (greedy_fresh_ && greedy_ok_ && std::string_view(greedy_).starts_with(bytes)) {
+        after_len = int64_t(greedy_.size() - bytes.size());
+      } else {
+        constrain::TokenConstraint after = json_->Clone();
+        after.Advance(uint32_t(id));
+        LexState lex = lex_;
+        for (char c : bytes) LexStep(lex, c);
+        std::optional<std::string> g = GreedyCompletionInPlace(after, lex, 1 << 16);
+        probe_id_ = id;
+        probe_ok_ = g.has_value();
+        probe_greedy_ = g ? std::move(*g) : std::string();
+        if (!probe_ok_) return false;
+        after_len = int64_t(probe_greedy_.size());
+      }
+      return after_len + JsonTail() <= remaining_ - 1;
     }
     case Phase::kDone: return true;
   }
@@ -517,7 +574,18 @@ void StructuredDecoder::Accept(int32_t id) {
         return;
       }
       if (!StaysInString(id)) greedy_dirty_ = true;
-      for (char c : tok_.TokenBytes(tok::TokenId(id))) LexStep(lex_, c);
+      const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
+      if (greedy_fresh_ && greedy_ok_ && std::string_view(greedy_).starts_with(bytes)) {
+        greedy_.erase(0, bytes.size());  // still exact: the rest of a greedy completion is the next one
+      } else if (probe_id_ == id) {
+        greedy_.swap(probe_greedy_);
+        greedy_ok_ = probe_ok_;
+        greedy_fresh_ = true;
+      } else {
+        greedy_fresh_ = false;
+      }
+      probe_id_ = -1;
+      for (char c : bytes) LexStep(lex_, c);
       if (json_->Complete()) EnterSeq({Cand{std::move(tail), next}}, 0);
       return;
     }

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
+#include <array>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -343,4 +345,99 @@ TEST_CASE("structured: a think cap alone (Messages budget_tokens) closes the thi
     CHECK(res.usage.completion_tokens > res.usage.reasoning_tokens);
     CHECK(res.tool_calls.empty());
   }
+}
+
+TEST_CASE("structured: the cached greedy completion equals a fresh one after every token; tight budgets close") {
+  // The decoder alone (random logits, no model) over the tiny vocabulary, for
+  // the 251 schemas of the constrain property test as a response_format and as
+  // a required call, with budgets from exactly the shortest answer up: after
+  // every step the completion the decoder keeps (a prefix-advanced one, the
+  // one Allowed probed, or a refresh) is compared with GreedyCompletion of the
+  // constraint's state, and every answer must close within the budget.
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(kTiny);
+  const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
+  const int32_t close_id = int32_t(tok.SpecialIdOrThrow("<|close|>"));
+  const int32_t end_id = int32_t(tok.SpecialIdOrThrow("<|end_of_msg|>"));
+  const std::vector<int64_t> eos = {end_id};
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE(parser.load(std::string(K3_TEST_DATA_DIR) + "/../constrain/schemas.json").get(doc) == simdjson::SUCCESS);
+  std::vector<std::string> schemas;
+  for (simdjson::dom::element e : doc.get_array()) schemas.push_back(simdjson::minify(e["schema"]));  // null: json_object
+  REQUIRE(schemas.size() >= 250);
+  std::vector<float> logits(tok.vocab_size());
+  uint64_t rng = 16;
+  int64_t cached = 0, steps = 0, answers = 0;
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    CAPTURE(schemas[i]);
+    const constrain::CompiledSchema schema =
+        schemas[i] == "null" ? constrain::Schema::JsonObject() : constrain::Schema::CompileOrThrow(schemas[i]);
+    for (bool call : {false, true}) {
+      StructuredOutput spec;
+      if (call) {
+        spec.tools.push_back({"f", schema});
+        spec.calls = StructuredOutput::Calls::kRequired;
+      } else {
+        spec.response = schema;
+      }
+      const int64_t shortest =
+          StructuredDecoder(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, 1 << 20).MinRemaining();
+      const int64_t extra = std::array<int64_t, 4>{0, 3, 12, 40}[(i + call) % 4];
+      const int64_t budget = shortest + extra;
+      CAPTURE(call);
+      CAPTURE(budget);
+      StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, budget);
+      model::Sampler sampler(1.0f, 1.0f, 1000 + i);
+      std::vector<int32_t> ids;
+      while (int64_t(ids.size()) < budget && (ids.empty() || ids.back() != end_id)) {
+        for (float& x : logits) {
+          rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+          x = float(rng >> 40) / float(1 << 24) * 8.0f;
+        }
+        int32_t id = d.Prepare(logits, budget - int64_t(ids.size()));
+        if (id < 0) {
+          for (int tries = 0;; ++tries) {
+            id = sampler.Sample(logits);
+            if (d.Allowed(id)) break;
+            logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+            if (tries == 8) {
+              id = d.Fallback();
+              REQUIRE(id >= 0);
+              break;
+            }
+          }
+        }
+        d.Accept(id);
+        ids.push_back(id);
+        ++steps;
+        if (std::optional<std::string> c = d.CachedCompletion()) {
+          ++cached;
+          std::optional<std::string> fresh = d.FreshCompletion();
+          REQUIRE(fresh);
+          REQUIRE(*c == *fresh);
+        }
+      }
+      REQUIRE(!ids.empty());
+      CHECK(ids.back() == end_id);  // closed within the budget
+      // The JSON (a response's starts at once; a call's after its header) validates.
+      size_t from = 0;
+      if (call) {
+        // <|close|>response<|sep|><|open|>tools<|sep|><|open|>call ...<|sep|><|open|>json ...<|sep|>
+        const int32_t sep = int32_t(tok.SpecialIdOrThrow("<|sep|>"));
+        size_t seps = 0;
+        while (from < ids.size() && seps < 4) seps += ids[from++] == sep;
+      }
+      std::string json;
+      for (size_t k = from; k < ids.size() && ids[k] != close_id; ++k) json += tok.TokenBytes(tok::TokenId(ids[k]));
+      CAPTURE(json);
+      constrain::TokenConstraint check(schema, vocab);
+      CHECK(check.AdvanceBytes(json));
+      CHECK(check.Accepting());
+      ++answers;
+    }
+  }
+  CHECK(answers == int64_t(2 * schemas.size()));
+  // Most steps inside the JSON keep an exact completion without a recompute.
+  MESSAGE("steps " << steps << ", cached completions checked " << cached);
+  CHECK(cached > steps / 6);
 }

@@ -118,6 +118,11 @@ class TokenConstraint {
   // Consumes raw bytes (e.g. a prefix the caller forced); false and no change
   // when they would leave the language.
   bool AdvanceBytes(std::string_view bytes);
+  // A superset of the bytes AdvanceBytes takes next, as bits (byte b: bit
+  // b % 64 of set[b / 64]), where the state tells them cheaply (inside objects
+  // and arrays, between values); false when it does not (strings, numbers,
+  // literals: any byte may be). Lets a byte-by-byte search skip refused tries.
+  bool NextBytes(uint64_t set[4]) const;
   // The output so far is a complete value that validates (EOS may be forced).
   bool Accepting() const;
   // Accepting and no token can extend it: generation must end now.
@@ -128,7 +133,8 @@ class TokenConstraint {
   void Reset();
   // An independent copy of this state (same schema, vocabulary and format):
   // lets a caller look ahead (e.g. probe a short completion) without
-  // disturbing the generation's constraint. Cost: the live stack and the text.
+  // disturbing the generation's constraint. Cost: the live stacks (one copy per
+  // state) and the text; the copy has no dead frames.
   TokenConstraint Clone() const;
 
   struct Impl;

@@ -191,7 +191,7 @@ struct Timings {
   double decode_s = 0;          // first to last generated token
   double prefill_tok_per_s = 0; // prefilled tokens / prefill_s
   double decode_tok_per_s = 0;  // (completion_tokens - 1) / decode_s
-  double constrain_s = 0;       // structured output: masks, steering and forced ids (inside decode_s)
+  double constrain_s = 0;       // structured output: masks, draw checks, steering and forced ids (inside decode_s)
 };
 
 struct GenerateResult {

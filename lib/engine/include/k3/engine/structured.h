@@ -23,14 +23,6 @@
 
 namespace k3::engine {
 
-// A short completion of `c`: at every byte the first byte of a fixed
-// preference order (closers, then short values, then the rest) that the
-// constraint takes, until it accepts. The decoder steers along it. nullopt
-// past `max_bytes` (never seen: every state of the automaton can finish).
-// `byte_tokens` (optional): the vocabulary's id of each single byte, or -1.
-std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes,
-                                            const int32_t* byte_tokens = nullptr);
-
 // Where a compact JSON prefix stands lexically: enough to order the greedy
 // completion's byte preferences and to know when a token stays inside a
 // string (it then cannot lengthen the shortest completion).
@@ -42,6 +34,16 @@ struct LexState {
   bool property_value = false;  // the open string follows ':' (a value, not a key)
 };
 void LexStep(LexState& s, char c);
+
+// A short completion of `c`: at every byte the first byte of a fixed
+// preference order (closers, then short values, then the rest) that the
+// constraint takes, until it accepts. The decoder steers along it. nullopt
+// past `max_bytes` (never seen: every state of the automaton can finish).
+// Deterministic: the completion after any prefix of it is the rest of it.
+std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes);
+// The same without a copy: `probe` (a Clone the caller gives up) moves on to
+// the end of the completion; `lex` is where its text stands (LexStep over it).
+std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes);
 
 class StructuredDecoder {
  public:
@@ -67,6 +69,12 @@ class StructuredDecoder {
   // end now or nothing is forced).
   int64_t MinRemaining();
 
+  // For tests: inside the JSON, the greedy completion the decoder holds for
+  // the current state (nullopt when it has none it knows to be exact). It must
+  // equal GreedyCompletion of the constraint's current state.
+  std::optional<std::string> CachedCompletion() const;
+  std::optional<std::string> FreshCompletion() const;  // that, computed now (nullopt outside the JSON)
+
  private:
   enum class Phase { kThink, kFree, kJson, kSeq, kDone };
   // What follows a forced / chosen sequence.
@@ -88,6 +96,7 @@ class StructuredDecoder {
   int64_t JsonTail() const;
   void MaskSpecials(std::span<float> logits, std::initializer_list<int32_t> keep) const;
   int64_t GreedyLen();
+  void RefreshGreedy();
   int32_t SteerToken();
   bool StaysInString(int32_t id) const;
 
@@ -118,6 +127,17 @@ class StructuredDecoder {
   std::vector<uint64_t> bits_;
   int64_t greedy_len_ = -1, greedy_age_ = 0;
   bool greedy_dirty_ = true;  // a token since the last greedy completion may have lengthened it
+  // The greedy completion of the current state, valid while greedy_fresh_: kept
+  // across a token that is its prefix (the rest is the new one, exactly) and
+  // taken from Allowed's probe of the token accepted, so that steering and the
+  // look-ahead window mostly need no recompute. greedy_len_ above keeps its own
+  // refresh rules (Prepare); this only makes a refresh free when it is known.
+  std::string greedy_;
+  bool greedy_ok_ = false;     // greedy_ found (false: none within the byte cap)
+  bool greedy_fresh_ = false;
+  int32_t probe_id_ = -1;      // this step's last token probed by Allowed, or -1
+  std::string probe_greedy_;   // the greedy completion after it
+  bool probe_ok_ = false;
   LexState lex_;              // of json_->text()
   bool steering_ = false;
   bool near_ = false;        // kJson: within kLookAhead of steering
