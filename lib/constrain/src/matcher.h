@@ -58,6 +58,9 @@ class Matcher {
   bool Accepting(const State& s) const;
   // Two states with equal stacks (frame by frame, wherever they live).
   bool Same(const State& a, const State& b) const;
+  // Inside a `pattern` string: the next byte of a shortest way to a string the
+  // pattern accepts (the closing quote once it does); -1 elsewhere.
+  int PatternHint(const State& s) const;
   // Drops states equal to an earlier one, and any beyond `max_states`.
   void Dedupe(std::vector<State>& v, size_t max_states) const;
 

@@ -34,7 +34,7 @@ const std::set<std::string_view> kAnnotations = {
 const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties",
                                                  "minProperties", "maxProperties"};
 const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems"};
-const std::set<std::string_view> kStringWords = {"minLength", "maxLength"};
+const std::set<std::string_view> kStringWords = {"minLength", "maxLength", "pattern"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
                                                  "exclusiveMaximum"};
 const std::set<std::string_view> kOtherWords = {"type", "enum", "const", "anyOf", "oneOf", "allOf",
@@ -350,7 +350,6 @@ class Compiler {
         continue;
       }
       static const std::map<std::string_view, std::string_view> kWhy = {
-          {"pattern", "regular expressions are not compiled into the automaton (an enum of the allowed strings is)"},
           {"patternProperties", "regular expressions are not compiled into the automaton"},
           {"propertyNames", "key schemas are not supported"},
           {"multipleOf", "divisibility is not expressible per byte"},
@@ -556,7 +555,21 @@ class Compiler {
     if (type == "string") {
       uint32_t mn = Count(o, "minLength", ptr, 0), mx = Count(o, "maxLength", ptr, kUnbounded);
       if (mn > mx) Unsatisfiable(ptr, "minLength > maxLength");
-      return StringNode(mn, mx);
+      uint32_t idx = StringNode(mn, mx);
+      element pat;
+      if (o["pattern"].get(pat) == simdjson::SUCCESS) {
+        if (pat.type() != element_type::STRING) Corrupt(ptr + "/pattern", "must be a string");
+        std::shared_ptr<const PatternDfa> dfa;
+        try {
+          dfa = CompilePattern(std::string_view(pat), mn, mx);
+        } catch (const PatternRefused& r) {
+          Unsupported("pattern", ptr, r.why);
+        }
+        if (!dfa->Viable(0, 0))
+          Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
+        nodes_[idx].pattern = std::move(dfa);
+      }
+      return idx;
     }
     if (type == "number" || type == "integer") return CompileNumber(o, type == "integer", ptr);
     if (type == "array") {

@@ -5,10 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "k3/constrain/constrain.h"
+#include "regex.h"
 
 namespace k3::constrain {
 
@@ -55,6 +57,10 @@ struct SchemaNode {
   // A free key of object node key_of beside its declared keys: written without
   // escapes (so its bytes are its value) and never equal to a reserved key.
   int32_t key_of = kNoNode;
+  // `pattern`: the DFA the decoded code points must lead to acceptance (its
+  // length table is for this node's min_len / max_len). Frame::bits holds the
+  // DFA state, Frame::bits2 the code point decoded so far (matcher.cc).
+  std::shared_ptr<const PatternDfa> pattern;
   // kNumber
   bool integer = false;
   bool bounded = false;  // any of the four bounds present
