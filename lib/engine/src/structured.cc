@@ -127,6 +127,16 @@ std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c,
   while (!probe.Accepting()) {
     if (out.size() >= max_bytes) return std::nullopt;
     bool moved = false;
+    // Inside a `pattern` string the constraint knows the byte toward acceptance
+    // (a fixed order could loop: ^a*b$ would get 'a' forever); try it first.
+    if (const int hint = probe.PreferredByte(); hint >= 0) {
+      const char h = char(hint);
+      if (probe.AdvanceBytes(std::string_view(&h, 1))) {
+        out += h;
+        LexStep(lex, h);
+        continue;
+      }
+    }
     for (char b : Preference(lex.l)) {
       // A refused byte costs less through Allowed (no commit) than AdvanceBytes.
       const int32_t id = byte_tokens ? byte_tokens[uint8_t(b)] : -1;
