@@ -481,9 +481,9 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
     CHECK_MESSAGE(std::string(e.what()).find(std::string("at ") + c.pointer) != std::string::npos, e.what());
   }
   // The two refusals real tool schemas hit most say what to change.
-  auto big = CompileError(R"({"type":"integer","maximum":1e20})");
-  CHECK(big.object() == "maximum");
-  CHECK(std::string(big.what()).find("1e+20 lies beyond +-1e15") != std::string::npos);
+  auto big = CompileError(R"({"type":"integer","minimum":1e20})");
+  CHECK(big.object() == "minimum");
+  CHECK(std::string(big.what()).find("1e+20 lies beyond +-(1e18 - 1)") != std::string::npos);
   CHECK(std::string(CompileError(R"({"type":"string","pattern":"(a)\\1"})").what()).find("backreferences") !=
         std::string::npos);
   CHECK(CompileError("{").code() == k3::ErrorCode::kCorrupt);
@@ -1072,4 +1072,42 @@ TEST_CASE("pattern: PreferredByte leads to acceptance (shortest-completion steer
                     k3::constrain::Format{false, true});
   CHECK(q.AdvanceBytes("\"\\"));  // raw: the quote and backslash are characters
   CHECK(q.Accepting());
+}
+
+TEST_CASE("bounds beyond +-1e15: exact integers up to 18 digits, far number bounds") {
+  // A far maximum holds for every generated integer.
+  const char* max16 = R"({"type":"integer","maximum":10000000000000000})";
+  CHECK(Accepts(max16, "5"));
+  CHECK(Accepts(max16, "-999999999999999"));
+  // A far minimum: integers get the digits they need (17 here), compared exactly.
+  const char* min16 = R"({"type":"integer","minimum":10000000000000000})";
+  CHECK(Accepts(min16, "10000000000000000"));
+  CHECK(Accepts(min16, "99999999999999999"));
+  CHECK_FALSE(Accepts(min16, "9999999999999999"));
+  CHECK_FALSE(Accepts(min16, "5"));
+  CHECK_FALSE(Prefix(min16, "100000000000000000"));  // 18 digits: more than needed
+  CHECK_FALSE(Prefix(min16, "-"));
+  // Beyond 2^53, where doubles lose the last digits.
+  const char* tight = R"({"type":"integer","minimum":123456789012345678,"maximum":123456789012345679})";
+  CHECK(Accepts(tight, "123456789012345678"));
+  CHECK(Accepts(tight, "123456789012345679"));
+  CHECK_FALSE(Accepts(tight, "123456789012345677"));
+  CHECK_FALSE(Accepts(tight, "123456789012345680"));
+  CHECK_FALSE(Prefix(tight, "123456789012345670"));
+  const char* neg = R"({"type":"integer","exclusiveMaximum":-9007199254740993})";
+  CHECK(Accepts(neg, "-9007199254740994"));
+  CHECK_FALSE(Accepts(neg, "-9007199254740993"));
+  CHECK(Accepts(R"({"type":"integer","minimum":1.5e16,"maximum":1.5e16})", "15000000000000000"));
+  CHECK(Accepts(R"({"type":"integer","exclusiveMinimum":1.5e16,"maximum":15000000000000001})", "15000000000000001"));
+  // Numbers: a far bound that every generated value meets is exact; one that
+  // leaves none of them is refused.
+  CHECK(Accepts(R"({"type":"number","maximum":1e16,"minimum":-1e300})", "5.5"));
+  for (const char* s : {R"({"type":"integer","minimum":1e19})", R"({"type":"integer","maximum":-1000000000000000000})",
+                        R"({"type":"number","minimum":1e16})", R"({"type":"number","exclusiveMaximum":-999999999999999})"}) {
+    auto e = CompileError(s);
+    CHECK_MESSAGE(e.code() == k3::ErrorCode::kUnsupported, s);
+    CHECK_MESSAGE(std::string(e.what()).find("lies beyond") != std::string::npos, e.what());
+  }
+  CHECK(CompileError(R"({"type":"integer","minimum":10000000000000001,"maximum":10000000000000000})").code() ==
+        k3::ErrorCode::kInvalidArgument);
 }

@@ -25,6 +25,10 @@ constexpr int kMaxBoundedDigits = 15;
 constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                              1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+constexpr int64_t kPow10i[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000,
+                               10000000000, 100000000000, 1000000000000, 10000000000000, 100000000000000,
+                               1000000000000000, 10000000000000000, 100000000000000000, 1000000000000000000};
+
 bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
 
 uint64_t AllLiterals(const SchemaNode& n) {
@@ -596,7 +600,8 @@ Matcher::R Matcher::StepNumber(State& s, uint8_t b) {
     case kNZero:
     case kNInt:
       if (IsDigit(b) && f.lex == kNInt) {
-        if (f.nd_int >= kMaxIntDigits || (n.bounded && total >= kMaxBoundedDigits)) return R::kFail;
+        // Integers whose bounds need them may have up to 18 digits (int_digits).
+        if (f.nd_int >= n.int_digits || (n.bounded && !n.integer && total >= kMaxBoundedDigits)) return R::kFail;
         g.bits2 = f.bits2 * 10 + uint64_t(b - '0');
         ++g.nd_int;
         break;
@@ -664,10 +669,10 @@ bool Matcher::NumberEndOk(const SchemaNode& n, const Frame& f) const {
 }
 
 bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
-  const int cap_int = std::min(kMaxIntDigits, kMaxBoundedDigits);
+  const int cap_int = n.integer ? int(n.int_digits) : std::min(kMaxIntDigits, kMaxBoundedDigits);
   switch (f.lex) {
     case kNMinus:
-      if (n.integer) return MeetsInt(n, -int64_t(kPow10[cap_int]) + 1, 0);
+      if (n.integer) return MeetsInt(n, -kPow10i[cap_int] + 1, 0);
       return Meets(n, -kPow10[cap_int], false, 0.0, true);
     case kNZero:
     case kNInt: {
@@ -679,7 +684,8 @@ bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
         double a = m * kPow10[j], b = (m + 1) * kPow10[j];
         bool hit;
         if (n.integer) {
-          int64_t ia = int64_t(a), ib = int64_t(b) - 1;
+          // Exact: the integer part has at most int_digits <= 18 digits.
+          const int64_t ia = int64_t(f.bits2) * kPow10i[j], ib = (int64_t(f.bits2) + 1) * kPow10i[j] - 1;
           hit = f.neg ? MeetsInt(n, -ib, -ia) : MeetsInt(n, ia, ib);
         } else {
           hit = f.neg ? Meets(n, -b, false, -a, true) : Meets(n, a, true, b, false);

@@ -28,6 +28,10 @@ enum class NodeKind : uint8_t {
 // limits of constrain.h, kept here so that the public header stays as it is.
 inline constexpr int kMaxRefRecursion = 4;
 
+// Integer bounds are exact within int64; an integer needs at most this many
+// digits (10^18 - 1 < 2^63) to meet them.
+inline constexpr int kMaxBoundIntDigits = 18;
+
 inline constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
 inline constexpr int32_t kNoNode = -1;
 
@@ -64,6 +68,9 @@ struct SchemaNode {
   // kNumber
   bool integer = false;
   bool bounded = false;  // any of the four bounds present
+  // Integer digits generated: kMaxIntDigits, or up to kMaxBoundIntDigits when
+  // the bounds leave no integer of fewer digits (e.g. minimum 1e16).
+  uint8_t int_digits = kMaxIntDigits;
   // integer: inclusive integer bounds; number: double bounds with exclusivity
   int64_t ilo = std::numeric_limits<int64_t>::min(), ihi = std::numeric_limits<int64_t>::max();
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
