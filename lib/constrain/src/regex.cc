@@ -533,7 +533,16 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
       spans[i].push_back({a, b});
     }
 
+  // Work cap: the subset construction touches states x intervals, and each
+  // closure the NFA's states.
+  uint64_t work = 0;
+  constexpr uint64_t kMaxWork = uint64_t{1} << 26;
+  auto charge = [&](uint64_t w) {
+    work += w;
+    if (work > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
+  };
   auto closure = [&](std::vector<int32_t> seeds) {
+    charge(nb.states.size() / 8 + seeds.size());
     std::vector<uint8_t> seen(nb.states.size(), 0);
     std::vector<int32_t> stack = std::move(seeds), out;
     while (!stack.empty()) {
@@ -541,6 +550,7 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
       stack.pop_back();
       if (s < 0 || seen[size_t(s)]) continue;
       seen[size_t(s)] = 1;
+      charge(1);
       const NfaState& st = nb.states[size_t(s)];
       if (st.is_char || s == nfa_accept) out.push_back(s);
       stack.push_back(st.eps[0]);
@@ -564,9 +574,6 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     return id;
   };
   intern(closure({whole.in}));
-  // Work cap: the subset construction touches states x intervals.
-  uint64_t work = 0;
-  constexpr uint64_t kMaxWork = uint64_t{1} << 26;
   std::vector<std::vector<int32_t>> by_iv(num_iv);
   std::vector<std::vector<std::pair<uint32_t, int32_t>>> raw_edges;  // per DFA state: interval, target
   for (size_t d = 0; d < sets.size(); ++d) {
@@ -574,8 +581,7 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     for (int32_t s : sets[d]) {
       if (!nb.states[size_t(s)].is_char) continue;
       for (auto [a, b] : spans[size_t(s)]) {
-        work += b - a;
-        if (work > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
+        charge(b - a);
         for (uint32_t k = a; k < b; ++k) by_iv[k].push_back(nb.states[size_t(s)].out);
       }
     }
@@ -643,6 +649,9 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     Refuse("the pattern with minLength/maxLength " + std::to_string(min_len) + "/" +
            (max_len == kUnboundedLen ? std::string("none") : std::to_string(max_len)) +
            " would need a length table beyond " + std::to_string(kMaxPatternLengthBits) + " bits");
+  size_t num_edges = 0;
+  for (const auto& e : dfa->edges) num_edges += e.size();
+  charge(t * (num_edges + n));  // the table below
   dfa->table_len = uint32_t(t);
   dfa->words = size_t((t + 63) / 64);
   dfa->reach.assign(n * dfa->words, 0);
