@@ -1001,6 +1001,24 @@ TEST_CASE("pattern: a token that spans the closing quote; masks equal the direct
       R"({"type":"string","pattern":"^[^\"\\\\]*\"","minLength":2})",
       R"({"anyOf":[{"type":"string","pattern":"^a+$"},{"type":"string","pattern":"^b"}]})",
   };
+  // Raw strings (XTML arguments) with a pattern: quotes and backslashes are characters.
+  {
+    auto raw = Schema::CompileOrThrow(R"({"type":"string","pattern":"^[a-z\"\\\\]{2,6}\\d?$"})");
+    const k3::constrain::Format fmt{false, true};
+    std::mt19937_64 r2(5);
+    for (const Vocabulary* voc : std::vector<const Vocabulary*>{&tv, &rv}) {
+      TokenConstraint w(raw, *voc, fmt);
+      for (int step = 0; step < 6 && !w.Complete(); ++step) {
+        CheckMaskAgainstDirect(raw, *voc, w.text(), w, fmt);
+        w.AllowedMask(m);
+        std::vector<uint32_t> ok;
+        for (uint32_t i = 0; i < voc->vocab_size(); ++i)
+          if (Bit(m, i)) ok.push_back(i);
+        if (ok.empty()) break;
+        w.Advance(ok[r2() % ok.size()]);
+      }
+    }
+  }
   std::mt19937_64 rng(161);
   for (const char* js : schemas) {
     auto sc = Schema::CompileOrThrow(js);
