@@ -8,6 +8,7 @@
 // validates every text with python3-jsonschema, an independent implementation.
 //
 //   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]
+//   constrain_drive --match CASES_JSON   (pattern acceptance; regex_property.py)
 // (python: Format::python_separators, the spelling of XTML tool arguments)
 #include <simdjson.h>
 
@@ -62,7 +63,51 @@ std::string Drive(const constrain::CompiledSchema& schema, const constrain::Voca
 
 }  // namespace
 
+// --match CASES_JSON: for each {"pattern": P, "texts": [JSON string texts]}
+// prints {"accepted": [...]}: whether {"type":"string","pattern":P} accepts
+// each text as a whole value (the pattern side of regex_property.py), or
+// {"error": ...} when the schema does not compile.
+int MatchMode(const char* path) {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, char(b));
+  constrain::Vocabulary vocab(std::move(bytes), 256);
+  std::string text = ReadFileOrThrow(path, 64u << 20);
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(text);
+  simdjson::dom::element doc = parser.parse(padded);
+  for (simdjson::dom::element entry : doc.get_array()) {
+    JsonWriter j;
+    j.BeginObject();
+    std::string schema = "{\"type\":\"string\",\"pattern\":";
+    AppendJsonString(schema, std::string_view(entry["pattern"]), InvalidUtf8::kPassThrough);
+    schema += "}";
+    try {
+      constrain::CompiledSchema s = constrain::Schema::CompileOrThrow(schema);
+      j.Key("accepted");
+      j.BeginArray();
+      for (simdjson::dom::element t : entry["texts"].get_array()) {
+        constrain::TokenConstraint c(s, vocab);
+        j.Bool(c.AdvanceBytes(std::string_view(t)) && c.Accepting());
+      }
+      j.EndArray();
+    } catch (const Error& e) {
+      j.Field("error", std::string(e.what()));
+    }
+    j.EndObject();
+    std::printf("%s\n", j.str().c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string_view(argv[1]) == "--match") {
+    try {
+      return MatchMode(argv[2]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "constrain_drive: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 5 && argc != 6) {
     std::fprintf(stderr, "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]\n");
     return 2;

@@ -163,6 +163,58 @@ HAND = [
      "additionalProperties": False},
 ]
 
+# `pattern` strings (dates, ids, codes, as real tool schemas use them) and
+# integer bounds beyond +-1e15; appended after the random part so that the
+# schemas above keep their names.
+PATTERN = [
+    {"type": "object", "properties": {"date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"}},
+     "required": ["date"]},
+    {"type": "object", "properties": {"at": {"type": "string", "pattern":
+        "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])T([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\dZ$"},
+        "note": {"type": "string", "maxLength": 20}}, "required": ["at"], "additionalProperties": False},
+    {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^\\d{5}(-\\d{4})?$"},
+                                      "country": {"enum": ["US", "PR"]}}, "required": ["zip", "country"]},
+    {"type": "object", "properties": {"user_id": {"type": "string", "pattern": "^usr_[A-Za-z0-9]{8,12}$"}},
+     "required": ["user_id"], "additionalProperties": False},
+    {"type": "object", "properties": {"color": {"type": "string", "pattern": "^#([0-9a-fA-F]{3}|[0-9a-fA-F]{6})$"}},
+     "required": ["color"]},
+    {"type": "object", "properties": {"email": {"type": "string", "pattern": "^[\\w.+-]+@[\\w-]+\\.[a-z]{2,}$",
+                                                "maxLength": 40}}, "required": ["email"]},
+    {"type": "object", "properties": {"title": {"type": "string", "pattern": "TODO", "maxLength": 30},
+                                      "done": {"type": "boolean"}}, "required": ["title", "done"]},
+    {"type": "object", "properties": {"version": {"type": "string", "pattern":
+        "^(0|[1-9]\\d*)\\.(0|[1-9]\\d*)\\.(0|[1-9]\\d*)(-[0-9A-Za-z.-]+)?$", "maxLength": 24}},
+     "required": ["version"]},
+    {"type": "object", "properties": {"phone": {"type": "string", "pattern": "^\\+[1-9]\\d{1,14}$"},
+                                      "slug": {"type": "string", "pattern": "^[a-z0-9]+(?:-[a-z0-9]+)*$",
+                                               "minLength": 3, "maxLength": 20}},
+     "required": ["phone", "slug"], "additionalProperties": False},
+    {"type": "object", "properties": {"word": {"type": "string", "pattern": "^(é|ü|你好|\\u00df)+$", "maxLength": 8},
+                                      "plain": {"type": "string", "pattern": "^[^\"\\\\]*$", "maxLength": 16},
+                                      "path": {"type": "string", "pattern": "^C:\\\\[A-Za-z]+\\.txt$"}},
+     "required": ["word", "plain", "path"]},
+    {"type": "object", "properties": {"codes": {"type": "array", "items": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                                "minItems": 1, "maxItems": 4}}, "required": ["codes"]},
+    {"type": "object", "properties": {"amount": {"anyOf": [{"type": "string", "pattern": "^\\d+(\\.\\d\\d)?$",
+                                                            "maxLength": 9}, {"type": "integer"}]}},
+     "required": ["amount"]},
+    {"type": "object", "properties": {"shade": {"type": "string", "enum": ["red", "green", "Blue", "blue"],
+                                                "pattern": "^[a-z]+$"}}, "required": ["shade"]},
+    {"type": "object", "properties": {"big": {"type": "integer", "minimum": 10000000000000000},
+                                      "cap": {"type": "integer", "maximum": 10000000000000000},
+                                      "safe": {"type": "integer", "minimum": -9007199254740991,
+                                               "maximum": 9007199254740991},
+                                      "ratio": {"type": "number", "maximum": 1e16, "exclusiveMinimum": 0}},
+     "required": ["big", "cap", "safe", "ratio"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"default": "hello", "description": "A string", "maxLength": 100,
+                                               "minLength": 1, "pattern": "^[a-z]+$", "type": "string"}},
+     "required": ["name"]},
+    {"$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}\\d{2}$"}},
+     "type": "object", "properties": {"from": {"$ref": "#/$defs/code"}, "to": {"$ref": "#/$defs/code"},
+                                      "via": {"type": "array", "items": {"$ref": "#/$defs/code"}, "maxItems": 2}},
+     "required": ["from", "to"]},
+]
+
 
 def rand_key(r):
     pools = ["id", "name", "value", "count", "items", "type", "data", "x", "y", "label", "city", "url",
@@ -260,6 +312,7 @@ def main():
             continue  # mostly objects, as tool arguments are
         schemas.append({"name": f"random-{i}", "schema": s})
         i += 1
+    schemas += [{"name": f"pattern-{i}", "schema": s} for i, s in enumerate(PATTERN)]
     schemas.append({"name": "json_object", "schema": None})  # response_format json_object
     print(json.dumps(schemas, ensure_ascii=False, indent=1))
 

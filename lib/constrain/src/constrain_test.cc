@@ -422,8 +422,13 @@ TEST_CASE("enum and const filtered by the other keywords") {
   auto e = CompileError(R"({"type":"number","enum":[1,2],"minimum":10})");
   CHECK(e.code() == k3::ErrorCode::kInvalidArgument);
   CHECK(std::string(e.what()).find("other keywords") != std::string::npos);
+  // A pattern filters them too.
+  const char* p = R"({"type":"string","enum":["a1","b2","ab"],"pattern":"^[a-z]\\d$"})";
+  CHECK(Accepts(p, R"("a1")"));
+  CHECK(Accepts(p, R"("b2")"));
+  CHECK_FALSE(Accepts(p, R"("ab")"));
   // What the other keywords may not be is still refused.
-  CHECK(CompileError(R"({"type":"string","enum":["a"],"pattern":"a"})").object() == "pattern");
+  CHECK(CompileError(R"j({"type":"string","enum":["a"],"pattern":"(?=a)"})j").object() == "pattern");
 }
 
 TEST_CASE("$ref to local definitions; recursion unrolled to a bound") {
@@ -478,7 +483,7 @@ TEST_CASE("$ref to local definitions; recursion unrolled to a bound") {
 TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointer") {
   struct Case { const char* schema; const char* keyword; const char* pointer; };
   const Case cases[] = {
-      {R"({"type":"string","pattern":"^a"})", "pattern", "/"},
+      {R"({"type":"string","pattern":"a\\b"})", "pattern", "/"},
       {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":2}}})", "multipleOf", "/properties/a"},
       {R"({"type":"array","items":{"not":{"type":"null"}}})", "not", "/items"},
       {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
@@ -497,10 +502,10 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
     CHECK_MESSAGE(std::string(e.what()).find(std::string("at ") + c.pointer) != std::string::npos, e.what());
   }
   // The two refusals real tool schemas hit most say what to change.
-  auto big = CompileError(R"({"type":"integer","maximum":1e20})");
-  CHECK(big.object() == "maximum");
-  CHECK(std::string(big.what()).find("1e+20 lies beyond +-1e15") != std::string::npos);
-  CHECK(std::string(CompileError(R"({"type":"string","pattern":"^a"})").what()).find("regular expressions") !=
+  auto big = CompileError(R"({"type":"integer","minimum":1e20})");
+  CHECK(big.object() == "minimum");
+  CHECK(std::string(big.what()).find("1e+20 lies beyond +-(1e18 - 1)") != std::string::npos);
+  CHECK(std::string(CompileError(R"({"type":"string","pattern":"(a)\\1"})").what()).find("backreferences") !=
         std::string::npos);
   CHECK(CompileError("{").code() == k3::ErrorCode::kCorrupt);
   // Caps that keep a hostile schema from making every mask slow.
@@ -793,6 +798,343 @@ TEST_CASE("Format: masks equal the direct check in raw and Python modes") {
       CheckMaskAgainstDirect(s, v, p, tc, f);
     }
   }
+}
+
+// ---- pattern ----
+// Expected results are JSON Schema's (ECMA-262 search semantics, the same as
+// Python's re.search on these patterns), written out by hand.
+
+TEST_CASE("pattern: unanchored search, anchors at the ends, alternation") {
+  const char* az = R"({"type":"string","pattern":"^[a-z]+$"})";
+  CHECK(Accepts(az, R"("abc")"));
+  CHECK_FALSE(Accepts(az, R"("")"));
+  CHECK_FALSE(Accepts(az, R"("aBc")"));
+  CHECK(Prefix(az, R"("ab)"));
+  CHECK_FALSE(Prefix(az, R"("ab1)"));
+  CHECK_FALSE(Prefix(az, R"("ab")") == false);  // complete
+  const char* ab = R"({"type":"string","pattern":"ab"})";  // anywhere
+  CHECK(Accepts(ab, R"("xxabyy")"));
+  CHECK(Accepts(ab, R"("ab")"));
+  CHECK_FALSE(Accepts(ab, R"("a")"));
+  CHECK_FALSE(Accepts(ab, R"("xb")"));
+  CHECK(Prefix(ab, R"("zzz)"));
+  CHECK_FALSE(Prefix(ab, R"("a")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^ab"})", R"("abz")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^ab"})", R"("zab")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"ab$"})", R"("zab")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"ab$"})", R"("abz")"));
+  const char* alt = R"({"pattern":"^a$|^b$|c"})";  // no type: a string
+  CHECK(Accepts(alt, R"("a")"));
+  CHECK(Accepts(alt, R"("b")"));
+  CHECK(Accepts(alt, R"("xcx")"));
+  CHECK_FALSE(Accepts(alt, R"("ab")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^(?:ab|cd)+$"})", R"("abcdab")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^(?:ab|cd)+$"})", R"("abc")"));
+  CHECK(Accepts(R"({"type":"string","pattern":""})", R"("anything")"));
+}
+
+TEST_CASE("pattern: classes, shorthands and the dot") {
+  const char* email = R"({"type":"string","pattern":"^[\\w.-]+@[a-z]+\\.com$"})";
+  CHECK(Accepts(email, R"("a.b-c_9@x.com")"));
+  CHECK_FALSE(Accepts(email, R"("a@x.co")"));
+  CHECK_FALSE(Accepts(email, R"("a@xycom")"));
+  const char* not_digit = R"({"type":"string","pattern":"^[^0-9]{2}$"})";
+  CHECK(Accepts(not_digit, R"("ab")"));
+  CHECK(Accepts(not_digit, "\"\xc3\xa9x\""));  // é
+  CHECK_FALSE(Accepts(not_digit, R"("a1")"));
+  // \d is ASCII: Python's re would also take U+0663 (ARABIC-INDIC DIGIT THREE), ECMA-262 not.
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\d\\d$"})", R"("42")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\d$"})", "\"\xd9\xa3\""));
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\D$"})", R"("a")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\D$"})", "\"\xc3\xa9\""));  // either engine might not agree
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\s\\S$"})", R"(" x")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\S+$"})", "\"\xc3\xa9t\xc3\xa9\""));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\S+$"})", R"("a b")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\S$"})", "\"\xc2\xa0\""));  // NBSP is \s in both
+  CHECK(Accepts(R"({"type":"string","pattern":"^.$"})", R"("x")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^.$"})", "\"\xe4\xbd\xa0\""));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^.$"})", R"("\n")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^.$"})", R"("\r")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^[\\t\\x41\\u0042-]+$"})", R"("\tAB-")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^[a\\-z]$"})", R"("-")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^[a\\-z]$"})", R"("b")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^[\\b]$"})", R"("\b")"));  // backspace in a class
+}
+
+TEST_CASE("pattern: quantifier bounds") {
+  const char* a23 = R"({"type":"string","pattern":"^a{2,3}$"})";
+  CHECK_FALSE(Accepts(a23, R"("a")"));
+  CHECK(Accepts(a23, R"("aa")"));
+  CHECK(Accepts(a23, R"("aaa")"));
+  CHECK_FALSE(Accepts(a23, R"("aaaa")"));
+  CHECK_FALSE(Prefix(a23, R"("aaaa)"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^(ab){2}$"})", R"("abab")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^(ab){2}$"})", R"("ab")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^x?y*$"})", R"("")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^x?y*$"})", R"("xyyy")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^x?y*$"})", R"("xx")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^a{2,}$"})", R"("aaaaaaa")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^a{2,}$"})", R"("a")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^a+?b??$"})", R"("aa")"));  // lazy: same language
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\d{4}-\\d{2}-\\d{2}$"})", R"("2026-12-01")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\d{4}-\\d{2}-\\d{2}$"})", R"("2026-1-01")"));
+}
+
+TEST_CASE("pattern: the decoded value, through escapes and multi-byte characters") {
+  // Pattern a\.b: the dot is literal.
+  const char* dot = R"({"type":"string","pattern":"^a\\.b$"})";
+  CHECK(Accepts(dot, R"("a.b")"));
+  CHECK_FALSE(Accepts(dot, R"("axb")"));
+  // A quote in the pattern: the value "x" spelled with escapes.
+  const char* quote = R"({"type":"string","pattern":"^\"x\"$"})";
+  CHECK(Accepts(quote, R"("\"x\"")"));
+  CHECK(Accepts(quote, R"("\u0022x\"")"));
+  CHECK_FALSE(Accepts(quote, R"("x")"));
+  // A backslash.
+  CHECK(Accepts(R"({"type":"string","pattern":"^\\\\$"})", R"("\\")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^\\\\$"})", R"("\/")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^/$"})", R"("\/")"));
+  // é raw or as \u00e9 in the schema and in the output.
+  const char* e_acute = R"({"type":"string","pattern":"^\u00e9$"})";
+  CHECK(Accepts(e_acute, "\"\xc3\xa9\""));
+  CHECK(Accepts(e_acute, R"("\u00e9")"));
+  CHECK(Accepts(e_acute, R"("\u00E9")"));
+  CHECK_FALSE(Accepts(e_acute, R"("e")"));
+  CHECK_FALSE(Prefix(e_acute, R"("\u00f)"));  // no completion of \u00f. is é
+  CHECK(Prefix(e_acute, R"("\u00)"));
+  CHECK_FALSE(Prefix(e_acute, R"("\u01)"));
+  CHECK(Prefix(e_acute, "\"\xc3"));
+  CHECK_FALSE(Prefix(e_acute, "\"\xc4"));
+  // Outside the BMP: a surrogate pair is one code point.
+  const char* grin = "{\"type\":\"string\",\"pattern\":\"^\xf0\x9f\x98\x80$\"}";  // U+1F600
+  CHECK(Accepts(grin, "\"\xf0\x9f\x98\x80\""));
+  CHECK(Accepts(grin, R"("\ud83d\ude00")"));
+  CHECK(Prefix(grin, R"("\ud83d\ude0)"));
+  CHECK_FALSE(Prefix(grin, R"("\ud83d\ude1)"));
+  CHECK_FALSE(Prefix(grin, R"("\ud83c)"));
+  CHECK(Prefix(grin, R"("\ud)"));
+  CHECK_FALSE(Prefix(grin, R"("\ue)"));
+  CHECK(Prefix(grin, "\"\xf0\x9f\x98"));
+  CHECK_FALSE(Prefix(grin, "\"\xf0\x9f\x99"));
+  CHECK_FALSE(Accepts(grin, R"("\ud83d\ude01")"));
+  // A class of Greek letters.
+  const char* greek = R"({"type":"string","pattern":"^[α-ω]{2}$"})";
+  CHECK(Accepts(greek, "\"\xce\xb1\xce\xb2\""));
+  CHECK_FALSE(Accepts(greek, R"("ab")"));
+  CHECK(Prefix(greek, "\"\xce"));
+  CHECK_FALSE(Prefix(greek, "\"\xd0"));  // Cyrillic
+  CHECK(Prefix(greek, R"("\u03b)"));
+}
+
+TEST_CASE("pattern with minLength / maxLength; unsatisfiable patterns") {
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^a+$","maxLength":3})", R"("aaaa")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^a+$","maxLength":3})", R"("aaa")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","pattern":"^(ab)+$","minLength":3})", R"("ab")"));
+  CHECK(Accepts(R"({"type":"string","pattern":"^(ab)+$","minLength":3})", R"("abab")"));
+  // "b" could only become bcccc, longer than 3.
+  CHECK_FALSE(Prefix(R"({"type":"string","pattern":"^(a|bcccc)$","maxLength":3})", R"("b)"));
+  CHECK(Prefix(R"({"type":"string","pattern":"^(a|bcccc)$","maxLength":3})", R"("a)"));
+  for (const char* s : {R"({"type":"string","pattern":"^a{5}$","maxLength":3})",
+                        R"({"type":"string","pattern":"^ab$","minLength":5})",
+                        R"({"type":"string","pattern":"^[^\\s\\S]$"})",
+                        R"({"type":"object","properties":{"k":{"type":"string","pattern":"^x{3}$","maxLength":2}},"required":["k"]})"}) {
+    auto e = CompileError(s);
+    CHECK_MESSAGE(e.code() == k3::ErrorCode::kInvalidArgument, s);
+  }
+  // An optional property that cannot be satisfied is simply never offered...
+  // (compiles: the whole schema still has values).
+}
+
+TEST_CASE("pattern refusals name the keyword and the pointer") {
+  const char* bad[] = {"(?=a)", "(?!a)", "(?<=a)", "(?<!a)", "(a)\\\\1", "a\\\\b", "\\\\Bx", "\\\\p{L}", "(?i)a",
+                       "a^b", "a$b", "(^a)", "(a$)", "a{", "a{,3}", "x{3,2}", "[]", "[^]", "[]a]", "(?<n>a)",
+                       "(?P<n>a)", "\\\\u{1F600}", "a**", "a++", "*a", "(a", "a)", "[a", "\\\\k<n>", "\\\\cA",
+                       "\\\\Z", "\\\\A", "\\\\01", "[a-\\\\d]", "[z-a]", "(a{100}){100}", "x{100001}"};
+  for (const char* p : bad) {
+    std::string schema = std::string(R"({"type":"object","properties":{"id":{"type":"string","pattern":")") + p + "\"}}}";
+    auto e = CompileError(schema);
+    CHECK_MESSAGE(e.code() == k3::ErrorCode::kUnsupported, schema);
+    CHECK_MESSAGE(e.object() == "pattern", e.what());
+    CHECK_MESSAGE(std::string(e.what()).find("at /properties/id") != std::string::npos, e.what());
+  }
+  CHECK(CompileError(R"({"type":"string","pattern":3})").code() == k3::ErrorCode::kCorrupt);
+  // Caps: a pattern whose automaton is too big is refused, not approximated.
+  CHECK(std::string(CompileError(R"({"type":"string","pattern":"(a{100}){100}"})").what()).find("NFA states") !=
+        std::string::npos);
+}
+
+TEST_CASE("pattern: a token that spans the closing quote; masks equal the direct check") {
+  std::vector<std::string> t;
+  for (int b = 0; b < 256; ++b) t.emplace_back(1, char(b));
+  for (const char* x : {"b\"}", "a\"}", "aa", "ab", "\"}", "\":\"", "{\"k", "\\u00", "e9\"", "\xc3\xa9\"}"}) t.emplace_back(x);
+  Vocabulary v(std::move(t), 256 + 10);
+  auto id = [&](std::string_view s) {
+    for (uint32_t i = 256; i < v.num_ranks(); ++i)
+      if (v.TokenBytes(i) == s) return i;
+    FAIL("no token " << std::string(s));
+    return 0u;
+  };
+  auto s = Schema::CompileOrThrow(R"({"type":"object","properties":{"k":{"type":"string","pattern":"^a*(b|é)$"}},"required":["k"]})");
+  TokenConstraint c(s, v);
+  REQUIRE(c.AdvanceBytes(R"({"k":"aa)"));
+  std::vector<uint64_t> m;
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("b\"}")));
+  CHECK_FALSE(Bit(m, id("a\"}")));
+  CHECK_FALSE(Bit(m, id("\"}")));
+  CHECK(Bit(m, id("aa")));
+  CHECK(Bit(m, id("ab")));
+  CHECK(Bit(m, id("\\u00")));
+  CHECK(Bit(m, id("\xc3\xa9\"}")));
+  CheckMaskAgainstDirect(s, v, c.text(), c);
+  c.Advance(id("\\u00"));
+  c.AllowedMask(m);
+  CHECK(Bit(m, id("e9\"")));
+  CheckMaskAgainstDirect(s, v, c.text(), c);
+  c.Advance(id("e9\""));
+  CHECK(c.AdvanceBytes("}"));
+  CHECK(c.Complete());
+  CHECK(c.text() == R"({"k":"aa\u00e9"})");
+
+  // Random walks over the tiny vocabulary and one of tokens that straddle
+  // escapes and characters: the mask equals the direct check, and never
+  // dead-ends.
+  Vocabulary tv = Vocabulary::FromTokenizer(Tiny());
+  Vocabulary rv = RandomVocab("\\\"uUdD0189ab-.:{} x\xc3\xa9\xe4\xbd\xa0\xf0\x9f\x98\x80", 4000, 5, 9);
+  const char* schemas[] = {
+      R"({"type":"string","pattern":"^[a-z]{2,5}-\\d{1,3}$"})",
+      R"({"type":"object","properties":{"v":{"type":"string","pattern":"ab|\\u00e9","maxLength":6},"n":{"type":"integer"}},"required":["v","n"]})",
+      R"({"type":"array","items":{"type":"string","pattern":"^(\\d{4}-\\d{2}|x+)$"},"maxItems":3})",
+      R"({"type":"string","pattern":"^[^\"\\\\]*\"","minLength":2})",
+      R"({"anyOf":[{"type":"string","pattern":"^a+$"},{"type":"string","pattern":"^b"}]})",
+  };
+  // Raw strings (XTML arguments) with a pattern: quotes and backslashes are characters.
+  {
+    auto raw = Schema::CompileOrThrow(R"({"type":"string","pattern":"^[a-z\"\\\\]{2,6}\\d?$"})");
+    const k3::constrain::Format fmt{false, true};
+    std::mt19937_64 r2(5);
+    for (const Vocabulary* voc : std::vector<const Vocabulary*>{&tv, &rv}) {
+      TokenConstraint w(raw, *voc, fmt);
+      for (int step = 0; step < 6 && !w.Complete(); ++step) {
+        CheckMaskAgainstDirect(raw, *voc, w.text(), w, fmt);
+        w.AllowedMask(m);
+        std::vector<uint32_t> ok;
+        for (uint32_t i = 0; i < voc->vocab_size(); ++i)
+          if (Bit(m, i)) ok.push_back(i);
+        if (ok.empty()) break;
+        w.Advance(ok[r2() % ok.size()]);
+      }
+    }
+  }
+  std::mt19937_64 rng(161);
+  for (const char* js : schemas) {
+    auto sc = Schema::CompileOrThrow(js);
+    for (const Vocabulary* voc : std::vector<const Vocabulary*>{&tv, &rv, &Bytes()}) {
+      for (int run = 0; run < 3; ++run) {
+        TokenConstraint w(sc, *voc);
+        for (int step = 0; step < 30 && !w.Complete(); ++step) {
+          CheckMaskAgainstDirect(sc, *voc, w.text(), w);
+          w.AllowedMask(m);
+          std::vector<uint32_t> ok;
+          for (uint32_t i = 0; i < voc->vocab_size(); ++i)
+            if (Bit(m, i)) ok.push_back(i);
+          REQUIRE_MESSAGE(!ok.empty(), "dead end after '" << w.text() << "' for " << js);
+          w.Advance(ok[rng() % ok.size()]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("pattern: PreferredByte leads to acceptance (shortest-completion steering)") {
+  struct Case { const char* schema; const char* prefix; const char* want; };
+  const Case cases[] = {
+      {R"({"type":"string","pattern":"^a*b$"})", R"("aaa)", R"(b")"},
+      {R"({"type":"string","pattern":"^a*b$"})", R"(")", R"(b")"},
+      {R"({"type":"string","pattern":"^\\d{3}$"})", R"("1)", R"(00")"},
+      {R"({"type":"string","pattern":"^(ab)+$","minLength":3})", R"("ab)", R"(ab")"},
+      {R"({"type":"string","pattern":"xyz"})", R"("q)", R"(xyz")"},
+      {R"({"type":"string","pattern":"^é+$"})", R"(")", "\xc3\xa9\""},
+      {R"({"type":"string","pattern":"^é+$"})", "\"\xc3", "\xa9\""},
+      {R"({"type":"string","pattern":"^é+$"})", R"("\u0)", R"(0e9")"},
+      {R"({"type":"string","pattern":"^\"$"})", R"(")", R"(\"")"},
+      {R"({"type":"string","pattern":"^\\n$"})", R"(")", R"(\n")"},
+      {"{\"type\":\"string\",\"pattern\":\"^\xf0\x9f\x98\x80$\"}", R"("\ud83d)", R"(\ude00")"},
+  };
+  for (const Case& c : cases) {
+    auto s = Schema::CompileOrThrow(c.schema);
+    TokenConstraint t(s, Bytes());
+    REQUIRE(t.AdvanceBytes(c.prefix));
+    std::string out;
+    while (!t.Accepting() && out.size() < 64) {
+      int b = t.PreferredByte();
+      REQUIRE_MESSAGE(b >= 0, c.schema << " after " << t.text());
+      char ch = char(b);
+      REQUIRE_MESSAGE(t.AdvanceBytes(std::string_view(&ch, 1)), c.schema << " after " << t.text());
+      out += ch;
+    }
+    CHECK_MESSAGE(out == c.want, c.schema << " from " << c.prefix << ": " << out);
+    CHECK(t.PreferredByte() == -1);  // outside the string
+  }
+  // No hint outside pattern strings.
+  TokenConstraint plain(Schema::CompileOrThrow(R"({"type":"string"})"), Bytes());
+  REQUIRE(plain.AdvanceBytes("\"a"));
+  CHECK(plain.PreferredByte() == -1);
+  // Raw top-level strings (XTML arguments): no quote, Accepting() ends it.
+  auto raw = Schema::CompileOrThrow(R"({"type":"string","pattern":"^[0-9]{3}$"})");
+  TokenConstraint r(raw, Bytes(), k3::constrain::Format{false, true});
+  CHECK_FALSE(r.Accepting());
+  std::string out;
+  while (!r.Accepting() && out.size() < 10) {
+    char ch = char(r.PreferredByte());
+    REQUIRE(r.AdvanceBytes(std::string_view(&ch, 1)));
+    out += ch;
+  }
+  CHECK(out == "000");
+  CHECK(r.PreferredByte() == -1);
+  CHECK_FALSE(r.AdvanceBytes("0"));
+  TokenConstraint q(Schema::CompileOrThrow(R"({"type":"string","pattern":"^\"\\\\$"})"), Bytes(),
+                    k3::constrain::Format{false, true});
+  CHECK(q.AdvanceBytes("\"\\"));  // raw: the quote and backslash are characters
+  CHECK(q.Accepting());
+}
+
+TEST_CASE("bounds beyond +-1e15: exact integers up to 18 digits, far number bounds") {
+  // A far maximum holds for every generated integer.
+  const char* max16 = R"({"type":"integer","maximum":10000000000000000})";
+  CHECK(Accepts(max16, "5"));
+  CHECK(Accepts(max16, "-999999999999999"));
+  // A far minimum: integers get the digits they need (17 here), compared exactly.
+  const char* min16 = R"({"type":"integer","minimum":10000000000000000})";
+  CHECK(Accepts(min16, "10000000000000000"));
+  CHECK(Accepts(min16, "99999999999999999"));
+  CHECK_FALSE(Accepts(min16, "9999999999999999"));
+  CHECK_FALSE(Accepts(min16, "5"));
+  CHECK_FALSE(Prefix(min16, "100000000000000000"));  // 18 digits: more than needed
+  CHECK_FALSE(Prefix(min16, "-"));
+  // Beyond 2^53, where doubles lose the last digits.
+  const char* tight = R"({"type":"integer","minimum":123456789012345678,"maximum":123456789012345679})";
+  CHECK(Accepts(tight, "123456789012345678"));
+  CHECK(Accepts(tight, "123456789012345679"));
+  CHECK_FALSE(Accepts(tight, "123456789012345677"));
+  CHECK_FALSE(Accepts(tight, "123456789012345680"));
+  CHECK_FALSE(Prefix(tight, "123456789012345670"));
+  const char* neg = R"({"type":"integer","exclusiveMaximum":-9007199254740993})";
+  CHECK(Accepts(neg, "-9007199254740994"));
+  CHECK_FALSE(Accepts(neg, "-9007199254740993"));
+  CHECK(Accepts(R"({"type":"integer","minimum":1.5e16,"maximum":1.5e16})", "15000000000000000"));
+  CHECK(Accepts(R"({"type":"integer","exclusiveMinimum":1.5e16,"maximum":15000000000000001})", "15000000000000001"));
+  // Numbers: a far bound that every generated value meets is exact; one that
+  // leaves none of them is refused.
+  CHECK(Accepts(R"({"type":"number","maximum":1e16,"minimum":-1e300})", "5.5"));
+  for (const char* s : {R"({"type":"integer","minimum":1e19})", R"({"type":"integer","maximum":-1000000000000000000})",
+                        R"({"type":"number","minimum":1e16})", R"({"type":"number","exclusiveMaximum":-999999999999999})"}) {
+    auto e = CompileError(s);
+    CHECK_MESSAGE(e.code() == k3::ErrorCode::kUnsupported, s);
+    CHECK_MESSAGE(std::string(e.what()).find("lies beyond") != std::string::npos, e.what());
+  }
+  CHECK(CompileError(R"({"type":"integer","minimum":10000000000000001,"maximum":10000000000000000})").code() ==
+        k3::ErrorCode::kInvalidArgument);
 }
 
 TEST_CASE("long outputs: states stay exact once dead frames are compacted away, and in clones") {

@@ -322,8 +322,13 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   const Vocabulary::Impl& v = *vocab;
   const Frame& top = matcher.top(start);
   bool shortcut = false;
+  // A `pattern` string takes the walk (its DFA decides), unless the pattern
+  // has nothing left to say (a free state).
+  auto free_string = [&](const SchemaNode& n, uint64_t dfa_state) {
+    return !n.pattern || n.pattern->free[dfa_state];
+  };
   if (top.node == kRootNode && top.phase == 0 && format.raw_top_string &&
-      schema->nodes[schema->root].kind == NodeKind::kString) {
+      schema->nodes[schema->root].kind == NodeKind::kString && free_string(schema->nodes[schema->root], 0)) {
     // A raw string never ends by itself: the staying tokens are all of them.
     const SchemaNode& n = schema->nodes[schema->root];
     OrStayingTokens(v, RawStayKey(kStrPlain), n.max_len, mask);
@@ -331,7 +336,7 @@ void TokenConstraint::Impl::WalkFrom(const State& start) {
   }
   if (top.node != kRootNode) {
     const SchemaNode& n = matcher.node(top.node);
-    if (n.kind == NodeKind::kString) {
+    if (n.kind == NodeKind::kString && free_string(n, top.bits)) {
       const uint32_t left = n.max_len == kUnbounded ? kUnbounded : n.max_len - top.count;
       if (top.phase == Matcher::kRawPhase) {
         OrStayingTokens(v, RawStayKey(top.lex), left, mask);
@@ -441,6 +446,12 @@ bool TokenConstraint::Complete() {
   for (uint64_t w : impl_->mask)
     if (w) return false;
   return true;
+}
+
+int TokenConstraint::PreferredByte() const {
+  for (const State& s : impl_->states)
+    if (int b = impl_->matcher.PatternHint(s); b >= 0) return b;
+  return -1;
 }
 
 const std::string& TokenConstraint::text() const { return impl_->text; }

@@ -25,6 +25,10 @@ constexpr int kMaxBoundedDigits = 15;
 constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                              1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+constexpr int64_t kPow10i[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000,
+                               10000000000, 100000000000, 1000000000000, 10000000000000, 100000000000000,
+                               1000000000000000, 10000000000000000, 100000000000000000, 1000000000000000000};
+
 bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
 
 uint64_t AllLiterals(const SchemaNode& n) {
@@ -58,7 +62,214 @@ double NumberValue(const Frame& f) {
   return f.neg ? -v : v;
 }
 
+// ---- `pattern` strings: the decoded code points drive the pattern's DFA ----
+// Frame::bits = DFA state, Frame::bits2 = the code point (or high surrogate)
+// decoded so far in a character that is not complete yet.
+
+// Code points a character in progress may still become: up to three ranges.
+struct CpRanges {
+  uint32_t lo[3], hi[3];
+  int n = 0;
+  void Add(uint32_t a, uint32_t b) {  // clipped to non-surrogates
+    if (b > 0x10FFFF) b = 0x10FFFF;
+    if (a > b) return;
+    if (a < 0xD800) Put(a, std::min<uint32_t>(b, 0xD7FF));
+    if (b > 0xDFFF) Put(std::max<uint32_t>(a, 0xE000), b);
+  }
+  void Put(uint32_t a, uint32_t b) {
+    if (a <= b && n < 3) { lo[n] = a; hi[n] = b; ++n; }
+  }
+};
+
+uint32_t Supplementary(uint32_t high, uint32_t low) { return 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00); }
+
+// What a partial character (lexer state `now`, accumulator `acc`) may become.
+CpRanges PossibleCps(const StrLexState& now, uint64_t acc) {
+  CpRanges r;
+  auto hex_span = [&](int digits, uint32_t& lo, uint32_t& hi) {
+    const int shift = 4 * (4 - digits);
+    lo = uint32_t(now.hex) << shift;
+    hi = ((uint32_t(now.hex) + 1) << shift) - 1;
+  };
+  switch (now.lex) {
+    case kStrEsc:
+    case kStrHex0: r.Add(0, 0x10FFFF); break;  // an escape can still spell any code point
+    case kStrHex1: case kStrHex2: case kStrHex3: {
+      uint32_t lo, hi;
+      hex_span(now.lex - kStrHex0, lo, hi);
+      r.Add(lo, hi);
+      const uint32_t a = std::max<uint32_t>(lo, 0xD800), b = std::min<uint32_t>(hi, 0xDBFF);
+      if (a <= b) r.Add(Supplementary(a, 0xDC00), Supplementary(b, 0xDFFF));
+      break;
+    }
+    case kStrLowBackslash: case kStrLowU: case kStrLowHex0:
+      r.Add(Supplementary(uint32_t(acc), 0xDC00), Supplementary(uint32_t(acc), 0xDFFF));
+      break;
+    case kStrLowHex1: case kStrLowHex2: case kStrLowHex3: {
+      uint32_t lo, hi;
+      hex_span(now.lex - kStrLowHex0, lo, hi);
+      lo = std::max<uint32_t>(lo, 0xDC00);
+      hi = std::min<uint32_t>(hi, 0xDFFF);
+      if (lo <= hi) r.Add(Supplementary(uint32_t(acc), lo), Supplementary(uint32_t(acc), hi));
+      break;
+    }
+    default: {  // UTF-8 continuation bytes left
+      const int left = now.lex == kStrU1 ? 1 : (now.lex == kStrU2 || now.lex == kStrU2E0 || now.lex == kStrU2ED) ? 2 : 3;
+      uint32_t lo = uint32_t(acc) << (6 * left), hi = ((uint32_t(acc) + 1) << (6 * left)) - 1;
+      if (now.lex == kStrU2E0) lo = std::max<uint32_t>(lo, 0x800);
+      if (now.lex == kStrU3F0) lo = std::max<uint32_t>(lo, 0x10000);
+      r.Add(lo, hi);
+    }
+  }
+  return r;
+}
+
+// Moves the DFA over one byte of the string (the lexer already went from
+// `was` to `now`); false when no completion can be accepted any more.
+bool PatternByte(const PatternDfa& d, uint8_t was, const StrLexState& now, uint8_t b, bool raw, uint32_t count,
+                 uint64_t& state, uint64_t& acc) {
+  int64_t cp = -1;  // a code point completed by this byte
+  switch (was) {
+    case kStrPlain:
+      if (b < 0x80) {
+        if (raw || b != '\\') cp = b;
+        else acc = 0;
+      } else {
+        acc = b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F);
+      }
+      break;
+    case kStrEsc:
+      switch (b) {
+        case 'b': cp = 0x08; break;
+        case 'f': cp = 0x0C; break;
+        case 'n': cp = 0x0A; break;
+        case 'r': cp = 0x0D; break;
+        case 't': cp = 0x09; break;
+        case 'u': break;
+        default: cp = b;  // " \ /
+      }
+      break;
+    case kStrHex0: case kStrHex1: case kStrHex2: case kStrHex3:
+      if (now.lex == kStrPlain) cp = now.hex;
+      else if (now.lex == kStrLowBackslash) acc = now.hex;  // a high surrogate
+      break;
+    case kStrLowBackslash: case kStrLowU: break;
+    case kStrLowHex0: case kStrLowHex1: case kStrLowHex2: case kStrLowHex3:
+      if (now.lex == kStrPlain) cp = Supplementary(uint32_t(acc), now.hex);
+      break;
+    default:  // UTF-8 continuation
+      acc = (acc << 6) | (b & 0x3F);
+      if (now.lex == kStrPlain) cp = int64_t(acc);
+  }
+  if (cp >= 0) {
+    const int32_t t = d.Next(uint32_t(state), uint32_t(cp));
+    if (t < 0 || !d.Viable(uint32_t(t), count)) return false;
+    state = uint64_t(t);
+    acc = 0;  // equal states merge
+    return true;
+  }
+  const CpRanges r = PossibleCps(now, acc);
+  for (const PatternDfa::Edge& e : d.edges[state])
+    for (int k = 0; k < r.n; ++k)
+      if (e.lo <= r.hi[k] && r.lo[k] <= e.hi && d.Viable(e.to, count)) return true;
+  return false;
+}
+
+// A pleasant code point of [a, b] and its rank (lower = preferred): letters,
+// digits, other printable ASCII, then the rest; control characters last.
+std::pair<int, uint32_t> NiceCp(uint32_t a, uint32_t b) {
+  static constexpr std::pair<uint32_t, uint32_t> kOrder[] = {
+      {'a', 'z'}, {'0', '9'}, {'A', 'Z'}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x21, 0x21}, {0x20, 0x20},
+      {0xA0, 0x10FFFF}, {0x80, 0x9F}, {'"', '"'}, {'\\', '\\'}, {0x09, 0x0A}, {0x0D, 0x0D}, {0, 0x1F}};
+  int rank = 0;
+  for (auto [lo, hi] : kOrder) {
+    if (std::max(a, lo) <= std::min(b, hi)) return {rank, std::max(a, lo)};
+    ++rank;
+  }
+  return {rank, a};
+}
+
+// The next byte that spells code point cp from lexer state `now`.
+int SpellByte(uint32_t cp, const StrLexState& now, bool raw) {
+  auto lead = [](uint32_t c) -> int {
+    if (c < 0x80) return int(c);
+    if (c < 0x800) return int(0xC0 | (c >> 6));
+    if (c < 0x10000) return int(0xE0 | (c >> 12));
+    return int(0xF0 | (c >> 18));
+  };
+  auto hex_digit = [](uint32_t unit, int k) { return int("0123456789abcdef"[(unit >> (4 * (3 - k))) & 0xF]); };
+  const uint32_t high = 0xD800 + ((cp - 0x10000) >> 10), low = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+  switch (now.lex) {
+    case kStrPlain:
+      if (!raw && (cp == '"' || cp == '\\' || cp < 0x20)) return '\\';
+      return lead(cp);
+    case kStrU1: return int(0x80 | (cp & 0x3F));
+    case kStrU2: case kStrU2E0: case kStrU2ED: return int(0x80 | ((cp >> 6) & 0x3F));
+    case kStrU3: case kStrU3F0: case kStrU3F4: return int(0x80 | ((cp >> 12) & 0x3F));
+    case kStrEsc:
+      switch (cp) {
+        case '"': case '\\': case '/': return int(cp);
+        case 0x08: return 'b';
+        case 0x0C: return 'f';
+        case 0x0A: return 'n';
+        case 0x0D: return 'r';
+        case 0x09: return 't';
+        default: return 'u';
+      }
+    case kStrHex0: case kStrHex1: case kStrHex2: case kStrHex3:
+      return hex_digit(cp >= 0x10000 ? high : cp, now.lex - kStrHex0);
+    case kStrLowBackslash: return '\\';
+    case kStrLowU: return 'u';
+    default: return hex_digit(low, now.lex - kStrLowHex0);
+  }
+}
+
 }  // namespace
+
+int Matcher::PatternHint(const State& s) const {
+  const Frame& f = arena_[size_t(s.top)];
+  Frame raw_start;  // a raw top-level string that has not started
+  const Frame* g = &f;
+  if (f.node == kRootNode) {
+    if (!format_.raw_top_string || f.phase != 0) return -1;
+    raw_start.node = root_;
+    raw_start.phase = kRawPhase;
+    g = &raw_start;
+  }
+  const SchemaNode& n = nodes_[g->node];
+  if (n.kind != NodeKind::kString || !n.pattern) return -1;
+  const PatternDfa& d = *n.pattern;
+  const bool raw = g->phase == kRawPhase;
+  const StrLexState now{g->lex, g->pos};
+  CpRanges r;
+  uint32_t after = g->count;  // code points once this character is done
+  if (g->lex == kStrPlain) {
+    if (d.accept[g->bits] && g->count >= n.min_len) return raw ? -1 : '"';
+    r.Add(0, 0x10FFFF);
+    ++after;
+  } else {
+    r = PossibleCps(now, g->bits2);
+  }
+  int64_t best_len = -1;
+  int best_rank = 0;
+  uint32_t best_cp = 0;
+  for (const PatternDfa::Edge& e : d.edges[g->bits])
+    for (int k = 0; k < r.n; ++k) {
+      const uint32_t a = std::max(e.lo, r.lo[k]), b = std::min(e.hi, r.hi[k]);
+      if (a > b) continue;
+      const int64_t len = d.BestLen(e.to, after);
+      if (len < 0) continue;
+      auto [rank, cp] = NiceCp(a, b);
+      if (raw && cp < 0x20 && cp != '\t' && cp != '\n' && cp != '\r') continue;
+      if (best_len < 0 || len < best_len || (len == best_len && rank < best_rank)) {
+        best_len = len;
+        best_rank = rank;
+        best_cp = cp;
+      }
+    }
+  if (best_len < 0) return -1;
+  return SpellByte(best_cp, now, raw);
+}
 
 State Matcher::Start() {
   Frame root;
@@ -390,6 +601,7 @@ Matcher::R Matcher::StepString(State& s, uint8_t b) {
   if (reserved && b == '\\') return R::kFail;
   if (r == StrStep::kClose) {
     if (f.count < n.min_len) return R::kFail;
+    if (n.pattern && !n.pattern->accept[f.bits]) return R::kFail;
     if (reserved)
       for (uint64_t c = f.bits; c; c &= c - 1)
         if ((*reserved)[size_t(std::countr_zero(c))].size() == f.bits2) return R::kFail;  // a declared key
@@ -401,10 +613,16 @@ Matcher::R Matcher::StepString(State& s, uint8_t b) {
     if (uint64_t(count) + 1 > uint64_t(n.max_len)) return R::kFail;
     if (count != kUnbounded) ++count;
   }
+  uint64_t dstate = f.bits, acc = f.bits2;
+  if (n.pattern && !PatternByte(*n.pattern, f.lex, ls, b, f.phase == kRawPhase, count, dstate, acc)) return R::kFail;
   Frame& m = Modify(s);
   m.lex = ls.lex;
   m.pos = ls.hex;
   m.count = count;
+  if (n.pattern) {
+    m.bits = dstate;
+    m.bits2 = acc;
+  }
   if (reserved && f.bits) {
     uint64_t still = 0;
     for (uint64_t c = f.bits; c; c &= c - 1) {
@@ -435,7 +653,8 @@ Matcher::R Matcher::StepNumber(State& s, uint8_t b) {
     case kNZero:
     case kNInt:
       if (IsDigit(b) && f.lex == kNInt) {
-        if (f.nd_int >= kMaxIntDigits || (n.bounded && total >= kMaxBoundedDigits)) return R::kFail;
+        // Integers whose bounds need them may have up to 18 digits (int_digits).
+        if (f.nd_int >= n.int_digits || (n.bounded && !n.integer && total >= kMaxBoundedDigits)) return R::kFail;
         g.bits2 = f.bits2 * 10 + uint64_t(b - '0');
         ++g.nd_int;
         break;
@@ -503,10 +722,10 @@ bool Matcher::NumberEndOk(const SchemaNode& n, const Frame& f) const {
 }
 
 bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
-  const int cap_int = std::min(kMaxIntDigits, kMaxBoundedDigits);
+  const int cap_int = n.integer ? int(n.int_digits) : std::min(kMaxIntDigits, kMaxBoundedDigits);
   switch (f.lex) {
     case kNMinus:
-      if (n.integer) return MeetsInt(n, -int64_t(kPow10[cap_int]) + 1, 0);
+      if (n.integer) return MeetsInt(n, -kPow10i[cap_int] + 1, 0);
       return Meets(n, -kPow10[cap_int], false, 0.0, true);
     case kNZero:
     case kNInt: {
@@ -518,7 +737,8 @@ bool Matcher::NumberViable(const SchemaNode& n, const Frame& f) const {
         double a = m * kPow10[j], b = (m + 1) * kPow10[j];
         bool hit;
         if (n.integer) {
-          int64_t ia = int64_t(a), ib = int64_t(b) - 1;
+          // Exact: the integer part has at most int_digits <= 18 digits.
+          const int64_t ia = int64_t(f.bits2) * kPow10i[j], ib = (int64_t(f.bits2) + 1) * kPow10i[j] - 1;
           hit = f.neg ? MeetsInt(n, -ib, -ia) : MeetsInt(n, ia, ib);
         } else {
           hit = f.neg ? Meets(n, -b, false, -a, true) : Meets(n, a, true, b, false);
@@ -598,7 +818,7 @@ bool Matcher::Accepting(const State& s) const {
   if (f.node == kRootNode && f.phase == 0 && format_.raw_top_string) {
     // The empty raw string.
     const SchemaNode& n = nodes_[root_];
-    if (n.kind == NodeKind::kString) return n.min_len == 0;
+    if (n.kind == NodeKind::kString) return n.min_len == 0 && (!n.pattern || n.pattern->accept[0]);
     for (const std::string& l : n.literals_raw)
       if (l.empty()) return true;
     return false;
@@ -608,7 +828,8 @@ bool Matcher::Accepting(const State& s) const {
   const SchemaNode& n = nodes_[f.node];
   if (n.kind == NodeKind::kNumber) return NumberEndOk(n, f);
   if (n.kind == NodeKind::kLiterals) return LiteralEndOk(n, f);
-  if (n.kind == NodeKind::kString && f.phase == kRawPhase) return f.lex == kStrPlain && f.count >= n.min_len;
+  if (n.kind == NodeKind::kString && f.phase == kRawPhase)
+    return f.lex == kStrPlain && f.count >= n.min_len && (!n.pattern || n.pattern->accept[f.bits]);
   return false;
 }
 

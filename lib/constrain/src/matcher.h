@@ -63,6 +63,9 @@ class Matcher {
   // false (and `set` unspecified) for strings, numbers and literals. Needs
   // compiled nodes (SchemaNode::first_bits is set when compilation ends).
   bool NextBytes(const State& s, uint64_t set[4]) const;
+  // Inside a `pattern` string: the next byte of a shortest way to a string the
+  // pattern accepts (the closing quote once it does); -1 elsewhere.
+  int PatternHint(const State& s) const;
   // Drops states equal to an earlier one, and any beyond `max_states`.
   void Dedupe(std::vector<State>& v, size_t max_states) const;
 

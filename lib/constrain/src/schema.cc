@@ -34,7 +34,7 @@ const std::set<std::string_view> kAnnotations = {
 const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties",
                                                  "minProperties", "maxProperties"};
 const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems"};
-const std::set<std::string_view> kStringWords = {"minLength", "maxLength"};
+const std::set<std::string_view> kStringWords = {"minLength", "maxLength", "pattern"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
                                                  "exclusiveMaximum"};
 const std::set<std::string_view> kOtherWords = {"type", "enum", "const", "anyOf", "oneOf", "allOf",
@@ -350,7 +350,6 @@ class Compiler {
         continue;
       }
       static const std::map<std::string_view, std::string_view> kWhy = {
-          {"pattern", "regular expressions are not compiled into the automaton (an enum of the allowed strings is)"},
           {"patternProperties", "regular expressions are not compiled into the automaton"},
           {"propertyNames", "key schemas are not supported"},
           {"multipleOf", "divisibility is not expressible per byte"},
@@ -556,7 +555,21 @@ class Compiler {
     if (type == "string") {
       uint32_t mn = Count(o, "minLength", ptr, 0), mx = Count(o, "maxLength", ptr, kUnbounded);
       if (mn > mx) Unsatisfiable(ptr, "minLength > maxLength");
-      return StringNode(mn, mx);
+      uint32_t idx = StringNode(mn, mx);
+      element pat;
+      if (o["pattern"].get(pat) == simdjson::SUCCESS) {
+        if (pat.type() != element_type::STRING) Corrupt(ptr + "/pattern", "must be a string");
+        std::shared_ptr<const PatternDfa> dfa;
+        try {
+          dfa = CompilePattern(std::string_view(pat), mn, mx);
+        } catch (const PatternRefused& r) {
+          Unsupported("pattern", ptr, r.why);
+        }
+        if (!dfa->Viable(0, 0))
+          Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
+        nodes_[idx].pattern = std::move(dfa);
+      }
+      return idx;
     }
     if (type == "number" || type == "integer") return CompileNumber(o, type == "integer", ptr);
     if (type == "array") {
@@ -721,44 +734,115 @@ class Compiler {
     return q.substr(1, q.size() - 2);
   }
 
+  // A bound as written: JSON integers exactly (int64 / uint64 text), other
+  // numbers as the double every parser reads.
+  struct Bound {
+    double d = 0;
+    bool exact_int = false;
+    __int128 i = 0;
+  };
+  static bool ReadBound(object o, const char* key, const std::string& ptr, Bound& out) {
+    element v;
+    if (o[key].get(v) != simdjson::SUCCESS) return false;
+    double d;
+    if (!Number(o, key, ptr, d)) return false;
+    out.d = d;
+    out.exact_int = v.type() == element_type::INT64 || v.type() == element_type::UINT64;
+    if (v.type() == element_type::INT64) out.i = int64_t(v);
+    if (v.type() == element_type::UINT64) out.i = uint64_t(v);
+    return true;
+  }
+
+  static std::string BoundText(const Bound& b) {
+    if (b.exact_int) {
+      __int128 x = b.i < 0 ? -b.i : b.i;
+      std::string t;
+      do { t.insert(t.begin(), char('0' + int(x % 10))); x /= 10; } while (x);
+      return b.i < 0 ? "-" + t : t;
+    }
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, b.d);
+    return std::string(buf, r.ptr);
+  }
+
   uint32_t CompileNumber(object o, bool integer, const std::string& ptr) {
     SchemaNode n;
     n.kind = NodeKind::kNumber;
     n.integer = integer;
-    double v;
+    Bound b;
     bool any = false;
-    // The largest magnitude the generated digits can reach.
-    const double kLimit = std::pow(10.0, kMaxIntDigits);
-    auto check = [&](const char* kw, double x) {
-      if (!(std::fabs(x) < kLimit)) {
-        char buf[64];
-        auto r = std::to_chars(buf, buf + sizeof buf, x);
-        Unsupported(kw, ptr, "the bound " + std::string(buf, r.ptr) + " lies beyond +-1e" + std::to_string(kMaxIntDigits) +
-                                 " (generated numbers have at most " + std::to_string(kMaxIntDigits) +
-                                 " integer digits, so such bounds are not enforced; drop or narrow it)");
-      }
+    std::string lo_kw, hi_kw;
+    Bound lo_b, hi_b;
+    if (ReadBound(o, "minimum", ptr, b)) { n.lo = b.d; lo_kw = "minimum"; lo_b = b; any = true; }
+    if (ReadBound(o, "exclusiveMinimum", ptr, b)) {
+      if (b.d >= n.lo) { n.lo = b.d; n.lo_excl = true; lo_kw = "exclusiveMinimum"; lo_b = b; }
       any = true;
-    };
-    if (Number(o, "minimum", ptr, v)) { check("minimum", v); n.lo = v; }
-    if (Number(o, "exclusiveMinimum", ptr, v)) {
-      check("exclusiveMinimum", v);
-      if (v >= n.lo) { n.lo = v; n.lo_excl = true; }
     }
-    if (Number(o, "maximum", ptr, v)) { check("maximum", v); n.hi = v; }
-    if (Number(o, "exclusiveMaximum", ptr, v)) {
-      check("exclusiveMaximum", v);
-      if (v <= n.hi) { n.hi = v; n.hi_excl = true; }
+    if (ReadBound(o, "maximum", ptr, b)) { n.hi = b.d; hi_kw = "maximum"; hi_b = b; any = true; }
+    if (ReadBound(o, "exclusiveMaximum", ptr, b)) {
+      if (b.d <= n.hi) { n.hi = b.d; n.hi_excl = true; hi_kw = "exclusiveMaximum"; hi_b = b; }
+      any = true;
     }
     n.bounded = any;
-    if (any) {
-      if (n.lo > n.hi || (n.lo == n.hi && (n.lo_excl || n.hi_excl))) Unsatisfiable(ptr, "minimum above maximum");
-      if (integer) {
-        double l = n.lo_excl ? std::floor(n.lo) + 1 : std::ceil(n.lo);
-        double h = n.hi_excl ? std::ceil(n.hi) - 1 : std::floor(n.hi);
-        if (std::isfinite(l)) n.ilo = int64_t(l);
-        if (std::isfinite(h)) n.ihi = int64_t(h);
-        if (n.ilo > n.ihi) Unsatisfiable(ptr, "no integer lies within the bounds");
+    if (!any) {
+      uint32_t idx = Add(std::move(n));
+      SetFirst(idx);
+      return idx;
+    }
+    // (Integers compare their bounds exactly below, not as doubles.)
+    if (!integer && (n.lo > n.hi || (n.lo == n.hi && (n.lo_excl || n.hi_excl))))
+      Unsatisfiable(ptr, "minimum above maximum");
+    auto beyond = [&](const std::string& kw, const Bound& bound, const std::string& limit, const std::string& why) {
+      Unsupported(kw, ptr, "the bound " + BoundText(bound) + " lies beyond " + limit + " (" + why + ")");
+    };
+    if (integer) {
+      // Exact integer bounds: JSON integers as written (__int128 holds any
+      // int64 / uint64), other bounds rounded inward from the double; beyond
+      // +-1e30 a double bound is only "far".
+      constexpr __int128 kFar = __int128(1) << 100;
+      auto inward = [&](const Bound& x, bool lower, bool excl) -> __int128 {
+        if (x.exact_int) return lower ? (excl ? x.i + 1 : x.i) : (excl ? x.i - 1 : x.i);
+        if (x.d >= 1e30) return kFar;
+        if (x.d <= -1e30) return -kFar;
+        if (lower) return __int128(excl ? std::floor(x.d) + 1 : std::ceil(x.d));
+        return __int128(excl ? std::ceil(x.d) - 1 : std::floor(x.d));
+      };
+      __int128 lo = -kFar, hi = kFar;
+      lo_kw.clear();
+      hi_kw.clear();
+      for (const char* kw : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+        if (!ReadBound(o, kw, ptr, b)) continue;
+        const std::string k = kw;
+        const bool lower = k.find("inimum") != std::string::npos, excl = k[0] == 'e';
+        const __int128 x = inward(b, lower, excl);
+        if (lower && x > lo) { lo = x; lo_kw = k; lo_b = b; }
+        if (!lower && x < hi) { hi = x; hi_kw = k; hi_b = b; }
       }
+      if (lo > hi) Unsatisfiable(ptr, "no integer lies within the bounds");
+      // The fewest digits (at least kMaxIntDigits) that reach an integer within the bounds.
+      __int128 reach = 1;
+      for (int d = 1; d <= kMaxBoundIntDigits; ++d) {
+        reach *= 10;
+        if (d < kMaxIntDigits) continue;
+        if (lo <= reach - 1 && hi >= -(reach - 1)) { n.int_digits = uint8_t(d); break; }
+        if (d == kMaxBoundIntDigits) {
+          const bool low_side = lo > reach - 1;
+          beyond(low_side ? lo_kw : hi_kw, low_side ? lo_b : hi_b, "+-(1e18 - 1)",
+                 "integers are generated with at most 18 digits, exact in int64, and none of them meets it");
+        }
+      }
+      const __int128 lim = __int128(std::numeric_limits<int64_t>::max());
+      n.ilo = int64_t(std::max(lo, -lim - 1));
+      n.ihi = int64_t(std::min(hi, lim));
+    } else {
+      // Bounded numbers have at most 15 significant digits, so they lie within
+      // +-(1e15 - 1); a bound further out is exact (every such value meets it)
+      // unless it leaves none of them.
+      constexpr double kReach = 1e15 - 1;
+      if (n.lo > kReach || (n.lo == kReach && n.lo_excl))
+        beyond(lo_kw, lo_b, "+-1e15", "numbers under bounds have at most 15 digits; use \"type\": \"integer\" for larger whole numbers");
+      if (n.hi < -kReach || (n.hi == -kReach && n.hi_excl))
+        beyond(hi_kw, hi_b, "+-1e15", "numbers under bounds have at most 15 digits; use \"type\": \"integer\" for larger whole numbers");
     }
     uint32_t idx = Add(std::move(n));
     SetFirst(idx);

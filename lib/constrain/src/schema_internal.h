@@ -5,10 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "k3/constrain/constrain.h"
+#include "regex.h"
 
 namespace k3::constrain {
 
@@ -25,6 +27,10 @@ enum class NodeKind : uint8_t {
 // one more is the schema false (docs/constrain.md, "$ref"). Beside the other
 // limits of constrain.h, kept here so that the public header stays as it is.
 inline constexpr int kMaxRefRecursion = 4;
+
+// Integer bounds are exact within int64; an integer needs at most this many
+// digits (10^18 - 1 < 2^63) to meet them.
+inline constexpr int kMaxBoundIntDigits = 18;
 
 inline constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
 inline constexpr int32_t kNoNode = -1;
@@ -55,9 +61,16 @@ struct SchemaNode {
   // A free key of object node key_of beside its declared keys: written without
   // escapes (so its bytes are its value) and never equal to a reserved key.
   int32_t key_of = kNoNode;
+  // `pattern`: the DFA the decoded code points must lead to acceptance (its
+  // length table is for this node's min_len / max_len). Frame::bits holds the
+  // DFA state, Frame::bits2 the code point decoded so far (matcher.cc).
+  std::shared_ptr<const PatternDfa> pattern;
   // kNumber
   bool integer = false;
   bool bounded = false;  // any of the four bounds present
+  // Integer digits generated: kMaxIntDigits, or up to kMaxBoundIntDigits when
+  // the bounds leave no integer of fewer digits (e.g. minimum 1e16).
+  uint8_t int_digits = kMaxIntDigits;
   // integer: inclusive integer bounds; number: double bounds with exclusivity
   int64_t ilo = std::numeric_limits<int64_t>::min(), ihi = std::numeric_limits<int64_t>::max();
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();

@@ -124,6 +124,16 @@ std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& p
   while (!probe.Accepting()) {
     if (out.size() >= max_bytes) return std::nullopt;
     bool moved = false;
+    // Inside a `pattern` string the constraint knows the byte toward acceptance
+    // (a fixed order could loop: ^a*b$ would get 'a' forever); try it first.
+    if (const int hint = probe.PreferredByte(); hint >= 0) {
+      const char h = char(hint);
+      if (probe.AdvanceBytes(std::string_view(&h, 1))) {
+        out += h;
+        LexStep(lex, h);
+        continue;
+      }
+    }
     // Where the constraint knows which bytes can come (a key's next bytes, a
     // ':' or ',', a value's first byte) the others are not tried: the same
     // first byte in preference order is taken, after far fewer refusals.

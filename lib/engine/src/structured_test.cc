@@ -303,6 +303,10 @@ TEST_CASE("structured: the greedy completion closes every kind of open value") {
       {R"({"enum":["alpha","beta"]})", R"("be)", R"(ta")"},
       {R"({"type":"number","exclusiveMinimum":0})", "", "1"},
       {R"({"type":"string","minLength":3})", "", R"("aaa")"},
+      // pattern strings follow the constraint's hint (the fixed order would add 'a' forever)
+      {R"({"type":"string","pattern":"^a*b$"})", R"("aa)", R"(b")"},
+      {R"({"type":"object","properties":{"d":{"type":"string","pattern":"^\\d{4}-\\d{2}$"}},"required":["d"]})", "",
+       R"({"d":"0000-00"})"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.schema);
@@ -344,6 +348,35 @@ TEST_CASE("structured: a think cap alone (Messages budget_tokens) closes the thi
     CHECK(res.usage.reasoning_tokens == kBudget + close_ids);
     CHECK(res.usage.completion_tokens > res.usage.reasoning_tokens);
     CHECK(res.tool_calls.empty());
+  }
+}
+
+TEST_CASE("structured: tight max_tokens with pattern fields still closes") {
+  Engine& e = TinyEngine();
+  auto spec = JsonSpec(R"({"type":"object","properties":{"id":{"type":"string","pattern":"^[A-Z]{2}-\\d{3,}$"},)"
+                       R"("tag":{"type":"string","pattern":"^a*b$"}},"required":["id","tag"]})");
+  for (int64_t max_tokens : {48, 64}) {
+    for (bool thinking : {true, false}) {
+      CAPTURE(max_tokens);
+      CAPTURE(thinking);
+      GenerateRequest r = ChatRequestFor(e, thinking, max_tokens, 1.0f, 5);
+      r.structured = spec;
+      GenerateResult res = e.Generate(r);
+      CAPTURE(res.content);
+      CHECK(res.usage.completion_tokens <= max_tokens);
+      CHECK(res.finish == FinishReason::kStop);
+      simdjson::dom::parser p;
+      simdjson::dom::element v;
+      REQUIRE(ParsesCompact(res.content, &v, p));
+      // The rules, checked by hand: two capitals, '-', three or more digits; a's then one b.
+      const std::string id{std::string_view(v["id"])}, tag{std::string_view(v["tag"])};
+      REQUIRE(id.size() >= 6);
+      CHECK((id[0] >= 'A' && id[0] <= 'Z' && id[1] >= 'A' && id[1] <= 'Z' && id[2] == '-'));
+      CHECK(id.find_first_not_of("0123456789", 3) == std::string::npos);
+      REQUIRE(!tag.empty());
+      CHECK(tag.back() == 'b');
+      CHECK(tag.find_first_not_of('a') == tag.size() - 1);
+    }
   }
 }
 

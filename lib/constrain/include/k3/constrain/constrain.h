@@ -127,6 +127,11 @@ class TokenConstraint {
   bool Accepting() const;
   // Accepting and no token can extend it: generation must end now.
   bool Complete();
+  // Inside a `pattern` string: the next byte of a shortest way to a string the
+  // pattern accepts (its closing quote once it does), or -1 elsewhere. A
+  // shortest-completion walk tries it first: a fixed byte order can loop
+  // (with ^a*b$ it would add 'a' forever).
+  int PreferredByte() const;
   // The bytes consumed so far.
   const std::string& text() const;
   // Back to the empty output.
