@@ -688,6 +688,9 @@ class Runner {
   // Pipelines whose segments may still be claimed by a helper (HelpOthers).
   std::mutex running_mu_;
   std::vector<ShardPipeline*> running_;
+  // Streams that took a shard but have not registered its pipeline yet: an
+  // idle stream waits for them before it gives up lending.
+  std::atomic<int> starting_{0};
 };
 
 void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
@@ -805,6 +808,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
     std::lock_guard<std::mutex> lock(running_mu_);
     running_.push_back(&pipe);
   }
+  --starting_;
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
   DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, writes, &bufs->stages);
@@ -834,8 +838,12 @@ void Runner::HelpOthers(size_t reads, StreamBuffers* bufs, const std::atomic<boo
         const size_t left = p->Unclaimed();
         if (left > most) most = left, target = p;
       }
-      if (!target) return;
-      target->AddHelper();
+      if (target) target->AddHelper();
+    }
+    if (!target) {
+      if (starting_.load() == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
     }
     target->Help(&bufs->blocks[0], reads);
   }
@@ -1035,12 +1043,14 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
     try {
       for (size_t i = next++; i < todo.size() && !stop.load(); i = next++) {
         const ShardPlan* p = todo[i];
+        ++starting_;  // until WriteShard registers its pipeline (or the shard is skipped)
         RepackEvent ev;
         ev.shard = p->out_name;
         ev.shard_src_bytes = p->src_bytes;
         ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
         if (shard_lock.waited() &&
             ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+          --starting_;
           ev.detail = "converted by a concurrent pass";
           ev.shard_out_bytes = p->file_bytes;
           post(RepackEvent::Kind::kShardSkipped, ev, slot);
