@@ -465,8 +465,9 @@ class ShardPipeline {
   }
 
   // Quantizes kQuant segments (their scales follow as one kScales segment) and
-  // passes the rest through.
-  void Transform(int threads) {
+  // passes the rest through; threads() says how many threads each block gets
+  // (the output does not depend on it).
+  void Transform(const std::function<int()>& threads) {
     std::vector<float>& scratch = bufs_->scratch;
     std::vector<float> scales;  // the current quantized tensor's scales
     Block b;
@@ -486,7 +487,7 @@ class ShardPipeline {
         o.bytes.Reserve(s.dst_len);
         if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
         QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
-                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads);
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads());
         pools_[0].Push(std::move(b.bytes));
         b = std::move(o);
       } else if (s.kind == Segment::kScales) {
@@ -656,7 +657,7 @@ class Runner {
   // Returns the shard's xxh128. Runs on a stream's thread: touches no Runner
   // state but the options; source bytes written so far go to *progress.
   std::string WriteShard(const ShardPlan& p, RepackEvent* done, std::atomic<uint64_t>* progress,
-                         size_t depth, size_t reads, size_t writes, int threads, StreamBuffers* bufs);
+                         size_t depth, size_t reads, size_t writes, StreamBuffers* bufs);
   // An idle stream's thread lends its reads to the running shards, the one with
   // the most segments left first, until none has more than one left or *stop.
   void HelpOthers(size_t reads, StreamBuffers* bufs, const std::atomic<bool>& stop);
@@ -691,6 +692,7 @@ class Runner {
   // Streams that took a shard but have not registered its pipeline yet: an
   // idle stream waits for them before it gives up lending.
   std::atomic<int> starting_{0};
+  std::atomic<int> active_{0};  // shards between their pipeline's start and end
 };
 
 void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
@@ -776,7 +778,7 @@ void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::strin
 
 std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
                                std::atomic<uint64_t>* progress, size_t depth, size_t reads,
-                               size_t writes, int threads, StreamBuffers* bufs) {
+                               size_t writes, StreamBuffers* bufs) {
   const double t_start = NowSeconds();
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
@@ -813,11 +815,25 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
   DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, writes, &bufs->stages);
 
-  std::thread reader([&] { pipe.Read(); });
-  std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
-  pipe.Guard([&] { pipe.Transform(threads); });
-  reader.join();
-  writer.join();
+  {
+    // The cores are shared among the shards being quantized now, so the last
+    // shard left running gets all of them (a dense-layer shard at the end no
+    // longer runs on its one stream's share).
+    struct Active {
+      std::atomic<int>& n;
+      explicit Active(std::atomic<int>& a) : n(a) { ++n; }
+      ~Active() { --n; }
+    } active(active_);
+    const auto threads = [this] {
+      const int n = std::max(1, active_.load());
+      return std::max(1, (threads_ + n - 1) / n);
+    };
+    std::thread reader([&] { pipe.Read(); });
+    std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    pipe.Guard([&] { pipe.Transform(threads); });
+    reader.join();
+    writer.join();
+  }
   pipe.RethrowIfFailed();
   lent.finished = true;
   done->streams_lent = pipe.helpers_lent();
@@ -1016,8 +1032,6 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
       static_cast<size_t>(opt_.reads_in_flight > 0 ? opt_.reads_in_flight : kDefaultReadsInFlight);
   const size_t writes = static_cast<size_t>(
       opt_.writes_in_flight > 0 ? opt_.writes_in_flight : kDefaultWritesInFlight);
-  const int threads = std::max<int>(1, (threads_ + static_cast<int>(streams) - 1) /
-                                           static_cast<int>(streams));
 
   struct Posted {
     RepackEvent::Kind kind;
@@ -1059,7 +1073,7 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         progress[slot] = 0;
         post(RepackEvent::Kind::kShardStart, ev, slot);
         ev.shard_xxh128 =
-            WriteShard(*p, &ev, &progress[slot], depth, reads, writes, threads, &bufs);
+            WriteShard(*p, &ev, &progress[slot], depth, reads, writes, &bufs);
         {
           std::lock_guard<std::mutex> container(container_mu_);
           ContainerLock lock(opt_.dst);
