@@ -428,9 +428,9 @@ class ShardPipeline {
   void Read() { RunReaders(reads_); }
 
   // Segments no reader has claimed yet (a helper is worth lending while > 1).
-  size_t Unclaimed() {
-    std::lock_guard<std::mutex> lock(claim_mu_);
-    return segs_.size() - std::min(next_claim_, segs_.size());
+  // Lock-free: a reader may hold claim_mu_ while it waits for a block.
+  size_t Unclaimed() const {
+    return segs_.size() - std::min(claimed_.load(), segs_.size());
   }
   // Called under the Runner's registry lock while this pipeline is registered:
   // counts a helper in, so the owner waits for it before destroying the pipeline.
@@ -567,6 +567,7 @@ class ShardPipeline {
         i = next_claim_;
         if (i > segs_.size()) return;
         ++next_claim_;
+        claimed_ = next_claim_;
         if (i < segs_.size()) {
           b.seg = i;
           if (segs_[i].kind != Segment::kScales) {
@@ -635,6 +636,7 @@ class ShardPipeline {
   std::exception_ptr err_;
   std::mutex claim_mu_;
   size_t next_claim_ = 0;  // next segment a reader takes; segs_.size(): the end marker
+  std::atomic<size_t> claimed_{0};  // next_claim_'s last value, for Unclaimed
   std::mutex turn_mu_;
   std::condition_variable turn_cv_;
   size_t push_turn_ = 0;
@@ -655,7 +657,8 @@ class Runner {
  private:
   void Emit(RepackEvent::Kind kind, RepackEvent ev = {});
   // Returns the shard's xxh128. Runs on a stream's thread: touches no Runner
-  // state but the options; source bytes written so far go to *progress.
+  // state but the options and the lending registry (running_, starting_,
+  // active_); source bytes written so far go to *progress.
   std::string WriteShard(const ShardPlan& p, RepackEvent* done, std::atomic<uint64_t>* progress,
                          size_t depth, size_t reads, size_t writes, StreamBuffers* bufs);
   // An idle stream's thread lends its reads to the running shards, the one with
@@ -798,11 +801,11 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
     ShardPipeline* pipe;
     bool finished = false;
     ~Lent() {
+      if (!finished) pipe->Abort();  // helpers blocked on this pipeline return
       {
         std::lock_guard<std::mutex> lock(r->running_mu_);
         std::erase(r->running_, pipe);
       }
-      if (!finished) pipe->Abort();  // helpers blocked on this pipeline return
       pipe->WaitHelpers();
     }
   } lent{this, &pipe};
