@@ -12,7 +12,7 @@
 // Each child runs as its own process: wall time and its peak RSS (wait4) are
 // measured. Prints one JSON line per step and a summary with medians and ratios.
 #include <fcntl.h>
-#include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,18 +73,25 @@ std::string SelfDir() {
 }
 
 // Runs argv (stdout to /dev/null), returns wall time and the child's peak RSS.
+// fork + exec, not posix_spawn: glibc's posix_spawn runs the child in this
+// process's memory until exec (CLONE_VM), and Linux carries the larger of that
+// memory's peak and the new image's into the child's ru_maxrss, so after the
+// disk-limit grid (up to 512 MiB of blocks) every child "peaked" at ours. A
+// forked copy only carries what this process holds now (the disk-limit blocks
+// are unmapped after each pass), a few MB.
 Measured RunChild(const std::vector<std::string>& argv) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid;
   double t0 = NowSeconds();
-  int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) ThrowErrno(rc, "posix_spawn", argv[0]);
+  const pid_t pid = ::fork();
+  if (pid < 0) ThrowErrno(errno, "fork", argv[0]);
+  if (pid == 0) {  // the child: async-signal-safe calls only
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) ::dup2(null_fd, 1);
+    ::execve(args[0], args.data(), environ);
+    ::_exit(127);
+  }
   int status = 0;
   struct rusage ru {};
   while (::wait4(pid, &status, 0, &ru) < 0) {
@@ -141,14 +148,17 @@ void Print(JsonWriter& w) {
 constexpr size_t kIoBlock = 16u << 20;
 constexpr size_t kIoAlign = 4096;
 
+// mmap'd, so freeing it really returns the pages: a child forked later
+// carries this process's resident size into its ru_maxrss (RunChild).
 struct AlignedBlock {
-  explicit AlignedBlock(size_t n) {
-    void* p = nullptr;
-    if (::posix_memalign(&p, kIoAlign, n) != 0) throw Error(ErrorCode::kIo, "posix_memalign");
+  explicit AlignedBlock(size_t n) : bytes(n) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) ThrowErrno(errno, "mmap", "disk-limit block");
     std::memset(p, 0x5a, n);  // written once: fresh pages are slow to fault in here
     data = static_cast<std::byte*>(p);
   }
-  ~AlignedBlock() { std::free(data); }
+  ~AlignedBlock() { ::munmap(data, bytes); }
+  size_t bytes;
   AlignedBlock(const AlignedBlock&) = delete;
   AlignedBlock& operator=(const AlignedBlock&) = delete;
   std::byte* data;
