@@ -73,6 +73,7 @@ void PrintJson(const RepackEvent& e) {
       w.Field("seconds", e.shard_seconds);
       w.Field("xxh128", e.shard_xxh128);
       w.Field("expert_bytes_verified", e.expert_bytes_verified);
+      w.Field("streams_lent", e.streams_lent);
       w.Field("shards_done", e.shards_done);
       w.Field("shards_todo", e.shards_todo);
       break;
@@ -160,6 +161,10 @@ int Main(int argc, char** argv) {
   app.add_option("--reads", opt.reads_in_flight,
                  "source reads in flight per stream (0 = " +
                      std::to_string(k3::repack::kDefaultReadsInFlight) + ")")
+      ->default_val(0);
+  app.add_option("--writes", opt.writes_in_flight,
+                 "output writes in flight per stream (0 = " +
+                     std::to_string(k3::repack::kDefaultWritesInFlight) + ")")
       ->default_val(0);
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");

@@ -72,12 +72,86 @@ const std::byte* DirectReader::Read(uint64_t off, uint64_t len) {
 }
 
 DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes, bool direct,
-                           AlignedBuffer* stage)
-    : path_(path), buffered_fd_(buffered_fd), stage_(stage ? stage : &own_stage_) {
+                           size_t writes_in_flight, std::vector<AlignedBuffer>* stages)
+    : path_(path), buffered_fd_(buffered_fd), stages_(stages ? stages : &own_stages_) {
   stage_cap_ = std::max<size_t>(AlignedBuffer::kAlign,
                                 stage_bytes / AlignedBuffer::kAlign * AlignedBuffer::kAlign);
   if (direct) direct_fd_ = TryOpen(path, O_WRONLY | O_DIRECT);
-  if (direct_fd_.valid()) stage_->Reserve(stage_cap_);
+  if (!direct_fd_.valid()) return;  // everything through the buffered descriptor, in order
+  const size_t n_io = std::max<size_t>(1, writes_in_flight);
+  // One stage per write in flight plus the one being filled.
+  if (stages_->size() < n_io + 1) stages_->resize(n_io + 1);
+  jobs_ = std::make_unique<BoundedQueue<Job>>(n_io + 1);
+  free_ = std::make_unique<BoundedQueue<size_t>>(n_io + 1);
+  for (size_t i = 0; i <= n_io; ++i) {
+    (*stages_)[i].Reserve(stage_cap_);
+    if (i > 0) free_->Push(i);
+  }
+  cur_ = 0;
+  for (size_t i = 0; i < n_io; ++i) io_.emplace_back([this] { IoThread(); });
+}
+
+DirectWriter::~DirectWriter() {
+  if (jobs_) {
+    jobs_->Close();
+    free_->Close();
+  }
+  for (auto& t : io_) t.join();
+}
+
+void DirectWriter::IoThread() {
+  Job j;
+  while (jobs_->Pop(&j)) {
+    if (j.stage == SIZE_MAX) return;
+    try {
+      WriteChunk(j);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(err_mu_);
+        if (!err_) err_ = std::current_exception();
+      }
+      jobs_->Close();
+      free_->Close();
+      return;
+    }
+    if (!free_->Push(j.stage)) return;
+  }
+}
+
+void DirectWriter::WriteChunk(const Job& j) {
+  const std::byte* p = (*stages_)[j.stage].data();
+  size_t done = 0;
+  while (done < j.len && direct_ok_.load()) {
+    ssize_t w = ::pwrite(direct_fd_.get(), p + done, j.len - done, static_cast<off_t>(j.off + done));
+    if (w < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINVAL) {
+        static const char kKey = 0;
+        LogOnce(&kKey, LogLevel::kInfo,
+                "%s: O_DIRECT writes refused by the filesystem; writing through the page cache",
+                path_.c_str());
+        direct_ok_ = false;
+        break;
+      }
+      ThrowErrno(errno, "pwrite (O_DIRECT)", path_, static_cast<int64_t>(j.off + done));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (done < j.len) PwriteFull(buffered_fd_, std::span(p + done, j.len - done), j.off + done, path_);
+}
+
+void DirectWriter::RethrowIfFailed() {
+  std::lock_guard<std::mutex> lock(err_mu_);
+  if (err_) std::rethrow_exception(err_);
+}
+
+void DirectWriter::Submit(size_t len) {
+  if (!jobs_->Push({cur_, file_off_, len}) || !free_->Pop(&cur_)) {
+    RethrowIfFailed();
+    throw Error(ErrorCode::kInternal, "direct writer stopped", path_);
+  }
+  file_off_ += len;
+  fill_ = 0;
 }
 
 void DirectWriter::Append(const std::byte* data, size_t n) {
@@ -89,51 +163,41 @@ void DirectWriter::Append(const std::byte* data, size_t n) {
   }
   while (n > 0) {
     size_t k = std::min(n, stage_cap_ - fill_);
-    std::memcpy(stage_->data() + fill_, data, k);
+    std::memcpy((*stages_)[cur_].data() + fill_, data, k);
     fill_ += k;
     data += k;
     n -= k;
-    if (fill_ == stage_cap_) Flush(fill_);
+    if (fill_ == stage_cap_) Submit(fill_);
   }
 }
 
-void DirectWriter::Flush(size_t n) {
-  size_t done = 0;
-  while (done < n && direct_fd_.valid()) {
-    ssize_t w = ::pwrite(direct_fd_.get(), stage_->data() + done, n - done,
-                         static_cast<off_t>(file_off_ + done));
-    if (w < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      if (errno == EINVAL) {
-        static const char kKey = 0;
-        LogOnce(&kKey, LogLevel::kInfo,
-                "%s: O_DIRECT writes refused by the filesystem; writing through the page cache",
-                path_.c_str());
-        direct_fd_.Reset();
-        break;
-      }
-      ThrowErrno(errno, "pwrite (O_DIRECT)", path_, static_cast<int64_t>(file_off_ + done));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (done < n) {
-    PwriteFull(buffered_fd_, std::span(stage_->data() + done, n - done), file_off_ + done, path_);
-  }
-  // Keep any unflushed remainder at the start of the stage.
-  std::memmove(stage_->data(), stage_->data() + n, fill_ - n);
-  fill_ -= n;
-  file_off_ += n;
+void DirectWriter::Stop() {
+  for (size_t i = 0; i < io_.size(); ++i) jobs_->Push({});  // (a closed queue refuses them)
+  for (auto& t : io_) t.join();
+  io_.clear();
 }
 
 void DirectWriter::Finish() {
-  if (fill_ == 0) return;
+  if (!direct_fd_.valid()) return;
+  // The aligned part goes the direct way; the unaligned rest (< 4 KiB) is
+  // written buffered once every direct write is done.
   const size_t aligned = fill_ / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
-  if (aligned > 0 && direct_fd_.valid()) Flush(aligned);
-  if (fill_ > 0) {
-    PwriteFull(buffered_fd_, std::span(stage_->data(), fill_), file_off_, path_);
-    file_off_ += fill_;
-    fill_ = 0;
+  const size_t rest = fill_ - aligned;
+  const size_t last = cur_;
+  if (aligned > 0) {
+    if (!jobs_->Push({cur_, file_off_, aligned})) {
+      RethrowIfFailed();
+      throw Error(ErrorCode::kInternal, "direct writer stopped", path_);
+    }
   }
+  Stop();
+  RethrowIfFailed();
+  if (rest > 0) {
+    PwriteFull(buffered_fd_, std::span((*stages_)[last].data() + aligned, rest), file_off_ + aligned,
+               path_);
+  }
+  file_off_ += fill_;
+  fill_ = 0;
 }
 
 }  // namespace k3

@@ -30,7 +30,7 @@
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
 #include "model_check.h"
-#include "queue.h"
+#include "k3/core/queue.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -377,30 +377,36 @@ class ShardLock {
 // ~150 MB of blocks again for every shard costs a noticeable part of it.
 struct StreamBuffers {
   std::vector<AlignedBuffer> blocks[2];  // read pool, output pool
-  AlignedBuffer stage;                   // the DirectWriter's staging block
+  std::vector<AlignedBuffer> stages;     // the DirectWriter's staging blocks
   std::vector<float> scratch;            // a quantized block as f32
 };
 
 // One shard's conversion as three stages joined by bounded queues: read (O_DIRECT
-// or through the page cache, `reads` reads in flight) -> quantize (the calling
-// thread) -> hash + write. Read and Write run on their own threads; every stage
-// runs inside Guard, so the first failure is kept and closes all queues (and the
-// readers' turns), which ends the other stages. `depth` blocks are in flight per
-// stage; the blocks and the f32 scratch are lent by *bufs (KeepBuffers hands them
-// back), and the source bytes written so far go to *progress.
+// or through the page cache, `reads` reads in flight, more while idle streams
+// lend theirs: Help) -> quantize (the calling thread) -> hash + write (the
+// DirectWriter keeps its own writes in flight). Read and Write run on their own
+// threads; every stage runs inside Guard, so the first failure is kept and closes
+// all queues (and the readers' turns), which ends the other stages. `depth`
+// blocks are in flight per stage; the blocks and the f32 scratch are lent by
+// *bufs (KeepBuffers hands them back), and the source bytes written so far go to
+// *progress. `direct_fd` (may be invalid: buffered reads) outlives the pipeline.
 class ShardPipeline {
  public:
   ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, size_t depth, size_t reads,
-                StreamBuffers* bufs, std::atomic<uint64_t>* progress)
+                StreamBuffers* bufs, std::atomic<uint64_t>* progress, const UniqueFd& direct_fd)
       : p_(p),
         segs_(std::move(segs)),
         reads_(reads),
         bufs_(bufs),
         // Read blocks: `depth` queued plus one per further read in flight.
         pool_blocks_{depth + reads - 1, depth},
-        pools_{BoundedQueue<AlignedBuffer>(depth + reads - 1), BoundedQueue<AlignedBuffer>(depth)},
+        // The read pool's queue also takes the blocks helpers bring (Help).
+        pools_{BoundedQueue<AlignedBuffer>(depth + reads - 1 + kMaxStreams * kMaxReadsInFlight),
+               BoundedQueue<AlignedBuffer>(depth)},
         read_q_(depth),
         write_q_(depth),
+        direct_fd_(direct_fd),
+        use_direct_(direct_fd.valid()),
         src_written_(*progress) {
     for (int k = 0; k < 2; ++k) {
       bufs_->blocks[k].resize(pool_blocks_[k]);
@@ -417,6 +423,10 @@ class ShardPipeline {
       Fail(std::current_exception());
     }
   }
+  // Stops every stage and helper (a way out that is not the pipeline's own failure).
+  void Abort() {
+    Fail(std::make_exception_ptr(Error(ErrorCode::kInternal, "shard pipeline abandoned", p_.src->path())));
+  }
   bool Failed() {
     std::lock_guard<std::mutex> lock(err_mu_);
     return err_ != nullptr;
@@ -428,24 +438,51 @@ class ShardPipeline {
 
   // Reads every copied or quantized segment's source bytes. `reads` reader
   // threads keep that many source reads in flight (the disk serves queued reads
-  // faster than one at a time): thread k reads segments k, k+reads, ... Blocks
-  // are taken from the pool and handed to read_q_ in segment order (two turn
-  // counters), so the consumer sees them in order and a reader holding a block
-  // never waits on one that has none. Guards its own stages.
-  void Read(const UniqueFd& direct_fd) {
-    use_direct_ = direct_fd.valid();
-    std::vector<std::thread> threads;
-    for (size_t k = 1; k < reads_; ++k) {
-      threads.emplace_back([this, &direct_fd, k] { Guard([&] { ReadSegments(direct_fd, k); }); });
-    }
-    Guard([&] { ReadSegments(direct_fd, 0); });
-    for (auto& t : threads) t.join();
-    if (!Failed()) read_q_.Push(Block{});  // (a closed queue refuses it)
+  // faster than one at a time), each claiming the next segment. Guards its own
+  // stages.
+  void Read() { RunReaders(reads_); }
+
+  // Segments no reader has claimed yet (a helper is worth lending while > 1).
+  // Lock-free: a reader may hold claim_mu_ while it waits for a block.
+  size_t Unclaimed() const {
+    return segs_.size() - std::min(claimed_.load(), segs_.size());
+  }
+  // Called under the Runner's registry lock while this pipeline is registered:
+  // counts a helper in, so the owner waits for it before destroying the pipeline.
+  void AddHelper() {
+    std::lock_guard<std::mutex> lock(helpers_mu_);
+    ++helpers_;
+    ++helpers_lent_;
+  }
+  // An idle stream (no shard left for it) reads this shard's segments too:
+  // `blocks` (its own read blocks, possibly unallocated) join the read pool for
+  // good, and `readers` more reads are in flight until every segment is claimed.
+  // Several streams thus read disjoint ranges of one source file at once, while
+  // the output is still quantized, hashed and written in order by this
+  // pipeline. Follows AddHelper; returns when there is nothing left to claim.
+  void Help(std::vector<AlignedBuffer>* blocks, size_t readers) {
+    while (blocks->size() < readers) blocks->emplace_back();
+    for (AlignedBuffer& b : *blocks) pools_[0].Push(std::move(b));  // (a closed pool drops them)
+    blocks->clear();
+    RunReaders(readers);
+    std::lock_guard<std::mutex> lock(helpers_mu_);
+    --helpers_;
+    helpers_cv_.notify_all();
+  }
+  // Waits until every helper has left (the owner, after unregistering).
+  void WaitHelpers() {
+    std::unique_lock<std::mutex> lock(helpers_mu_);
+    helpers_cv_.wait(lock, [&] { return helpers_ == 0; });
+  }
+  size_t helpers_lent() {
+    std::lock_guard<std::mutex> lock(helpers_mu_);
+    return helpers_lent_;
   }
 
   // Quantizes kQuant segments (their scales follow as one kScales segment) and
-  // passes the rest through.
-  void Transform(int threads) {
+  // passes the rest through; threads() says how many threads each block gets
+  // (the output does not depend on it).
+  void Transform(const std::function<int()>& threads) {
     std::vector<float>& scratch = bufs_->scratch;
     std::vector<float> scales;  // the current quantized tensor's scales
     Block b;
@@ -465,7 +502,7 @@ class ShardPipeline {
         o.bytes.Reserve(s.dst_len);
         if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
         QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
-                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads);
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads());
         pools_[0].Push(std::move(b.bytes));
         b = std::move(o);
       } else if (s.kind == Segment::kScales) {
@@ -505,14 +542,12 @@ class ShardPipeline {
   }
 
   // After a pipeline that finished, every block is back in its pool: hands
-  // them back to the stream for its next shard.
+  // them back to the stream for its next shard (helpers' blocks included: their
+  // streams have no shard left).
   void KeepBuffers() {
     for (int k = 0; k < 2; ++k) {
-      for (size_t i = 0; i < pool_blocks_[k]; ++i) {
-        AlignedBuffer b;
-        if (!pools_[k].TryPop(&b)) break;
-        bufs_->blocks[k].push_back(std::move(b));
-      }
+      AlignedBuffer b;
+      while (pools_[k].TryPop(&b)) bufs_->blocks[k].push_back(std::move(b));
     }
   }
 
@@ -525,29 +560,48 @@ class ShardPipeline {
     int pool = -1;              // 0 = read pool, 1 = output pool, -1 none
   };
 
-  // Reader thread `first`: segments first, first+reads_, ...
-  void ReadSegments(const UniqueFd& direct_fd, size_t first) {
-    for (size_t i = first; i < segs_.size(); i += reads_) {
-      const Segment& s = segs_[i];
+  // `n` reader loops, n - 1 of them on threads of their own.
+  void RunReaders(size_t n) {
+    std::vector<std::thread> threads;
+    for (size_t k = 1; k < n; ++k) threads.emplace_back([this] { Guard([&] { ReadSegments(); }); });
+    Guard([&] { ReadSegments(); });
+    for (auto& t : threads) t.join();
+  }
+
+  // One reader: claims the next segment and takes a block for it under one
+  // lock (blocks leave the pool in segment order, so a reader holding one never
+  // waits on one that has none), reads it, and hands it to read_q_ in segment
+  // order (a turn counter). Whoever claims the index past the last segment
+  // pushes the end of the stream.
+  void ReadSegments() {
+    for (;;) {
       Block b;
-      b.seg = i;
-      if (!WaitTurn(&take_turn_, i)) return;
-      if (s.kind != Segment::kScales) {
-        if (!pools_[0].Pop(&b.bytes)) return;
-        b.pool = 0;
+      size_t i;
+      {
+        std::lock_guard<std::mutex> lock(claim_mu_);
+        i = next_claim_;
+        if (i > segs_.size()) return;
+        ++next_claim_;
+        claimed_ = next_claim_;
+        if (i < segs_.size()) {
+          b.seg = i;
+          if (segs_[i].kind != Segment::kScales) {
+            if (!pools_[0].Pop(&b.bytes)) return;
+            b.pool = 0;
+          }
+        }
       }
-      NextTurn(&take_turn_);
-      if (s.kind != Segment::kScales) ReadSource(direct_fd, s, &b);
+      if (b.pool == 0) ReadSource(segs_[i], &b);
       if (!WaitTurn(&push_turn_, i)) return;
       const bool pushed = read_q_.Push(std::move(b));
       NextTurn(&push_turn_);
-      if (!pushed) return;
+      if (!pushed || i == segs_.size()) return;
     }
   }
 
-  void ReadSource(const UniqueFd& direct_fd, const Segment& s, Block* b) {
+  void ReadSource(const Segment& s, Block* b) {
     if (use_direct_.load() &&
-        !ReadDirect(direct_fd.get(), &b->bytes, s.src_off, s.src_len, p_.src->path(), &b->skip)) {
+        !ReadDirect(direct_fd_.get(), &b->bytes, s.src_off, s.src_len, p_.src->path(), &b->skip)) {
       LogOnce(&kPipelineDepth, LogLevel::kInfo,
               "%s: O_DIRECT refused by the filesystem; reading through the page cache",
               p_.src->path().c_str());
@@ -595,11 +649,18 @@ class ShardPipeline {
   BoundedQueue<Block> read_q_, write_q_;
   std::mutex err_mu_;
   std::exception_ptr err_;
+  std::mutex claim_mu_;
+  size_t next_claim_ = 0;  // next segment a reader takes; segs_.size(): the end marker
+  std::atomic<size_t> claimed_{0};  // next_claim_'s last value, for Unclaimed
   std::mutex turn_mu_;
   std::condition_variable turn_cv_;
-  size_t take_turn_ = 0, push_turn_ = 0;
+  size_t push_turn_ = 0;
   bool turns_closed_ = false;
-  std::atomic<bool> use_direct_{false};
+  std::mutex helpers_mu_;
+  std::condition_variable helpers_cv_;
+  size_t helpers_ = 0, helpers_lent_ = 0;
+  const UniqueFd& direct_fd_;
+  std::atomic<bool> use_direct_;
   std::atomic<uint64_t>& src_written_;
 };
 
@@ -611,9 +672,13 @@ class Runner {
  private:
   void Emit(RepackEvent::Kind kind, RepackEvent ev = {});
   // Returns the shard's xxh128. Runs on a stream's thread: touches no Runner
-  // state but the options; source bytes written so far go to *progress.
+  // state but the options and the lending registry (running_, starting_,
+  // active_); source bytes written so far go to *progress.
   std::string WriteShard(const ShardPlan& p, RepackEvent* done, std::atomic<uint64_t>* progress,
-                         size_t depth, size_t reads, int threads, StreamBuffers* bufs);
+                         size_t depth, size_t reads, size_t writes, StreamBuffers* bufs);
+  // An idle stream's thread lends its reads to the running shards, the one with
+  // the most segments left first, until none has more than one left or *stop.
+  void HelpOthers(size_t reads, StreamBuffers* bufs, const std::atomic<bool>& stop);
   void FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t written, RepackEvent* done);
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
@@ -639,6 +704,13 @@ class Runner {
   // process, so two threads would both "hold" it (and closing one's descriptor
   // would drop the other's).
   std::mutex container_mu_;
+  // Pipelines whose segments may still be claimed by a helper (HelpOthers).
+  std::mutex running_mu_;
+  std::vector<ShardPipeline*> running_;
+  // Streams that took a shard but have not registered its pipeline yet: an
+  // idle stream waits for them before it gives up lending.
+  std::atomic<int> starting_{0};
+  std::atomic<int> active_{0};  // shards between their pipeline's start and end
 };
 
 void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
@@ -724,33 +796,91 @@ void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::strin
 
 std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
                                std::atomic<uint64_t>* progress, size_t depth, size_t reads,
-                               int threads, StreamBuffers* bufs) {
+                               size_t writes, StreamBuffers* bufs) {
   const double t_start = NowSeconds();
   const std::string final_path = JoinPath(opt_.dst, p.out_name);
   RemoveStaleTemps(p.out_name);
   AtomicFileWriter out(final_path);
-  ShardPipeline pipe(p, Segments(p, opt_.block_bytes), depth, reads, bufs, progress);
 
-  // Source reads bypass the page cache (O_DIRECT) unless --direct is off or the
+  // Source reads bypass the page cache (O_DIRECT) unless K3_DIRECT=0 or the
   // filesystem refuses: every byte is read once, so caching it only costs a copy
   // and evicts what the rest of the machine needs.
   UniqueFd direct_fd;
   if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  ShardPipeline pipe(p, Segments(p, opt_.block_bytes), depth, reads, bufs, progress, direct_fd);
+  // Open to helpers while it runs; on every way out (a failure included) no
+  // new helper can join and the ones inside have left before `pipe` goes.
+  struct Lent {
+    Runner* r;
+    ShardPipeline* pipe;
+    bool finished = false;
+    ~Lent() {
+      if (!finished) pipe->Abort();  // helpers blocked on this pipeline return
+      {
+        std::lock_guard<std::mutex> lock(r->running_mu_);
+        std::erase(r->running_, pipe);
+      }
+      pipe->WaitHelpers();
+    }
+  } lent{this, &pipe};
+  {
+    std::lock_guard<std::mutex> lock(running_mu_);
+    running_.push_back(&pipe);
+  }
+  --starting_;
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
-  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, opt_.direct, &bufs->stage);
+  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, opt_.direct, writes, &bufs->stages);
 
-  std::thread reader([&] { pipe.Read(direct_fd); });
-  std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
-  pipe.Guard([&] { pipe.Transform(threads); });
-  reader.join();
-  writer.join();
+  {
+    // The cores are shared among the shards being quantized now, so the last
+    // shard left running gets all of them (a dense-layer shard at the end no
+    // longer runs on its one stream's share).
+    struct Active {
+      std::atomic<int>& n;
+      explicit Active(std::atomic<int>& a) : n(a) { ++n; }
+      ~Active() { --n; }
+    } active(active_);
+    const auto threads = [this] {
+      const int n = std::max(1, active_.load());
+      return std::max(1, (threads_ + n - 1) / n);
+    };
+    std::thread reader([&] { pipe.Read(); });
+    std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    pipe.Guard([&] { pipe.Transform(threads); });
+    reader.join();
+    writer.join();
+  }
   pipe.RethrowIfFailed();
+  lent.finished = true;
+  done->streams_lent = pipe.helpers_lent();
+  pipe.WaitHelpers();  // their blocks are back in the pool once they left
   pipe.KeepBuffers();
   FinishShard(p, out, sink.bytes(), done);
   done->shard_seconds = NowSeconds() - t_start;
   return hasher.HexDigest();
+}
+
+void Runner::HelpOthers(size_t reads, StreamBuffers* bufs, const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    ShardPipeline* target = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(running_mu_);
+      size_t most = 1;  // lending for the last segment gains nothing
+      for (ShardPipeline* p : running_) {
+        const size_t left = p->Unclaimed();
+        if (left > most) most = left, target = p;
+      }
+      if (target) target->AddHelper();
+    }
+    if (!target) {
+      if (starting_.load() == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    target->Help(&bufs->blocks[0], reads);
+  }
 }
 
 // Size check, fsync, re-read of the header, the optional full comparison, then
@@ -794,6 +924,11 @@ void Runner::CheckOptions() {
     throw Error(ErrorCode::kInvalidArgument,
                 "--reads " + std::to_string(opt_.reads_in_flight) + ": must be 0 (automatic) .. " +
                     std::to_string(kMaxReadsInFlight));
+  }
+  if (opt_.writes_in_flight < 0 || opt_.writes_in_flight > kMaxWritesInFlight) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--writes " + std::to_string(opt_.writes_in_flight) + ": must be 0 (automatic) .. " +
+                    std::to_string(kMaxWritesInFlight));
   }
   if (opt_.streams < 0 || opt_.streams > kMaxStreams) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -929,8 +1064,8 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
   const size_t depth = std::max<size_t>(2, kPipelineDepth / streams);
   const size_t reads =
       static_cast<size_t>(opt_.reads_in_flight > 0 ? opt_.reads_in_flight : kDefaultReadsInFlight);
-  const int threads = std::max<int>(1, (threads_ + static_cast<int>(streams) - 1) /
-                                           static_cast<int>(streams));
+  const size_t writes = static_cast<size_t>(
+      opt_.writes_in_flight > 0 ? opt_.writes_in_flight : kDefaultWritesInFlight);
 
   struct Posted {
     RepackEvent::Kind kind;
@@ -956,12 +1091,14 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
     try {
       for (size_t i = next++; i < todo.size() && !stop.load(); i = next++) {
         const ShardPlan* p = todo[i];
+        ++starting_;  // until WriteShard registers its pipeline (or the shard is skipped)
         RepackEvent ev;
         ev.shard = p->out_name;
         ev.shard_src_bytes = p->src_bytes;
         ShardLock shard_lock(shard_lock_fd.get(), p->number, shard_lock_path, p->out_name);
         if (shard_lock.waited() &&
             ExistingShardProblem(JoinPath(opt_.dst, p->out_name), *p).empty()) {
+          --starting_;
           ev.detail = "converted by a concurrent pass";
           ev.shard_out_bytes = p->file_bytes;
           post(RepackEvent::Kind::kShardSkipped, ev, slot);
@@ -969,7 +1106,8 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         }
         progress[slot] = 0;
         post(RepackEvent::Kind::kShardStart, ev, slot);
-        ev.shard_xxh128 = WriteShard(*p, &ev, &progress[slot], depth, reads, threads, &bufs);
+        ev.shard_xxh128 =
+            WriteShard(*p, &ev, &progress[slot], depth, reads, writes, &bufs);
         {
           std::lock_guard<std::mutex> container(container_mu_);
           ContainerLock lock(opt_.dst);
@@ -977,6 +1115,9 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         }
         post(RepackEvent::Kind::kShardDone, ev, slot);
       }
+      // No shard left for this stream: its reads go to the shards still
+      // running, so the last big one is not read by one stream alone.
+      HelpOthers(reads, &bufs, stop);
     } catch (...) {
       stop = true;
       std::lock_guard<std::mutex> lock(mu);

@@ -6,12 +6,18 @@
 // read by each tool at start-up, docs/environment.md).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "k3/core/file.h"
+#include "k3/core/queue.h"
 
 namespace k3 {
 
@@ -53,32 +59,56 @@ class DirectReader {
 };
 
 // Appends a stream to a file opened elsewhere (the AtomicFileWriter's temp file):
-// full 4 KiB-aligned chunks go through an O_DIRECT descriptor from an aligned
-// staging block, the unaligned tail through the buffered one. The caller's fsync
-// on the buffered descriptor makes both durable. Not thread-safe.
+// full 4 KiB-aligned chunks go through an O_DIRECT descriptor from aligned
+// staging blocks, the unaligned tail through the buffered one. A full staging
+// block is handed to one of `writes_in_flight` I/O threads (pwrite at its own
+// offset) and the next one is filled meanwhile, so the caller's hashing and
+// copying overlap the disk's writes and the disk sees several at once, as it
+// does reads. The caller's fsync on the buffered descriptor makes both durable.
+// Append and Finish are for one thread; they rethrow the first I/O thread's
+// error (k3::Error). Destroying a writer that was not finished stops its
+// threads; what was queued may be partly written (the caller discards the file).
 class DirectWriter {
  public:
-  // `stage` (optional) lends its memory for the staging block, so a caller
-  // writing many files reuses one (fresh pages are slow to fault in on VMs);
-  // it must outlive the writer. `direct` false: every byte goes through the
-  // buffered descriptor.
+  // `stages` (optional) lends its memory for the staging blocks, so a caller
+  // writing many files reuses them (fresh pages are slow to fault in on VMs);
+  // it must outlive the writer. It ends up with writes_in_flight + 1 blocks.
+  // `direct` false: every byte goes through the buffered descriptor.
   DirectWriter(const std::string& path, int buffered_fd, size_t stage_bytes, bool direct,
-               AlignedBuffer* stage = nullptr);
+               size_t writes_in_flight = 1, std::vector<AlignedBuffer>* stages = nullptr);
+  ~DirectWriter();
+  DirectWriter(const DirectWriter&) = delete;
+  DirectWriter& operator=(const DirectWriter&) = delete;
   void Append(const std::byte* data, size_t n);
-  void Finish();  // writes what is staged; call once, before fsync
+  void Finish();  // writes what is staged and waits for every write; call once, before fsync
   uint64_t bytes() const { return appended_; }
 
  private:
-  void Flush(size_t n);  // writes the first n staged bytes (n aligned unless buffered)
+  struct Job {
+    size_t stage = SIZE_MAX;  // SIZE_MAX: the I/O thread stops
+    uint64_t off = 0;
+    size_t len = 0;
+  };
+  void IoThread();
+  void WriteChunk(const Job& j);     // on an I/O thread: O_DIRECT, or buffered after a refusal
+  void Submit(size_t len);           // queues the first len bytes of the current stage
+  void Stop();                       // ends the I/O threads (queued jobs first unless failed)
+  void RethrowIfFailed();
   std::string path_;
   int buffered_fd_;
   UniqueFd direct_fd_;
-  AlignedBuffer own_stage_;
-  AlignedBuffer* stage_;  // own_stage_ or the caller's
+  std::vector<AlignedBuffer> own_stages_;
+  std::vector<AlignedBuffer>* stages_;  // own_stages_ or the caller's
   size_t stage_cap_;
-  size_t fill_ = 0;
-  uint64_t file_off_ = 0;  // file offset of stage_[0]
+  size_t cur_ = 0;   // stage being filled
+  size_t fill_ = 0;  // bytes in it
+  uint64_t file_off_ = 0;  // file offset of the current stage's first byte
   uint64_t appended_ = 0;
+  std::unique_ptr<BoundedQueue<Job>> jobs_;
+  std::unique_ptr<BoundedQueue<size_t>> free_;  // stages not being written
+  std::vector<std::thread> io_;
+  std::atomic<bool> direct_ok_{true};
+  std::mutex err_mu_;
+  std::exception_ptr err_;
 };
-
 }  // namespace k3

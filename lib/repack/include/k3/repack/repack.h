@@ -42,6 +42,10 @@ struct RepackOptions {
   // Source reads in flight per stream (one reader thread each, blocks handed on
   // in order); 0 = kDefaultReadsInFlight. Each adds one block of memory.
   int reads_in_flight = 0;
+  // Output writes in flight per stream (O_DIRECT, each a block at its own
+  // offset, hashed in order before); 0 = kDefaultWritesInFlight. Each adds one
+  // block of memory.
+  int writes_in_flight = 0;
 };
 
 // Streams when RepackOptions::streams is 0 (never more than the shards to do).
@@ -49,6 +53,8 @@ inline constexpr int kDefaultStreams = 2;
 inline constexpr int kMaxStreams = 16;
 inline constexpr int kDefaultReadsInFlight = 2;
 inline constexpr int kMaxReadsInFlight = 16;
+inline constexpr int kDefaultWritesInFlight = 2;
+inline constexpr int kMaxWritesInFlight = 16;
 
 // Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
 std::vector<int64_t> ParseShardList(const std::string& list);
@@ -66,6 +72,7 @@ struct RepackEvent {
   uint64_t shard_out_bytes = 0;  // output file size
   std::string shard_xxh128;
   double shard_seconds = 0;
+  size_t streams_lent = 0;  // idle streams that read for this shard too (kShardDone)
   uint64_t expert_bytes_verified = 0;
   // Run totals (all events).
   size_t shards_selected = 0;

@@ -1,4 +1,4 @@
-// A bounded blocking queue for the read -> transform -> write pipeline.
+// A bounded blocking queue (the conversion pipeline, direct writes).
 // Close() aborts: every blocked or later Push/Pop returns false at once, which is
 // how a failing stage stops the others. Thread-safe.
 #pragma once
@@ -7,7 +7,7 @@
 #include <deque>
 #include <mutex>
 
-namespace k3::repack {
+namespace k3 {
 
 template <typename T>
 class BoundedQueue {
@@ -58,4 +58,4 @@ class BoundedQueue {
   bool closed_ = false;
 };
 
-}  // namespace k3::repack
+}  // namespace k3
