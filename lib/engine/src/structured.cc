@@ -270,7 +270,10 @@ bool StructuredDecoder::StaysInString(int32_t id) const {
   // to another key (and its required value), which can lengthen the completion.
   if (lex_.l != Lex::kString || !lex_.property_value) return false;
   const std::string_view b = tok_.TokenBytes(tok::TokenId(id));
-  return b.find_first_of("\"\\") == std::string_view::npos;
+  if (b.find_first_of("\"\\") != std::string_view::npos) return false;
+  // In a `pattern` string a character can lengthen the shortest match
+  // (^(a|b{20})$ after 'b'): those tokens are probed like any other.
+  return json_->PreferredByte() < 0;
 }
 
 void StructuredDecoder::After(const Cand& c) {

@@ -380,6 +380,82 @@ TEST_CASE("structured: tight max_tokens with pattern fields still closes") {
   }
 }
 
+namespace {
+
+// Runs `d` alone over random logits (an LCG seeded by `rng`, sampled at
+// temperature 1 by `seed`) until the end or `budget` tokens; after every token
+// the decoder's kept completion must equal a fresh GreedyCompletion.
+std::vector<int32_t> DecodeAlone(StructuredDecoder& d, int64_t budget, uint64_t seed, int32_t end_id,
+                                 std::vector<float>& logits, uint64_t& rng, int64_t* steps, int64_t* cached) {
+  model::Sampler sampler(1.0f, 1.0f, seed);
+  std::vector<int32_t> ids;
+  while (int64_t(ids.size()) < budget && (ids.empty() || ids.back() != end_id)) {
+    for (float& x : logits) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      x = float(rng >> 40) / float(1 << 24) * 8.0f;
+    }
+    int32_t id = d.Prepare(logits, budget - int64_t(ids.size()));
+    if (id < 0) {
+      for (int tries = 0;; ++tries) {
+        id = sampler.Sample(logits);
+        if (d.Allowed(id)) break;
+        logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+        if (tries == 8) {
+          id = d.Fallback();
+          REQUIRE(id >= 0);
+          break;
+        }
+      }
+    }
+    d.Accept(id);
+    ids.push_back(id);
+    ++*steps;
+    if (std::optional<std::string> c = d.CachedCompletion()) {
+      ++*cached;
+      std::optional<std::string> fresh = d.FreshCompletion();
+      REQUIRE(fresh);
+      REQUIRE(*c == *fresh);
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("structured: inside a pattern string a token may lengthen the shortest completion; tight budgets still close") {
+  // After 'b' the shortest match of ^(a|b{20})$ is 19 characters longer than
+  // after nothing: near the budget such a token must be probed, not waved
+  // through as "stays inside the string".
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(kTiny);
+  const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
+  const int32_t end_id = int32_t(tok.SpecialIdOrThrow("<|end_of_msg|>"));
+  const std::vector<int64_t> eos = {end_id};
+  std::vector<float> logits(tok.vocab_size());
+  uint64_t rng = 99;
+  int64_t steps = 0, cached = 0, answers = 0;
+  for (const char* js : {R"({"type":"object","properties":{"s":{"type":"string","pattern":"^(a|b{20})$"}},"required":["s"]})",
+                         R"({"type":"object","properties":{"t":{"type":"string","pattern":"^(xy|z{9}w{9})$"},"n":{"type":"integer"}},"required":["t","n"]})"}) {
+    CAPTURE(js);
+    const constrain::CompiledSchema schema = constrain::Schema::CompileOrThrow(js);
+    StructuredOutput spec;
+    spec.response = schema;
+    const int64_t shortest =
+        StructuredDecoder(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, 1 << 20).MinRemaining();
+    for (int64_t extra = 0; extra <= 8; ++extra) {
+      for (uint64_t seed = 0; seed < 12; ++seed) {
+        CAPTURE(extra);
+        CAPTURE(seed);
+        StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, shortest + extra);
+        const std::vector<int32_t> ids = DecodeAlone(d, shortest + extra, seed, end_id, logits, rng, &steps, &cached);
+        REQUIRE(!ids.empty());
+        CHECK(ids.back() == end_id);  // closed within the budget
+        ++answers;
+      }
+    }
+  }
+  CHECK(answers == 2 * 9 * 12);
+}
+
 TEST_CASE("structured: the cached greedy completion equals a fresh one after every token; tight budgets close") {
   // The decoder alone (random logits, no model) over the tiny vocabulary, for
   // the 251 schemas of the constrain property test as a response_format and as
@@ -420,36 +496,7 @@ TEST_CASE("structured: the cached greedy completion equals a fresh one after eve
       CAPTURE(call);
       CAPTURE(budget);
       StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, budget);
-      model::Sampler sampler(1.0f, 1.0f, 1000 + i);
-      std::vector<int32_t> ids;
-      while (int64_t(ids.size()) < budget && (ids.empty() || ids.back() != end_id)) {
-        for (float& x : logits) {
-          rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-          x = float(rng >> 40) / float(1 << 24) * 8.0f;
-        }
-        int32_t id = d.Prepare(logits, budget - int64_t(ids.size()));
-        if (id < 0) {
-          for (int tries = 0;; ++tries) {
-            id = sampler.Sample(logits);
-            if (d.Allowed(id)) break;
-            logits[size_t(id)] = -std::numeric_limits<float>::infinity();
-            if (tries == 8) {
-              id = d.Fallback();
-              REQUIRE(id >= 0);
-              break;
-            }
-          }
-        }
-        d.Accept(id);
-        ids.push_back(id);
-        ++steps;
-        if (std::optional<std::string> c = d.CachedCompletion()) {
-          ++cached;
-          std::optional<std::string> fresh = d.FreshCompletion();
-          REQUIRE(fresh);
-          REQUIRE(*c == *fresh);
-        }
-      }
+      const std::vector<int32_t> ids = DecodeAlone(d, budget, 1000 + i, end_id, logits, rng, &steps, &cached);
       REQUIRE(!ids.empty());
       CHECK(ids.back() == end_id);  // closed within the budget
       // The JSON (a response's starts at once; a call's after its header) validates.
