@@ -101,11 +101,6 @@ model::StateLayout RealLayout() {
   return l;
 }
 
-void DropFromPageCache(const std::string& path) {
-  UniqueFd fd = OpenOrThrow(path, O_RDONLY);
-  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-}
-
 void RunRestore(const CkptArgs& a, model::Model& m, const model::RunOptions& ro) {
   model::Session s(m, ro, a.tokens);
   const std::vector<int32_t> ids = Ids(a.tokens, m.config().vocab_size, 1);

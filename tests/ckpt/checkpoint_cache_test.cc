@@ -578,8 +578,14 @@ TEST_CASE("checkpoint files: direct and buffered I/O write the same bytes and re
       bytes[path] = ReadFileOrThrow(path, 1u << 30);
       for (bool read_direct : {true, false}) {
         INFO(path << " read " << (read_direct ? "direct" : "buffered"));
+        if (d == dir) DropFromPageCache(path);
         CheckpointFileResult r = ReadCheckpointFile(path, ck->fingerprint, lay, false, read_direct);
         REQUIRE(r.status == CheckpointFileStatus::kOk);
+        // A direct load drops what it read from the page cache; a buffered one keeps it.
+        if (d == dir && DirectIoWorks(dir)) {
+          const double cached = CachedFraction(path);
+          CHECK_MESSAGE((read_direct ? cached < 0.05 : cached > 0.95), "page-cached fraction after the load " << cached);
+        }
         CHECK(r.checkpoint->ids == ck->ids);
         CHECK(r.checkpoint->kda == ck->kda);
         REQUIRE(r.checkpoint->mla.size() == 1);

@@ -24,6 +24,11 @@ void UniqueFd::Reset(int fd) {
   fd_ = fd;
 }
 
+void DropFromPageCache(const std::string& path) {
+  UniqueFd fd = OpenOrThrow(path, O_RDONLY);
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+}
+
 UniqueFd TryOpen(const std::string& path, int flags, int mode) {
   int fd;
   do {

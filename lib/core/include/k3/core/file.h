@@ -43,6 +43,10 @@ UniqueFd OpenOrThrow(const std::string& path, int flags, int mode = 0644);
 // Returns an invalid fd instead of throwing (errno preserved).
 UniqueFd TryOpen(const std::string& path, int flags, int mode = 0644);
 
+// Asks the kernel to drop `path`'s clean pages from the page cache (for cold
+// reads in benchmarks and tests; dirty pages stay until written back).
+void DropFromPageCache(const std::string& path);
+
 uint64_t FileSizeOrThrow(int fd, const std::string& path_for_errors);
 uint64_t FileSizeOrThrow(const std::string& path);
 bool PathExists(const std::string& path);

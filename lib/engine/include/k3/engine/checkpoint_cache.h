@@ -66,7 +66,7 @@ void WriteCheckpointFileOrThrow(const std::string& path, const model::SessionChe
 // Reads and checks a checkpoint file against what this process would make.
 // header_only: checks the header, the fingerprint and the tensor table and
 // reads the ids, but neither the state nor the checksum (the start-up scan).
-// `direct` as for the writer (the state is read with O_DIRECT where allowed).
+// `direct`: the blocks read are dropped from the page cache behind the read.
 CheckpointFileResult ReadCheckpointFile(const std::string& path,
                                         const model::StateFingerprint& fingerprint,
                                         const model::StateLayout& layout, bool header_only = false,
@@ -83,8 +83,9 @@ struct CheckpointCacheOptions {
   std::string disk_dir;
   // Cap on the parked files' total size, decimal GB (oldest removed first).
   double disk_gb = 50.0;
-  // Parked files are written and read with O_DIRECT where the filesystem
-  // allows it (EngineOptions::FromEnv sets it from K3_DIRECT).
+  // Parked files are written with O_DIRECT where the filesystem allows it and
+  // dropped from the page cache as they are read back (EngineOptions::FromEnv
+  // sets it from K3_DIRECT).
   bool direct = true;
 };
 
