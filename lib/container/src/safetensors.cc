@@ -8,10 +8,15 @@
 
 #include <simdjson.h>
 
+#include "k3/core/direct_io.h"
 #include "k3/core/error.h"
 #include "k3/core/numeric.h"
 
 namespace k3 {
+namespace {
+// Staging block of a direct writer.
+constexpr size_t kDirectStageBytes = size_t{8} << 20;
+}  // namespace
 namespace {
 
 constexpr size_t kMaxDims = 16;
@@ -347,15 +352,31 @@ std::string BuildSafetensorsHeader(
 
 SafetensorsWriter::SafetensorsWriter(
     std::string path, std::vector<PlannedTensor> plan,
-    const std::vector<std::pair<std::string, std::string>>& metadata)
+    const std::vector<std::pair<std::string, std::string>>& metadata, bool direct)
     : plan_(std::move(plan)), file_(std::move(path)) {
+  if (direct) direct_ = std::make_unique<DirectWriter>(file_.temp_path(), file_.fd(), kDirectStageBytes, true);
   for (const auto& t : plan_) data_bytes_planned_ += t.nbytes();
   std::string header = BuildSafetensorsHeader(plan_, metadata);
   uint8_t len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  file_.Write(std::as_bytes(std::span(len)));
-  file_.Write(header);
+  Put(std::as_bytes(std::span(len)));
+  Put(std::as_bytes(std::span(header.data(), header.size())));
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::Put(std::span<const std::byte> bytes) {
+  if (direct_) {
+    direct_->Append(bytes.data(), bytes.size());
+  } else {
+    file_.Write(bytes);
+  }
+}
+
+void SafetensorsWriter::Abort() noexcept {
+  direct_.reset();  // stops its I/O threads before the temp file goes
+  file_.Abort();
 }
 
 void SafetensorsWriter::Write(std::span<const std::byte> bytes) {
@@ -364,7 +385,7 @@ void SafetensorsWriter::Write(std::span<const std::byte> bytes) {
                 "more data than planned (" + std::to_string(data_bytes_planned_) + " bytes)",
                 file_.temp_path(), static_cast<int64_t>(data_bytes_written_));
   }
-  file_.Write(bytes);
+  Put(bytes);
   data_bytes_written_ += bytes.size();
 }
 
@@ -375,6 +396,7 @@ void SafetensorsWriter::Commit() {
                     std::to_string(data_bytes_planned_),
                 file_.temp_path());
   }
+  if (direct_) direct_->Finish();
   file_.Commit();
 }
 

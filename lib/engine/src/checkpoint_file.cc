@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "k3/container/safetensors.h"
-#include "k3/core/direct_io.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/engine/checkpoint_cache.h"
@@ -28,7 +27,7 @@ using model::StateLayout;
 
 constexpr const char* kFormat = "k3-checkpoint";
 constexpr const char* kVersion = "1";
-// Bytes per direct write or read (the staging block of each).
+// Bytes per read of a load (each hashed while it is in cache).
 constexpr size_t kIoBlock = size_t{8} << 20;
 // A checkpoint longer than this many tokens is not one we wrote (the real
 // model's context is 1,048,576; the cap only bounds what a header can make us
@@ -125,25 +124,12 @@ void WriteCheckpointFileOrThrow(const std::string& path, const SessionCheckpoint
       {"position", std::to_string(ck.position)},
       {"data_xxh3_128", sum},
   };
-  const std::vector<PlannedTensor> plan = Plan(ck.layout, ck.position);
-  const std::string header = BuildSafetensorsHeader(plan, meta);
-  uint64_t planned = 0;
-  for (const PlannedTensor& t : plan) planned += t.nbytes();
-  AtomicFileWriter out(path);
-  DirectWriter sink(out.temp_path(), out.fd(), kIoBlock, direct);
-  std::byte len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>(uint64_t{header.size()} >> (8 * i));
-  sink.Append(len, sizeof len);
-  sink.Append(reinterpret_cast<const std::byte*>(header.data()), header.size());
-  uint64_t written = 0;
+  SafetensorsWriter w(path, Plan(ck.layout, ck.position), meta, direct);
   ForEachDataPiece(ck, [&](const void* p, size_t n) {
-    sink.Append(static_cast<const std::byte*>(p), n);
-    written += n;
+    w.Write(std::span(static_cast<const std::byte*>(p), n));
   });
-  K3_CHECK(written == planned);
-  sink.Finish();
   CrashPoint("ckpt-before-commit");
-  out.Commit();
+  w.Commit();
 }
 
 CheckpointFileResult ReadCheckpointFile(const std::string& path, const StateFingerprint& fp,

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,6 +21,10 @@
 
 #include "k3/container/dtype.h"
 #include "k3/core/file.h"
+
+namespace k3 {
+class DirectWriter;
+}
 
 namespace k3 {
 
@@ -122,11 +127,15 @@ std::string BuildSafetensorsHeader(
 // Streams a safetensors file: the header is computed from the plan up front, the
 // data is then written in plan order, and Commit() checks that exactly the planned
 // number of bytes arrived before publishing atomically (tmp -> fsync -> rename ->
-// fsync dir). Destroying an uncommitted writer removes the temp file.
+// fsync dir). Destroying an uncommitted writer removes the temp file. `direct`:
+// the bytes go through a DirectWriter (O_DIRECT where the filesystem allows it,
+// for a file written once and not read soon); the file is the same either way.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(std::string path, std::vector<PlannedTensor> plan,
-                    const std::vector<std::pair<std::string, std::string>>& metadata = {});
+                    const std::vector<std::pair<std::string, std::string>>& metadata = {},
+                    bool direct = false);
+  ~SafetensorsWriter();
 
   void Write(std::span<const std::byte> bytes);
   uint64_t data_bytes_planned() const { return data_bytes_planned_; }
@@ -134,11 +143,13 @@ class SafetensorsWriter {
   const std::vector<PlannedTensor>& plan() const { return plan_; }
   const std::string& temp_path() const { return file_.temp_path(); }
   void Commit();
-  void Abort() noexcept { file_.Abort(); }
+  void Abort() noexcept;
 
  private:
+  void Put(std::span<const std::byte> bytes);
   std::vector<PlannedTensor> plan_;
   AtomicFileWriter file_;
+  std::unique_ptr<DirectWriter> direct_;  // null: buffered writes through file_
   uint64_t data_bytes_planned_ = 0;
   uint64_t data_bytes_written_ = 0;
 };
