@@ -9,7 +9,7 @@
 // from RAM once per chunk. Weight lines are prefetched K3_PREFETCH bytes ahead.
 //
 // f32-activation path: units of 16 columns or one int4/MXFP4 group, unit k into
-// slot k mod 2 of the pair's accumulators (F32Tile). For int4/MXFP4 the nibbles
+// slot k mod S of the pair's accumulators (F32Tile; S = 4 for int4, else 2). For int4/MXFP4 the nibbles
 // are widened with vpmovzxbd, which puts the even columns of a 32-column block in
 // one vector and the odd ones in the other; the activations are re-laid out to
 // match once per call (PermuteEvenOdd32).
@@ -75,6 +75,7 @@ constexpr size_t kPrefetchI8Row = 8192;
 // (batch > 1). Decoding is exact, so both give the same vectors and the same
 // floating-point operations run either way.
 struct F32Src {  // f32 values already in the kernel layout (small or in cache: no prefetch)
+  static constexpr bool kDecoded = true;  // int4 rows: decoded with the group factors applied
   const float* w;
   __m512 Load(size_t i) const { return _mm512_loadu_ps(w + i); }
   __m512 LoadTail(size_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, w + i); }
@@ -103,16 +104,19 @@ struct I8Src {  // int8 row, converted 16 at a time
 // 16 packed bytes (32 columns): vpmovzxbd gives byte j in lane j, so the low
 // nibbles are the even columns and the high nibbles the odd ones.
 struct NibbleSrc {
+  static constexpr bool kDecoded = false;
   const uint8_t* p;  // the row's packed bytes
   __m512 lut;        // nibble -> f32 value (doubled e2m1, or v-8 for int4)
   size_t pf = 0;     // PrefetchBytes()
-  void Block32(size_t c, __m512& even, __m512& odd) const {
+  void Block32(size_t c, __m512& even, __m512& odd) const { Block32(c, lut, even, odd); }
+  // With another 16-entry table (int4: lut times the group's factor).
+  void Block32(size_t c, __m512 table, __m512& even, __m512& odd) const {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c / 2)));
     // vpermps reads only index bits 3:0, so the low nibble needs no mask (one
     // uop fewer per 32 columns; this decode is what bounds the f32 path).
-    even = _mm512_permutexvar_ps(v, lut);
-    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+    even = _mm512_permutexvar_ps(v, table);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
   void Prefetch(size_t c) const {
     if (pf != 0) PrefetchLine(p + c / 2, pf);
@@ -122,12 +126,12 @@ struct NibbleSrc {
 // f32-activation dot products as R x B tiles: R weight rows against B activation
 // rows. A row is a sequence of units -- 16-column chunks (f32, int8), 32-column
 // MXFP4 groups or 64-column int4 groups -- and unit k of a (row, activation) pair
-// goes to that pair's accumulator slot k & 1; the pair's result is
-// reduce_add(slot0 + slot1). Per pair the operations are the same whatever R and
-// B are and however the columns are blocked (a block's accumulators only go to
-// memory and back, which is exact), so batch 1 (R = B = 1, one block, weights
-// decoded in registers) and batched (decoded rows, 4 x 2 tiles, 1024-column
-// blocks) agree bit for bit.
+// goes to that pair's accumulator slot k mod S (S = 2; 4 for int4); the pair's
+// result is reduce_add of the slots (pairwise sums). Per pair the operations are
+// the same whatever R and B are and however the columns are blocked (a block's
+// accumulators only go to memory and back, which is exact), so batch 1 (R = B =
+// 1, one block, weights decoded in registers) and batched (decoded rows, 4 x 2
+// tiles, 4 x 1 for int4, 1024-column blocks) agree bit for bit.
 // Pins a loaded vector in a register: otherwise GCC folds the same load into
 // every FMA that uses it (once per activation row of the tile), and the tiles
 // are bound by their loads (the int8 tile went 33 -> 43 GMAC/s in cache).
@@ -193,7 +197,12 @@ struct F32Tile {
         }
       }
     } else {
-      // Two 32-column blocks per int4 group, summed pairwise, then scaled.
+      // int4: the group's factor goes into the 16-entry table (one multiply per
+      // group and row, not one per 16 columns), then the group's four column
+      // vectors of (v-8)*s go into its slot by a chain of four FMAs. Four slots
+      // (kSlots) keep four such chains in flight per pair, so one row (R = 1)
+      // is not bound by their latency. Decoded rows (batched) hold the same
+      // (v-8)*s values (DecodeRowF32), so both give the same bits.
       __m512 xv[B][4];
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) {
@@ -203,19 +212,21 @@ struct F32Tile {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         if ((k & 1) == 0) w[r].Prefetch(k * 64);
-        __m512 w0, w1, w2, w3;
-        w[r].Block32(k * 64, w0, w1);
-        w[r].Block32(k * 64 + 32, w2, w3);
-        w0 = InReg(w0);
-        w1 = InReg(w1);
-        w2 = InReg(w2);
-        w3 = InReg(w3);
-        const __m512 g = _mm512_set1_ps(gs[r][k]);
+        __m512 wv[4];
+        if constexpr (Src::kDecoded) {
+          w[r].Block32(k * 64, wv[0], wv[1]);
+          w[r].Block32(k * 64 + 32, wv[2], wv[3]);
+        } else {
+          const __m512 table = _mm512_mul_ps(w[r].lut, _mm512_set1_ps(gs[r][k]));
+          w[r].Block32(k * 64, table, wv[0], wv[1]);
+          w[r].Block32(k * 64 + 32, table, wv[2], wv[3]);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) wv[j] = InReg(wv[j]);
 #pragma GCC unroll 4
         for (int b = 0; b < B; ++b) {
-          const __m512 p0 = _mm512_fmadd_ps(xv[b][1], w1, _mm512_mul_ps(xv[b][0], w0));
-          const __m512 p1 = _mm512_fmadd_ps(xv[b][3], w3, _mm512_mul_ps(xv[b][2], w2));
-          a[r][b] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), g, a[r][b]);
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) a[r][b] = _mm512_fmadd_ps(xv[b][j], wv[j], a[r][b]);
         }
       }
     }
@@ -283,6 +294,18 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   }
   const NibbleSrc src{static_cast<const uint8_t*>(w.data) + o * (n / 2), LutFor(w.format),
                       PrefetchBytes()};
+  if (w.format == WeightFormat::kInt4G64) {
+    // (v-8)*s, the values the int4 unit forms in registers (F32Tile).
+    const float* gs = w.scales + o * (n / kInt4Group);
+    for (size_t c = 0; c < n; c += 32) {
+      src.Prefetch(c);
+      __m512 even, odd;
+      src.Block32(c, _mm512_mul_ps(src.lut, _mm512_set1_ps(gs[c / kInt4Group])), even, odd);
+      _mm512_storeu_ps(out + c, even);
+      _mm512_storeu_ps(out + c + 16, odd);
+    }
+    return out;
+  }
   for (size_t c = 0; c < n; c += 32) {
     src.Prefetch(c);
     __m512 even, odd;
@@ -303,19 +326,26 @@ struct Avx512Kit {
   // Two slots: 32 zmm hold a 4 x 3 tile of them (the group units also keep their
   // activation vectors, hence 4 x 2 there). (Four slots for the plain unit, to
   // break decode's FMA chain, measured within the noise on decode and ~15%
-  // slower batched on the Zen 5 VM: not taken.)
+  // slower batched on the Zen 5 VM: not taken.) The int4 unit's four FMAs per
+  // group are one chain into one slot, so it has four slots, and 4 x 1 tiles
+  // (16 accumulators; 2 x 2 and 2 x 3 measured slower batched on the Zen 5 VM).
   template <F32Unit U>
-  static constexpr int kSlots = 2;
+  static constexpr int kSlots = U == F32Unit::kG64 ? 4 : 2;
   template <F32Unit U>
-  static constexpr int kTileActs = U == F32Unit::kPlain ? 3 : 2;
+  static constexpr int kTileActs = U == F32Unit::kPlain ? 3 : U == F32Unit::kG64 ? 1 : 2;
   static constexpr int kRows = 4;
   template <F32Unit U, int R, int B, typename Src>
   using Tile = F32Tile<U, R, B, Src>;
   using RowSrc = F32Src;
   template <int S>
   static float Reduce(const V* v) {
-    static_assert(S == 2);
-    return _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+    static_assert(S == 2 || S == 4);
+    if constexpr (S == 4) {
+      return _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])));
+    } else {
+      return _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+    }
   }
   static const float* DecodeRow(const WeightView& w, size_t o, float* out) {
     return DecodeRowF32(w, o, out);
