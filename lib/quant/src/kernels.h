@@ -86,6 +86,14 @@ void QuantizeActsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
 // §6.2 floor on a scale so that inv = 1/s stays finite for all-zero groups.
 inline constexpr float kMinScale = 1e-20f;
 
+// The public MatMul / MatMulQ8 call whose row chunk the running thread is
+// computing: quant.cc sets it before each chunk, unique per call and never 0.
+// A kernel may keep set-up that depends only on the activations (their
+// re-laid-out copy) in its thread's scratch under this id and reuse it for the
+// same call's later chunks on that thread, so splitting a call into many chunks
+// (quant.cc: 8 per thread) repeats no set-up. Only read inside those calls.
+inline thread_local uint64_t t_call_id = 0;
+
 const KernelTable& ScalarKernels() noexcept;
 // Only call after CPUID / AT_HWCAP says the ISA runs here (IsaSupported). Each
 // architecture compiles only its own kernel files (lib/quant/CMakeLists.txt).

@@ -36,6 +36,16 @@
 namespace k3::quant::internal {
 namespace {
 
+// The nibble IDOT activations of one call (PrepareNibActs' result).
+struct NibActsCache {
+  const int8_t* xq = nullptr;     // [batch][steps*128], zero padded
+  const int32_t* corr = nullptr;  // [batch][steps*16]
+  const float* xse = nullptr;     // [batch][steps*16]: xs_g (x0.5 for MXFP4's doubled codes) x4
+  const float* xsg = nullptr;     // [batch][xsg_stride]: the same factors once per group
+  size_t steps = 0;
+  size_t xsg_stride = 0;          // steps*4 rounded up to 16
+};
+
 struct Scratch {
   AlignedVec<float> xp;       // f32 path: activations in kernel layout [batch][cols]
   AlignedVec<float> wrow;     // f32 path: decoded row
@@ -47,6 +57,11 @@ struct Scratch {
   AlignedVec<float> wgs;      // nibble IDOT: decoded weight factors of R rows
   AlignedVec<float> xsg;      // nibble IDOT: activation factors, once per group
   AlignedVec<float> acc;      // batched f32 path: tile accumulators between column blocks
+  // t_call_id (kernels.h) of the call whose activations xp / the nibble IDOT
+  // buffers hold (0: none): its later chunks on this thread reuse them.
+  uint64_t xp_call = 0;
+  uint64_t nib_call = 0;
+  NibActsCache nib;
 };
 
 Scratch& Tls() {
@@ -384,6 +399,7 @@ bool NeedsPermute(WeightFormat f) {
 // Activations in the kernel's layout, in the 64-byte aligned scratch (batch 1
 // with no layout change reads the input itself).
 const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
+  s.xp_call = 0;
   if (!NeedsPermute(w.format)) {
     if (batch == 1) return x;
     float* xa = Grow(s.xp, batch * w.cols);
@@ -458,7 +474,11 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
 void MatMulAvx512(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                   size_t r1) noexcept {
   Scratch& s = Tls();
-  const float* xl = LayoutActs(w, x, batch, s);
+  const float* xl = s.xp.data();
+  if (s.xp_call == 0 || s.xp_call != t_call_id) {  // else this call's, laid out on this thread
+    xl = LayoutActs(w, x, batch, s);
+    if (xl != x) s.xp_call = t_call_id;
+  }
   if (batch == 1) {
     auto rows = [&]<int N>(size_t o) { DotDirectRows<N>(w, o, xl, y, s); };
     switch (DecodeRowsF32(w.cols * sizeof(float))) {
@@ -568,6 +588,7 @@ void GroupScalesQ8(const WeightView& w, size_t o, float* gs) noexcept {
 // -B·(sum of each lane's 4 activations), 16 lanes per 64 columns, per batch row.
 const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
   const size_t chunks = (x.cols + 63) / 64;
+  s.nib_call = 0;  // s.corr is the nibble IDOT's too
   int32_t* out = Grow(s.corr, x.batch * chunks * 16);
   const __m512i b = _mm512_set1_epi8(static_cast<char>(bias));
   for (size_t r = 0; r < x.batch; ++r) {
@@ -731,17 +752,12 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 
 constexpr size_t kStep = 128;
 
-struct NibActs {
-  const int8_t* xq;     // [batch][steps*128], zero padded
-  const int32_t* corr;  // [batch][steps*16]
-  const float* xse;     // [batch][steps*16]: xs_g (x0.5 for MXFP4's doubled codes) x4
-  const float* xsg;     // [batch][xsg_stride]: the same factors once per group
-  size_t steps;
-  size_t xsg_stride;    // steps*4 rounded up to 16
-};
+using NibActs = NibActsCache;
 
 template <WeightFormat F>
 NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
+  if (s.nib_call == t_call_id && t_call_id != 0) return s.nib;  // this call's, on this thread
+  s.nib_call = 0;
   constexpr int kB = F == WeightFormat::kInt4G64 ? 8 : 12;
   const float mult = F == WeightFormat::kMxfp4 ? 0.5f : 1.0f;
   const size_t n = x.cols;
@@ -780,7 +796,9 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
     }
     for (size_t g = steps * 4; g < xsg_stride; ++g) xsg[r * xsg_stride + g] = 0.0f;
   }
-  return {xq, corr, xse, xsg, steps, xsg_stride};
+  s.nib = NibActs{xq, corr, xse, xsg, steps, xsg_stride};
+  s.nib_call = t_call_id;
+  return s.nib;
 }
 
 // Row o decoded step by step straight from the stored bytes and factors.

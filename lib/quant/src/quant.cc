@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -223,13 +224,22 @@ void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
   }
 }
 
+std::atomic<uint64_t> g_calls{0};
+
+// A fresh internal::t_call_id for one MatMul / MatMulQ8 call.
+uint64_t NextCallId() noexcept { return g_calls.fetch_add(1, std::memory_order_relaxed) + 1; }
+
 }  // namespace
 
 void MatMul(const WeightView& w, const float* x, size_t batch, float* y) noexcept {
   if (w.rows == 0 || batch == 0) return;
   const internal::KernelTable& k = internal::ActiveKernels();
-  ForRowRanges(w.rows, w.rows * w.cols * batch,
-               [&](size_t r0, size_t r1) { k.matmul(w, x, batch, y, r0, r1); });
+  const uint64_t call = NextCallId();
+  ForRowRanges(w.rows, w.rows * w.cols * batch, [&](size_t r0, size_t r1) {
+    internal::t_call_id = call;
+    k.matmul(w, x, batch, y, r0, r1);
+    internal::t_call_id = 0;
+  });
 }
 
 void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
@@ -237,8 +247,12 @@ void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
   K3_CHECK(x.cols == w.cols && w.cols % kActGroup == 0);
   if (w.rows == 0 || x.batch == 0) return;
   const internal::KernelTable& k = internal::Q8Kernels(w.format, x.batch);
-  ForRowRanges(w.rows, w.rows * w.cols * x.batch,
-               [&](size_t r0, size_t r1) { k.matmul_q8(w, x, y, r0, r1); });
+  const uint64_t call = NextCallId();
+  ForRowRanges(w.rows, w.rows * w.cols * x.batch, [&](size_t r0, size_t r1) {
+    internal::t_call_id = call;
+    k.matmul_q8(w, x, y, r0, r1);
+    internal::t_call_id = 0;
+  });
 }
 
 float RowDot(const WeightView& w, size_t row, const float* x) noexcept {

@@ -458,6 +458,44 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   omp_set_num_threads(saved_threads);
 }
 
+// The SIMD kernels lay out a call's activations once per thread and reuse them
+// for that call's later row chunks (kernels.h t_call_id). A later call with the
+// same buffers holding new values must never see the old layout.
+TEST_CASE("a call never reuses the previous call's activations (same buffers, new values)") {
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("activation reuse across calls");
+  std::mt19937 rng(15);
+  const int saved_threads = omp_get_max_threads();
+  const size_t rows = 70, cols = 448;  // 5 chunks of 16 rows at 2 threads
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    Mat m = RandomMat(fmt, rows, cols, rng);
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        std::vector<float> x(cols), y(rows);
+        ActsQ8 a;
+        for (int call = 0; call < 3; ++call) {
+          const std::vector<float> v = RandomVec(cols, rng);
+          std::copy(v.begin(), v.end(), x.begin());  // same buffers, new values
+          QuantizeActs(x.data(), 1, cols, &a);
+          const std::string what = FmtName(fmt) + " " + IsaStr(isa) + " t" +
+                                   std::to_string(threads) + " call " + std::to_string(call);
+          std::fill(y.begin(), y.end(), -1.0f);
+          MatMul(m.View(), x.data(), 1, y.data());
+          CheckAgainst(ReferenceF32(m, v, 1), y, "MatMul " + what);
+          if (fmt == WeightFormat::kF32) continue;
+          std::fill(y.begin(), y.end(), -1.0f);
+          MatMulQ8(m.View(), a, y.data());
+          CheckAgainst(ReferenceQ8(m, a), y, "MatMulQ8 " + what);
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 TEST_CASE("ops: spec §4 definitions") {
   CHECK(Sigmoid(0.0f) == 0.5f);
   CHECK(Silu(0.0f) == 0.0f);
