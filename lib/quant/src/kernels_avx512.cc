@@ -72,14 +72,36 @@ Scratch& Tls() {
 
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
+// Software prefetch `pf` bytes ahead along one weight row of a block of R rows
+// that decode reads side by side (DotDirectRows): past the row's end it goes on
+// in the same row of the next block (`skip` = (R-1) rows further), not into the
+// next row, which is another stream of this block that is already being read.
+// (Prefetching by address sent three of four streams' prefetches into the
+// neighbouring row: on the 12288-column int4 row (6 KiB) an 8 KiB distance was
+// 2 KiB ahead in the neighbour and nothing ahead in the row itself.) One row
+// (R = 1): `row_bytes` is unbounded and this is the address-order prefetch.
+inline void PrefetchAlongRow(const void* row, size_t off, size_t pf, size_t row_bytes,
+                             size_t skip) {
+  size_t t = off + pf;
+  if (t >= row_bytes) t += skip;
+  __builtin_prefetch(static_cast<const char*>(row) + t, 0, 3);
+}
+
 // Decode prefetch distances (K3_PREFETCH overrides them all). Measured on the
 // 2-vCPU Zen 5 VM, same-run A/B (docs/PERFORMANCE.md): 8 KiB ahead beats 4 KiB
 // for the int4/MXFP4 rows on both paths and for one int8 row of the f32 path
-// (0.53-0.92 -> 0.62-1.08 of the plain read); the int8 IDOT row and four
-// interleaved int8 rows of the f32 path keep 4 KiB (8 KiB: 0.81-0.98 -> 0.81,
-// 0.68 -> 0.58).
+// (0.53-0.92 -> 0.62-1.08 of the plain read); the int8 IDOT row keeps 4 KiB
+// (8 KiB: 0.81-0.98 -> 0.81). Rows read side by side: per row, below.
 constexpr size_t kPrefetchNibble = 8192;
 constexpr size_t kPrefetchI8Row = 8192;
+// Several rows per activation load (DotDirectRows, PrefetchAlongRow): bytes
+// ahead per row. 12288-column rows at 4 per load, 1 thread (docs/PERFORMANCE.md):
+// int4 2 KiB 0.91-0.93 of the plain read (1 KiB 0.86, 1.5 KiB 0.92, 4-8 KiB
+// 0.85-0.90); int8 2 KiB 0.89-1.01 (1 KiB 0.83-0.85, 3 KiB 0.94, 4 KiB
+// 0.84-0.85, 8 KiB 0.79-0.81); the address-order prefetch before: 0.74-0.77
+// (int4, 8 KiB) and 0.68-0.74 (int8, 4 KiB).
+constexpr size_t kPrefetchNibbleRows = 2048;
+constexpr size_t kPrefetchI8Rows = 2048;
 
 
 // ---------------------------------------------------------------------------
@@ -111,8 +133,10 @@ struct I8Src {  // int8 row, converted 16 at a time
   __m512 LoadTail(size_t i, __mmask16 m) const {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + i)));
   }
+  size_t row_bytes = ~size_t{0};  // PrefetchAlongRow: rows of a multi-row block
+  size_t skip = 0;
   void Prefetch(size_t i) const {
-    if (pf != 0) PrefetchLine(q + i, pf);
+    if (pf != 0) PrefetchAlongRow(q, i, pf, row_bytes, skip);
   }
 };
 
@@ -133,8 +157,10 @@ struct NibbleSrc {
     even = _mm512_permutexvar_ps(v, table);
     odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
+  size_t row_bytes = ~size_t{0};  // PrefetchAlongRow: rows of a multi-row block
+  size_t skip = 0;
   void Prefetch(size_t c) const {
-    if (pf != 0) PrefetchLine(p + c / 2, pf);
+    if (pf != 0) PrefetchAlongRow(p, c / 2, pf, row_bytes, skip);
   }
 };
 
@@ -417,9 +443,11 @@ template <int R>
 void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
                    Scratch& s) noexcept {
   const size_t n = w.cols;
-  const size_t pf = PrefetchBytes(w.format != WeightFormat::kInt8 ? kPrefetchNibble
-                                  : R == 1                       ? kPrefetchI8Row
-                                                                 : kDefaultPrefetchBytes);
+  const bool nib = w.format != WeightFormat::kInt8;
+  const size_t pf = PrefetchBytes(R == 1 ? (nib ? kPrefetchNibble : kPrefetchI8Row)
+                                         : (nib ? kPrefetchNibbleRows : kPrefetchI8Rows));
+  const size_t row_bytes = R == 1 ? ~size_t{0} : nib ? n / 2 : n;
+  const size_t skip = R == 1 ? 0 : (R - 1) * (nib ? n / 2 : n);
   const float* gs[R];
   switch (w.format) {
     case WeightFormat::kF32: {
@@ -434,7 +462,7 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
     case WeightFormat::kInt8: {
       I8Src src[R];
       for (int r = 0; r < R; ++r) {
-        src[r] = I8Src{static_cast<const int8_t*>(w.data) + (o + r) * n, pf};
+        src[r] = I8Src{static_cast<const int8_t*>(w.data) + (o + r) * n, pf, row_bytes, skip};
         gs[r] = nullptr;
       }
       DotF32Rows<Avx512Kit, F32Unit::kPlain, R>(src, x, gs, n, y + o);
@@ -444,7 +472,8 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
     case WeightFormat::kInt4G64: {
       NibbleSrc src[R];
       for (int r = 0; r < R; ++r) {
-        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutI4(), pf};
+        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutI4(), pf,
+                           row_bytes, skip};
         gs[r] = w.scales + (o + r) * (n / kInt4Group);
       }
       DotF32Rows<Avx512Kit, F32Unit::kG64, R>(src, x, gs, n, y + o);
@@ -452,15 +481,17 @@ void DotDirectRows(const WeightView& w, size_t o, const float* x, float* y,
     }
     case WeightFormat::kMxfp4: {
       const size_t groups = n / kMxGroup;
+      const size_t pf_e8 = PrefetchBytes(kPrefetchNibble);  // the rows' bytes are adjacent
       float* gbuf = Grow(s.gscale, R * groups);
       NibbleSrc src[R];
       for (int r = 0; r < R; ++r) {
-        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutMx2(), pf};
+        src[r] = NibbleSrc{static_cast<const uint8_t*>(w.data) + (o + r) * (n / 2), LutMx2(), pf,
+                           row_bytes, skip};
         // The E8M0 bytes are a stream of their own (1 byte per 16 weight bytes)
         // that the row's first instructions wait on: touch it as far ahead as the
         // weights (perf: 3/4 of this function's samples sat on that load's miss).
-        for (size_t g = 0; pf != 0 && g < groups; g += 64) {
-          PrefetchLine(w.e8m0 + (o + r) * groups + g, pf / 16);
+        for (size_t g = 0; pf_e8 != 0 && g < groups; g += 64) {
+          PrefetchLine(w.e8m0 + (o + r) * groups + g, pf_e8 / 16);
         }
         MxGroupScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
         gs[r] = gbuf + r * groups;
