@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <thread>
@@ -732,11 +733,20 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 249 MiB (2 streams, 2 reads and 2 writes in flight each,
-  // the idle stream's blocks lent to the big shard; 152 MiB before writes went
-  // in flight), k3-verify --full 88 MiB. The bound is a third of one
-  // whole-matrix buffer and below its int8 output (576 MiB).
+  // CPU count): k3-repack 224 MiB with its defaults (4 streams, 8 reads and 8
+  // writes in flight each, 4 MiB blocks: at most 352 MiB of buffers; idle
+  // streams' blocks lent to the big shard), k3-verify --full 88 MiB. The bound
+  // is a third of one whole-matrix buffer and below its int8 output (576 MiB).
+  // A run also stays within its --mem-mb budget plus what any run needs besides
+  // the pipeline's buffers (binary, libraries, headers, thread stacks touched:
+  // k3-tiny converts in ~19 MB).
   constexpr uint64_t kStreamingRssBytes = 384ull << 20;
+  constexpr uint64_t kBesidesBuffersBytes = 48ull << 20;
+  auto field = [](const std::string& log, const std::string& key) -> uint64_t {
+    const size_t at = log.find("\"" + key + "\":");
+    REQUIRE_MESSAGE(at != std::string::npos, key);
+    return std::stoull(log.substr(at + key.size() + 3));
+  };
   SpawnOptions o;
   o.log = log;
   o.pre_exec = [] {
@@ -755,6 +765,27 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   // RLIMIT_AS already caps RSS at 1 GiB, so "under the limit" proves nothing:
   // streaming must stay well below it (a whole-matrix buffer is 1152 MiB).
   CHECK(rss < kStreamingRssBytes);
+  CHECK(field(l, "buffer_bytes") <= field(l, "mem_budget_bytes"));
+  CHECK(rss <= field(l, "mem_budget_bytes") + kBesidesBuffersBytes);
+  // A budget below what the defaults use really bounds the run: 64 MiB leaves
+  // 4 streams x 4 reads x 4 writes of 1 MiB blocks (56 MiB), and the peak stays
+  // within it (the defaults above peak well over 64 + 48 MiB). Same bytes.
+  {
+    const std::string out64 = d / "out64";
+    o.log = d / "log64";
+    REQUIRE(Run({Bin("k3-repack"), src, out64, "--json", "--threads", "2", "--mem-mb", "64"}, o) == 0);
+    const std::string l64 = ReadAll(o.log);
+    INFO(l64);
+    CHECK(field(l64, "mem_budget_bytes") == 64ull << 20);
+    CHECK(field(l64, "buffer_bytes") <= 64ull << 20);
+    CHECK(field(l64, "block_bytes") == 1ull << 20);
+    const uint64_t rss64 = field(l64, "peak_rss_bytes");
+    MESSAGE("k3-repack --mem-mb 64: peak RSS " << rss64 / (1 << 20) << " MiB");
+    CHECK(rss64 <= (64ull << 20) + kBesidesBuffersBytes);
+    // checksums.xxh128 holds every file's XXH3-128: equal manifests, equal bytes.
+    CHECK(ReadAll(out64 + "/checksums.xxh128") == ReadAll(out + "/checksums.xxh128"));
+    std::filesystem::remove_all(out64);
+  }
   // The same file is also re-derived by k3-verify --full under the same limit:
   // it must succeed (exit 0, summary ok), not merely avoid a crash.
   o.log = d / "vlog";

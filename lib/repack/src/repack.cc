@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "k3/core/direct_io.h"
@@ -40,6 +41,22 @@ constexpr uint64_t kMaxMetadataFileBytes = 512ull << 20;
 // Blocks in flight per stage of one stream's pipeline: bounds memory. With
 // several streams each gets a share (at least 2), so the buffers stay ~8 x 16 MiB.
 constexpr size_t kPipelineDepth = 4;
+// std::thread, with a failure to start one (EAGAIN: RLIMIT_NPROC, or no
+// address space left for its stack under RLIMIT_AS) as a k3::Error that says
+// what to lower, not an exception that escapes a thread.
+template <typename Fn>
+std::thread StartThread(Fn&& fn) {
+  try {
+    return std::thread(std::forward<Fn>(fn));
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kIo, std::string("cannot start a pipeline thread (") + e.what() +
+                                    "); lower --streams, --reads or --writes");
+  }
+}
+
+size_t PipelineDepth(int streams) {
+  return std::max<size_t>(2, kPipelineDepth / static_cast<size_t>(std::max(1, streams)));
+}
 
 enum class Op : uint8_t { kCopy, kQuant };
 
@@ -563,7 +580,10 @@ class ShardPipeline {
   // `n` reader loops, n - 1 of them on threads of their own.
   void RunReaders(size_t n) {
     std::vector<std::thread> threads;
-    for (size_t k = 1; k < n; ++k) threads.emplace_back([this] { Guard([&] { ReadSegments(); }); });
+    Guard([&] {  // a thread that cannot start fails the pipeline; the started ones end
+      for (size_t k = 1; k < n; ++k)
+        threads.push_back(StartThread([this] { Guard([&] { ReadSegments(); }); }));
+    });
     Guard([&] { ReadSegments(); });
     for (auto& t : threads) t.join();
   }
@@ -695,6 +715,7 @@ class Runner {
 
   const RepackOptions& opt_;
   const RepackObserver& observer_;
+  PipelinePlan plan_;  // resolved once the shards to do are known
   RepackEvent totals_;
   double t0_ = NowSeconds();
   double convert_t0_ = 0;  // when the first shard started
@@ -724,6 +745,7 @@ void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
   ev.bytes_done = totals_.bytes_done;
   ev.out_bytes_planned = totals_.out_bytes_planned;
   ev.free_bytes = totals_.free_bytes;
+  ev.pipeline = plan_;
   ev.elapsed_seconds = NowSeconds() - t0_;
   if (kind == RepackEvent::Kind::kShardStart && convert_t0_ == 0) convert_t0_ = NowSeconds();
   ev.convert_seconds = convert_t0_ > 0 ? NowSeconds() - convert_t0_ : 0;
@@ -808,7 +830,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   UniqueFd direct_fd;
   if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  ShardPipeline pipe(p, Segments(p, opt_.block_bytes), depth, reads, bufs, progress, direct_fd);
+  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), depth, reads, bufs, progress, direct_fd);
   // Open to helpers while it runs; on every way out (a failure included) no
   // new helper can join and the ones inside have left before `pipe` goes.
   struct Lent {
@@ -831,7 +853,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   --starting_;
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
-  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, opt_.direct, writes, &bufs->stages);
+  DirectWriter sink(out.temp_path(), out.fd(), plan_.block_bytes, opt_.direct, writes, &bufs->stages);
 
   {
     // The cores are shared among the shards being quantized now, so the last
@@ -846,8 +868,15 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
       const int n = std::max(1, active_.load());
       return std::max(1, (threads_ + n - 1) / n);
     };
-    std::thread reader([&] { pipe.Read(); });
-    std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    std::thread reader = StartThread([&] { pipe.Read(); });
+    std::thread writer;
+    try {
+      writer = StartThread([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    } catch (...) {
+      pipe.Abort();
+      reader.join();
+      throw;
+    }
     pipe.Guard([&] { pipe.Transform(threads); });
     reader.join();
     writer.join();
@@ -897,7 +926,7 @@ void Runner::FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t wri
   if (opt_.verify_full) {
     // Drop the just-written pages so the comparison reads what reached the disk.
     ::posix_fadvise(out.fd(), 0, 0, POSIX_FADV_DONTNEED);
-    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), opt_.block_bytes);
+    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), plan_.block_bytes);
   }
   out.Commit();  // crash points "before-rename" / "after-rename" inside
   CrashPoint("repack-shard-committed");
@@ -919,7 +948,16 @@ void Runner::CheckOptions() {
   if (opt_.worker_count < 1 || opt_.worker_index < 0 || opt_.worker_index >= opt_.worker_count) {
     throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
   }
-  if (opt_.block_bytes < 4096) throw Error(ErrorCode::kInvalidArgument, "block size too small");
+  if (opt_.block_bytes != 0 && (opt_.block_bytes < 4096 || opt_.block_bytes > kMaxBlockBytes)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--block-mib: block size " + std::to_string(opt_.block_bytes) + " bytes is outside 4 KiB .. " +
+                    std::to_string(kMaxBlockBytes >> 20) + " MiB");
+  }
+  if (opt_.mem_budget_bytes != 0 && opt_.mem_budget_bytes < kMinMemBudgetBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--mem-mb " + std::to_string(opt_.mem_budget_bytes >> 20) + ": must be at least " +
+                    std::to_string(kMinMemBudgetBytes >> 20) + " (MiB of pipeline buffers)");
+  }
   if (opt_.reads_in_flight < 0 || opt_.reads_in_flight > kMaxReadsInFlight) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--reads " + std::to_string(opt_.reads_in_flight) + ": must be 0 (automatic) .. " +
@@ -1058,14 +1096,11 @@ void Runner::CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable) {
 void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
   const std::string shard_lock_path = JoinPath(opt_.dst, kShardLockName);
   UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
-  const size_t streams = std::min<size_t>(
-      todo.size(), static_cast<size_t>(opt_.streams > 0 ? opt_.streams : kDefaultStreams));
-  if (streams == 0) return;
-  const size_t depth = std::max<size_t>(2, kPipelineDepth / streams);
-  const size_t reads =
-      static_cast<size_t>(opt_.reads_in_flight > 0 ? opt_.reads_in_flight : kDefaultReadsInFlight);
-  const size_t writes = static_cast<size_t>(
-      opt_.writes_in_flight > 0 ? opt_.writes_in_flight : kDefaultWritesInFlight);
+  if (todo.empty()) return;
+  const size_t streams = static_cast<size_t>(plan_.streams);  // <= todo.size()
+  const size_t depth = PipelineDepth(plan_.streams);
+  const size_t reads = static_cast<size_t>(plan_.reads);
+  const size_t writes = static_cast<size_t>(plan_.writes);
 
   struct Posted {
     RepackEvent::Kind kind;
@@ -1128,7 +1163,13 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
     cv.notify_one();
   };
   std::vector<std::thread> workers;
-  for (size_t i = 0; i < streams; ++i) workers.emplace_back(stream, i);
+  try {
+    for (size_t i = 0; i < streams; ++i) workers.push_back(StartThread([&stream, i] { stream(i); }));
+  } catch (...) {
+    stop = true;  // the started streams finish the shard they took
+    for (auto& w : workers) w.join();
+    throw;
+  }
 
   // The calling thread: the observer's events, in the order they were posted.
   std::vector<std::string> active(streams);  // shard being converted per slot
@@ -1280,6 +1321,7 @@ RepackEvent Runner::Run() {
   uint64_t reclaimable = 0;
   std::vector<const ShardPlan*> todo = PlanWork(selected, force_clean, &skipped, &reclaimable);
   CheckFreeSpace(snap, reclaimable);
+  plan_ = ResolvePipeline(opt_, todo.size(), MemAvailableBytes());
 
   Emit(RepackEvent::Kind::kStart);
   for (const auto& ev : skipped) Emit(RepackEvent::Kind::kShardSkipped, ev);
@@ -1324,6 +1366,96 @@ RepackEvent Runner::Run() {
 }
 
 }  // namespace
+
+size_t BlocksPerStream(int streams, int reads, int writes) {
+  const size_t depth = PipelineDepth(streams);
+  const size_t read_pool = depth + static_cast<size_t>(std::max(1, reads)) - 1;
+  const size_t out_pool = depth;
+  const size_t stages = static_cast<size_t>(std::max(1, writes)) + 1;
+  constexpr size_t kScratch = 2;  // rows x cols f32 of a BF16 block: twice its bytes
+  return read_pool + out_pool + stages + kScratch;
+}
+
+uint64_t PipelineBufferBytes(int streams, int reads, int writes, uint64_t block_bytes) {
+  return static_cast<uint64_t>(std::max(1, streams)) * BlocksPerStream(streams, reads, writes) *
+         block_bytes;
+}
+
+namespace {
+std::string BlockText(uint64_t bytes) {
+  return bytes % (1 << 20) == 0 ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes >> 10) + " KiB";
+}
+}  // namespace
+
+PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_t mem_available) {
+  PipelinePlan p;
+  p.budget_given = o.mem_budget_bytes > 0;
+  if (p.budget_given) {
+    p.budget_bytes = o.mem_budget_bytes;
+  } else {
+    // A quarter of what the machine has free, at most the default: the budget
+    // is for buffers, and the page cache and other processes need the rest.
+    p.budget_bytes = kDefaultMemBudgetBytes;
+    if (mem_available > 0) {
+      p.budget_bytes = std::min(p.budget_bytes, std::max(kMinMemBudgetBytes, mem_available / 4));
+    }
+  }
+  const int cap = static_cast<int>(std::clamp<size_t>(shards_todo, 1, kMaxStreams));
+  p.streams_auto = o.streams <= 0;
+  p.reads_auto = o.reads_in_flight <= 0;
+  p.writes_auto = o.writes_in_flight <= 0;
+  p.block_auto = o.block_bytes == 0;
+  p.streams = std::min(p.streams_auto ? kDefaultStreams : o.streams, cap);
+  p.reads = p.reads_auto ? kDefaultReadsInFlight : o.reads_in_flight;
+  p.writes = p.writes_auto ? kDefaultWritesInFlight : o.writes_in_flight;
+  p.block_bytes = p.block_auto ? kMaxAutoBlockBytes : o.block_bytes;
+  auto bytes = [&] { return PipelineBufferBytes(p.streams, p.reads, p.writes, p.block_bytes); };
+  // The disk rewards I/Os in flight more than bytes in flight
+  // (docs/PERFORMANCE.md), so the block shrinks first, then the in-flight
+  // counts, then the streams.
+  while (bytes() > p.budget_bytes) {
+    if (p.block_auto && p.block_bytes > kMinAutoBlockBytes) {
+      p.block_bytes /= 2;
+    } else if (p.reads_auto && p.reads > 1 && (p.reads >= p.writes || !p.writes_auto || p.writes == 1)) {
+      p.reads /= 2;
+    } else if (p.writes_auto && p.writes > 1) {
+      p.writes /= 2;
+    } else if (p.streams_auto && p.streams > 1) {
+      --p.streams;
+    } else {
+      break;
+    }
+  }
+  p.buffer_bytes = bytes();
+  if (p.budget_given && p.buffer_bytes > p.budget_bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--mem-mb " + std::to_string(p.budget_bytes >> 20) + ": --streams " +
+                    std::to_string(p.streams) + " --reads " + std::to_string(p.reads) + " --writes " +
+                    std::to_string(p.writes) + " with " + BlockText(p.block_bytes) +
+                    " blocks need " + std::to_string((p.buffer_bytes + (1 << 20) - 1) >> 20) +
+                    " MiB of buffers; raise --mem-mb or lower the flags given (0 = automatic)");
+  }
+  return p;
+}
+
+std::string PipelinePlan::Describe() const {
+  static_assert(kDefaultMemBudgetBytes == 512ull << 20, "the automatic budget's text below names it");
+  auto src = [](bool a) { return a ? "" : " (given)"; };
+  char buf[512];
+  const uint64_t mib = 1 << 20;
+  const std::string block = BlockText(block_bytes);
+  std::snprintf(buf, sizeof buf,
+                "%d stream(s)%s x %d read(s)%s and %d write(s)%s in flight, %s blocks%s: buffers "
+                "<= %llu MiB of a %llu MiB budget (%s)",
+                streams, src(streams_auto), reads, src(reads_auto), writes, src(writes_auto),
+                block.c_str(), src(block_auto),
+                static_cast<unsigned long long>((buffer_bytes + mib - 1) / mib),
+                static_cast<unsigned long long>(budget_bytes / mib),
+                budget_given                  ? "--mem-mb"
+                : buffer_bytes > budget_bytes ? "automatic; the flags given exceed it"
+                                              : "automatic: the smaller of 512 MiB and MemAvailable / 4");
+  return buf;
+}
 
 std::vector<int64_t> ParseShardList(const std::string& list) {
   std::vector<int64_t> out;
