@@ -385,6 +385,45 @@ TEST_CASE("same output whatever the block size, thread, stream and read counts")
   CHECK(ReadAll(d / "log-bad").find("--reads 17") != std::string::npos);
 }
 
+TEST_CASE("--mem-mb and --block-mib: bad values and flags that cannot fit are refused, naming the flag") {
+  TempDir d;
+  const int bad = k3::ExitCodeFor(k3::ErrorCode::kInvalidArgument);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string want;  // in the error
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--mem-mb", "8"}, "--mem-mb 8: must be 16 .."},
+           {{"--mem-mb", "0"}, "--mem-mb 0: must be 16 .."},
+           {{"--block-mib", "0"}, "--block-mib 0: must be 1 .. 256"},
+           {{"--block-mib", "300"}, "--block-mib 300: must be 1 .. 256"},
+           // 4 x (9 + 2 + 9 + 2) blocks of 4 MiB = 352 MiB: the given flags do not fit.
+           {{"--mem-mb", "100", "--streams", "4", "--reads", "8", "--writes", "8", "--block-mib", "4"},
+            "--mem-mb 100: --streams 4 --reads 8 --writes 8 with 4 MiB blocks need 352 MiB"},
+       }) {
+    std::vector<std::string> argv = {Bin("k3-repack"), TinySnapshot(), d / "out-bad"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const std::string log = d / "log-bad";
+    CHECK(Run(argv, {.log = log}) == bad);
+    const std::string l = ReadAll(log);
+    CHECK_MESSAGE(l.find(c.want) != std::string::npos, l);
+    CHECK(!Exists(d / "out-bad"));  // refused before anything is written
+  }
+  // What fits is used as given and said so at the start (JSON and the human line).
+  const std::string log = d / "log-ok";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--json", "--mem-mb", "100", "--streams",
+               "2", "--block-mib", "2"},
+              {.log = log}) == 0);
+  const std::string l = ReadAll(log);
+  // 2 streams x (9 + 2 + 9 + 2) blocks x 2 MiB = 88 MiB: the automatic reads and writes fit as they are.
+  CHECK(l.find("\"streams\":2,\"reads_in_flight\":8,\"writes_in_flight\":8,\"block_bytes\":2097152,"
+               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":92274688") != std::string::npos);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out2", "--mem-mb", "100"}, {.log = log}) == 0);
+  CHECK(ReadAll(log).find("k3-repack: pipeline: 4 stream(s) x 8 read(s) and 8 write(s) in flight, 1 MiB "
+                          "blocks: buffers <= 88 MiB of a 100 MiB budget (--mem-mb)") != std::string::npos);
+}
+
 TEST_CASE("one big shard and many small ones: idle streams read it too, bytes unchanged") {
   // The big shard (32 MiB BF16 quantized, 16 MiB expert copied; 48 1 MiB
   // segments) is the last one taken, so with 2 streams the other runs out of
@@ -416,6 +455,16 @@ TEST_CASE("one big shard and many small ones: idle streams read it too, bytes un
   // Lending is timing-dependent per run, but over these three (the big shard
   // takes ~10x longer than the other stream's remaining tiny shards) it happens.
   CHECK(lent > 0);
+  // The defaults (block size chosen from the budget) and a budget so small that
+  // the automatic reads and writes shrink: the same bytes.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--mem-mb", "20"}}) {
+    const std::string out = d / ("out-auto" + std::to_string(flags.size()));
+    std::vector<std::string> argv = {Bin("k3-repack"), src, out, "--threads", "1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    REQUIRE(Run(argv) == 0);
+    CHECK(TreeDiff(want, ReadTree(out)) == "");
+  }
   CHECK(Run({Bin("k3-repack"), src, d / "out-bad", "--writes", "17"}, {.log = d / "log-bad"}) != 0);
   CHECK(ReadAll(d / "log-bad").find("--writes 17") != std::string::npos);
 }
