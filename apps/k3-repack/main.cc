@@ -187,23 +187,25 @@ int Main(int argc, char** argv) {
                      std::to_string(k3::repack::kDefaultStreams) + ", fewer if --mem-mb is small)")
       ->default_val(0);
   app.add_option("--reads", opt.reads_in_flight,
-                 "source reads in flight per stream (0 = " +
-                     std::to_string(k3::repack::kDefaultReadsInFlight) + ", fewer if --mem-mb is small)")
+                 "source reads in flight per stream (0 = as many as --mem-mb holds, up to " +
+                     std::to_string(k3::repack::kDefaultReadsInFlight) + ")")
       ->default_val(0);
   app.add_option("--writes", opt.writes_in_flight,
-                 "output writes in flight per stream (0 = " +
-                     std::to_string(k3::repack::kDefaultWritesInFlight) + ", fewer if --mem-mb is small)")
+                 "output writes in flight per stream (0 = as many as --mem-mb holds, up to " +
+                     std::to_string(k3::repack::kDefaultWritesInFlight) + ")")
       ->default_val(0);
   CLI::Option* mem_opt = app.add_option(
       "--mem-mb", mem_mb,
-      "MiB for the pipeline's buffers (default: the smaller of 512 and MemAvailable/4); automatic "
-      "block size, streams, reads and writes are sized to fit, given ones must fit");
+      "MiB for the pipeline's buffers (default: the smaller of " +
+          std::to_string(k3::repack::kDefaultMemBudgetBytes >> 20) +
+          " and MemAvailable/4); automatic block size, streams, reads and writes are sized to fit, "
+          "given ones must fit");
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
   CLI::Option* block_opt = app.add_option(
       "--block-mib", block_mib,
-      "pipeline block size in MiB, 1 .. 256 (default: the largest of 16, 8, 4, 2, 1 that fits --mem-mb)");
+      "pipeline block size in MiB, 1 .. 256 (default: 8, less if --mem-mb cannot hold 4 reads and writes of it)");
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");

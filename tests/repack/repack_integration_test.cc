@@ -397,9 +397,9 @@ TEST_CASE("--mem-mb and --block-mib: bad values and flags that cannot fit are re
            {{"--mem-mb", "0"}, "--mem-mb 0: must be 16 .."},
            {{"--block-mib", "0"}, "--block-mib 0: must be 1 .. 256"},
            {{"--block-mib", "300"}, "--block-mib 300: must be 1 .. 256"},
-           // 4 x (9 + 2 + 9 + 2) blocks of 4 MiB = 352 MiB: the given flags do not fit.
+           // 4 x (9 + 1 + 9) blocks of 4 MiB = 304 MiB: the given flags do not fit.
            {{"--mem-mb", "100", "--streams", "4", "--reads", "8", "--writes", "8", "--block-mib", "4"},
-            "--mem-mb 100: --streams 4 --reads 8 --writes 8 with 4 MiB blocks need 352 MiB"},
+            "--mem-mb 100: --streams 4 --reads 8 --writes 8 with 4 MiB blocks need 304 MiB"},
        }) {
     std::vector<std::string> argv = {Bin("k3-repack"), TinySnapshot(), d / "out-bad"};
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
@@ -415,12 +415,13 @@ TEST_CASE("--mem-mb and --block-mib: bad values and flags that cannot fit are re
                "2", "--block-mib", "2"},
               {.log = log}) == 0);
   const std::string l = ReadAll(log);
-  // 2 streams x (9 + 2 + 9 + 2) blocks x 2 MiB = 88 MiB: the automatic reads and writes fit as they are.
+  // 2 streams x (9 + 1 + 9) blocks x 2 MiB = 76 MiB: 8 reads and writes in flight fit.
   CHECK(l.find("\"streams\":2,\"reads_in_flight\":8,\"writes_in_flight\":8,\"block_bytes\":2097152,"
-               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":92274688") != std::string::npos);
+               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":79691776") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out2", "--mem-mb", "100"}, {.log = log}) == 0);
-  CHECK(ReadAll(log).find("k3-repack: pipeline: 4 stream(s) x 8 read(s) and 8 write(s) in flight, 1 MiB "
+  // 8 and 4 MiB blocks leave fewer than 4 in flight; 2 MiB: 4 x (2 x 4 + 3) x 2 MiB.
+  CHECK(ReadAll(log).find("k3-repack: pipeline: 4 stream(s) x 4 read(s) and 4 write(s) in flight, 2 MiB "
                           "blocks: buffers <= 88 MiB of a 100 MiB budget (--mem-mb)") != std::string::npos);
 }
 
@@ -782,9 +783,10 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 224 MiB with its defaults (4 streams, 8 reads and 8
-  // writes in flight each, 4 MiB blocks: at most 352 MiB of buffers; idle
-  // streams' blocks lent to the big shard), k3-verify --full 88 MiB. The bound
+  // CPU count): k3-repack 290 MiB with its defaults (4 streams, 5 reads and 5
+  // writes in flight each, 8 MiB blocks: at most 416 MiB of buffers; idle
+  // streams' blocks lent to the big shard), k3-verify --full 57 MiB (its f32
+  // scratch is a few rows per thread; 88 MiB when it was a whole block). The bound
   // is a third of one whole-matrix buffer and below its int8 output (576 MiB).
   // A run also stays within its --mem-mb budget plus what any run needs besides
   // the pipeline's buffers (binary, libraries, headers, thread stacks touched:
@@ -817,7 +819,7 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   CHECK(field(l, "buffer_bytes") <= field(l, "mem_budget_bytes"));
   CHECK(rss <= field(l, "mem_budget_bytes") + kBesidesBuffersBytes);
   // A budget below what the defaults use really bounds the run: 64 MiB leaves
-  // 4 streams x 4 reads x 4 writes of 1 MiB blocks (56 MiB), and the peak stays
+  // 4 streams x 6 reads and 6 writes of 1 MiB blocks (60 MiB), and the peak stays
   // within it (the defaults above peak well over 64 + 48 MiB). Same bytes.
   {
     const std::string out64 = d / "out64";

@@ -395,7 +395,7 @@ class ShardLock {
 struct StreamBuffers {
   std::vector<AlignedBuffer> blocks[2];  // read pool, output pool
   std::vector<AlignedBuffer> stages;     // the DirectWriter's staging blocks
-  std::vector<float> scratch;            // a quantized block as f32
+  std::vector<float> scratch;            // a few rows per quantizing thread as f32
 };
 
 // One shard's conversion as three stages joined by bounded queues: read (O_DIRECT
@@ -517,9 +517,11 @@ class ShardPipeline {
         if (!pools_[1].Pop(&o.bytes)) return;
         o.pool = 1;
         o.bytes.Reserve(s.dst_len);
-        if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
+        const int n_threads = threads();
+        const size_t need = QuantizeScratchFloats(it.cols, n_threads);
+        if (scratch.size() < need) scratch.resize(need);
         QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
-                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads());
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), n_threads);
         pools_[0].Push(std::move(b.bytes));
         b = std::move(o);
       } else if (s.kind == Segment::kScales) {
@@ -1370,10 +1372,11 @@ RepackEvent Runner::Run() {
 size_t BlocksPerStream(int streams, int reads, int writes) {
   const size_t depth = PipelineDepth(streams);
   const size_t read_pool = depth + static_cast<size_t>(std::max(1, reads)) - 1;
-  const size_t out_pool = depth;
+  // Quantized blocks are at most half their source block (int8 from BF16/F16;
+  // a quarter from F32, less for int4), and are allocated at that size.
+  const size_t out_pool = (depth + 1) / 2;
   const size_t stages = static_cast<size_t>(std::max(1, writes)) + 1;
-  constexpr size_t kScratch = 2;  // rows x cols f32 of a BF16 block: twice its bytes
-  return read_pool + out_pool + stages + kScratch;
+  return read_pool + out_pool + stages;
 }
 
 uint64_t PipelineBufferBytes(int streams, int reads, int writes, uint64_t block_bytes) {
@@ -1406,26 +1409,35 @@ PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_
   p.writes_auto = o.writes_in_flight <= 0;
   p.block_auto = o.block_bytes == 0;
   p.streams = std::min(p.streams_auto ? kDefaultStreams : o.streams, cap);
-  p.reads = p.reads_auto ? kDefaultReadsInFlight : o.reads_in_flight;
-  p.writes = p.writes_auto ? kDefaultWritesInFlight : o.writes_in_flight;
-  p.block_bytes = p.block_auto ? kMaxAutoBlockBytes : o.block_bytes;
   auto bytes = [&] { return PipelineBufferBytes(p.streams, p.reads, p.writes, p.block_bytes); };
-  // The disk rewards I/Os in flight more than bytes in flight
-  // (docs/PERFORMANCE.md), so the block shrinks first, then the in-flight
-  // counts, then the streams.
-  while (bytes() > p.budget_bytes) {
-    if (p.block_auto && p.block_bytes > kMinAutoBlockBytes) {
-      p.block_bytes /= 2;
-    } else if (p.reads_auto && p.reads > 1 && (p.reads >= p.writes || !p.writes_auto || p.writes == 1)) {
-      p.reads /= 2;
-    } else if (p.writes_auto && p.writes > 1) {
-      p.writes /= 2;
-    } else if (p.streams_auto && p.streams > 1) {
-      --p.streams;
-    } else {
-      break;
+  // The disk measured in docs/PERFORMANCE.md rewards bytes in flight, in
+  // blocks of 8 MiB or more: the first of these that fits the budget is taken,
+  // the block size before the count (automatic reads and writes are equal).
+  //   block 8 MiB, in flight 8 down to 4; then 4 MiB, 8 down to 4; ... 1 MiB;
+  //   then 1 MiB with 3 down to 1 in flight; then fewer automatic streams.
+  auto try_counts = [&](int hi, int lo) {
+    for (int n = hi; n >= lo; --n) {
+      p.reads = p.reads_auto ? n : o.reads_in_flight;
+      p.writes = p.writes_auto ? n : o.writes_in_flight;
+      if (bytes() <= p.budget_bytes) return true;
+      if (!p.reads_auto && !p.writes_auto) return false;
     }
+    return false;
+  };
+  bool fits = false;
+  for (uint64_t b = kMaxAutoBlockBytes; !fits && b >= kMinAutoBlockBytes; b /= 2) {
+    p.block_bytes = p.block_auto ? b : o.block_bytes;
+    fits = try_counts(kDefaultReadsInFlight, kMinAutoInFlight);
+    if (!p.block_auto) break;
   }
+  while (!fits) {
+    fits = try_counts(kMinAutoInFlight - 1, 1);
+    if (fits || !p.streams_auto || p.streams == 1) break;
+    --p.streams;
+    fits = try_counts(kDefaultReadsInFlight, 1);
+  }
+  if (!fits && p.reads_auto) p.reads = 1;
+  if (!fits && p.writes_auto) p.writes = 1;
   p.buffer_bytes = bytes();
   if (p.budget_given && p.buffer_bytes > p.budget_bytes) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -1439,10 +1451,11 @@ PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_
 }
 
 std::string PipelinePlan::Describe() const {
-  static_assert(kDefaultMemBudgetBytes == 512ull << 20, "the automatic budget's text below names it");
   auto src = [](bool a) { return a ? "" : " (given)"; };
   char buf[512];
   const uint64_t mib = 1 << 20;
+  const std::string automatic =
+      "automatic: the smaller of " + std::to_string(kDefaultMemBudgetBytes / mib) + " MiB and MemAvailable / 4";
   const std::string block = BlockText(block_bytes);
   std::snprintf(buf, sizeof buf,
                 "%d stream(s)%s x %d read(s)%s and %d write(s)%s in flight, %s blocks%s: buffers "
@@ -1453,7 +1466,7 @@ std::string PipelinePlan::Describe() const {
                 static_cast<unsigned long long>(budget_bytes / mib),
                 budget_given                  ? "--mem-mb"
                 : buffer_bytes > budget_bytes ? "automatic; the flags given exceed it"
-                                              : "automatic: the smaller of 512 MiB and MemAvailable / 4");
+                                              : automatic.c_str());
   return buf;
 }
 
