@@ -783,7 +783,7 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 290 MiB with its defaults (4 streams, 5 reads and 5
+  // CPU count): k3-repack 288 MiB with its defaults (4 streams, 5 reads and 5
   // writes in flight each, 8 MiB blocks: at most 416 MiB of buffers; idle
   // streams' blocks lent to the big shard), k3-verify --full 57 MiB (its f32
   // scratch is a few rows per thread; 88 MiB when it was a whole block). The bound

@@ -409,10 +409,12 @@ struct StreamBuffers {
 // *progress. `direct_fd` (may be invalid: buffered reads) outlives the pipeline.
 class ShardPipeline {
  public:
-  ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, size_t depth, size_t reads,
-                StreamBuffers* bufs, std::atomic<uint64_t>* progress, const UniqueFd& direct_fd)
+  ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, uint64_t block_bytes, size_t depth,
+                size_t reads, StreamBuffers* bufs, std::atomic<uint64_t>* progress,
+                const UniqueFd& direct_fd)
       : p_(p),
         segs_(std::move(segs)),
+        reserve_{ReserveBytes(segs_, block_bytes, false), ReserveBytes(segs_, block_bytes, true)},
         reads_(reads),
         bufs_(bufs),
         // Read blocks: `depth` queued plus one per further read in flight.
@@ -516,7 +518,7 @@ class ShardPipeline {
         o.seg = b.seg;
         if (!pools_[1].Pop(&o.bytes)) return;
         o.pool = 1;
-        o.bytes.Reserve(s.dst_len);
+        o.bytes.Reserve(reserve_[1]);
         const int n_threads = threads();
         const size_t need = QuantizeScratchFloats(it.cols, n_threads);
         if (scratch.size() < need) scratch.resize(need);
@@ -621,7 +623,20 @@ class ShardPipeline {
     }
   }
 
+  // Every block is allocated once at the size any segment (of this shard, or
+  // of a whole block) needs: growing blocks segment by segment churns the heap
+  // and leaves its peak above the blocks' count (PipelineBufferBytes).
+  static size_t ReserveBytes(const std::vector<Segment>& segs, uint64_t block_bytes, bool quantized) {
+    uint64_t n = quantized ? block_bytes / 2 : block_bytes + 2 * AlignedBuffer::kAlign;
+    for (const Segment& s : segs) {
+      if (!quantized) n = std::max(n, s.src_len + 2 * AlignedBuffer::kAlign);
+      if (quantized && s.kind == Segment::kQuant) n = std::max(n, s.dst_len);
+    }
+    return static_cast<size_t>(n);
+  }
+
   void ReadSource(const Segment& s, Block* b) {
+    b->bytes.Reserve(reserve_[0]);
     if (use_direct_.load() &&
         !ReadDirect(direct_fd_.get(), &b->bytes, s.src_off, s.src_len, p_.src->path(), &b->skip)) {
       LogOnce(&kPipelineDepth, LogLevel::kInfo,
@@ -630,7 +645,7 @@ class ShardPipeline {
       use_direct_ = false;
     }
     if (!use_direct_.load()) {
-      b->bytes.Reserve(s.src_len);
+      b->bytes.Reserve(reserve_[0]);
       b->skip = 0;
       PreadFull(p_.src->fd(), std::span(b->bytes.data(), s.src_len), s.src_off, p_.src->path());
     }
@@ -664,6 +679,7 @@ class ShardPipeline {
 
   const ShardPlan& p_;
   const std::vector<Segment> segs_;
+  const size_t reserve_[2];  // bytes of a read block, of a quantized block
   const size_t reads_;
   StreamBuffers* const bufs_;
   const size_t pool_blocks_[2];
@@ -832,7 +848,8 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   UniqueFd direct_fd;
   if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), depth, reads, bufs, progress, direct_fd);
+  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), plan_.block_bytes, depth, reads, bufs, progress,
+                     direct_fd);
   // Open to helpers while it runs; on every way out (a failure included) no
   // new helper can join and the ones inside have left before `pipe` goes.
   struct Lent {
