@@ -54,6 +54,9 @@ struct RepackBenchArgs {
   // Block sizes (MiB) of the disk-limit passes: with the in-flight counts they
   // tell whether the disk rewards I/Os in flight or bytes in flight.
   std::vector<int> grid_block_mib = {16};
+  // Cells "SxQxB" added to the streams x qd x block product, e.g. equal bytes
+  // in flight with more, smaller I/Os: 4x4x16,4x8x8,4x16x4.
+  std::vector<std::string> grid_cells;
   bool disk_limit = true;
   bool cp_verify = true;
   // k3-repack configurations "SxR", "SxRxW" or "SxRxWxB" (--streams S --reads
@@ -341,6 +344,19 @@ void RunRepackBench(const RepackBenchArgs& a) {
         for (int q : a.grid_qd) grid.push_back({st, q, b, {}});
       }
     }
+    for (const std::string& c : a.grid_cells) {
+      int st = 0, q = 0, b = 0;
+      char tail = 0;
+      if (std::sscanf(c.c_str(), "%dx%dx%d%c", &st, &q, &b, &tail) != 3 || st < 1 || st > 64 || q < 1 ||
+          q > 64 || b < 1 || b > 256) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--grid-cells: '" + c + "' is not SxQxB (streams 1..64, qd 1..64, block 1..256 MiB)");
+      }
+      const bool dup = std::any_of(grid.begin(), grid.end(), [&](const Cell& x) {
+        return x.streams == st && x.qd == q && x.block_mib == b;
+      });
+      if (!dup) grid.push_back({st, q, b, {}});
+    }
   }
   uint64_t repack_rss = 0, verify_rss = 0, out_bytes = 0;
   for (int run = 0; run < a.runs; ++run) {
@@ -494,6 +510,10 @@ void SetupRepackBench(CLI::App& root) {
       ->delimiter(',');
   cmd->add_option("--grid-block-mib", args->grid_block_mib,
                   "disk-limit baseline: block sizes in MiB (each with every streams x qd cell)")
+      ->delimiter(',');
+  cmd->add_option("--grid-cells", args->grid_cells,
+                  "disk-limit baseline: more cells SxQxB (streams x reads in flight x block MiB), "
+                  "e.g. 4x8x8,4x16x4")
       ->delimiter(',');
   cmd->add_flag("!--no-disk-limit", args->disk_limit, "skip the disk-limit grid");
   cmd->add_flag("!--no-cp-verify", args->cp_verify, "skip cp, k3-verify and cat");
