@@ -1,9 +1,9 @@
 // k3-bench repack: conversion throughput against the same disk's baselines, in the
 // same run. Per run (page cache dropped before each step when --drop-caches):
 //   k3-repack SRC OUT          vs  the disk's limit: the source's bytes read while
-//                                  the output's size is written, O_DIRECT, 16 MiB
-//                                  blocks, over a grid of parallel streams x queue
-//                                  depth (the best configuration's median is the limit)
+//                                  the output's size is written, O_DIRECT, over a
+//                                  grid of parallel streams x queue depth x block
+//                                  size (the best cell's median is the limit)
 //                              and, right before every k3-repack run, one pass of
 //                                  the best cell so far (the pair: both see the
 //                                  same disk weather; ratio per pair, median/range)
@@ -51,11 +51,18 @@ struct RepackBenchArgs {
   bool keep = false;
   std::vector<int> grid_streams = {1, 2, 4};
   std::vector<int> grid_qd = {1, 2, 4};
+  // Block sizes (MiB) of the disk-limit passes: with the in-flight counts they
+  // tell whether the disk rewards I/Os in flight or bytes in flight.
+  std::vector<int> grid_block_mib = {16};
+  // Cells "SxQxB" added to the streams x qd x block product, e.g. equal bytes
+  // in flight with more, smaller I/Os: 4x4x16,4x8x8,4x16x4.
+  std::vector<std::string> grid_cells;
   bool disk_limit = true;
   bool cp_verify = true;
-  // k3-repack configurations "SxR" or "SxRxW" (--streams S --reads R --writes W;
-  // 0 = its default)
-  std::vector<std::string> repack_configs = {"0x0"};
+  // k3-repack configurations "SxR", "SxRxW" or "SxRxWxB" (--streams S --reads
+  // R --writes W --block-mib B; 0 or absent = its default), or "default" (no
+  // pipeline flags at all: what a user gets).
+  std::vector<std::string> repack_configs = {"default"};
 };
 
 struct Measured {
@@ -145,7 +152,6 @@ void Print(JsonWriter& w) {
 
 // --- The disk's limit for this conversion ---------------------------------
 
-constexpr size_t kIoBlock = 16u << 20;
 constexpr size_t kIoAlign = 4096;
 
 // mmap'd, so freeing it really returns the pages: a child forked later
@@ -178,12 +184,13 @@ std::vector<std::pair<std::string, uint64_t>> SourceShards(const std::string& sr
 }
 
 // `streams` threads each take the next source file and read it with `qd`
-// block reads in flight (qd threads taking its blocks in turn), O_DIRECT;
+// reads of `block` bytes in flight (qd threads taking its blocks in turn), O_DIRECT;
 // meanwhile `streams` writers write out_bytes / streams each to their own file
 // the same way, then fsync (k3-repack's output is durable too). Returns seconds
 // until the last read and the last fsync are done.
 double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
-                     uint64_t out_bytes, const std::string& work, int streams, int qd) {
+                     uint64_t out_bytes, const std::string& work, int streams, int qd,
+                     size_t block) {
   std::atomic<size_t> next_file{0};
   std::mutex err_mu;
   std::string err;
@@ -191,18 +198,18 @@ double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
     std::lock_guard<std::mutex> lock(err_mu);
     if (err.empty()) err = e;
   };
-  // [0, bytes) in kIoBlock blocks, qd of them in flight (qd threads taking the
+  // [0, bytes) in `block`-byte blocks, qd of them in flight (qd threads taking the
   // blocks in turn); io(buf, off, len) moves one block and returns "" or an error.
   auto blocks_in_flight = [&](uint64_t bytes, auto&& io) {
-    const uint64_t blocks = (bytes + kIoBlock - 1) / kIoBlock;
+    const uint64_t blocks = (bytes + block - 1) / block;
     std::atomic<uint64_t> next_block{0};
     std::vector<std::thread> q;
     for (int i = 0; i < qd; ++i) {
       q.emplace_back([&] {
-        AlignedBlock buf(kIoBlock);
+        AlignedBlock buf(block);
         for (uint64_t b = next_block++; b < blocks; b = next_block++) {
-          const uint64_t off = b * kIoBlock;
-          const std::string e = io(buf.data, off, std::min<uint64_t>(kIoBlock, bytes - off));
+          const uint64_t off = b * block;
+          const std::string e = io(buf.data, off, std::min<uint64_t>(block, bytes - off));
           if (!e.empty()) return fail(e);
         }
       });
@@ -273,10 +280,15 @@ void RunRepackBench(const RepackBenchArgs& a) {
   for (const auto& f : shards) shard_bytes += f.second;
   std::vector<double> cp_s, cp_sync_s, verify_s, cat_s;
   struct RepackConfig {
-    std::string streams, reads, writes, key;
+    std::vector<std::string> flags;  // k3-repack's pipeline flags
+    std::string key;
   };
   std::vector<RepackConfig> configs;
   for (const std::string& c : a.repack_configs) {
+    if (c == "default") {
+      configs.push_back({{}, "repack_default"});
+      continue;
+    }
     std::vector<std::string> parts;
     for (size_t i = 0;;) {
       const size_t x = c.find('x', i);
@@ -284,27 +296,66 @@ void RunRepackBench(const RepackBenchArgs& a) {
       if (x == std::string::npos) break;
       i = x + 1;
     }
-    const bool ok = (parts.size() == 2 || parts.size() == 3) &&
+    const bool ok = parts.size() >= 2 && parts.size() <= 4 &&
                     std::all_of(parts.begin(), parts.end(), [](const std::string& p) {
                       return !p.empty() && p.find_first_not_of("0123456789") == std::string::npos;
                     });
-    if (!ok) throw Error(ErrorCode::kInvalidArgument, "--repack-configs: '" + c + "' is not SxR or SxRxW");
-    if (parts.size() == 2) parts.push_back("0");
-    std::string key = "repack_s" + parts[0] + "_r" + parts[1];
-    if (parts[2] != "0") key += "_w" + parts[2];
-    configs.push_back({parts[0], parts[1], parts[2], key});
+    if (!ok) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--repack-configs: '" + c + "' is not SxR, SxRxW, SxRxWxB or default");
+    }
+    while (parts.size() < 4) parts.push_back("0");
+    RepackConfig rc{{"--streams", parts[0], "--reads", parts[1], "--writes", parts[2]},
+                    "repack_s" + parts[0] + "_r" + parts[1]};
+    if (parts[2] != "0") rc.key += "_w" + parts[2];
+    if (parts[3] != "0") {
+      rc.flags.insert(rc.flags.end(), {"--block-mib", parts[3]});
+      rc.key += "_b" + parts[3];
+    }
+    configs.push_back(rc);
+  }
+  for (int b : a.grid_block_mib) {
+    if (b < 1 || b > 256) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--grid-block-mib " + std::to_string(b) + ": must be 1 .. 256");
+    }
   }
   std::vector<std::vector<double>> repack_s(configs.size());
   // Per config: the adjacent baseline pass's seconds / k3-repack's, one per run.
   std::vector<std::vector<double>> pair_ratio(configs.size());
   struct Cell {
-    int streams, qd;
+    int streams, qd, block_mib;
     std::vector<double> secs;
+    // 16 MiB cells keep the keys they had before the block size was a knob.
+    std::string Key() const {
+      std::string k = "disk_s" + std::to_string(streams) + "_qd" + std::to_string(qd);
+      if (block_mib != 16) k += "_b" + std::to_string(block_mib);
+      return k;
+    }
+    double Pass(const std::vector<std::pair<std::string, uint64_t>>& files, uint64_t out_bytes,
+                const std::string& work) const {
+      return DiskLimitPass(files, out_bytes, work, streams, qd, size_t(block_mib) << 20);
+    }
   };
   std::vector<Cell> grid;
   if (a.disk_limit) {
-    for (int st : a.grid_streams) {
-      for (int q : a.grid_qd) grid.push_back({st, q, {}});
+    for (int b : a.grid_block_mib) {
+      for (int st : a.grid_streams) {
+        for (int q : a.grid_qd) grid.push_back({st, q, b, {}});
+      }
+    }
+    for (const std::string& c : a.grid_cells) {
+      int st = 0, q = 0, b = 0;
+      char tail = 0;
+      if (std::sscanf(c.c_str(), "%dx%dx%d%c", &st, &q, &b, &tail) != 3 || st < 1 || st > 64 || q < 1 ||
+          q > 64 || b < 1 || b > 256) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--grid-cells: '" + c + "' is not SxQxB (streams 1..64, qd 1..64, block 1..256 MiB)");
+      }
+      const bool dup = std::any_of(grid.begin(), grid.end(), [&](const Cell& x) {
+        return x.streams == st && x.qd == q && x.block_mib == b;
+      });
+      if (!dup) grid.push_back({st, q, b, {}});
     }
   }
   uint64_t repack_rss = 0, verify_rss = 0, out_bytes = 0;
@@ -319,8 +370,10 @@ void RunRepackBench(const RepackBenchArgs& a) {
     auto repack = [&](const RepackConfig& c) {
       RunChild({"/bin/rm", "-rf", out});
       DropCaches(a.drop_caches);
-      return RunChild({bin + "/k3-repack", a.src, out, "--bits", std::to_string(a.bits), "--json",
-                       "--streams", c.streams, "--reads", c.reads, "--writes", c.writes});
+      std::vector<std::string> argv = {bin + "/k3-repack", a.src, out, "--bits",
+                                       std::to_string(a.bits), "--json"};
+      argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+      return RunChild(argv);
     };
     if (out_bytes == 0 && !grid.empty()) {
       repack(configs.front());
@@ -328,9 +381,8 @@ void RunRepackBench(const RepackBenchArgs& a) {
     }
     for (Cell& c : grid) {
       DropCaches(a.drop_caches);
-      c.secs.push_back(DiskLimitPass(shards, out_bytes, a.work, c.streams, c.qd));
-      w.Field("disk_s" + std::to_string(c.streams) + "_qd" + std::to_string(c.qd) + "_s",
-              c.secs.back());
+      c.secs.push_back(c.Pass(shards, out_bytes, a.work));
+      w.Field(c.Key() + "_s", c.secs.back());
     }
     const Cell* pair_cell = nullptr;
     for (const Cell& c : grid) {
@@ -340,7 +392,7 @@ void RunRepackBench(const RepackBenchArgs& a) {
     for (size_t i = 0; i < configs.size(); ++i) {
       if (pair_cell) {
         DropCaches(a.drop_caches);
-        const double b = DiskLimitPass(shards, out_bytes, a.work, pair_cell->streams, pair_cell->qd);
+        const double b = pair_cell->Pass(shards, out_bytes, a.work);
         w.Field(configs[i].key + "_pair_disk_s", b);
         r = repack(configs[i]);
         pair_ratio[i].push_back(b / r.seconds);
@@ -356,7 +408,8 @@ void RunRepackBench(const RepackBenchArgs& a) {
     out_bytes = TreeBytes(out);
     if (pair_cell) {
       w.Field("pair_disk_streams", int64_t{pair_cell->streams})
-          .Field("pair_disk_qd", int64_t{pair_cell->qd});
+          .Field("pair_disk_qd", int64_t{pair_cell->qd})
+          .Field("pair_disk_block_mib", int64_t{pair_cell->block_mib});
     }
     if (a.cp_verify) {
       DropCaches(a.drop_caches);
@@ -395,7 +448,7 @@ void RunRepackBench(const RepackBenchArgs& a) {
   const Cell* best = nullptr;
   for (const Cell& c : grid) {
     const Spread sp = SpreadOf(c.secs);
-    const std::string k = "disk_s" + std::to_string(c.streams) + "_qd" + std::to_string(c.qd);
+    const std::string k = c.Key();
     w.Field(k + "_gbps", shard_bytes / sp.median / gb);
     w.Field(k + "_s", sp.median).Field(k + "_min_s", sp.min).Field(k + "_max_s", sp.max);
     if (!best || sp.median < Median(best->secs)) best = &c;
@@ -404,6 +457,7 @@ void RunRepackBench(const RepackBenchArgs& a) {
   if (best) {
     limit = SpreadOf(best->secs);
     w.Field("disk_limit_streams", int64_t{best->streams}).Field("disk_limit_qd", int64_t{best->qd});
+    w.Field("disk_limit_block_mib", int64_t{best->block_mib});
     w.Field("disk_limit_s", limit.median)
         .Field("disk_limit_min_s", limit.min)
         .Field("disk_limit_max_s", limit.max);
@@ -454,11 +508,19 @@ void SetupRepackBench(CLI::App& root) {
       ->delimiter(',');
   cmd->add_option("--grid-qd", args->grid_qd, "disk-limit baseline: reads in flight per stream")
       ->delimiter(',');
+  cmd->add_option("--grid-block-mib", args->grid_block_mib,
+                  "disk-limit baseline: block sizes in MiB (each with every streams x qd cell)")
+      ->delimiter(',');
+  cmd->add_option("--grid-cells", args->grid_cells,
+                  "disk-limit baseline: more cells SxQxB (streams x reads in flight x block MiB), "
+                  "e.g. 4x8x8,4x16x4")
+      ->delimiter(',');
   cmd->add_flag("!--no-disk-limit", args->disk_limit, "skip the disk-limit grid");
   cmd->add_flag("!--no-cp-verify", args->cp_verify, "skip cp, k3-verify and cat");
   cmd->add_option("--repack-configs", args->repack_configs,
-                  "k3-repack configurations to time, SxR or SxRxW = --streams S --reads R "
-                  "--writes W (0 = its default), e.g. 1x1x1,2x2")
+                  "k3-repack configurations to time, SxR, SxRxW or SxRxWxB = --streams S --reads R "
+                  "--writes W --block-mib B (0 = its default), or default (no pipeline flags), "
+                  "e.g. 1x1x1,2x2x2x16,default")
       ->delimiter(',');
   cmd->callback([args] { RunRepackBench(*args); });
 }

@@ -1,5 +1,7 @@
 // k3-repack: HF snapshot -> k3 container (docs/repack.md). Parses flags, prints
 // progress (TTY) or JSON events (--json), maps k3::Error to exit codes.
+#include <malloc.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -55,6 +57,13 @@ void PrintJson(const RepackEvent& e) {
       w.Field("bytes_todo", e.bytes_todo);
       w.Field("out_bytes_planned", e.out_bytes_planned);
       w.Field("free_bytes", e.free_bytes);
+      w.Field("streams", e.pipeline.streams);
+      w.Field("reads_in_flight", e.pipeline.reads);
+      w.Field("writes_in_flight", e.pipeline.writes);
+      w.Field("block_bytes", e.pipeline.block_bytes);
+      w.Field("mem_budget_bytes", e.pipeline.budget_bytes);
+      w.Field("buffer_bytes", e.pipeline.buffer_bytes);
+      w.Field("pipeline", e.pipeline.Describe());
       break;
     case RepackEvent::Kind::kShardSkipped:
       w.Field("out_bytes", e.shard_out_bytes);
@@ -103,6 +112,7 @@ void PrintHuman(const RepackEvent& e, bool tty) {
           "k3-repack: %zu shard(s) selected, %zu to convert (%s to read, %s to write, %s free)\n",
           e.shards_selected, e.shards_todo, k3::FormatBytes(e.bytes_todo).c_str(),
           k3::FormatBytes(e.out_bytes_planned).c_str(), k3::FormatBytes(e.free_bytes).c_str());
+      if (e.shards_todo > 0) std::fprintf(stderr, "k3-repack: pipeline: %s\n", e.pipeline.Describe().c_str());
       break;
     case RepackEvent::Kind::kShardSkipped:
       std::fprintf(stderr, "  %s: already complete, kept\n", e.shard.c_str());
@@ -131,14 +141,30 @@ void PrintHuman(const RepackEvent& e, bool tty) {
 
 }  // namespace
 
+// Address space stays bounded, not only RSS (tests/repack converts under
+// RLIMIT_AS = 1 GiB): the pipeline runs ~18 threads per stream (readers and
+// the writer's I/O threads, docs/repack.md), and glibc would give each one
+// 8 MiB of stack and reserve up to 8 x CPUs malloc arenas of 64 MiB. None of
+// them needs that: the big buffers are a few long-lived blocks, the threads'
+// frames are small (quantization kernels included).
+void BoundAddressSpace() {
+  ::mallopt(M_ARENA_MAX, 4);
+  pthread_attr_t attr;
+  if (::pthread_attr_init(&attr) != 0) return;
+  ::pthread_attr_setstacksize(&attr, 2u << 20);
+  ::pthread_setattr_default_np(&attr);
+  ::pthread_attr_destroy(&attr);
+}
+
 int Main(int argc, char** argv) {
+  BoundAddressSpace();
   CLI::App app{"k3-repack: convert a Kimi K3 HF snapshot into a k3 container (docs/repack.md)"};
   k3::cli::InitApp(app, "k3-repack", k3::quant::KernelsVersionDetail);
   k3::repack::RepackOptions opt;
   int mla_bits = -1, head_bits = -1;
   std::string shards, worker;
   bool json = false, quiet = false;
-  uint64_t block_mib = 16;
+  int64_t block_mib = 0, mem_mb = 0;
   app.add_option("SRC", opt.src, "HF snapshot directory")->required();
   app.add_option("DST", opt.dst, "container directory (created if missing)")->required();
   app.add_option("--bits", opt.bits.bits, "bits for KDA/MoE-latent/shared/dense matrices (4 or 8)")
@@ -154,22 +180,32 @@ int Main(int argc, char** argv) {
   app.add_flag("--recheck", opt.recheck,
                "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
+  // The pipeline's shape: 0 = chosen at start-up within --mem-mb (printed as
+  // the "pipeline:" line; docs/repack.md). Output bytes do not depend on it.
   app.add_option("--streams", opt.streams,
                  "source shards converted at once (0 = " +
-                     std::to_string(k3::repack::kDefaultStreams) + "); output bytes do not depend on it")
+                     std::to_string(k3::repack::kDefaultStreams) + ", fewer if --mem-mb is small)")
       ->default_val(0);
   app.add_option("--reads", opt.reads_in_flight,
-                 "source reads in flight per stream (0 = " +
+                 "source reads in flight per stream (0 = as many as --mem-mb holds, up to " +
                      std::to_string(k3::repack::kDefaultReadsInFlight) + ")")
       ->default_val(0);
   app.add_option("--writes", opt.writes_in_flight,
-                 "output writes in flight per stream (0 = " +
+                 "output writes in flight per stream (0 = as many as --mem-mb holds, up to " +
                      std::to_string(k3::repack::kDefaultWritesInFlight) + ")")
       ->default_val(0);
+  CLI::Option* mem_opt = app.add_option(
+      "--mem-mb", mem_mb,
+      "MiB for the pipeline's buffers (default: the smaller of " +
+          std::to_string(k3::repack::kDefaultMemBudgetBytes >> 20) +
+          " and MemAvailable/4); automatic block size, streams, reads and writes are sized to fit, "
+          "given ones must fit");
   app.add_flag("--json", json, "one JSON event per line on stdout");
   app.add_flag("-q,--quiet", quiet, "no progress or summary on stderr (errors and warnings still)");
   app.add_flag("--force", opt.force, "discard what DST holds and start over");
-  app.add_option("--block-mib", block_mib, "pipeline block size in MiB")->default_val(16);
+  CLI::Option* block_opt = app.add_option(
+      "--block-mib", block_mib,
+      "pipeline block size in MiB, 1 .. 256 (default: 8, less if --mem-mb cannot hold 4 reads and writes of it)");
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
@@ -189,7 +225,25 @@ int Main(int argc, char** argv) {
     opt.bits.head_bits = head_opt->count() ? head_bits : std::max(opt.bits.bits, 8);
     if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
     if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
-    opt.block_bytes = block_mib << 20;
+    // Given values are checked as given: 0 is not "automatic" here.
+    if (block_opt->count()) {
+      if (block_mib < 1 || block_mib > static_cast<int64_t>(k3::repack::kMaxBlockBytes >> 20)) {
+        throw k3::Error(k3::ErrorCode::kInvalidArgument,
+                        "--block-mib " + std::to_string(block_mib) + ": must be 1 .. " +
+                            std::to_string(k3::repack::kMaxBlockBytes >> 20));
+      }
+      opt.block_bytes = static_cast<uint64_t>(block_mib) << 20;
+    }
+    if (mem_opt->count()) {
+      constexpr int64_t kMaxMemMb = int64_t{1} << 30;
+      const int64_t min_mb = static_cast<int64_t>(k3::repack::kMinMemBudgetBytes >> 20);
+      if (mem_mb < min_mb || mem_mb > kMaxMemMb) {
+        throw k3::Error(k3::ErrorCode::kInvalidArgument,
+                        "--mem-mb " + std::to_string(mem_mb) + ": must be " + std::to_string(min_mb) +
+                            " .. " + std::to_string(kMaxMemMb) + " (MiB of pipeline buffers)");
+      }
+      opt.mem_budget_bytes = static_cast<uint64_t>(mem_mb) << 20;
+    }
     opt.space_check = !no_space_check;
     opt.direct = k3::GetEnvBool("K3_DIRECT", true);  // docs/environment.md
     k3::repack::RunRepack(opt, [&](const RepackEvent& e) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <thread>
@@ -384,6 +385,46 @@ TEST_CASE("same output whatever the block size, thread, stream and read counts")
   CHECK(ReadAll(d / "log-bad").find("--reads 17") != std::string::npos);
 }
 
+TEST_CASE("--mem-mb and --block-mib: bad values and flags that cannot fit are refused, naming the flag") {
+  TempDir d;
+  const int bad = k3::ExitCodeFor(k3::ErrorCode::kInvalidArgument);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string want;  // in the error
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--mem-mb", "8"}, "--mem-mb 8: must be 16 .."},
+           {{"--mem-mb", "0"}, "--mem-mb 0: must be 16 .."},
+           {{"--block-mib", "0"}, "--block-mib 0: must be 1 .. 256"},
+           {{"--block-mib", "300"}, "--block-mib 300: must be 1 .. 256"},
+           // 4 x (9 + 1 + 9) blocks of 4 MiB = 304 MiB: the given flags do not fit.
+           {{"--mem-mb", "100", "--streams", "4", "--reads", "8", "--writes", "8", "--block-mib", "4"},
+            "--mem-mb 100: --streams 4 --reads 8 --writes 8 with 4 MiB blocks need 304 MiB"},
+       }) {
+    std::vector<std::string> argv = {Bin("k3-repack"), TinySnapshot(), d / "out-bad"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const std::string log = d / "log-bad";
+    CHECK(Run(argv, {.log = log}) == bad);
+    const std::string l = ReadAll(log);
+    CHECK_MESSAGE(l.find(c.want) != std::string::npos, l);
+    CHECK(!Exists(d / "out-bad"));  // refused before anything is written
+  }
+  // What fits is used as given and said so at the start (JSON and the human line).
+  const std::string log = d / "log-ok";
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out", "--json", "--mem-mb", "100", "--streams",
+               "2", "--block-mib", "2"},
+              {.log = log}) == 0);
+  const std::string l = ReadAll(log);
+  // 2 streams x (9 + 1 + 9) blocks x 2 MiB = 76 MiB: 8 reads and writes in flight fit.
+  CHECK(l.find("\"streams\":2,\"reads_in_flight\":8,\"writes_in_flight\":8,\"block_bytes\":2097152,"
+               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":79691776") != std::string::npos);
+  CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
+  REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out2", "--mem-mb", "100"}, {.log = log}) == 0);
+  // 8 and 4 MiB blocks leave fewer than 4 in flight; 2 MiB: 4 x (2 x 4 + 3) x 2 MiB.
+  CHECK(ReadAll(log).find("k3-repack: pipeline: 4 stream(s) x 4 read(s) and 4 write(s) in flight, 2 MiB "
+                          "blocks: buffers <= 88 MiB of a 100 MiB budget (--mem-mb)") != std::string::npos);
+}
+
 TEST_CASE("one big shard and many small ones: idle streams read it too, bytes unchanged") {
   // The big shard (32 MiB BF16 quantized, 16 MiB expert copied; 48 1 MiB
   // segments) is the last one taken, so with 2 streams the other runs out of
@@ -415,6 +456,16 @@ TEST_CASE("one big shard and many small ones: idle streams read it too, bytes un
   // Lending is timing-dependent per run, but over these three (the big shard
   // takes ~10x longer than the other stream's remaining tiny shards) it happens.
   CHECK(lent > 0);
+  // The defaults (block size chosen from the budget) and a budget so small that
+  // the automatic reads and writes shrink: the same bytes.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--mem-mb", "20"}}) {
+    const std::string out = d / ("out-auto" + std::to_string(flags.size()));
+    std::vector<std::string> argv = {Bin("k3-repack"), src, out, "--threads", "1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    REQUIRE(Run(argv) == 0);
+    CHECK(TreeDiff(want, ReadTree(out)) == "");
+  }
   CHECK(Run({Bin("k3-repack"), src, d / "out-bad", "--writes", "17"}, {.log = d / "log-bad"}) != 0);
   CHECK(ReadAll(d / "log-bad").find("--writes 17") != std::string::npos);
 }
@@ -732,11 +783,21 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 249 MiB (2 streams, 2 reads and 2 writes in flight each,
-  // the idle stream's blocks lent to the big shard; 152 MiB before writes went
-  // in flight), k3-verify --full 88 MiB. The bound is a third of one
-  // whole-matrix buffer and below its int8 output (576 MiB).
+  // CPU count): k3-repack 288 MiB with its defaults (4 streams, 5 reads and 5
+  // writes in flight each, 8 MiB blocks: at most 416 MiB of buffers; idle
+  // streams' blocks lent to the big shard), k3-verify --full 57 MiB (its f32
+  // scratch is a few rows per thread; 88 MiB when it was a whole block). The bound
+  // is a third of one whole-matrix buffer and below its int8 output (576 MiB).
+  // A run also stays within its --mem-mb budget plus what any run needs besides
+  // the pipeline's buffers (binary, libraries, headers, thread stacks touched:
+  // k3-tiny converts in ~19 MB).
   constexpr uint64_t kStreamingRssBytes = 384ull << 20;
+  constexpr uint64_t kBesidesBuffersBytes = 48ull << 20;
+  auto field = [](const std::string& log, const std::string& key) -> uint64_t {
+    const size_t at = log.find("\"" + key + "\":");
+    REQUIRE_MESSAGE(at != std::string::npos, key);
+    return std::stoull(log.substr(at + key.size() + 3));
+  };
   SpawnOptions o;
   o.log = log;
   o.pre_exec = [] {
@@ -755,6 +816,27 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   // RLIMIT_AS already caps RSS at 1 GiB, so "under the limit" proves nothing:
   // streaming must stay well below it (a whole-matrix buffer is 1152 MiB).
   CHECK(rss < kStreamingRssBytes);
+  CHECK(field(l, "buffer_bytes") <= field(l, "mem_budget_bytes"));
+  CHECK(rss <= field(l, "mem_budget_bytes") + kBesidesBuffersBytes);
+  // A budget below what the defaults use really bounds the run: 64 MiB leaves
+  // 4 streams x 6 reads and 6 writes of 1 MiB blocks (60 MiB), and the peak stays
+  // within it (the defaults above peak well over 64 + 48 MiB). Same bytes.
+  {
+    const std::string out64 = d / "out64";
+    o.log = d / "log64";
+    REQUIRE(Run({Bin("k3-repack"), src, out64, "--json", "--threads", "2", "--mem-mb", "64"}, o) == 0);
+    const std::string l64 = ReadAll(o.log);
+    INFO(l64);
+    CHECK(field(l64, "mem_budget_bytes") == 64ull << 20);
+    CHECK(field(l64, "buffer_bytes") <= 64ull << 20);
+    CHECK(field(l64, "block_bytes") == 1ull << 20);
+    const uint64_t rss64 = field(l64, "peak_rss_bytes");
+    MESSAGE("k3-repack --mem-mb 64: peak RSS " << rss64 / (1 << 20) << " MiB");
+    CHECK(rss64 <= (64ull << 20) + kBesidesBuffersBytes);
+    // checksums.xxh128 holds every file's XXH3-128: equal manifests, equal bytes.
+    CHECK(ReadAll(out64 + "/checksums.xxh128") == ReadAll(out + "/checksums.xxh128"));
+    std::filesystem::remove_all(out64);
+  }
   // The same file is also re-derived by k3-verify --full under the same limit:
   // it must succeed (exit 0, summary ok), not merely avoid a crash.
   o.log = d / "vlog";

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <span>
+#include <system_error>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
@@ -88,7 +89,14 @@ DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stag
     if (i > 0) free_->Push(i);
   }
   cur_ = 0;
-  for (size_t i = 0; i < n_io; ++i) io_.emplace_back([this] { IoThread(); });
+  try {
+    for (size_t i = 0; i < n_io; ++i) io_.emplace_back([this] { IoThread(); });
+  } catch (const std::system_error& e) {  // no destructor runs for a failed constructor
+    jobs_->Close();
+    free_->Close();
+    for (auto& t : io_) t.join();
+    throw Error(ErrorCode::kIo, std::string("cannot start a write thread (") + e.what() + ")", path);
+  }
 }
 
 DirectWriter::~DirectWriter() {

@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "k3/core/direct_io.h"
@@ -40,6 +41,22 @@ constexpr uint64_t kMaxMetadataFileBytes = 512ull << 20;
 // Blocks in flight per stage of one stream's pipeline: bounds memory. With
 // several streams each gets a share (at least 2), so the buffers stay ~8 x 16 MiB.
 constexpr size_t kPipelineDepth = 4;
+// std::thread, with a failure to start one (EAGAIN: RLIMIT_NPROC, or no
+// address space left for its stack under RLIMIT_AS) as a k3::Error that says
+// what to lower, not an exception that escapes a thread.
+template <typename Fn>
+std::thread StartThread(Fn&& fn) {
+  try {
+    return std::thread(std::forward<Fn>(fn));
+  } catch (const std::system_error& e) {
+    throw Error(ErrorCode::kIo, std::string("cannot start a pipeline thread (") + e.what() +
+                                    "); lower --streams, --reads or --writes");
+  }
+}
+
+size_t PipelineDepth(int streams) {
+  return std::max<size_t>(2, kPipelineDepth / static_cast<size_t>(std::max(1, streams)));
+}
 
 enum class Op : uint8_t { kCopy, kQuant };
 
@@ -378,7 +395,7 @@ class ShardLock {
 struct StreamBuffers {
   std::vector<AlignedBuffer> blocks[2];  // read pool, output pool
   std::vector<AlignedBuffer> stages;     // the DirectWriter's staging blocks
-  std::vector<float> scratch;            // a quantized block as f32
+  std::vector<float> scratch;            // a few rows per quantizing thread as f32
 };
 
 // One shard's conversion as three stages joined by bounded queues: read (O_DIRECT
@@ -392,10 +409,12 @@ struct StreamBuffers {
 // *progress. `direct_fd` (may be invalid: buffered reads) outlives the pipeline.
 class ShardPipeline {
  public:
-  ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, size_t depth, size_t reads,
-                StreamBuffers* bufs, std::atomic<uint64_t>* progress, const UniqueFd& direct_fd)
+  ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, uint64_t block_bytes, size_t depth,
+                size_t reads, StreamBuffers* bufs, std::atomic<uint64_t>* progress,
+                const UniqueFd& direct_fd)
       : p_(p),
         segs_(std::move(segs)),
+        reserve_{ReserveBytes(segs_, block_bytes, false), ReserveBytes(segs_, block_bytes, true)},
         reads_(reads),
         bufs_(bufs),
         // Read blocks: `depth` queued plus one per further read in flight.
@@ -499,10 +518,12 @@ class ShardPipeline {
         o.seg = b.seg;
         if (!pools_[1].Pop(&o.bytes)) return;
         o.pool = 1;
-        o.bytes.Reserve(s.dst_len);
-        if (scratch.size() < s.rows * it.cols) scratch.resize(s.rows * it.cols);
+        o.bytes.Reserve(reserve_[1]);
+        const int n_threads = threads();
+        const size_t need = QuantizeScratchFloats(it.cols, n_threads);
+        if (scratch.size() < need) scratch.resize(need);
         QuantizeBlock(it.src->dtype, b.bytes.data() + b.skip, s.rows, it.cols, it.qshape, o.bytes.data(),
-                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), threads());
+                      scales.data() + s.row0 * it.qshape.scales_per_row(it.cols), scratch.data(), n_threads);
         pools_[0].Push(std::move(b.bytes));
         b = std::move(o);
       } else if (s.kind == Segment::kScales) {
@@ -563,7 +584,10 @@ class ShardPipeline {
   // `n` reader loops, n - 1 of them on threads of their own.
   void RunReaders(size_t n) {
     std::vector<std::thread> threads;
-    for (size_t k = 1; k < n; ++k) threads.emplace_back([this] { Guard([&] { ReadSegments(); }); });
+    Guard([&] {  // a thread that cannot start fails the pipeline; the started ones end
+      for (size_t k = 1; k < n; ++k)
+        threads.push_back(StartThread([this] { Guard([&] { ReadSegments(); }); }));
+    });
     Guard([&] { ReadSegments(); });
     for (auto& t : threads) t.join();
   }
@@ -599,7 +623,20 @@ class ShardPipeline {
     }
   }
 
+  // Every block is allocated once at the size any segment (of this shard, or
+  // of a whole block) needs: growing blocks segment by segment churns the heap
+  // and leaves its peak above the blocks' count (PipelineBufferBytes).
+  static size_t ReserveBytes(const std::vector<Segment>& segs, uint64_t block_bytes, bool quantized) {
+    uint64_t n = quantized ? block_bytes / 2 : block_bytes + 2 * AlignedBuffer::kAlign;
+    for (const Segment& s : segs) {
+      if (!quantized) n = std::max(n, s.src_len + 2 * AlignedBuffer::kAlign);
+      if (quantized && s.kind == Segment::kQuant) n = std::max(n, s.dst_len);
+    }
+    return static_cast<size_t>(n);
+  }
+
   void ReadSource(const Segment& s, Block* b) {
+    b->bytes.Reserve(reserve_[0]);
     if (use_direct_.load() &&
         !ReadDirect(direct_fd_.get(), &b->bytes, s.src_off, s.src_len, p_.src->path(), &b->skip)) {
       LogOnce(&kPipelineDepth, LogLevel::kInfo,
@@ -608,7 +645,7 @@ class ShardPipeline {
       use_direct_ = false;
     }
     if (!use_direct_.load()) {
-      b->bytes.Reserve(s.src_len);
+      b->bytes.Reserve(reserve_[0]);
       b->skip = 0;
       PreadFull(p_.src->fd(), std::span(b->bytes.data(), s.src_len), s.src_off, p_.src->path());
     }
@@ -642,6 +679,7 @@ class ShardPipeline {
 
   const ShardPlan& p_;
   const std::vector<Segment> segs_;
+  const size_t reserve_[2];  // bytes of a read block, of a quantized block
   const size_t reads_;
   StreamBuffers* const bufs_;
   const size_t pool_blocks_[2];
@@ -695,6 +733,7 @@ class Runner {
 
   const RepackOptions& opt_;
   const RepackObserver& observer_;
+  PipelinePlan plan_;  // resolved once the shards to do are known
   RepackEvent totals_;
   double t0_ = NowSeconds();
   double convert_t0_ = 0;  // when the first shard started
@@ -724,6 +763,7 @@ void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
   ev.bytes_done = totals_.bytes_done;
   ev.out_bytes_planned = totals_.out_bytes_planned;
   ev.free_bytes = totals_.free_bytes;
+  ev.pipeline = plan_;
   ev.elapsed_seconds = NowSeconds() - t0_;
   if (kind == RepackEvent::Kind::kShardStart && convert_t0_ == 0) convert_t0_ = NowSeconds();
   ev.convert_seconds = convert_t0_ > 0 ? NowSeconds() - convert_t0_ : 0;
@@ -808,7 +848,8 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   UniqueFd direct_fd;
   if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  ShardPipeline pipe(p, Segments(p, opt_.block_bytes), depth, reads, bufs, progress, direct_fd);
+  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), plan_.block_bytes, depth, reads, bufs, progress,
+                     direct_fd);
   // Open to helpers while it runs; on every way out (a failure included) no
   // new helper can join and the ones inside have left before `pipe` goes.
   struct Lent {
@@ -831,7 +872,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   --starting_;
   Xxh128 hasher;
   // Output bypasses the page cache too (aligned chunks O_DIRECT, tail buffered).
-  DirectWriter sink(out.temp_path(), out.fd(), opt_.block_bytes, opt_.direct, writes, &bufs->stages);
+  DirectWriter sink(out.temp_path(), out.fd(), plan_.block_bytes, opt_.direct, writes, &bufs->stages);
 
   {
     // The cores are shared among the shards being quantized now, so the last
@@ -846,8 +887,15 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
       const int n = std::max(1, active_.load());
       return std::max(1, (threads_ + n - 1) / n);
     };
-    std::thread reader([&] { pipe.Read(); });
-    std::thread writer([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    std::thread reader = StartThread([&] { pipe.Read(); });
+    std::thread writer;
+    try {
+      writer = StartThread([&] { pipe.Guard([&] { pipe.Write(&sink, &hasher); }); });
+    } catch (...) {
+      pipe.Abort();
+      reader.join();
+      throw;
+    }
     pipe.Guard([&] { pipe.Transform(threads); });
     reader.join();
     writer.join();
@@ -897,7 +945,7 @@ void Runner::FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t wri
   if (opt_.verify_full) {
     // Drop the just-written pages so the comparison reads what reached the disk.
     ::posix_fadvise(out.fd(), 0, 0, POSIX_FADV_DONTNEED);
-    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), opt_.block_bytes);
+    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), plan_.block_bytes);
   }
   out.Commit();  // crash points "before-rename" / "after-rename" inside
   CrashPoint("repack-shard-committed");
@@ -919,7 +967,16 @@ void Runner::CheckOptions() {
   if (opt_.worker_count < 1 || opt_.worker_index < 0 || opt_.worker_index >= opt_.worker_count) {
     throw Error(ErrorCode::kInvalidArgument, "--worker I/N needs 0 <= I < N");
   }
-  if (opt_.block_bytes < 4096) throw Error(ErrorCode::kInvalidArgument, "block size too small");
+  if (opt_.block_bytes != 0 && (opt_.block_bytes < 4096 || opt_.block_bytes > kMaxBlockBytes)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--block-mib: block size " + std::to_string(opt_.block_bytes) + " bytes is outside 4 KiB .. " +
+                    std::to_string(kMaxBlockBytes >> 20) + " MiB");
+  }
+  if (opt_.mem_budget_bytes != 0 && opt_.mem_budget_bytes < kMinMemBudgetBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--mem-mb " + std::to_string(opt_.mem_budget_bytes >> 20) + ": must be at least " +
+                    std::to_string(kMinMemBudgetBytes >> 20) + " (MiB of pipeline buffers)");
+  }
   if (opt_.reads_in_flight < 0 || opt_.reads_in_flight > kMaxReadsInFlight) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--reads " + std::to_string(opt_.reads_in_flight) + ": must be 0 (automatic) .. " +
@@ -1058,14 +1115,11 @@ void Runner::CheckFreeSpace(const Snapshot& snap, uint64_t reclaimable) {
 void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
   const std::string shard_lock_path = JoinPath(opt_.dst, kShardLockName);
   UniqueFd shard_lock_fd = OpenOrThrow(shard_lock_path, O_RDWR | O_CREAT, 0644);
-  const size_t streams = std::min<size_t>(
-      todo.size(), static_cast<size_t>(opt_.streams > 0 ? opt_.streams : kDefaultStreams));
-  if (streams == 0) return;
-  const size_t depth = std::max<size_t>(2, kPipelineDepth / streams);
-  const size_t reads =
-      static_cast<size_t>(opt_.reads_in_flight > 0 ? opt_.reads_in_flight : kDefaultReadsInFlight);
-  const size_t writes = static_cast<size_t>(
-      opt_.writes_in_flight > 0 ? opt_.writes_in_flight : kDefaultWritesInFlight);
+  if (todo.empty()) return;
+  const size_t streams = static_cast<size_t>(plan_.streams);  // <= todo.size()
+  const size_t depth = PipelineDepth(plan_.streams);
+  const size_t reads = static_cast<size_t>(plan_.reads);
+  const size_t writes = static_cast<size_t>(plan_.writes);
 
   struct Posted {
     RepackEvent::Kind kind;
@@ -1128,7 +1182,13 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
     cv.notify_one();
   };
   std::vector<std::thread> workers;
-  for (size_t i = 0; i < streams; ++i) workers.emplace_back(stream, i);
+  try {
+    for (size_t i = 0; i < streams; ++i) workers.push_back(StartThread([&stream, i] { stream(i); }));
+  } catch (...) {
+    stop = true;  // the started streams finish the shard they took
+    for (auto& w : workers) w.join();
+    throw;
+  }
 
   // The calling thread: the observer's events, in the order they were posted.
   std::vector<std::string> active(streams);  // shard being converted per slot
@@ -1280,6 +1340,7 @@ RepackEvent Runner::Run() {
   uint64_t reclaimable = 0;
   std::vector<const ShardPlan*> todo = PlanWork(selected, force_clean, &skipped, &reclaimable);
   CheckFreeSpace(snap, reclaimable);
+  plan_ = ResolvePipeline(opt_, todo.size(), MemAvailableBytes());
 
   Emit(RepackEvent::Kind::kStart);
   for (const auto& ev : skipped) Emit(RepackEvent::Kind::kShardSkipped, ev);
@@ -1324,6 +1385,107 @@ RepackEvent Runner::Run() {
 }
 
 }  // namespace
+
+size_t BlocksPerStream(int streams, int reads, int writes) {
+  const size_t depth = PipelineDepth(streams);
+  const size_t read_pool = depth + static_cast<size_t>(std::max(1, reads)) - 1;
+  // Quantized blocks are at most half their source block (int8 from BF16/F16;
+  // a quarter from F32, less for int4), and are allocated at that size.
+  const size_t out_pool = (depth + 1) / 2;
+  const size_t stages = static_cast<size_t>(std::max(1, writes)) + 1;
+  return read_pool + out_pool + stages;
+}
+
+uint64_t PipelineBufferBytes(int streams, int reads, int writes, uint64_t block_bytes) {
+  return static_cast<uint64_t>(std::max(1, streams)) * BlocksPerStream(streams, reads, writes) *
+         block_bytes;
+}
+
+namespace {
+std::string BlockText(uint64_t bytes) {
+  return bytes % (1 << 20) == 0 ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes >> 10) + " KiB";
+}
+}  // namespace
+
+PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_t mem_available) {
+  PipelinePlan p;
+  p.budget_given = o.mem_budget_bytes > 0;
+  if (p.budget_given) {
+    p.budget_bytes = o.mem_budget_bytes;
+  } else {
+    // A quarter of what the machine has free, at most the default: the budget
+    // is for buffers, and the page cache and other processes need the rest.
+    p.budget_bytes = kDefaultMemBudgetBytes;
+    if (mem_available > 0) {
+      p.budget_bytes = std::min(p.budget_bytes, std::max(kMinMemBudgetBytes, mem_available / 4));
+    }
+  }
+  const int cap = static_cast<int>(std::clamp<size_t>(shards_todo, 1, kMaxStreams));
+  p.streams_auto = o.streams <= 0;
+  p.reads_auto = o.reads_in_flight <= 0;
+  p.writes_auto = o.writes_in_flight <= 0;
+  p.block_auto = o.block_bytes == 0;
+  p.streams = std::min(p.streams_auto ? kDefaultStreams : o.streams, cap);
+  auto bytes = [&] { return PipelineBufferBytes(p.streams, p.reads, p.writes, p.block_bytes); };
+  // The disk measured in docs/PERFORMANCE.md rewards bytes in flight, in
+  // blocks of 8 MiB or more: the first of these that fits the budget is taken,
+  // the block size before the count (automatic reads and writes are equal).
+  //   block 8 MiB, in flight 8 down to 4; then 4 MiB, 8 down to 4; ... 1 MiB;
+  //   then 1 MiB with 3 down to 1 in flight; then fewer automatic streams.
+  auto try_counts = [&](int hi, int lo) {
+    for (int n = hi; n >= lo; --n) {
+      p.reads = p.reads_auto ? n : o.reads_in_flight;
+      p.writes = p.writes_auto ? n : o.writes_in_flight;
+      if (bytes() <= p.budget_bytes) return true;
+      if (!p.reads_auto && !p.writes_auto) return false;
+    }
+    return false;
+  };
+  bool fits = false;
+  for (uint64_t b = kMaxAutoBlockBytes; !fits && b >= kMinAutoBlockBytes; b /= 2) {
+    p.block_bytes = p.block_auto ? b : o.block_bytes;
+    fits = try_counts(kDefaultReadsInFlight, kMinAutoInFlight);
+    if (!p.block_auto) break;
+  }
+  while (!fits) {
+    fits = try_counts(kMinAutoInFlight - 1, 1);
+    if (fits || !p.streams_auto || p.streams == 1) break;
+    --p.streams;
+    fits = try_counts(kDefaultReadsInFlight, 1);
+  }
+  if (!fits && p.reads_auto) p.reads = 1;
+  if (!fits && p.writes_auto) p.writes = 1;
+  p.buffer_bytes = bytes();
+  if (p.budget_given && p.buffer_bytes > p.budget_bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--mem-mb " + std::to_string(p.budget_bytes >> 20) + ": --streams " +
+                    std::to_string(p.streams) + " --reads " + std::to_string(p.reads) + " --writes " +
+                    std::to_string(p.writes) + " with " + BlockText(p.block_bytes) +
+                    " blocks need " + std::to_string((p.buffer_bytes + (1 << 20) - 1) >> 20) +
+                    " MiB of buffers; raise --mem-mb or lower the flags given (0 = automatic)");
+  }
+  return p;
+}
+
+std::string PipelinePlan::Describe() const {
+  auto src = [](bool a) { return a ? "" : " (given)"; };
+  char buf[512];
+  const uint64_t mib = 1 << 20;
+  const std::string automatic =
+      "automatic: the smaller of " + std::to_string(kDefaultMemBudgetBytes / mib) + " MiB and MemAvailable / 4";
+  const std::string block = BlockText(block_bytes);
+  std::snprintf(buf, sizeof buf,
+                "%d stream(s)%s x %d read(s)%s and %d write(s)%s in flight, %s blocks%s: buffers "
+                "<= %llu MiB of a %llu MiB budget (%s)",
+                streams, src(streams_auto), reads, src(reads_auto), writes, src(writes_auto),
+                block.c_str(), src(block_auto),
+                static_cast<unsigned long long>((buffer_bytes + mib - 1) / mib),
+                static_cast<unsigned long long>(budget_bytes / mib),
+                budget_given                  ? "--mem-mb"
+                : buffer_bytes > budget_bytes ? "automatic; the flags given exceed it"
+                                              : automatic.c_str());
+  return buf;
+}
 
 std::vector<int64_t> ParseShardList(const std::string& list) {
   std::vector<int64_t> out;

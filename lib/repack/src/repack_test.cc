@@ -162,3 +162,87 @@ TEST_CASE("TTY progress line: erases what was there; ETA from the conversion's o
   CHECK(l.find("0.50 GB/s") != std::string::npos);
   CHECK(l.find("ETA 18 s") != std::string::npos);
 }
+
+TEST_CASE("pipeline plan: defaults sized to the memory budget; given values kept or refused") {
+  constexpr uint64_t MiB = 1ull << 20;
+  // Per stream, by hand: read pool (2 queued + reads - 1), output pool of 2 half
+  // blocks, staging writes + 1; one stream queues 4 per stage.
+  CHECK(BlocksPerStream(4, 8, 8) == 9 + 1 + 9);
+  CHECK(BlocksPerStream(2, 2, 2) == 3 + 1 + 3);
+  CHECK(BlocksPerStream(1, 1, 1) == 4 + 2 + 2);
+  CHECK(PipelineBufferBytes(4, 8, 8, 4 * MiB) == 4 * 19 * 4 * MiB);
+
+  RepackOptions o;
+  // Everything automatic, plenty of memory: 8 MiB blocks with as many reads
+  // and writes in flight as 448 MiB holds: 4 x (2 x 5 + 3) x 8 MiB = 416 MiB
+  // (6 would be 480).
+  PipelinePlan p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.streams == 4);
+  CHECK(p.reads == 5);
+  CHECK(p.writes == 5);
+  CHECK(p.block_bytes == 8 * MiB);
+  CHECK(p.budget_bytes == 448 * MiB);
+  CHECK(!p.budget_given);
+  CHECK(p.buffer_bytes == 416 * MiB);
+  CHECK(p.Describe().find("4 stream(s) x 5 read(s) and 5 write(s) in flight, 8 MiB blocks: buffers <= "
+                          "416 MiB of a 448 MiB budget (automatic") != std::string::npos);
+  // Never more streams than shards to convert; fewer streams, more in flight.
+  p = ResolvePipeline(o, 3, 64ull << 30);
+  CHECK(p.streams == 3);
+  CHECK(p.reads == 7);  // 3 x 17 x 8 MiB = 408 MiB
+  CHECK(p.buffer_bytes == 408 * MiB);
+  CHECK(ResolvePipeline(o, 0, 64ull << 30).streams == 1);
+  // A small machine: a quarter of MemAvailable (1 GiB -> 256 MiB); 8 MiB blocks
+  // would leave 2 in flight, so 4 MiB with 6 (4 x 15 x 4 MiB = 240 MiB).
+  p = ResolvePipeline(o, 96, 1ull << 30);
+  CHECK(p.budget_bytes == 256 * MiB);
+  CHECK(p.block_bytes == 4 * MiB);
+  CHECK(p.reads == 6);
+  CHECK(p.buffer_bytes == 240 * MiB);
+  // A budget too small for 4 in flight even at 1 MiB: 3 (4 x 9 x 1 MiB = 36 MiB).
+  o.mem_budget_bytes = 40 * MiB;
+  p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.budget_given);
+  CHECK(p.block_bytes == MiB);
+  CHECK(p.reads == 3);
+  CHECK(p.writes == 3);
+  CHECK(p.buffer_bytes == 36 * MiB);
+  CHECK(p.Describe().find("(--mem-mb)") != std::string::npos);
+  // Smaller still: one in flight, then streams go (1 stream: 4 + 2 + 2 blocks).
+  o.mem_budget_bytes = 16 * MiB;
+  p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.streams == 3);  // 3 x (2 + 1 + 2) x 1 MiB = 15 MiB
+  CHECK(p.reads == 1);
+  CHECK(p.buffer_bytes == 15 * MiB);
+  // Given values are never changed: what fits is kept, what does not is refused
+  // naming --mem-mb and what it would need.
+  o.mem_budget_bytes = 512 * MiB;
+  o.streams = 4;
+  o.reads_in_flight = 4;
+  o.writes_in_flight = 4;
+  o.block_bytes = 8 * MiB;
+  p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.buffer_bytes == 4 * 11 * 8 * MiB);
+  CHECK(p.Describe().find("(given)") != std::string::npos);
+  o.block_bytes = 16 * MiB;  // 704 MiB
+  try {
+    ResolvePipeline(o, 96, 64ull << 30);
+    FAIL("expected an error");
+  } catch (const k3::Error& e) {
+    CHECK(e.code() == k3::ErrorCode::kInvalidArgument);
+    CHECK(std::string(e.what()).find("--mem-mb 512") != std::string::npos);
+    CHECK(std::string(e.what()).find("need 704 MiB") != std::string::npos);
+  }
+  // Without --mem-mb the flags given are taken as asked, and said to exceed the budget.
+  o.mem_budget_bytes = 0;
+  p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.buffer_bytes == 704 * MiB);
+  CHECK(p.Describe().find("exceed") != std::string::npos);
+  // Only the block given: the automatic counts shrink around it.
+  o = RepackOptions{};
+  o.block_bytes = 16 * MiB;
+  p = ResolvePipeline(o, 96, 64ull << 30);
+  CHECK(p.block_bytes == 16 * MiB);
+  CHECK(p.reads == 2);  // 4 x 7 x 16 MiB = 448 MiB
+  CHECK(p.buffer_bytes == 448 * MiB);
+}

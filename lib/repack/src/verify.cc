@@ -261,7 +261,7 @@ std::string Verifier::StreamShard(size_t s) {
         const std::byte* src_bytes = src_read(*src, src->offset + r * src_row, n * src_row);
         src_read_bytes += n * src_row;
         expect_q.resize(n * q_row);
-        scratch.resize(n * cols);
+        scratch.resize(QuantizeScratchFloats(cols, inner_threads_));
         QuantizeBlock(src->info->dtype, src_bytes, n, cols, qshape, expect_q.data(),
                       scales.data() + r * qshape.scales_per_row(cols), scratch.data(),
                       inner_threads_);

@@ -30,31 +30,87 @@ struct RepackOptions {
   int threads = 0;           // quantization threads; 0 = all online CPUs
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
-  uint64_t block_bytes = 16u << 20;  // source bytes per pipeline block
+  // Source bytes per pipeline block (also the unit of every read and write in
+  // flight); 0 = the largest of 8, 4, 2, 1 MiB whose buffers fit the memory
+  // budget with 4 or more reads and writes in flight (ResolvePipeline).
+  uint64_t block_bytes = 0;
+  // Bound on the pipeline's buffers (every block and staging block of every
+  // stream, PipelineBufferBytes); 0 = automatic:
+  // kDefaultMemBudgetBytes, or a quarter of MemAvailable when that is less.
+  // Automatic streams, reads, writes and block size are sized to fit it; with
+  // a budget given, flags that cannot fit are refused.
+  uint64_t mem_budget_bytes = 0;
   // Source reads and shard writes bypass the page cache (O_DIRECT) where the
   // filesystem allows it; the tool sets it from K3_DIRECT at start-up.
   bool direct = true;
   // Source shards converted at once, each its own read -> quantize -> write
   // pipeline (output bytes do not depend on it); 0 = kDefaultStreams. Disks
   // and network filesystems serve parallel streams faster than one
-  // (docs/PERFORMANCE.md); each stream adds ~100-200 MB of buffers.
+  // (docs/PERFORMANCE.md); each stream adds BlocksPerStream blocks of buffers.
   int streams = 0;
   // Source reads in flight per stream (one reader thread each, blocks handed on
-  // in order); 0 = kDefaultReadsInFlight. Each adds one block of memory.
+  // in order); 0 = automatic, up to kDefaultReadsInFlight (ResolvePipeline).
+  // Each adds one block of memory.
   int reads_in_flight = 0;
   // Output writes in flight per stream (O_DIRECT, each a block at its own
-  // offset, hashed in order before); 0 = kDefaultWritesInFlight. Each adds one
+  // offset, hashed in order before); 0 = automatic, up to
+  // kDefaultWritesInFlight (ResolvePipeline). Each adds one
   // block of memory.
   int writes_in_flight = 0;
 };
 
 // Streams when RepackOptions::streams is 0 (never more than the shards to do).
-inline constexpr int kDefaultStreams = 2;
+// The defaults come from docs/PERFORMANCE.md ("Against the disk's own limit"):
+// the virtio disk measured there rewards bytes in flight across streams, in
+// blocks of 8 MiB or more, so the automatic values put as many 8 MiB reads and
+// writes in flight as the memory budget holds (ResolvePipeline).
+inline constexpr int kDefaultStreams = 4;
 inline constexpr int kMaxStreams = 16;
-inline constexpr int kDefaultReadsInFlight = 2;
+inline constexpr int kDefaultReadsInFlight = 8;
 inline constexpr int kMaxReadsInFlight = 16;
-inline constexpr int kDefaultWritesInFlight = 2;
+inline constexpr int kDefaultWritesInFlight = 8;
 inline constexpr int kMaxWritesInFlight = 16;
+inline constexpr int kMinAutoInFlight = 4;  // before the block shrinks below 8 MiB
+inline constexpr uint64_t kDefaultMemBudgetBytes = 448ull << 20;
+inline constexpr uint64_t kMinMemBudgetBytes = 16ull << 20;
+inline constexpr uint64_t kMaxAutoBlockBytes = 8ull << 20;
+inline constexpr uint64_t kMinAutoBlockBytes = 1ull << 20;
+inline constexpr uint64_t kMaxBlockBytes = 256ull << 20;  // --block-mib
+
+// Blocks one stream's pipeline may hold at once: its read pool (2 queued plus
+// one per further read in flight; 4 with one stream), the quantized-output
+// pool (2 half blocks, 4 with one stream) and the writer's staging blocks (one
+// per write in flight plus the one being filled). The quantizer's f32 scratch
+// is a few rows per thread (< 2 MiB per thread for rows up to 64 Ki values).
+size_t BlocksPerStream(int streams, int reads, int writes);
+// The worst case of every stream's buffers together.
+uint64_t PipelineBufferBytes(int streams, int reads, int writes, uint64_t block_bytes);
+
+// Streams, reads, writes and block size as a run uses them, with the budget
+// they were sized to and why. Automatic values (0 in the options) take the
+// first of these whose buffers fit the budget: 8 MiB blocks with 8, 7, ... 4
+// reads and writes in flight each; the same at 4, 2, 1 MiB; 1 MiB with 3, 2,
+// 1; then one automatic stream fewer, and again. Explicit values are never
+// changed: with an explicit
+// budget they must fit it (kInvalidArgument naming --mem-mb otherwise), with
+// the automatic one they are taken as asked and the budget reported as exceeded.
+struct PipelinePlan {
+  int streams = 1;
+  int reads = 1;
+  int writes = 1;
+  uint64_t block_bytes = 0;
+  uint64_t budget_bytes = 0;
+  bool budget_given = false;  // --mem-mb, not automatic
+  uint64_t buffer_bytes = 0;  // PipelineBufferBytes of the above
+  // Which values were chosen here (the rest were given).
+  bool streams_auto = true, reads_auto = true, writes_auto = true, block_auto = true;
+  // One line for the start of a run: the values, which were chosen and the budget.
+  std::string Describe() const;
+};
+// `shards_todo` caps the streams (at least 1); `mem_available` is MemAvailable
+// (0 if unknown) for the automatic budget.
+PipelinePlan ResolvePipeline(const RepackOptions& options, size_t shards_todo,
+                             uint64_t mem_available);
 
 // Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
 std::vector<int64_t> ParseShardList(const std::string& list);
@@ -83,6 +139,7 @@ struct RepackEvent {
   uint64_t bytes_done = 0;
   uint64_t out_bytes_planned = 0;
   uint64_t free_bytes = 0;
+  PipelinePlan pipeline;  // kStart (and the summary): what this run uses
   double elapsed_seconds = 0;
   double convert_seconds = 0;  // since the first shard started (0 before): the rate's clock
   // Summary only.
