@@ -156,8 +156,8 @@ std::string Describe(const Choice& c) {
 // per ConfigureKernels.
 struct DispatchState {
   std::mutex mu;
-  KernelConfig config;                 // guarded by mu
-  std::deque<Choice> made;             // guarded by mu; never shrinks
+  KernelConfig config;      // guarded by mu
+  std::deque<Choice> made;  // guarded by mu; never shrinks
   std::atomic<const Choice*> current{nullptr};
 };
 

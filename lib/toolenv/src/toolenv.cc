@@ -29,7 +29,8 @@ quant::KernelConfig KernelConfigFromEnv(std::vector<std::string>* warnings) {
         names += names.empty() ? "" : ", ";
         names += quant::IsaName(i);
       }
-      throw Error(ErrorCode::kInvalidArgument, "K3_FORCE_ISA='" + *forced + "' is not one of " + names);
+      throw Error(ErrorCode::kInvalidArgument,
+                  "K3_FORCE_ISA='" + *forced + "' is not one of " + names);
     }
     if (!quant::IsaSupported(*isa)) {
       throw Error(ErrorCode::kUnsupported, "K3_FORCE_ISA=" + *forced +

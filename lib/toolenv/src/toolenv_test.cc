@@ -186,7 +186,8 @@ TEST_CASE("K3_PREFETCH: a byte count in [0, 1 MiB]; anything else is a warning a
     warnings.clear();
     CHECK(toolenv::KernelConfigFromEnv(&warnings).prefetch_bytes == -1);
     REQUIRE(warnings.size() == 1);
-    CHECK(warnings[0] == "quant: K3_PREFETCH is not a byte count in [0, 1048576]; using the defaults");
+    CHECK(warnings[0] ==
+          "quant: K3_PREFETCH is not a byte count in [0, 1048576]; using the defaults");
   }
 }
 
