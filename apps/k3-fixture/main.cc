@@ -18,6 +18,7 @@
 #include "k3/fixture/writer.h"
 #include "k3/model/config.h"
 #include "k3/quant/isa_info.h"
+#include "k3/toolenv/toolenv.h"
 
 namespace {
 
@@ -81,9 +82,12 @@ int Main(int argc, char** argv) {
   CLI::App* list = app.add_subcommand("presets", "list the presets");
   app.require_subcommand(0, 1);
 
+  // K3_LOG, the kernel variables and the crash hook, before parsing: --version
+  // reports the configured kernels, and a bad value is refused before anything
+  // is written.
+  if (const int rc = k3::toolenv::ApplyFromEnvOrReport("k3-fixture")) return rc;
   try {
     app.parse(argc, argv);
-    k3::ApplyLogLevelFromEnv();
     if (check->parsed()) return RunCheck(check_dir);
     if (list->parsed()) {
       for (const auto& n : k3::fixture::PresetNames()) {

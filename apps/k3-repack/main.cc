@@ -16,6 +16,7 @@
 #include "k3/core/sys.h"
 #include "k3/quant/isa.h"
 #include "k3/quant/isa_info.h"
+#include "k3/toolenv/toolenv.h"
 #include "k3/repack/repack.h"
 
 namespace {
@@ -209,6 +210,10 @@ int Main(int argc, char** argv) {
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");
+  // K3_LOG, the kernel variables and the crash hook, before parsing: --version
+  // reports the configured kernels, and a bad value is refused before anything
+  // is written.
+  if (const int rc = k3::toolenv::ApplyFromEnvOrReport("k3-repack")) return rc;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -217,9 +222,8 @@ int Main(int argc, char** argv) {
 
   const bool tty = ::isatty(2);
   try {
-    k3::ApplyLogLevelFromEnv();  // a bad K3_LOG is refused before anything is written
     if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
-    k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-shard
+    k3::quant::ActiveIsa();  // choose (and log) the kernels now, after --quiet
     // Given values are checked as given (--mla-bits 0 is an error, not the default).
     opt.bits.mla_bits = mla_opt->count() ? mla_bits : std::max(opt.bits.bits, 8);
     opt.bits.head_bits = head_opt->count() ? head_bits : std::max(opt.bits.bits, 8);

@@ -16,6 +16,7 @@
 #include "k3/core/tool.h"
 #include "k3/quant/isa.h"
 #include "k3/quant/isa_info.h"
+#include "k3/toolenv/toolenv.h"
 #include "k3/repack/verify.h"
 
 namespace {
@@ -53,6 +54,10 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", opt.threads, "files checked in parallel (default: all CPUs)");
   app.add_flag("--json", json, "JSON: one line per problem, then a summary line");
   app.add_flag("-q,--quiet", quiet, "print only the problems (no summary); the exit code says the rest");
+  // K3_LOG, the kernel variables and the crash hook, before parsing: --version
+  // reports the configured kernels, and a bad value is refused before anything
+  // is written.
+  if (const int rc = k3::toolenv::ApplyFromEnvOrReport("k3-verify")) return rc;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -76,9 +81,8 @@ int Main(int argc, char** argv) {
     };
   }
   try {
-    k3::ApplyLogLevelFromEnv();
     if (quiet && k3::CurrentLogLevel() < k3::LogLevel::kWarn) k3::SetLogLevel(k3::LogLevel::kWarn);
-    k3::quant::ActiveIsa();  // a bad K3_FORCE_ISA is a clean error now, not an abort mid-check
+    k3::quant::ActiveIsa();  // choose (and log) the kernels now, after --quiet
     opt.direct = k3::GetEnvBool("K3_DIRECT", true);  // docs/environment.md
     k3::repack::VerifyReport r = k3::repack::VerifyContainer(opt);
     if (opt.progress && !json) std::fprintf(stderr, "\r\033[K");

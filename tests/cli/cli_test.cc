@@ -236,3 +236,41 @@ TEST_CASE("K3_DIRECT is read by k3-repack and k3-verify at start-up: a bad value
     CHECK(ReadAll(dst + "/" + f) == ReadAll(buffered + "/" + f));
   }
 }
+
+TEST_CASE("K3_FORCE_ISA: every tool refuses a bad name up front; --version reports a forced ISA") {
+  // The kernel variables are read by each main (k3::toolenv), not inside
+  // lib/quant: the same messages and exit codes as when the library read them.
+  TempDir d("k3cli");
+  const std::string dst = d / "dst";
+  struct Case {
+    const char* what;
+    std::vector<std::string> argv;
+  } cases[] = {
+      {"k3-repack", {Bin("k3-repack"), TinySnapshot(), dst, "-q"}},
+      {"k3-verify", {Bin("k3-verify"), TinySnapshot()}},
+      {"k3-fixture presets", {Bin("k3-fixture"), "presets"}},
+      {"k3-bench kernels", {Bin("k3-bench"), "kernels"}},
+      {"k3-run tokenize", {Bin("k3-run"), "tokenize", TinySnapshot(), "--text", "hi"}},
+  };
+  for (const auto& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    const std::string log = d / "log";
+    ::unlink(log.c_str());
+    CHECK(Run(c.argv, {.env = {"K3_FORCE_ISA=avx1024"}, .log = log}) == 2);
+    const std::string e = ReadAll(log);
+    CHECK(e.find(": error: K3_FORCE_ISA='avx1024' is not one of scalar, avx2") != std::string::npos);
+  }
+  CHECK(!Exists(dst));
+  for (const char* tool : kTools) {
+    CAPTURE(tool);
+    const std::string log = d / "version";
+    CHECK(Run({Bin(tool), "--version"}, {.env = {"K3_FORCE_ISA=scalar"}, .log = log}) == 0);
+    CHECK(ReadAll(log).find("; K3_FORCE_ISA=scalar forces one ISA for everything") != std::string::npos);
+    CHECK(ReadAll(log).find("k3 info") == std::string::npos);  // reported, not chosen
+  }
+  // The choice itself: the kernel log line of a tool that dispatches.
+  const std::string log = d / "log";
+  CHECK(Run({Bin("k3-repack"), TinySnapshot(), dst}, {.env = {"K3_FORCE_ISA=scalar"}, .log = log}) == 0);
+  CHECK(ReadAll(log).find("k3 info: quant: scalar kernels (K3_FORCE_ISA)") != std::string::npos);
+}

@@ -22,6 +22,7 @@
 #include "k3/core/file.h"
 #include "k3/core/json_writer.h"
 #include "k3/tokenizer/tokenizer.h"
+#include "k3/toolenv/toolenv.h"
 
 using namespace k3;
 
@@ -100,6 +101,7 @@ int MatchMode(const char* path) {
 }
 
 int main(int argc, char** argv) {
+  if (const int rc = k3::toolenv::ApplyFromEnvOrReport("constrain_drive")) return rc;
   if (argc == 3 && std::string_view(argv[1]) == "--match") {
     try {
       return MatchMode(argv[2]);

@@ -13,6 +13,7 @@
 #include "k3/server/server.h"
 #include "k3/tokenizer/chat.h"
 #include "k3/tokenizer/tokenizer.h"
+#include "k3/toolenv/toolenv.h"
 
 namespace k3::server {
 namespace {
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s MODEL_DIR\n", argv[0]);
     return 2;
   }
+  if (const int rc = k3::toolenv::ApplyFromEnvOrReport("k3-script-serve")) return rc;
   try {
     k3::server::ServerOptions o;
     o.port = 0;

@@ -6,10 +6,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "k3/core/sys.h"
 #include "k3/quant/isa.h"
 
 namespace k3::test {
@@ -21,11 +21,12 @@ inline std::string IsaStr(quant::Isa isa) { return quant::IsaName(isa); }
 // the one K3_FORCE_ISA names (scripts/test.sh reruns the suites once per ISA, so
 // a forced run need not repeat the others).
 inline std::vector<quant::Isa> IsasToTest() {
-  const auto forced = GetEnv("K3_FORCE_ISA");
+  // The configuration the doctest main installed from the environment (k3::toolenv).
+  const std::optional<quant::Isa> forced = quant::CurrentKernelConfig().forced_isa;
   std::vector<quant::Isa> run;
   for (quant::Isa isa : quant::kAllIsas) {
     if (!quant::IsaSupported(isa)) continue;
-    if (forced && !forced->empty() && *forced != quant::IsaName(isa)) continue;
+    if (forced && *forced != isa) continue;
     run.push_back(isa);
   }
   REQUIRE_MESSAGE(!run.empty(), "K3_FORCE_ISA names no ISA this CPU runs");

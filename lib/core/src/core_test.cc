@@ -4,9 +4,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
 #include <map>
 #include <string>
 
+#include "k3/core/default_init.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/core/json_writer.h"
@@ -188,4 +192,56 @@ TEST_CASE("docs/errors.md's table is the exit code of every error code") {
     REQUIRE(listed.count(name) == 1);
     CHECK(listed[name] == k3::ExitCodeFor(code));
   }
+}
+
+namespace {
+
+// Hands out memory pre-filled with 0xA5 bytes, so what a vector writes on
+// resize() is visible (only through the object representation, as bytes).
+template <typename T>
+struct PatternAllocator : std::allocator<T> {
+  PatternAllocator() = default;
+  template <typename U>
+  PatternAllocator(const PatternAllocator<U>&) {}
+  template <typename U>
+  struct rebind {
+    using other = PatternAllocator<U>;
+  };
+  T* allocate(size_t n) {
+    T* p = std::allocator<T>::allocate(n);
+    std::memset(static_cast<void*>(p), 0xA5, n * sizeof(T));
+    return p;
+  }
+};
+
+template <typename Vec>
+bool AllBytesAre(const Vec& v, unsigned char b) {
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(v[0]); ++i) {
+    if (p[i] != b) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("DefaultInitVector: resize(n) writes nothing; explicit values still land") {
+  // The same base allocator with and without the default-init layer: plain
+  // value-initialisation zero-fills, the checkpoint buffers' allocator does not.
+  std::vector<float, PatternAllocator<float>> plain;
+  plain.resize(1000);
+  CHECK(AllBytesAre(plain, 0x00));
+  std::vector<float, k3::DefaultInitAllocator<float, PatternAllocator<float>>> lazy;
+  lazy.resize(1000);
+  CHECK(AllBytesAre(lazy, 0xA5));
+  // Everything else is std::vector's.
+  k3::DefaultInitVector<float> v;
+  v.resize(4, 2.5f);
+  v.push_back(-1.0f);
+  CHECK(v == k3::DefaultInitVector<float>{2.5f, 2.5f, 2.5f, 2.5f, -1.0f});
+  k3::DefaultInitVector<float> copy = v;
+  CHECK(copy == v);
+  v.assign(3, 0.0f);
+  CHECK(AllBytesAre(v, 0x00));
+  CHECK(v.size() == 3);
 }

@@ -297,16 +297,38 @@ FileLock::~FileLock() {
   ::fcntl(fd_.get(), F_SETLK, &fl);
 }
 
+namespace {
+
+struct CrashState {
+  std::atomic<bool> armed{false};
+  std::mutex mu;
+  std::string name;  // guarded by mu
+  long nth = 1;      // guarded by mu
+  long hits = 0;     // guarded by mu
+};
+
+CrashState& Crash() {
+  static CrashState s;
+  return s;
+}
+
+}  // namespace
+
+void SetCrashPoint(std::string_view name, long nth) {
+  CrashState& c = Crash();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.name = std::string(name);
+  c.nth = nth;
+  c.hits = 0;
+  c.armed.store(!name.empty(), std::memory_order_release);
+}
+
 void CrashPoint(const char* name) {
-  static const char* spec = std::getenv("K3_CRASH_AT");
-  if (spec == nullptr || *spec == '\0') return;
-  static std::atomic<long> hits{0};
-  std::string_view s(spec);
-  size_t colon = s.find(':');
-  std::string_view want = s.substr(0, colon);
-  if (want != name) return;
-  long nth = colon == std::string_view::npos ? 1 : std::atol(std::string(s.substr(colon + 1)).c_str());
-  if (++hits >= nth) {
+  CrashState& c = Crash();
+  if (!c.armed.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.name != name) return;
+  if (++c.hits >= c.nth) {
     ::kill(::getpid(), SIGKILL);
   }
 }

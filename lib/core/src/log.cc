@@ -1,22 +1,19 @@
 #include "k3/core/log.h"
 
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
 
-#include "k3/core/sys.h"
-
 namespace k3 {
 namespace {
 
-LogLevel& Level() {
-  // A malformed K3_LOG cannot throw from here (any log line may be the first);
-  // the tools validate it up front (ApplyLogLevelFromEnv).
-  static LogLevel level = ParseLogLevel(std::getenv("K3_LOG") ? std::getenv("K3_LOG") : "")
-                              .value_or(LogLevel::kInfo);
+// The threshold: info until a program sets it (the tools do at start-up from
+// K3_LOG, k3::toolenv); this library reads no environment.
+std::atomic<LogLevel>& Level() {
+  static std::atomic<LogLevel> level{LogLevel::kInfo};
   return level;
 }
 
@@ -44,16 +41,11 @@ std::optional<LogLevel> ParseLogLevel(std::string_view s) {
   return std::nullopt;
 }
 
-LogLevel CurrentLogLevel() { return Level(); }
-void SetLogLevel(LogLevel level) { Level() = level; }
-
-void ApplyLogLevelFromEnv() {
-  const std::string v = GetEnvChoice("K3_LOG", "info", {"debug", "info", "warn", "error", "quiet"});
-  SetLogLevel(*ParseLogLevel(v));
-}
+LogLevel CurrentLogLevel() { return Level().load(std::memory_order_relaxed); }
+void SetLogLevel(LogLevel level) { Level().store(level, std::memory_order_relaxed); }
 
 void Log(LogLevel level, const char* fmt, ...) {
-  if (level < Level()) return;
+  if (level < CurrentLogLevel()) return;
   va_list ap;
   va_start(ap, fmt);
   VLog(level, fmt, ap);
@@ -66,7 +58,7 @@ void LogOnce(const void* key, LogLevel level, const char* fmt, ...) {
     std::lock_guard<std::mutex> lock(Mutex());
     if (!seen.insert(key).second) return;
   }
-  if (level < Level()) return;
+  if (level < CurrentLogLevel()) return;
   va_list ap;
   va_start(ap, fmt);
   VLog(level, fmt, ap);

@@ -9,6 +9,7 @@
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
 #include "k3/engine/engine.h"
+#include "k3/toolenv/toolenv.h"
 
 namespace k3::engine {
 namespace {
@@ -20,7 +21,7 @@ int Bits(const char* name, int fallback) {
 
 }  // namespace
 
-void ApplyLogLevelFromEnv() { k3::ApplyLogLevelFromEnv(); }
+void ApplyLogLevelFromEnv() { SetLogLevel(toolenv::LogLevelFromEnv()); }
 
 EngineOptions EngineOptions::FromEnv(std::string model_dir) {
   ApplyLogLevelFromEnv();

@@ -1,13 +1,14 @@
 // Run-time ISA choice: CPUID on x86-64 (through libgcc's __builtin_cpu_supports,
 // which also checks that the OS saves the wide registers), the kernel's
-// AT_HWCAP bits on aarch64, K3_FORCE_ISA, one log line. Only the kernel files of
+// AT_HWCAP bits on aarch64, the configured forced ISA (KernelConfig, which the
+// tools fill from K3_FORCE_ISA), one log line per choice. Only the kernel files of
 // the architecture being built exist, so every table reference is guarded.
 //
 // Per-CPU kernel preferences (kCpuRules): on a CPU where another ISA's kernel for
 // one (format, batch class) was measured faster than the best ISA's, and the two
 // give identical bits (quant_test.cc proves it for every pair a rule may mix),
 // MatMulQ8 takes that kernel from the other table; everything else stays on the
-// best ISA. K3_FORCE_ISA (and SetIsaForTesting) force one table for everything.
+// best ISA. A forced ISA (and SetIsaForTesting) force one table for everything.
 #include "k3/quant/isa.h"
 
 #if defined(__x86_64__)
@@ -25,12 +26,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
-#include "k3/core/sys.h"
 #include "k3/quant/quant.h"
 #include "kernels.h"
 
@@ -62,36 +64,6 @@ const internal::KernelTable& TableFor(Isa isa) {
       break;  // scalar, or an ISA of the other architecture (IsaSupported is false)
   }
   return internal::ScalarKernels();
-}
-
-Isa ParseIsa(const std::string& s) {
-  std::string names;
-  for (Isa i : kAllIsas) {
-    if (s == IsaName(i)) return i;
-    names += names.empty() ? "" : ", ";
-    names += IsaName(i);
-  }
-  throw Error(ErrorCode::kInvalidArgument, "K3_FORCE_ISA='" + s + "' is not one of " + names);
-}
-
-Isa BestIsa() {
-  Isa best = Isa::kScalar;
-  for (Isa i : kAllIsas) {
-    if (IsaSupported(i)) best = i;
-  }
-  return best;
-}
-
-std::optional<Isa> CheckForcedIsa() {
-  auto forced = GetEnv("K3_FORCE_ISA");
-  if (!forced || forced->empty()) return std::nullopt;
-  Isa isa = ParseIsa(*forced);
-  if (!IsaSupported(isa)) {
-    throw Error(ErrorCode::kUnsupported, std::string("K3_FORCE_ISA=") + *forced +
-                                             " but this CPU (or OS) cannot run it; best is " +
-                                             IsaName(BestIsa()));
-  }
-  return isa;
 }
 
 // What CPUID leaves 0 and 1 report (x86-64; empty elsewhere).
@@ -151,7 +123,7 @@ struct Choice {
   const char* int8_why = "";
 };
 
-// The start-up choice without K3_FORCE_ISA: the best ISA and the rules.
+// The choice without a forced ISA: the best ISA and the rules.
 Choice DefaultChoice() {
   Choice c;
   const Isa best = BestIsa();
@@ -177,29 +149,50 @@ std::string Describe(const Choice& c) {
   return s;
 }
 
-Choice ChooseOrThrow() {
+// The installed configuration (ConfigureKernels) and the choice made from it.
+// The choice is made at the first dispatch after each ConfigureKernels, under
+// the mutex; dispatch reads it through one acquire load. Choices are kept (a
+// kernel running on a replaced one still holds its pointer), and are few: one
+// per ConfigureKernels.
+struct DispatchState {
+  std::mutex mu;
+  KernelConfig config;      // guarded by mu
+  std::deque<Choice> made;  // guarded by mu; never shrinks
+  std::atomic<const Choice*> current{nullptr};
+};
+
+DispatchState& State() {
+  static DispatchState s;  // function-local: usable from other statics' initialisers
+  return s;
+}
+
+// The kernels' copies of the scalar settings, read on every kernel call.
+std::atomic<int64_t> g_prefetch_bytes{-1};
+std::atomic<bool> g_nibble64{false};
+
+const Choice& CurrentChoice() {
+  DispatchState& st = State();
+  if (const Choice* c = st.current.load(std::memory_order_acquire)) return *c;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (const Choice* c = st.current.load(std::memory_order_relaxed)) return *c;
   Choice c = DefaultChoice();
-  if (std::optional<Isa> forced = CheckForcedIsa()) {
-    c = Choice{&TableFor(*forced), nullptr, "K3_FORCE_ISA", ""};
+  if (st.config.forced_isa) {
+    c = Choice{&TableFor(*st.config.forced_isa), nullptr, "K3_FORCE_ISA", ""};
   }
   K3_LOG_INFO("quant: %s", Describe(c).c_str());
-  return c;
+  st.made.push_back(c);
+  st.current.store(&st.made.back(), std::memory_order_release);
+  return st.made.back();
 }
 
-const Choice& StartupChoiceOrThrow() {
-  // A throwing initialiser leaves the static unset, so every call reports the error.
-  static const Choice chosen = ChooseOrThrow();
-  return chosen;
-}
-
-const internal::KernelTable& ActiveTableOrThrow() {
+const internal::KernelTable& ActiveTable() {
   if (const internal::KernelTable* t = g_test_override.load(std::memory_order_acquire)) return *t;
-  return *StartupChoiceOrThrow().table;
+  return *CurrentChoice().table;
 }
 
-const internal::KernelTable& Q8TableOrThrow(WeightFormat format, size_t batch) {
+const internal::KernelTable& Q8Table(WeightFormat format, size_t batch) {
   if (const internal::KernelTable* t = g_test_override.load(std::memory_order_acquire)) return *t;
-  const Choice& c = StartupChoiceOrThrow();
+  const Choice& c = CurrentChoice();
   if (format == WeightFormat::kInt8 && batch == 1 && c.int8_decode != nullptr) {
     return *c.int8_decode;
   }
@@ -208,7 +201,46 @@ const internal::KernelTable& Q8TableOrThrow(WeightFormat format, size_t batch) {
 
 }  // namespace
 
-std::optional<Isa> ForcedIsaOrThrow() { return CheckForcedIsa(); }
+void ConfigureKernels(const KernelConfig& config) {
+  if (config.forced_isa && !IsaSupported(*config.forced_isa)) {
+    throw Error(ErrorCode::kUnsupported, std::string("forced ISA ") + IsaName(*config.forced_isa) +
+                                             " but this CPU (or OS) cannot run it; best is " +
+                                             IsaName(BestIsa()));
+  }
+  if (config.prefetch_bytes < -1 || config.prefetch_bytes > kMaxPrefetchBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "prefetch distance must be -1 (the kernels' defaults) or 0 to " +
+                    std::to_string(kMaxPrefetchBytes) + " bytes, not " +
+                    std::to_string(config.prefetch_bytes));
+  }
+  DispatchState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.config = config;
+  g_prefetch_bytes.store(config.prefetch_bytes, std::memory_order_relaxed);
+  g_nibble64.store(config.nibble64, std::memory_order_relaxed);
+  st.current.store(nullptr, std::memory_order_release);  // the next dispatch chooses again
+}
+
+KernelConfig CurrentKernelConfig() {
+  DispatchState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.config;
+}
+
+std::optional<Isa> ParseIsaName(std::string_view name) {
+  for (Isa i : kAllIsas) {
+    if (name == IsaName(i)) return i;
+  }
+  return std::nullopt;
+}
+
+Isa BestIsa() {
+  Isa best = Isa::kScalar;
+  for (Isa i : kAllIsas) {
+    if (IsaSupported(i)) best = i;
+  }
+  return best;
+}
 
 bool IsaSupported(Isa isa) {
   switch (isa) {
@@ -258,15 +290,14 @@ const char* IsaName(Isa isa) {
   return "?";
 }
 
-Isa ActiveIsa() { return ActiveTableOrThrow().isa; }
+Isa ActiveIsa() { return ActiveTable().isa; }
 
-Isa Q8Isa(WeightFormat format, size_t batch) { return Q8TableOrThrow(format, batch).isa; }
+Isa Q8Isa(WeightFormat format, size_t batch) { return Q8Table(format, batch).isa; }
 
 std::string DispatchDetail() {
-  Choice c = DefaultChoice();
-  std::string s = Describe(c);
-  if (auto forced = GetEnv("K3_FORCE_ISA"); forced && !forced->empty()) {
-    return s + "; K3_FORCE_ISA=" + *forced + " forces one ISA for everything";
+  std::string s = Describe(DefaultChoice());
+  if (const std::optional<Isa> forced = CurrentKernelConfig().forced_isa) {
+    return s + "; K3_FORCE_ISA=" + IsaName(*forced) + " forces one ISA for everything";
   }
   return s + "; K3_FORCE_ISA overrides";
 }
@@ -299,41 +330,19 @@ int DecodeRowsF32(size_t act_bytes) noexcept {
   return act_bytes < l1 ? 1 : 4;
 }
 
-const KernelTable& ActiveKernels() noexcept {
-  try {
-    return ActiveTableOrThrow();
-  } catch (const std::exception& e) {
-    // Kernels cannot throw; the apps call ActiveIsa() at start-up to get this as
-    // a k3::Error, so reaching here means a caller skipped that check.
-    K3_LOG_ERROR("quant: %s", e.what());
-    std::abort();
-  }
-}
+// No longer able to fail: ConfigureKernels validated the forced ISA.
+const KernelTable& ActiveKernels() noexcept { return ActiveTable(); }
 
 const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept {
-  try {
-    return Q8TableOrThrow(format, batch);
-  } catch (const std::exception& e) {
-    K3_LOG_ERROR("quant: %s", e.what());  // as ActiveKernels
-    std::abort();
-  }
+  return Q8Table(format, batch);
 }
 
 size_t PrefetchBytes(size_t default_bytes) noexcept {
-  // -1: K3_PREFETCH unset. Kernels are noexcept: a bad value is a warning and the
-  // kernels' defaults, not an error.
-  static const int64_t forced = [] {
-    if (!GetEnv("K3_PREFETCH")) return int64_t{-1};
-    try {
-      const int64_t n = GetEnvInt("K3_PREFETCH", int64_t(kDefaultPrefetchBytes));
-      if (n >= 0 && n <= (int64_t{1} << 20)) return n;
-    } catch (const std::exception&) {
-    }
-    K3_LOG_WARN("quant: K3_PREFETCH is not a byte count in [0, 1048576]; using the defaults");
-    return int64_t{-1};
-  }();
+  const int64_t forced = g_prefetch_bytes.load(std::memory_order_relaxed);
   return forced >= 0 ? static_cast<size_t>(forced) : default_bytes;
 }
+
+bool Nibble64() noexcept { return g_nibble64.load(std::memory_order_relaxed); }
 
 }  // namespace internal
 }  // namespace k3::quant

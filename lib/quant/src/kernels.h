@@ -107,12 +107,11 @@ const KernelTable& NeonKernels() noexcept;     // baseline armv8-a ASIMD
 const KernelTable& NeonDotKernels() noexcept;  // kernels_neon.cc built with +dotprod
 #endif
 
-// The table of ActiveIsa(); aborts with a message if K3_FORCE_ISA is invalid
-// (kernels are noexcept; apps call ActiveIsa() first to get a k3::Error instead).
+// The table of ActiveIsa() (the configuration was validated by ConfigureKernels).
 const KernelTable& ActiveKernels() noexcept;
 // The table MatMulQ8 uses for `format` weights and `batch` activation rows: the
 // active one, except where a per-CPU rule (isa.cc) takes that kernel from another
-// table with identical bits. Aborts like ActiveKernels.
+// table with identical bits.
 const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept;
 
 // Software prefetch of weight streams: the SIMD kernels touch the line this many
@@ -122,9 +121,12 @@ const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept;
 // real work per byte; the MXFP4 decode doubled with 2-8 KiB. Prefetching past a
 // matrix end is harmless (prefetches never fault).
 inline constexpr size_t kDefaultPrefetchBytes = 4096;
-// K3_PREFETCH when set, else `default_bytes`: a kernel may default to its own
-// distance where one was measured better (kernels_avx512.cc).
+// KernelConfig::prefetch_bytes (K3_PREFETCH) when set, else `default_bytes`: a
+// kernel may default to its own distance where one was measured better
+// (kernels_avx512.cc).
 size_t PrefetchBytes(size_t default_bytes = kDefaultPrefetchBytes) noexcept;
+// KernelConfig::nibble64 (K3_QUANT_NIBBLE64): the previous int4/MXFP4 IDOT kernels.
+bool Nibble64() noexcept;
 
 // Rows of the f32-activation decode that share each activation load (1, 2, 4)
 // for rows of `act_bytes` of f32 activations: SetDecodeRowsForTesting's value,

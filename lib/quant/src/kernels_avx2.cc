@@ -857,8 +857,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
 // K3_QUANT_NIBBLE64=1 selects the previous per-group int4/MXFP4 IDOT kernel
 // (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
 bool LegacyNib() {
-  static const bool legacy = std::getenv("K3_QUANT_NIBBLE64") != nullptr;
-  return legacy;
+  return Nibble64();  // KernelConfig::nibble64
 }
 
 void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1) noexcept {

@@ -1041,8 +1041,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
 // K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
 // (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
 bool LegacyNib() {
-  static const bool legacy = std::getenv("K3_QUANT_NIBBLE64") != nullptr;
-  return legacy;
+  return Nibble64();  // KernelConfig::nibble64
 }
 
 void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,

@@ -145,10 +145,15 @@ class FileLock {
   std::string path_;
 };
 
-// Named crash point: if the environment variable K3_CRASH_AT equals `name`
-// (or "name:N" and this is the N-th hit, 1-based), the process kills itself
-// with SIGKILL. Used by tests to prove crash safety; free when unset.
+// Named crash point: once armed for `name` (SetCrashPoint), the N-th pass
+// through CrashPoint(name) (1-based) kills the process with SIGKILL. Used by
+// tests to prove crash safety; the tools arm it at start-up from
+// K3_CRASH_AT=name[:N] (k3::toolenv). Free while disarmed (the default).
 void CrashPoint(const char* name);
+// Arms the crash point `name` for its `nth` pass (nth <= 1: the first); an
+// empty name disarms. Resets the pass count. Call before the threads that may
+// pass crash points start.
+void SetCrashPoint(std::string_view name, long nth = 1);
 
 // Free bytes available to an unprivileged writer on the filesystem of `path`.
 uint64_t FreeSpaceBytes(const std::string& path);

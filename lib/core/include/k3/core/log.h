@@ -1,5 +1,7 @@
-// Minimal leveled logging to stderr. K3_LOG=debug|info|warn|error|quiet sets the
-// threshold (default info). Thread-safe: each call writes one whole line.
+// Minimal leveled logging to stderr. The threshold is info until SetLogLevel;
+// the tools set it at start-up from K3_LOG=debug|info|warn|error|quiet
+// (k3::toolenv; this library reads no environment). Thread-safe: each call
+// writes one whole line.
 #pragma once
 
 #include <cstdarg>
@@ -14,11 +16,6 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kQuiet = 4 }
 std::optional<LogLevel> ParseLogLevel(std::string_view s);
 LogLevel CurrentLogLevel();
 void SetLogLevel(LogLevel level);
-// Validates K3_LOG (unset or empty = info) and applies it (SetLogLevel); an
-// unknown value throws kInvalidArgument naming the variable and the choices.
-// Every tool calls it at start-up, before its first log line: the logger itself
-// cannot fail, so without this check a typo would be ignored silently.
-void ApplyLogLevelFromEnv();
 void Log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // Logs once per process per `key` (a string literal's address is a fine key).
 void LogOnce(const void* key, LogLevel level, const char* fmt, ...)

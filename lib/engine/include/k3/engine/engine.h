@@ -73,9 +73,10 @@ struct EngineOptions {
   static EngineOptions FromEnv(std::string model_dir);
 };
 
-// Validates K3_LOG (debug|info|warn|error|quiet) and applies it; throws
-// kInvalidArgument for any other value. EngineOptions::FromEnv calls it; tools
-// that load no model call it at start-up.
+// Validates K3_LOG (debug|info|warn|error|quiet, k3::toolenv::LogLevelFromEnv)
+// and applies it; throws kInvalidArgument for any other value. EngineOptions::
+// FromEnv calls it (the tools have applied it already, with the rest of their
+// start-up environment, through k3::toolenv::ApplyFromEnv).
 void ApplyLogLevelFromEnv();
 
 // Sampling choices. The defaults of a model come from its generation_config.json

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "k3/core/default_init.h"
 #include "k3/model/config.h"
 #include "k3/model/model.h"
 
@@ -64,7 +65,10 @@ struct MlaSegment {
   int64_t begin = 0;
   int64_t end = 0;
   std::vector<int32_t> ids;  // [end - begin]: the ids fed at those positions
-  std::vector<float> rows;   // [mla layer][end - begin][kv_lora + qk_rope]
+  // [mla layer][end - begin][kv_lora + qk_rope]. Default-initialising: resize()
+  // leaves the floats unwritten for the copy or read that fills them (a loaded
+  // checkpoint writes each byte once).
+  DefaultInitVector<float> rows;
   uint64_t bytes() const { return rows.size() * sizeof(float); }
 };
 
@@ -73,8 +77,9 @@ struct SessionCheckpoint {
   StateLayout layout;
   int64_t position = 0;
   std::vector<int32_t> ids;  // [position]: every id fed, in order
-  // Every KDA layer in layer order, each layout.kda_layer_floats() long.
-  std::vector<float> kda;
+  // Every KDA layer in layer order, each layout.kda_layer_floats() long;
+  // default-initialising like MlaSegment::rows.
+  DefaultInitVector<float> kda;
   // Contiguous segments covering [0, position), in order; shared.
   std::vector<std::shared_ptr<const MlaSegment>> mla;
 

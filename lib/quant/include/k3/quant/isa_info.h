@@ -1,6 +1,6 @@
 // The kernel ISA as --version reports it, without choosing (or logging) the
-// dispatch: the best this CPU runs, the per-CPU rules, and the override if
-// K3_FORCE_ISA names one.
+// dispatch: the best this CPU runs, the per-CPU rules, and the override if the
+// configuration forces one (K3_FORCE_ISA, applied by the tool before --version).
 #pragma once
 
 #include <string>
