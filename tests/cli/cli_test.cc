@@ -33,6 +33,28 @@ std::string Git(const std::string& args) {
   return out;
 }
 
+// One start-up refusal per tool: each argv, run with `env`, exits 2 and its
+// log holds every one of `expect`.
+struct ToolCase {
+  const char* what;
+  std::vector<std::string> argv;
+};
+void CheckEveryToolRefuses(const TempDir& d, const std::vector<ToolCase>& cases, const std::string& env,
+                           const std::vector<std::string>& expect) {
+  for (const auto& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    const std::string log = d / "log";
+    ::unlink(log.c_str());
+    CHECK(Run(c.argv, {.env = {env}, .log = log}) == 2);
+    const std::string e = ReadAll(log);
+    for (const auto& x : expect) {
+      CAPTURE(x);
+      CHECK(e.find(x) != std::string::npos);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("--version on every tool: version, git sha, build type, kernel ISA") {
@@ -181,10 +203,7 @@ TEST_CASE("K3_LOG=bogus is refused by every tool at start-up, naming the variabl
   // ignored; k3-run's commands are covered in tests/engine/run_cli_test.cc.
   TempDir d("k3cli");
   const std::string dst = d / "dst";
-  struct Case {
-    const char* what;
-    std::vector<std::string> argv;
-  } cases[] = {
+  CheckEveryToolRefuses(d, {
       {"k3-repack", {Bin("k3-repack"), TinySnapshot(), dst, "-q"}},
       {"k3-verify", {Bin("k3-verify"), TinySnapshot()}},
       {"k3-fixture presets", {Bin("k3-fixture"), "presets"}},
@@ -194,18 +213,7 @@ TEST_CASE("K3_LOG=bogus is refused by every tool at start-up, naming the variabl
       {"k3-bench io", {Bin("k3-bench"), "io"}},
       {"k3-bench tokenizer", {Bin("k3-bench"), "tokenizer"}},
       {"k3-run tokenize", {Bin("k3-run"), "tokenize", TinySnapshot(), "--text", "hi"}},
-  };
-  for (const auto& c : cases) {
-    const std::string what = c.what;
-    CAPTURE(what);
-    const std::string log = d / "log";
-    ::unlink(log.c_str());
-    CHECK(Run(c.argv, {.env = {"K3_LOG=bogus"}, .log = log}) == 2);
-    const std::string e = ReadAll(log);
-    CHECK(e.find(": error: 'K3_LOG'") != std::string::npos);
-    CHECK(e.find("bogus") != std::string::npos);
-    CHECK(e.find("quiet") != std::string::npos);  // the accepted values are listed
-  }
+  }, "K3_LOG=bogus", {": error: 'K3_LOG'", "bogus", "quiet"});  // "quiet": the accepted values are listed
   CHECK(!Exists(dst));  // nothing written before the check
   CHECK(!Exists(d / "fx"));
   // The accepted values still work (a valid K3_LOG is no error).
@@ -242,25 +250,13 @@ TEST_CASE("K3_FORCE_ISA: every tool refuses a bad name up front; --version repor
   // lib/quant: the same messages and exit codes as when the library read them.
   TempDir d("k3cli");
   const std::string dst = d / "dst";
-  struct Case {
-    const char* what;
-    std::vector<std::string> argv;
-  } cases[] = {
+  CheckEveryToolRefuses(d, {
       {"k3-repack", {Bin("k3-repack"), TinySnapshot(), dst, "-q"}},
       {"k3-verify", {Bin("k3-verify"), TinySnapshot()}},
       {"k3-fixture presets", {Bin("k3-fixture"), "presets"}},
       {"k3-bench kernels", {Bin("k3-bench"), "kernels"}},
       {"k3-run tokenize", {Bin("k3-run"), "tokenize", TinySnapshot(), "--text", "hi"}},
-  };
-  for (const auto& c : cases) {
-    const std::string what = c.what;
-    CAPTURE(what);
-    const std::string log = d / "log";
-    ::unlink(log.c_str());
-    CHECK(Run(c.argv, {.env = {"K3_FORCE_ISA=avx1024"}, .log = log}) == 2);
-    const std::string e = ReadAll(log);
-    CHECK(e.find(": error: K3_FORCE_ISA='avx1024' is not one of scalar, avx2") != std::string::npos);
-  }
+  }, "K3_FORCE_ISA=avx1024", {": error: K3_FORCE_ISA='avx1024' is not one of scalar, avx2"});
   CHECK(!Exists(dst));
   for (const char* tool : kTools) {
     CAPTURE(tool);
