@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -422,7 +423,6 @@ class ShardPipeline {
         // The read pool's queue also takes the blocks helpers bring (Help).
         pools_{BoundedQueue<AlignedBuffer>(depth + reads - 1 + kMaxStreams * kMaxReadsInFlight),
                BoundedQueue<AlignedBuffer>(depth)},
-        read_q_(depth),
         write_q_(depth),
         direct_fd_(direct_fd),
         use_direct_(direct_fd.valid()),
@@ -505,7 +505,7 @@ class ShardPipeline {
     std::vector<float>& scratch = bufs_->scratch;
     std::vector<float> scales;  // the current quantized tensor's scales
     Block b;
-    while (read_q_.Pop(&b)) {
+    while (TakeRead(&b)) {
       if (b.seg == SIZE_MAX) {
         write_q_.Push(std::move(b));
         return;
@@ -593,10 +593,9 @@ class ShardPipeline {
   }
 
   // One reader: claims the next segment and takes a block for it under one
-  // lock (blocks leave the pool in segment order, so a reader holding one never
-  // waits on one that has none), reads it, and hands it to read_q_ in segment
-  // order (a turn counter). Whoever claims the index past the last segment
-  // pushes the end of the stream.
+  // lock (blocks leave the pool in segment order, so the segment the quantizer
+  // waits for always has one), reads it, and files it (PutRead). Whoever claims
+  // the index past the last segment files the end of the stream.
   void ReadSegments() {
     for (;;) {
       Block b;
@@ -616,10 +615,7 @@ class ShardPipeline {
         }
       }
       if (b.pool == 0) ReadSource(segs_[i], &b);
-      if (!WaitTurn(&push_turn_, i)) return;
-      const bool pushed = read_q_.Push(std::move(b));
-      NextTurn(&push_turn_);
-      if (!pushed || i == segs_.size()) return;
+      if (!PutRead(i, std::move(b)) || i == segs_.size()) return;
     }
   }
 
@@ -651,16 +647,30 @@ class ShardPipeline {
     }
   }
 
-  // Waits until *turn reaches i; false once the turns are closed (a failure).
-  bool WaitTurn(size_t* turn, size_t i) {
-    std::unique_lock<std::mutex> lock(turn_mu_);
-    turn_cv_.wait(lock, [&] { return turns_closed_ || *turn == i; });
-    return !turns_closed_;
+  // The read blocks reach the quantizer in segment order through ready_: a
+  // reader files its block as soon as it is read and claims the next segment,
+  // instead of waiting until every earlier segment's read is done (one slow
+  // read then held every other reader, and the disk saw one read in flight).
+  // ready_ has no capacity of its own: every block in it comes from the read
+  // pool (scales and the end marker carry none), which bounds it. False once
+  // the pipeline failed.
+  bool PutRead(size_t i, Block b) {
+    std::lock_guard<std::mutex> lock(ready_mu_);
+    if (ready_closed_) return false;
+    ready_.emplace(i, std::move(b));
+    if (i == next_ready_) ready_cv_.notify_one();
+    return true;
   }
-  void NextTurn(size_t* turn) {
-    std::lock_guard<std::mutex> lock(turn_mu_);
-    ++*turn;
-    turn_cv_.notify_all();
+  bool TakeRead(Block* b) {
+    std::unique_lock<std::mutex> lock(ready_mu_);
+    ready_cv_.wait(lock, [&] {
+      return ready_closed_ || (!ready_.empty() && ready_.begin()->first == next_ready_);
+    });
+    if (ready_closed_) return false;
+    *b = std::move(ready_.begin()->second);
+    ready_.erase(ready_.begin());
+    ++next_ready_;
+    return true;
   }
 
   void Fail(std::exception_ptr e) {
@@ -668,13 +678,12 @@ class ShardPipeline {
       std::lock_guard<std::mutex> lock(err_mu_);
       if (!err_) err_ = e;
     }
-    read_q_.Close();
     write_q_.Close();
     pools_[0].Close();
     pools_[1].Close();
-    std::lock_guard<std::mutex> lock(turn_mu_);
-    turns_closed_ = true;
-    turn_cv_.notify_all();
+    std::lock_guard<std::mutex> lock(ready_mu_);
+    ready_closed_ = true;
+    ready_cv_.notify_all();
   }
 
   const ShardPlan& p_;
@@ -684,16 +693,17 @@ class ShardPipeline {
   StreamBuffers* const bufs_;
   const size_t pool_blocks_[2];
   BoundedQueue<AlignedBuffer> pools_[2];
-  BoundedQueue<Block> read_q_, write_q_;
+  BoundedQueue<Block> write_q_;
   std::mutex err_mu_;
   std::exception_ptr err_;
   std::mutex claim_mu_;
   size_t next_claim_ = 0;  // next segment a reader takes; segs_.size(): the end marker
   std::atomic<size_t> claimed_{0};  // next_claim_'s last value, for Unclaimed
-  std::mutex turn_mu_;
-  std::condition_variable turn_cv_;
-  size_t push_turn_ = 0;
-  bool turns_closed_ = false;
+  std::mutex ready_mu_;
+  std::condition_variable ready_cv_;
+  std::map<size_t, Block> ready_;  // read, not yet quantized, by segment
+  size_t next_ready_ = 0;          // the segment the quantizer takes next
+  bool ready_closed_ = false;
   std::mutex helpers_mu_;
   std::condition_variable helpers_cv_;
   size_t helpers_ = 0, helpers_lent_ = 0;
