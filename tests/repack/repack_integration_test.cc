@@ -415,9 +415,9 @@ TEST_CASE("--mem-mb and --block-mib: bad values and flags that cannot fit are re
                "2", "--block-mib", "2"},
               {.log = log}) == 0);
   const std::string l = ReadAll(log);
-  // 2 streams x (9 + 1 + 9) blocks x 2 MiB = 76 MiB: 8 reads and writes in flight fit.
-  CHECK(l.find("\"streams\":2,\"reads_in_flight\":8,\"writes_in_flight\":8,\"block_bytes\":2097152,"
-               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":79691776") != std::string::npos);
+  // 2 streams x (12 + 1 + 12) blocks x 2 MiB = 100 MiB: 11 reads and writes in flight fit.
+  CHECK(l.find("\"streams\":2,\"reads_in_flight\":11,\"writes_in_flight\":11,\"block_bytes\":2097152,"
+               "\"mem_budget_bytes\":104857600,\"buffer_bytes\":104857600") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(d / "out")) == "");
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), d / "out2", "--mem-mb", "100"}, {.log = log}) == 0);
   // 8 and 4 MiB blocks leave fewer than 4 in flight; 2 MiB: 4 x (2 x 4 + 3) x 2 MiB.
@@ -783,14 +783,16 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 288 MiB with its defaults (4 streams, 5 reads and 5
-  // writes in flight each, 8 MiB blocks: at most 416 MiB of buffers; idle
-  // streams' blocks lent to the big shard), k3-verify --full 57 MiB (its f32
-  // scratch is a few rows per thread; 88 MiB when it was a whole block). The bound
-  // is a third of one whole-matrix buffer and below its int8 output (576 MiB).
-  // A run also stays within its --mem-mb budget plus what any run needs besides
-  // the pipeline's buffers (binary, libraries, headers, thread stacks touched:
-  // k3-tiny converts in ~19 MB).
+  // CPU count): k3-repack 265 MiB with its defaults, which under this limit
+  // are a 384 MiB budget (3/8 of RLIMIT_AS; without it 768 MiB, whose buffers,
+  // thread stacks and arenas do not fit 1 GiB of address space): 4 streams, 4
+  // reads and 4 writes in flight each, 8 MiB blocks, at most 352 MiB of
+  // buffers; idle streams' blocks lent to the big shard. k3-verify --full
+  // 57 MiB (its f32 scratch is a few rows per thread; 88 MiB when it was a
+  // whole block). The bound is a third of one whole-matrix buffer and below
+  // its int8 output (576 MiB). A run also stays within its --mem-mb budget
+  // plus what any run needs besides the pipeline's buffers (binary,
+  // libraries, headers, thread stacks touched: k3-tiny converts in ~19 MB).
   constexpr uint64_t kStreamingRssBytes = 384ull << 20;
   constexpr uint64_t kBesidesBuffersBytes = 48ull << 20;
   auto field = [](const std::string& log, const std::string& key) -> uint64_t {
@@ -816,6 +818,8 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   // RLIMIT_AS already caps RSS at 1 GiB, so "under the limit" proves nothing:
   // streaming must stay well below it (a whole-matrix buffer is 1152 MiB).
   CHECK(rss < kStreamingRssBytes);
+  CHECK(field(l, "mem_budget_bytes") == 384ull << 20);  // sized to the address space
+  CHECK(l.find("3/8 of the address-space limit, RLIMIT_AS") != std::string::npos);
   CHECK(field(l, "buffer_bytes") <= field(l, "mem_budget_bytes"));
   CHECK(rss <= field(l, "mem_budget_bytes") + kBesidesBuffersBytes);
   // A budget below what the defaults use really bounds the run: 64 MiB leaves

@@ -44,6 +44,12 @@ uint64_t MemAvailableBytes() {
   return kb * 1024;
 }
 
+uint64_t AddressSpaceLimitBytes() {
+  struct rlimit rl;
+  if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<uint64_t>(rl.rlim_cur);
+}
+
 int NumOnlineCpus() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;

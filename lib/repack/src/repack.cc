@@ -1350,7 +1350,7 @@ RepackEvent Runner::Run() {
   uint64_t reclaimable = 0;
   std::vector<const ShardPlan*> todo = PlanWork(selected, force_clean, &skipped, &reclaimable);
   CheckFreeSpace(snap, reclaimable);
-  plan_ = ResolvePipeline(opt_, todo.size(), MemAvailableBytes());
+  plan_ = ResolvePipeline(opt_, todo.size(), MemAvailableBytes(), AddressSpaceLimitBytes());
 
   Emit(RepackEvent::Kind::kStart);
   for (const auto& ev : skipped) Emit(RepackEvent::Kind::kShardSkipped, ev);
@@ -1417,7 +1417,8 @@ std::string BlockText(uint64_t bytes) {
 }
 }  // namespace
 
-PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_t mem_available) {
+PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_t mem_available,
+                             uint64_t address_space) {
   PipelinePlan p;
   p.budget_given = o.mem_budget_bytes > 0;
   if (p.budget_given) {
@@ -1428,6 +1429,15 @@ PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_
     p.budget_bytes = kDefaultMemBudgetBytes;
     if (mem_available > 0) {
       p.budget_bytes = std::min(p.budget_bytes, std::max(kMinMemBudgetBytes, mem_available / 4));
+    }
+    // Under an address-space limit (ulimit -v), the buffers share it with a
+    // stack per pipeline thread, the malloc arenas and the mapped binary.
+    if (address_space > 0) {
+      const uint64_t fit = std::max(kMinMemBudgetBytes, address_space / 8 * 3);
+      if (fit < p.budget_bytes) {
+        p.budget_bytes = fit;
+        p.budget_by_address_space = true;
+      }
     }
   }
   const int cap = static_cast<int>(std::clamp<size_t>(shards_todo, 1, kMaxStreams));
@@ -1482,7 +1492,9 @@ std::string PipelinePlan::Describe() const {
   char buf[512];
   const uint64_t mib = 1 << 20;
   const std::string automatic =
-      "automatic: the smaller of " + std::to_string(kDefaultMemBudgetBytes / mib) + " MiB and MemAvailable / 4";
+      budget_by_address_space
+          ? std::string("automatic: 3/8 of the address-space limit, RLIMIT_AS")
+          : "automatic: the smaller of " + std::to_string(kDefaultMemBudgetBytes / mib) + " MiB and MemAvailable / 4";
   const std::string block = BlockText(block_bytes);
   std::snprintf(buf, sizeof buf,
                 "%d stream(s)%s x %d read(s)%s and %d write(s)%s in flight, %s blocks%s: buffers "

@@ -174,23 +174,30 @@ TEST_CASE("pipeline plan: defaults sized to the memory budget; given values kept
 
   RepackOptions o;
   // Everything automatic, plenty of memory: 8 MiB blocks with as many reads
-  // and writes in flight as 448 MiB holds: 4 x (2 x 5 + 3) x 8 MiB = 416 MiB
-  // (6 would be 480).
+  // and writes in flight as 768 MiB holds: 4 x (2 x 10 + 3) x 8 MiB = 736 MiB
+  // (11 would be 800).
   PipelinePlan p = ResolvePipeline(o, 96, 64ull << 30);
   CHECK(p.streams == 4);
-  CHECK(p.reads == 5);
-  CHECK(p.writes == 5);
+  CHECK(p.reads == 10);
+  CHECK(p.writes == 10);
   CHECK(p.block_bytes == 8 * MiB);
-  CHECK(p.budget_bytes == 448 * MiB);
+  CHECK(p.budget_bytes == 768 * MiB);
   CHECK(!p.budget_given);
-  CHECK(p.buffer_bytes == 416 * MiB);
-  CHECK(p.Describe().find("4 stream(s) x 5 read(s) and 5 write(s) in flight, 8 MiB blocks: buffers <= "
-                          "416 MiB of a 448 MiB budget (automatic") != std::string::npos);
+  CHECK(p.buffer_bytes == 736 * MiB);
+  CHECK(p.Describe().find("4 stream(s) x 10 read(s) and 10 write(s) in flight, 8 MiB blocks: buffers <= "
+                          "736 MiB of a 768 MiB budget (automatic") != std::string::npos);
   // Never more streams than shards to convert; fewer streams, more in flight.
   p = ResolvePipeline(o, 3, 64ull << 30);
   CHECK(p.streams == 3);
-  CHECK(p.reads == 7);  // 3 x 17 x 8 MiB = 408 MiB
-  CHECK(p.buffer_bytes == 408 * MiB);
+  CHECK(p.reads == 14);  // 3 x 31 x 8 MiB = 744 MiB
+  CHECK(p.buffer_bytes == 744 * MiB);
+  // One stream (a pool of 4 queued reads, 4 quantized blocks): the automatic
+  // counts stop at 16 in flight, well inside the budget (16 + 3 + 2 + 17 blocks).
+  p = ResolvePipeline(o, 1, 64ull << 30);
+  CHECK(p.streams == 1);
+  CHECK(p.reads == kDefaultReadsInFlight);
+  CHECK(p.writes == kDefaultWritesInFlight);
+  CHECK(p.buffer_bytes == 38 * 8 * MiB);
   CHECK(ResolvePipeline(o, 0, 64ull << 30).streams == 1);
   // A small machine: a quarter of MemAvailable (1 GiB -> 256 MiB); 8 MiB blocks
   // would leave 2 in flight, so 4 MiB with 6 (4 x 15 x 4 MiB = 240 MiB).
@@ -199,6 +206,20 @@ TEST_CASE("pipeline plan: defaults sized to the memory budget; given values kept
   CHECK(p.block_bytes == 4 * MiB);
   CHECK(p.reads == 6);
   CHECK(p.buffer_bytes == 240 * MiB);
+  // Under an address-space limit of 1 GiB: 3/8 of it, 384 MiB
+  // (4 x (2 x 4 + 3) x 8 MiB = 352 MiB), and the line says why.
+  p = ResolvePipeline(o, 96, 64ull << 30, 1ull << 30);
+  CHECK(p.budget_bytes == 384 * MiB);
+  CHECK(p.budget_by_address_space);
+  CHECK(p.block_bytes == 8 * MiB);
+  CHECK(p.reads == 4);
+  CHECK(p.buffer_bytes == 352 * MiB);
+  CHECK(p.Describe().find("384 MiB budget (automatic: 3/8 of the address-space limit, RLIMIT_AS)") !=
+        std::string::npos);
+  // A limit that leaves more than the default changes nothing.
+  p = ResolvePipeline(o, 96, 64ull << 30, 8ull << 30);
+  CHECK(p.budget_bytes == 768 * MiB);
+  CHECK(!p.budget_by_address_space);
   // A budget too small for 4 in flight even at 1 MiB: 3 (4 x 9 x 1 MiB = 36 MiB).
   o.mem_budget_bytes = 40 * MiB;
   p = ResolvePipeline(o, 96, 64ull << 30);
@@ -235,14 +256,15 @@ TEST_CASE("pipeline plan: defaults sized to the memory budget; given values kept
   }
   // Without --mem-mb the flags given are taken as asked, and said to exceed the budget.
   o.mem_budget_bytes = 0;
+  o.block_bytes = 32 * MiB;
   p = ResolvePipeline(o, 96, 64ull << 30);
-  CHECK(p.buffer_bytes == 704 * MiB);
+  CHECK(p.buffer_bytes == 1408 * MiB);
   CHECK(p.Describe().find("exceed") != std::string::npos);
   // Only the block given: the automatic counts shrink around it.
   o = RepackOptions{};
   o.block_bytes = 16 * MiB;
   p = ResolvePipeline(o, 96, 64ull << 30);
   CHECK(p.block_bytes == 16 * MiB);
-  CHECK(p.reads == 2);  // 4 x 7 x 16 MiB = 448 MiB
-  CHECK(p.buffer_bytes == 448 * MiB);
+  CHECK(p.reads == 4);  // 4 x 11 x 16 MiB = 704 MiB
+  CHECK(p.buffer_bytes == 704 * MiB);
 }

@@ -12,6 +12,7 @@ namespace k3 {
 uint64_t PeakRssBytes();          // getrusage ru_maxrss
 uint64_t CurrentRssBytes();       // /proc/self/statm
 uint64_t MemAvailableBytes();     // /proc/meminfo MemAvailable (0 if unknown)
+uint64_t AddressSpaceLimitBytes();  // RLIMIT_AS's soft limit (0 if unlimited)
 int NumOnlineCpus();
 
 // Environment lookups: the one parser and the one strictness for every K3_*

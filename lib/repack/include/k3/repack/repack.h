@@ -66,12 +66,12 @@ struct RepackOptions {
 // writes in flight as the memory budget holds (ResolvePipeline).
 inline constexpr int kDefaultStreams = 4;
 inline constexpr int kMaxStreams = 16;
-inline constexpr int kDefaultReadsInFlight = 8;
+inline constexpr int kDefaultReadsInFlight = 16;
 inline constexpr int kMaxReadsInFlight = 16;
-inline constexpr int kDefaultWritesInFlight = 8;
+inline constexpr int kDefaultWritesInFlight = 16;
 inline constexpr int kMaxWritesInFlight = 16;
 inline constexpr int kMinAutoInFlight = 4;  // before the block shrinks below 8 MiB
-inline constexpr uint64_t kDefaultMemBudgetBytes = 448ull << 20;
+inline constexpr uint64_t kDefaultMemBudgetBytes = 768ull << 20;
 inline constexpr uint64_t kMinMemBudgetBytes = 16ull << 20;
 inline constexpr uint64_t kMaxAutoBlockBytes = 8ull << 20;
 inline constexpr uint64_t kMinAutoBlockBytes = 1ull << 20;
@@ -101,6 +101,7 @@ struct PipelinePlan {
   uint64_t block_bytes = 0;
   uint64_t budget_bytes = 0;
   bool budget_given = false;  // --mem-mb, not automatic
+  bool budget_by_address_space = false;  // automatic, lowered to fit RLIMIT_AS
   uint64_t buffer_bytes = 0;  // PipelineBufferBytes of the above
   // Which values were chosen here (the rest were given).
   bool streams_auto = true, reads_auto = true, writes_auto = true, block_auto = true;
@@ -108,9 +109,11 @@ struct PipelinePlan {
   std::string Describe() const;
 };
 // `shards_todo` caps the streams (at least 1); `mem_available` is MemAvailable
-// (0 if unknown) for the automatic budget.
+// (0 if unknown) and `address_space` RLIMIT_AS (0 if unlimited) for the
+// automatic budget: at most a quarter of the one and 3/8 of the other (thread
+// stacks, arenas and the binary need the rest of an address space).
 PipelinePlan ResolvePipeline(const RepackOptions& options, size_t shards_todo,
-                             uint64_t mem_available);
+                             uint64_t mem_available, uint64_t address_space = 0);
 
 // Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
 std::vector<int64_t> ParseShardList(const std::string& list);
