@@ -714,8 +714,10 @@ TEST_CASE(
     CHECK(Run({Bin("k3-repack"), TinySnapshot(), out}, {.log = log}) == 6);
     CHECK(ReadAll(log).find("missing") != std::string::npos);
     CHECK(!Exists(out));
-    // Past the pre-flight: ENOSPC in the middle of a shard.
+    // Past the pre-flight: ENOSPC in the middle of the shards, found when a
+    // shard's file is allocated (before it is read), naming it.
     CHECK(Run({Bin("k3-repack"), TinySnapshot(), out, "--no-space-check"}, {.log = log}) == 6);
+    CHECK(ReadAll(log).find("bytes: No space left on device [no-space]") != std::string::npos);
     CheckNoPartial(out, ref);
     for (const auto& n : ListDir(out)) CHECK_MESSAGE(n.find(".tmp.") == std::string::npos, n);
     REQUIRE(::mount("k3test", mnt.c_str(), "tmpfs", MS_REMOUNT, "size=20m") == 0);

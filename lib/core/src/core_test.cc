@@ -76,6 +76,29 @@ TEST_CASE("AtomicFileWriter publishes only on commit") {
   CHECK_THROWS_AS(ReadFileOrThrow(path, 2), Error);
 }
 
+TEST_CASE("PreallocateOrThrow sizes the file; a descriptor it cannot use is an error naming the file") {
+  std::string dir = TempDir();
+  std::string path = JoinPath(dir, "pre.bin");
+  {
+    AtomicFileWriter w(path);
+    // The test directory is on a filesystem with fallocate (ext4, tmpfs); one
+    // without it returns false and leaves the file as it was.
+    if (PreallocateOrThrow(w.fd(), 3 << 20, w.temp_path())) {
+      CHECK(FileSizeOrThrow(w.fd(), w.temp_path()) == uint64_t{3} << 20);
+    }
+    CHECK(PreallocateOrThrow(w.fd(), 0, w.temp_path()));  // nothing to allocate
+  }
+  UniqueFd ro(::open(dir.c_str(), O_RDONLY | O_DIRECTORY));
+  REQUIRE(ro.valid());
+  try {
+    PreallocateOrThrow(ro.get(), 4096, dir);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("fallocate 4096 bytes") != std::string::npos);
+    CHECK(std::string(e.what()).find(dir) != std::string::npos);
+  }
+}
+
 TEST_CASE("AtomicFileWriter names the caller's path, not its temp file, when it cannot create it") {
   try {
     k3::AtomicFileWriter w("/no/such/dir/l.bin");

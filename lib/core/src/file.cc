@@ -133,6 +133,17 @@ void FsyncOrThrow(int fd, const std::string& path) {
   if (::fsync(fd) != 0) ThrowErrno(errno, "fsync", path);
 }
 
+bool PreallocateOrThrow(int fd, uint64_t bytes, const std::string& path) {
+  if (bytes == 0) return true;
+  int rc;
+  do {
+    rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return true;
+  if (errno == EOPNOTSUPP || errno == ENOSYS) return false;
+  ThrowErrno(errno, "fallocate " + std::to_string(bytes) + " bytes", path);
+}
+
 void FsyncDirOrThrow(const std::string& dir) {
   UniqueFd fd = OpenOrThrow(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
   // Some filesystems (e.g. certain FUSE/NFS setups) refuse fsync on directories.

@@ -71,6 +71,11 @@ void PwriteFull(int fd, std::span<const std::byte> buf, uint64_t offset, const s
 
 std::string ReadFileOrThrow(const std::string& path, uint64_t max_bytes);
 void FsyncOrThrow(int fd, const std::string& path);
+// Allocates [0, bytes) of a file about to be written (fallocate, mode 0: the
+// size becomes `bytes`, the blocks unwritten until written). False where the
+// filesystem cannot (EOPNOTSUPP: some NFS and FUSE); throws otherwise (ENOSPC
+// or EDQUOT as kNoSpace, naming the file and the bytes).
+bool PreallocateOrThrow(int fd, uint64_t bytes, const std::string& path);
 void FsyncDirOrThrow(const std::string& dir);
 std::string DirName(const std::string& path);
 std::string BaseName(const std::string& path);
