@@ -186,7 +186,7 @@ std::vector<std::pair<std::string, uint64_t>> SourceShards(const std::string& sr
 // `streams` threads each take the next source file and read it with `qd`
 // reads of `block` bytes in flight (qd threads taking its blocks in turn), O_DIRECT;
 // meanwhile `streams` writers write out_bytes / streams each to their own file
-// the same way, then fsync (k3-repack's output is durable too). Returns seconds
+// (allocated first) the same way, then fsync (k3-repack's output is durable too). Returns seconds
 // until the last read and the last fsync are done.
 double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
                      uint64_t out_bytes, const std::string& work, int streams, int qd,
@@ -237,6 +237,13 @@ double DiskLimitPass(const std::vector<std::pair<std::string, uint64_t>>& files,
     UniqueFd fd = TryOpen(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
     if (!fd.valid()) return fail("O_DIRECT open refused: " + path);
     const uint64_t bytes = (out_bytes / streams + kIoAlign - 1) / kIoAlign * kIoAlign;
+    // Allocated first, as k3-repack does: ext4 serializes O_DIRECT writes that
+    // extend a file, so the writes in flight would otherwise go one at a time.
+    try {
+      PreallocateOrThrow(fd.get(), bytes, path);
+    } catch (const Error& e) {
+      return fail(e.what());
+    }
     blocks_in_flight(bytes, [&](std::byte* buf, uint64_t off, uint64_t len) {
       for (uint64_t put = 0; put < len;) {
         const ssize_t n = ::pwrite(fd.get(), buf + put, len - put, off + put);
