@@ -785,7 +785,7 @@ TEST_CASE("memory bounded: a matrix larger than the address-space limit streams 
   const std::string out = d / "out";
   const std::string log = d / "log";
   // Measured peaks with 2 threads (pinned, so the bound does not scale with the
-  // CPU count): k3-repack 265 MiB with its defaults, which under this limit
+  // CPU count): k3-repack 226 MiB with its defaults, which under this limit
   // are a 384 MiB budget (3/8 of RLIMIT_AS; without it 768 MiB, whose buffers,
   // thread stacks and arenas do not fit 1 GiB of address space): 4 streams, 4
   // reads and 4 writes in flight each, 8 MiB blocks, at most 352 MiB of

@@ -474,13 +474,15 @@ class ShardPipeline {
     ++helpers_lent_;
   }
   // An idle stream (no shard left for it) reads this shard's segments too:
-  // `blocks` (its own read blocks, possibly unallocated) join the read pool for
-  // good, and `readers` more reads are in flight until every segment is claimed.
+  // `blocks` (its own read blocks) join the read pool for good, and `readers`
+  // more readers share the pool until every segment is claimed. It brings only
+  // the blocks it has: a stream helping its second shard has none left (they
+  // stayed with the first), and fresh ones would be memory outside the
+  // budget (PipelineBufferBytes; expert-heavy fixture: up to ~120 MiB more).
   // Several streams thus read disjoint ranges of one source file at once, while
   // the output is still quantized, hashed and written in order by this
   // pipeline. Follows AddHelper; returns when there is nothing left to claim.
   void Help(std::vector<AlignedBuffer>* blocks, size_t readers) {
-    while (blocks->size() < readers) blocks->emplace_back();
     for (AlignedBuffer& b : *blocks) pools_[0].Push(std::move(b));  // (a closed pool drops them)
     blocks->clear();
     RunReaders(readers);
