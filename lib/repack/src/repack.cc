@@ -39,8 +39,8 @@ namespace k3::repack {
 namespace {
 
 constexpr uint64_t kMaxMetadataFileBytes = 512ull << 20;
-// Blocks in flight per stage of one stream's pipeline: bounds memory. With
-// several streams each gets a share (at least 2), so the buffers stay ~8 x 16 MiB.
+// Blocks queued per stage of one stream's pipeline: with several streams each
+// gets a share (at least 2; PipelineDepth, counted by BlocksPerStream).
 constexpr size_t kPipelineDepth = 4;
 // std::thread, with a failure to start one (EAGAIN: RLIMIT_NPROC, or no
 // address space left for its stack under RLIMIT_AS) as a k3::Error that says
@@ -404,7 +404,7 @@ struct StreamBuffers {
 // lend theirs: Help) -> quantize (the calling thread) -> hash + write (the
 // DirectWriter keeps its own writes in flight). Read and Write run on their own
 // threads; every stage runs inside Guard, so the first failure is kept and closes
-// all queues (and the readers' turns), which ends the other stages. `depth`
+// all queues (and the reorder map, ready_), which ends the other stages. `depth`
 // blocks are in flight per stage; the blocks and the f32 scratch are lent by
 // *bufs (KeepBuffers hands them back), and the source bytes written so far go to
 // *progress. `direct_fd` (may be invalid: buffered reads) outlives the pipeline.
@@ -643,7 +643,6 @@ class ShardPipeline {
       use_direct_ = false;
     }
     if (!use_direct_.load()) {
-      b->bytes.Reserve(reserve_[0]);
       b->skip = 0;
       PreadFull(p_.src->fd(), std::span(b->bytes.data(), s.src_len), s.src_off, p_.src->path());
     }
@@ -1463,7 +1462,7 @@ PipelinePlan ResolvePipeline(const RepackOptions& o, size_t shards_todo, uint64_
   // The disk measured in docs/PERFORMANCE.md rewards bytes in flight, in
   // blocks of 8 MiB or more: the first of these that fits the budget is taken,
   // the block size before the count (automatic reads and writes are equal).
-  //   block 8 MiB, in flight 8 down to 4; then 4 MiB, 8 down to 4; ... 1 MiB;
+  //   block 8 MiB, in flight 16 down to 4; then 4 MiB, 16 down to 4; ... 1 MiB;
   //   then 1 MiB with 3 down to 1 in flight; then fewer automatic streams.
   auto try_counts = [&](int hi, int lo) {
     for (int n = hi; n >= lo; --n) {

@@ -36,7 +36,8 @@ struct RepackOptions {
   uint64_t block_bytes = 0;
   // Bound on the pipeline's buffers (every block and staging block of every
   // stream, PipelineBufferBytes); 0 = automatic:
-  // kDefaultMemBudgetBytes, or a quarter of MemAvailable when that is less.
+  // kDefaultMemBudgetBytes, or a quarter of MemAvailable or 3/8 of RLIMIT_AS
+  // when that is less.
   // Automatic streams, reads, writes and block size are sized to fit it; with
   // a budget given, flags that cannot fit are refused.
   uint64_t mem_budget_bytes = 0;
@@ -88,7 +89,7 @@ uint64_t PipelineBufferBytes(int streams, int reads, int writes, uint64_t block_
 
 // Streams, reads, writes and block size as a run uses them, with the budget
 // they were sized to and why. Automatic values (0 in the options) take the
-// first of these whose buffers fit the budget: 8 MiB blocks with 8, 7, ... 4
+// first of these whose buffers fit the budget: 8 MiB blocks with 16, 15, ... 4
 // reads and writes in flight each; the same at 4, 2, 1 MiB; 1 MiB with 3, 2,
 // 1; then one automatic stream fewer, and again. Explicit values are never
 // changed: with an explicit
