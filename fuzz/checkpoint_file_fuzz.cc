@@ -11,11 +11,13 @@
 // writes a fresh set to build/test-output/ckpt_fuzz_seeds to refresh them.
 #include "checkpoint_file_fuzz.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "k3/core/error.h"
@@ -45,8 +47,16 @@ const model::StateFingerprint& CheckpointFuzzFingerprint() {
 }
 
 engine::CheckpointFileStatus ReadCheckpointBytes(const uint8_t* data, size_t size) {
-  // One memory file for the process, rewritten for every input: no disk I/O.
-  static const int fd = memfd_create("k3-ckpt-fuzz", 0);
+  // One file for the process, rewritten for every input; on tmpfs where there
+  // is one (no disk I/O). A real path, not /proc/self/fd/N of a memfd: the
+  // reader opens only regular files without following links (issue 28).
+  static const std::string path = [] {
+    const std::string p = std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
+                          "/k3-ckpt-fuzz." + std::to_string(getpid());
+    std::atexit([] { unlink(path.c_str()); });
+    return p;
+  }();
+  static const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   K3_CHECK(fd >= 0);
   K3_CHECK(ftruncate(fd, 0) == 0);
   for (size_t done = 0; done < size;) {
@@ -54,7 +64,6 @@ engine::CheckpointFileStatus ReadCheckpointBytes(const uint8_t* data, size_t siz
     K3_CHECK(n > 0);
     done += static_cast<size_t>(n);
   }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
   const model::StateLayout& l = CheckpointFuzzLayout();
   const engine::CheckpointFileResult head =
       engine::ReadCheckpointFile(path, CheckpointFuzzFingerprint(), l, true);

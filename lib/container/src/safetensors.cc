@@ -227,9 +227,13 @@ const TensorInfo* SafetensorsHeader::Find(std::string_view name) const {
 }
 
 SafetensorsFile SafetensorsFile::OpenOrThrow(const std::string& path) {
+  return FromFdOrThrow(k3::OpenOrThrow(path, O_RDONLY), path);
+}
+
+SafetensorsFile SafetensorsFile::FromFdOrThrow(UniqueFd fd, const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  f.fd_ = k3::OpenOrThrow(path, O_RDONLY);
+  f.fd_ = std::move(fd);
   f.file_size_ = FileSizeOrThrow(f.fd_.get(), path);
   if (f.file_size_ < 8) {
     Corrupt(path, 0, {}, "file is " + std::to_string(f.file_size_) +

@@ -1,14 +1,15 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <vector>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "k3/core/default_init.h"
 #include "k3/core/error.h"
@@ -108,6 +109,79 @@ TEST_CASE("AtomicFileWriter names the caller's path, not its temp file, when it 
     CHECK(e.path() == "/no/such/dir/l.bin");
     CHECK(std::string(e.what()).find(".tmp.") == std::string::npos);
     CHECK(std::string(e.what()).find("directory does not exist") != std::string::npos);
+  }
+}
+
+TEST_CASE("AtomicFileWriter never writes through a link planted at its temp or final name") {
+  const std::string dir = TempDir();
+  const std::string path = JoinPath(dir, "victim.out");
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  // 28 planted links, as in issue 28's report, each at the temp name the next
+  // writer will use: to a file, a missing file, a directory, itself.
+  int untouched = 0;
+  for (int i = 0; i < 28; ++i) {
+    const std::string target = JoinPath(dir, "target." + std::to_string(i));
+    WriteFileAtomic(target, "precious " + std::to_string(i));
+    const std::string link_to = i % 4 == 1   ? JoinPath(dir, "absent." + std::to_string(i))
+                                : i % 4 == 2 ? dir
+                                : i % 4 == 3 ? temp
+                                             : target;
+    REQUIRE(::symlink(link_to.c_str(), temp.c_str()) == 0);
+    WriteFileAtomic(path, "payload " + std::to_string(i));
+    CHECK(ReadFileOrThrow(path, 100) == "payload " + std::to_string(i));
+    if (ReadFileOrThrow(target, 100) == "precious " + std::to_string(i)) ++untouched;
+    CHECK_FALSE(PathExists(JoinPath(dir, "absent." + std::to_string(i))));
+    struct stat st {};
+    CHECK(::lstat(temp.c_str(), &st) != 0);  // the link is gone, nothing left
+  }
+  CHECK(untouched == 28);
+  // A stale regular temp file (a killed process with our pid) is replaced, not appended to.
+  WriteFileAtomic(JoinPath(dir, "stale.src"), "old bytes that are much longer");
+  REQUIRE(::rename(JoinPath(dir, "stale.src").c_str(), temp.c_str()) == 0);
+  WriteFileAtomic(path, "new");
+  CHECK(ReadFileOrThrow(path, 100) == "new");
+  // A link planted at the final name is replaced by the file, its target kept.
+  const std::string target = JoinPath(dir, "final-target");
+  WriteFileAtomic(target, "keep");
+  REQUIRE(::unlink(path.c_str()) == 0);
+  REQUIRE(::symlink(target.c_str(), path.c_str()) == 0);
+  WriteFileAtomic(path, "mine");
+  struct stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK(ReadFileOrThrow(path, 100) == "mine");
+  CHECK(ReadFileOrThrow(target, 100) == "keep");
+}
+
+TEST_CASE("OpenRegularFileOrThrow: FIFOs, directories and links are refused at once") {
+  const std::string dir = TempDir();
+  const std::string file = JoinPath(dir, "f");
+  WriteFileAtomic(file, "abc");
+  struct stat st {};
+  UniqueFd fd = OpenRegularFileOrThrow(file, &st);
+  CHECK(st.st_size == 3);
+  CHECK((::fcntl(fd.get(), F_GETFL) & O_NONBLOCK) == 0);
+  const std::string fifo = JoinPath(dir, "fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  const std::string link = JoinPath(dir, "link");
+  REQUIRE(::symlink(file.c_str(), link.c_str()) == 0);
+  // A FIFO without a writer would block a plain open() forever: this returns.
+  for (const auto& [p, what] : {std::pair{fifo, "a FIFO"}, std::pair{dir, "a directory"},
+                                std::pair{link, "a symbolic link"}}) {
+    try {
+      OpenRegularFileOrThrow(p);
+      FAIL("opened " << p);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kUnsupported);
+      CHECK(e.path() == p);
+      CHECK(std::string(e.what()).find(what) != std::string::npos);
+    }
+  }
+  try {
+    OpenRegularFileOrThrow(JoinPath(dir, "missing"));
+    FAIL("opened a missing file");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kNotFound);
   }
 }
 

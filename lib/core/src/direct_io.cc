@@ -1,6 +1,7 @@
 #include "k3/core/direct_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,9 +52,23 @@ bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const st
   return true;
 }
 
+UniqueFd ReopenDirect(const std::string& path, int fd, int access) {
+  UniqueFd d = TryOpen(path, access | O_DIRECT | O_NONBLOCK | O_NOCTTY);
+  if (!d.valid()) return d;
+  struct stat a {
+  }, b{};
+  const int fl = ::fcntl(d.get(), F_GETFL);
+  if (::fstat(fd, &a) != 0 || ::fstat(d.get(), &b) != 0 || a.st_dev != b.st_dev ||
+      a.st_ino != b.st_ino || fl < 0 || ::fcntl(d.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    d.Reset();
+    errno = ESTALE;
+  }
+  return d;
+}
+
 DirectReader::DirectReader(const std::string& path, int buffered_fd, bool direct)
     : path_(path), buffered_fd_(buffered_fd) {
-  if (direct) direct_fd_ = TryOpen(path, O_RDONLY | O_DIRECT);
+  if (direct) direct_fd_ = ReopenDirect(path, buffered_fd, O_RDONLY);
   if (!direct_fd_.valid()) ::posix_fadvise(buffered_fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
@@ -77,7 +92,8 @@ DirectWriter::DirectWriter(const std::string& path, int buffered_fd, size_t stag
     : path_(path), buffered_fd_(buffered_fd), stages_(stages ? stages : &own_stages_) {
   stage_cap_ = std::max<size_t>(AlignedBuffer::kAlign,
                                 stage_bytes / AlignedBuffer::kAlign * AlignedBuffer::kAlign);
-  if (direct) direct_fd_ = TryOpen(path, O_WRONLY | O_DIRECT);
+  // The temp file by name: only if the name still holds the file we created.
+  if (direct) direct_fd_ = ReopenDirect(path, buffered_fd, O_WRONLY);
   if (!direct_fd_.valid()) return;  // everything through the buffered descriptor, in order
   const size_t n_io = std::max<size_t>(1, writes_in_flight);
   // One stage per write in flight plus the one being filled.

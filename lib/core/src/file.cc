@@ -43,6 +43,52 @@ UniqueFd OpenOrThrow(const std::string& path, int flags, int mode) {
   return fd;
 }
 
+namespace {
+
+const char* FileTypeName(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFLNK:
+      return "a symbolic link";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace
+
+UniqueFd OpenRegularFileOrThrow(const std::string& path, struct ::stat* st_out) {
+  UniqueFd fd = TryOpen(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
+  if (!fd.valid()) {
+    // O_NOFOLLOW on a link: ELOOP (Linux), EMLINK / EFTYPE elsewhere.
+    if (errno == ELOOP || errno == EMLINK) {
+      throw Error(ErrorCode::kUnsupported, "is a symbolic link, not a regular file (not followed)",
+                  path);
+    }
+    ThrowErrno(errno, "open", path);
+  }
+  struct ::stat st {};
+  if (::fstat(fd.get(), &st) != 0) ThrowErrno(errno, "fstat", path);
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string("is ") + FileTypeName(st.st_mode) + ", not a regular file", path);
+  }
+  // Regular files never block; later reads should not see EAGAIN either.
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) ThrowErrno(errno, "fcntl", path);
+  if (st_out) *st_out = st;
+  return fd;
+}
+
 uint64_t FileSizeOrThrow(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) ThrowErrno(errno, "fstat", path);
@@ -209,12 +255,38 @@ std::string JoinPath(std::string_view a, std::string_view b) {
 AtomicFileWriter::AtomicFileWriter(std::string final_path)
     : final_path_(std::move(final_path)),
       temp_path_(final_path_ + ".tmp." + std::to_string(::getpid())) {
-  fd_ = TryOpen(temp_path_, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (!fd_.valid()) {
-    // The temp name is ours, not the caller's: name the file they asked for.
-    const int err = errno;
+  // The temp name is ours, not the caller's: errors name the file they asked for.
+  auto fail = [&](int err) {
     ThrowErrno(err, "cannot create " + final_path_ + (err == ENOENT ? " (its directory does not exist)" : ""),
                final_path_);
+  };
+  dir_fd_ = TryOpen(DirName(final_path_), O_RDONLY | O_DIRECTORY);
+  if (!dir_fd_.valid()) fail(errno);
+  const std::string leaf = BaseName(temp_path_);
+  for (int attempt = 0;; ++attempt) {
+    int fd;
+    do {
+      fd = ::openat(dir_fd_.get(), leaf.c_str(),
+                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0) {
+      fd_.Reset(fd);
+      break;
+    }
+    const int err = errno;
+    if (err != EEXIST || attempt == 3) {
+      if (err == EEXIST) {
+        throw Error(
+            ErrorCode::kExists,
+            "cannot create " + final_path_ + ": its temp name " + leaf +
+                " keeps reappearing (another writer with this pid, or someone planting links)",
+            final_path_);
+      }
+      fail(err);
+    }
+    // A leftover of a killed process that had our pid, or a planted link or
+    // file: the name goes, whatever it points to is never opened.
+    if (::unlinkat(dir_fd_.get(), leaf.c_str(), 0) != 0 && errno != ENOENT) fail(errno);
   }
 }
 
@@ -234,18 +306,24 @@ void AtomicFileWriter::Commit() {
   FsyncOrThrow(fd_.get(), temp_path_);
   fd_.Reset();
   CrashPoint("before-rename");
-  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
+  // renameat replaces whatever the final name is (a planted link included)
+  // and never follows it.
+  if (::renameat(dir_fd_.get(), BaseName(temp_path_).c_str(), dir_fd_.get(),
+                 BaseName(final_path_).c_str()) != 0) {
     ThrowErrno(errno, "rename to " + final_path_, temp_path_);
   }
   done_ = true;
   CrashPoint("after-rename");
-  FsyncDirOrThrow(DirName(final_path_));
+  // Some filesystems (e.g. certain FUSE/NFS setups) refuse fsync on directories.
+  if (::fsync(dir_fd_.get()) != 0 && errno != EINVAL && errno != EROFS) {
+    ThrowErrno(errno, "fsync directory", DirName(final_path_));
+  }
 }
 
 void AtomicFileWriter::Abort() noexcept {
   if (done_) return;
   fd_.Reset();
-  ::unlink(temp_path_.c_str());
+  if (dir_fd_.valid()) ::unlinkat(dir_fd_.get(), BaseName(temp_path_).c_str(), 0);
   done_ = true;
 }
 

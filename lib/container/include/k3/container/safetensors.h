@@ -83,6 +83,10 @@ class SafetensorsHeader {
 class SafetensorsFile {
  public:
   static SafetensorsFile OpenOrThrow(const std::string& path);
+  // The same checks on a descriptor the caller opened for reading (e.g. with
+  // OpenRegularFileOrThrow, for files that may have been replaced by a FIFO or
+  // a link); the file owns it from here. `path` names it in errors.
+  static SafetensorsFile FromFdOrThrow(UniqueFd fd, const std::string& path);
   SafetensorsFile(SafetensorsFile&&) noexcept = default;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
 

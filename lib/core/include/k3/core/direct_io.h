@@ -36,6 +36,14 @@ class AlignedBuffer {
   size_t cap_ = 0;
 };
 
+// A second descriptor, with O_DIRECT, of the file `fd` has open as `path`
+// (access: O_RDONLY or O_WRONLY). Invalid (errno kept) when the filesystem
+// refuses O_DIRECT or when `path` no longer names that file: the open is
+// O_NONBLOCK (a FIFO put there would block it) and its device and inode must
+// equal fd's, so a name swapped for a link, a hard link or a FIFO since `fd`
+// was opened is never read or written through. The caller keeps using `fd`.
+UniqueFd ReopenDirect(const std::string& path, int fd, int access);
+
 // O_DIRECT read of [off, off+len) through the aligned superset of the range;
 // *skip is where the range starts in `buf`. Returns false (nothing thrown) when
 // the filesystem refuses direct I/O; throws k3::Error on real errors.

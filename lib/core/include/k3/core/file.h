@@ -13,6 +13,8 @@
 #include <vector>
 #include <string_view>
 
+struct stat;
+
 namespace k3 {
 
 // Owns one file descriptor; closes it on destruction.
@@ -42,6 +44,14 @@ class UniqueFd {
 UniqueFd OpenOrThrow(const std::string& path, int flags, int mode = 0644);
 // Returns an invalid fd instead of throwing (errno preserved).
 UniqueFd TryOpen(const std::string& path, int flags, int mode = 0644);
+// Opens an existing file for reading only if it is a regular file, without
+// following a symbolic link at its last component and without blocking: the
+// open is O_RDONLY | O_NONBLOCK | O_NOFOLLOW (a FIFO opens at once instead of
+// waiting for a writer), fstat must say S_IFREG, then O_NONBLOCK is cleared.
+// For files a hostile local user may have replaced (parked checkpoints).
+// Throws kNotFound, kUnsupported ("is a FIFO / directory / symbolic link ...,
+// not a regular file") or kIo, naming the path. `st` (optional) gets the fstat.
+UniqueFd OpenRegularFileOrThrow(const std::string& path, struct ::stat* st = nullptr);
 
 // Asks the kernel to drop `path`'s clean pages from the page cache (for cold
 // reads in benchmarks and tests; dirty pages stay until written back).
@@ -84,6 +94,14 @@ std::string JoinPath(std::string_view a, std::string_view b);
 // Writes a file so that its final name only ever holds complete content:
 // data goes to "<path>.tmp.<pid>", Commit() fsyncs it, renames it over <path>
 // and fsyncs the directory. Destruction without Commit() unlinks the temp file.
+// Hostile directories: the temp file is created with O_CREAT | O_EXCL |
+// O_NOFOLLOW, so a symbolic link (or anything else) planted at the temp name is
+// never followed or written through: the name is unlinked (removing a link
+// never touches its target) and the create retried, up to 3 times, then
+// kExists. Create, rename, unlink and the directory fsync all go through one
+// descriptor of the directory opened at construction (openat/renameat), so a
+// directory swapped for a link meanwhile does not redirect them; rename(2)
+// replaces a link planted at the final name instead of following it.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::string final_path);
@@ -105,6 +123,7 @@ class AtomicFileWriter {
  private:
   std::string final_path_;
   std::string temp_path_;
+  UniqueFd dir_fd_;  // the directory holding both names
   UniqueFd fd_;
   uint64_t bytes_written_ = 0;
   bool done_ = false;
