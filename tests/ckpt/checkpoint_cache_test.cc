@@ -4,14 +4,18 @@
 // within the slots. Every turn's logits are compared bit for bit with a fresh
 // session that prefills the whole prompt (whose own agreement with the oracle
 // is ckpt_session_test's and model_golden_test's business).
+#include "k3/engine/checkpoint_cache.h"
+
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
-#include <sys/statfs.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -19,7 +23,6 @@
 #include <vector>
 
 #include "k3/core/file.h"
-#include "k3/engine/checkpoint_cache.h"
 #include "k3/model/model.h"
 #include "k3/model/session_state.h"
 #include "k3_test_support.h"
@@ -440,6 +443,13 @@ TEST_CASE("every kind of damaged checkpoint file is refused, named, removed; the
     } else {
       CHECK(rescan.stats().disk_checkpoints == 0);
       CHECK(rescan.RestoreDeepest(c, prompt, 29) == 0);
+      // A damaged header is removed by the scan; another model's, options'
+      // or format version's file is left for its owner.
+      const bool foreign = dc.damage == Damage::kForeignModel ||
+                           dc.damage == Damage::kForeignOptions ||
+                           dc.damage == Damage::kOtherVersion;
+      CHECK(PathExists(parked) == foreign);
+      CHECK(rescan.stats().removed_at_start == (foreign ? 0 : 1));
     }
     CHECK(c.position() == 0);
   }
@@ -607,4 +617,159 @@ TEST_CASE("checkpoint files: direct and buffered I/O write the same bytes and re
     WriteFileAtomic(path, b);
     CHECK(ReadCheckpointFile(path, ck->fingerprint, lay).status == CheckpointFileStatus::kChecksumMismatch);
   }
+}
+
+namespace {
+
+// A cache of one RAM slot whose first checkpoint (25 ids of `prompt`) has been
+// parked: returns the parked file's path.
+std::string ParkOne(Model& model, CheckpointCache& cache, const std::vector<int32_t>& prompt,
+                    const std::string& dir) {
+  Session a(model, Opts(), 0);
+  a.Forward(std::span<const int32_t>(prompt).first(25), {});
+  cache.Save(a);
+  a.Forward(std::span<const int32_t>(TurnIds(4, 0, 3)), {});
+  cache.Save(a);  // evicts (parks) the first
+  std::string parked;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().string().ends_with(".k3ckpt")) parked = f.path();
+  }
+  return parked;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "hostile checkpoint directories: a FIFO, directory or link in place of a parked file; "
+    "leftovers") {
+  auto model = LoadTiny();
+  Session probe(*model, Opts(), 0);
+  const StateLayout lay = StateLayout::For(model->config());
+  const StateFingerprint fp = probe.Fingerprint();
+  const std::vector<int32_t> prompt = TurnIds(3, 0, 30);
+  const std::string dir = TempDir("k3_ckpt_hostile");
+  const std::string outside = dir + "/outside";
+  MakeDirs(outside);
+
+  // Each replacement of the parked file is refused at once (a FIFO used to
+  // block the request in open() forever), never followed, and prefilled instead.
+  for (const char* kind : {"fifo", "directory", "link"}) {
+    INFO(kind);
+    const std::string cdir = dir + "/cache_" + kind;
+    CheckpointCacheOptions co;
+    co.ram_slots = 1;
+    co.disk_dir = cdir;
+    CheckpointCache cache(co, fp, lay);
+    const std::string parked = ParkOne(*model, cache, prompt, cdir);
+    REQUIRE(!parked.empty());
+    const std::string real = outside + "/" + kind + ".k3ckpt";
+    REQUIRE(::rename(parked.c_str(), real.c_str()) == 0);  // a valid file, elsewhere
+    if (std::string(kind) == "fifo") REQUIRE(::mkfifo(parked.c_str(), 0644) == 0);
+    if (std::string(kind) == "directory") REQUIRE(::mkdir(parked.c_str(), 0755) == 0);
+    if (std::string(kind) == "link") REQUIRE(::symlink(real.c_str(), parked.c_str()) == 0);
+    const CheckpointFileResult r = ReadCheckpointFile(parked, fp, lay);
+    CHECK(r.status == CheckpointFileStatus::kCorrupt);
+    CHECK(r.detail.find("not a regular file") != std::string::npos);
+    Session b(*model, Opts(), 0);
+    CHECK(cache.RestoreDeepest(b, prompt, 29) == 0);
+    CHECK(b.position() == 0);
+    CHECK(cache.stats().refused == 1);
+    CHECK(cache.stats().disk_checkpoints == 0);
+    CHECK(PathExists(real));  // the link's target is never removed
+    // A restarted cache never opens such an entry (a FIFO would block the scan).
+    if (std::string(kind) != "directory") {
+      if (std::string(kind) == "fifo") REQUIRE(::mkfifo(parked.c_str(), 0644) == 0);
+      if (std::string(kind) == "link") REQUIRE(::symlink(real.c_str(), parked.c_str()) == 0);
+    }
+    CheckpointCache rescan(co, fp, lay);
+    CHECK(rescan.stats().disk_checkpoints == 0);
+    CHECK(rescan.stats().removed_at_start == 0);
+    struct stat st {};
+    CHECK(::lstat(parked.c_str(), &st) == 0);  // left alone
+  }
+
+  // Leftovers of killed writers are removed at start (a dead pid's, and one
+  // with our own pid: this process has written nothing yet); a live process's
+  // temp file is its business; a file that cannot be removed counts against the cap.
+  {
+    const std::string cdir = dir + "/leftovers";
+    CheckpointCacheOptions co;
+    co.ram_slots = 1;
+    co.disk_dir = cdir;
+    std::string parked;
+    {
+      CheckpointCache cache(co, fp, lay);
+      parked = ParkOne(*model, cache, prompt, cdir);
+    }
+    REQUIRE(!parked.empty());
+    const uint64_t parked_bytes = FileSizeOrThrow(parked);
+    const std::string partial = std::string(2000, 'x');
+    pid_t dead = ::fork();  // a pid that is certainly free once reaped
+    if (dead == 0) ::_exit(0);
+    REQUIRE(dead > 0);
+    int st = 0;
+    REQUIRE(::waitpid(dead, &st, 0) == dead);
+    const std::string stale = parked + ".tmp." + std::to_string(dead);
+    const std::string mine = cdir + "/x.k3ckpt.tmp." + std::to_string(::getpid());
+    const std::string live = cdir + "/y.k3ckpt.tmp.1";  // pid 1 runs
+    for (const std::string& p : {stale, mine, live}) WriteFileAtomic(p, partial);
+    WriteFileAtomic(cdir + "/garbage.k3ckpt", "not a checkpoint at all");
+    CheckpointCache again(co, fp, lay);
+    CHECK(again.stats().removed_at_start == 3);
+    CHECK_FALSE(PathExists(stale));
+    CHECK_FALSE(PathExists(mine));
+    CHECK_FALSE(PathExists(cdir + "/garbage.k3ckpt"));
+    CHECK(PathExists(live));
+    CHECK(again.stats().disk_checkpoints == 1);
+    CHECK(again.stats().disk_bytes == parked_bytes);
+    Session b(*model, Opts(), 0);
+    CHECK(again.RestoreDeepest(b, prompt, 29) == 25);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("parking that keeps failing: one warning per streak, every failure counted") {
+  auto model = LoadTiny();
+  Session probe(*model, Opts(), 0);
+  const StateLayout lay = StateLayout::For(model->config());
+  const std::string dir = TempDir("k3_ckpt_failing");
+  CheckpointCacheOptions co;
+  co.ram_slots = 1;
+  co.disk_dir = dir + "/parked";
+  CheckpointCache cache(co, probe.Fingerprint(), lay);
+  // The directory disappears under the cache: every park fails (ENOENT).
+  std::filesystem::remove_all(co.disk_dir);
+  // The warnings go to stderr: captured in a file for the count.
+  const std::string err_path = dir + "/stderr";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE((saved >= 0 && err_fd >= 0 && ::dup2(err_fd, 2) == 2));
+  ::close(err_fd);
+  auto count = [&](const std::string& what) {
+    std::fflush(stderr);
+    const std::string text = ReadFileOrThrow(err_path, 1 << 20);
+    int n = 0;
+    for (size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+    return n;
+  };
+  Session s(*model, Opts(), 0);
+  for (int i = 0; i < 5; ++i) {
+    s.Forward(std::span<const int32_t>(TurnIds(5, i, 4)), {});
+    cache.Save(s);  // from the second on, each evicts (parks) the previous one
+  }
+  CHECK(cache.stats().park_failures == 4);
+  CHECK(cache.stats().parks == 0);
+  CHECK(count("could not park") == 1);
+  // Parking works again: the streak is reported once, with its count.
+  MakeDirs(co.disk_dir);
+  s.Forward(std::span<const int32_t>(TurnIds(5, 9, 4)), {});
+  cache.Save(s);
+  CHECK(cache.stats().parks == 1);
+  const int reported = count("parking works again after 4 failed parks");
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  CHECK(reported == 1);
+  std::filesystem::remove_all(dir);
 }

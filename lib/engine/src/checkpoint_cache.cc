@@ -2,6 +2,7 @@
 // disk, deepest exact-prefix match.
 #include "k3/engine/checkpoint_cache.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -57,7 +58,7 @@ CheckpointCache::CheckpointCache(const CheckpointCacheOptions& options,
   Publish();
 }
 
-CheckpointCache::~CheckpointCache() = default;
+CheckpointCache::~CheckpointCache() { ReportParkStreak("closing"); }
 
 int64_t CheckpointCache::DefaultSlots(const model::StateLayout& layout, uint64_t mem_available,
                                       int64_t typical_tokens) {
@@ -94,6 +95,29 @@ std::string CheckpointCache::FilePathFor(const std::vector<int32_t>& ids) const 
   return JoinPath(options_.disk_dir, std::string(buf) + kSuffix);
 }
 
+namespace {
+
+// "<name>.k3ckpt.tmp.<pid>": AtomicFileWriter's temp name for one of our files.
+// Returns the pid, or 0 when `name` is not such a temp name.
+pid_t TempFilePid(const std::string& name) {
+  const std::string mark = std::string(kSuffix) + ".tmp.";
+  const size_t at = name.rfind(mark);
+  if (at == std::string::npos) return 0;
+  const std::string digits = name.substr(at + mark.size());
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  return static_cast<pid_t>(std::stol(digits));
+}
+
+// Whether a process with this pid runs on this host (EPERM: it runs, as
+// another user). Pids are per host (per pid namespace): a directory shared
+// across hosts is not a supported setup (docs/checkpoints.md).
+bool ProcessAlive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+}  // namespace
+
 void CheckpointCache::ScanDisk() {
   const std::string dir = options_.disk_dir;
   std::vector<std::string> names;
@@ -108,23 +132,73 @@ void CheckpointCache::ScanDisk() {
   struct Found {
     std::string path;
     double mtime;
+    uint64_t bytes;
   };
   std::vector<Found> found;
+  // What the scan did, for one summary line (each removal is named at debug level).
+  int64_t temps_removed = 0, damaged_removed = 0, foreign = 0, not_regular = 0, busy_temps = 0;
+  uint64_t removed_bytes = 0;
+  auto remove = [&](const std::string& path, uint64_t bytes, const char* why) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      // Still there: its bytes are on our disk, so the cap counts them.
+      K3_LOG_WARN("ckpt: cannot remove %s (%s): %s; counted against the disk cap", path.c_str(),
+                  why, std::strerror(errno));
+      stray_bytes_ += bytes;
+      return false;
+    }
+    K3_LOG_DEBUG("ckpt: removed %s (%s)", path.c_str(), why);
+    removed_bytes += bytes;
+    ++stats_.removed_at_start;
+    return true;
+  };
   for (const std::string& name : names) {
-    if (!EndsWith(name, kSuffix)) continue;  // temp files end in .tmp.<pid>
     const std::string path = JoinPath(dir, name);
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    found.push_back({path, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec});
+    if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile
+    const uint64_t bytes = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+    if (const pid_t pid = TempFilePid(name); pid > 0) {
+      // A writer killed while parking (kill -9, power loss) leaves its temp
+      // file; one whose process still runs (another server sharing the
+      // directory) is mid-write and left alone. Ours: we have written nothing yet.
+      if (pid != ::getpid() && ProcessAlive(pid)) {
+        ++busy_temps;
+        continue;
+      }
+      if (S_ISDIR(st.st_mode)) {
+        ++not_regular;
+        continue;
+      }
+      if (remove(path, bytes, "leftover temp file of a writer that is gone")) ++temps_removed;
+      continue;
+    }
+    if (!EndsWith(name, kSuffix)) continue;
+    if (!S_ISREG(st.st_mode)) {
+      // Never opened: a FIFO would block, a link could point anywhere.
+      ++not_regular;
+      K3_LOG_DEBUG("ckpt: ignoring %s: not a regular file", path.c_str());
+      continue;
+    }
+    found.push_back(
+        {path, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec, bytes});
   }
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   for (const Found& f : found) {
     CheckpointFileResult r = ReadCheckpointFile(f.path, fingerprint_, layout_, true, options_.direct);
+    if (r.status == CheckpointFileStatus::kNotFound) continue;  // removed meanwhile
     if (r.status != CheckpointFileStatus::kOk) {
-      // Another model's or other options' files may share the directory: not ours to delete.
-      K3_LOG_WARN("ckpt: ignoring %s: %s (%s)", f.path.c_str(), CheckpointFileStatusName(r.status),
+      if (r.foreign) {
+        // Another model's, options' or build's file sharing the directory: not ours to delete.
+        ++foreign;
+        K3_LOG_DEBUG("ckpt: leaving %s alone: %s (%s)", f.path.c_str(),
+                     CheckpointFileStatusName(r.status), r.detail.c_str());
+        continue;
+      }
+      // A damaged header (a torn copy, a truncated file, garbage under our
+      // suffix): never restorable, so it goes now rather than filling the disk.
+      K3_LOG_WARN("ckpt: removing %s: %s (%s)", f.path.c_str(), CheckpointFileStatusName(r.status),
                   r.detail.c_str());
+      if (remove(f.path, f.bytes, CheckpointFileStatusName(r.status))) ++damaged_removed;
       continue;
     }
     Entry e;
@@ -136,6 +210,17 @@ void CheckpointCache::ScanDisk() {
     ++stats_.disk_checkpoints;
     stats_.disk_bytes += r.file_bytes;
   }
+  if (temps_removed + damaged_removed + foreign + not_regular + busy_temps > 0) {
+    K3_LOG_WARN(
+        "ckpt: %s: removed %lld leftover temp file(s) and %lld damaged file(s) (%s); left alone "
+        "%lld "
+        "file(s) of other models/options/versions, %lld entr(ies) that are not regular files, %lld "
+        "temp file(s) of running processes",
+        dir.c_str(), static_cast<long long>(temps_removed), static_cast<long long>(damaged_removed),
+        FormatBytes(removed_bytes).c_str(), static_cast<long long>(foreign),
+        static_cast<long long>(not_regular), static_cast<long long>(busy_temps));
+  }
+  stats_.disk_bytes += stray_bytes_;
   EnforceDisk();
 }
 
@@ -182,9 +267,27 @@ void CheckpointCache::Park(Entry& e) {
     ++stats_.parks;
     ++stats_.disk_checkpoints;
     stats_.disk_bytes += e.file_bytes;
+    ReportParkStreak("parking works again");
   } catch (const Error& err) {
-    K3_LOG_WARN("ckpt: could not park a checkpoint of %zu tokens: %s", e.ids.size(), err.what());
+    // A full or read-only disk fails every eviction: one warning per streak,
+    // not one per request.
+    ++stats_.park_failures;
+    if (park_failure_streak_++ == 0) {
+      K3_LOG_WARN(
+          "ckpt: could not park a checkpoint of %zu tokens: %s (further failures are counted, "
+          "and reported once parking works again or at exit)",
+          e.ids.size(), err.what());
+    }
+    last_park_error_ = err.what();
   }
+}
+
+void CheckpointCache::ReportParkStreak(const char* when) {
+  if (park_failure_streak_ > 1) {
+    K3_LOG_WARN("ckpt: %s after %lld failed parks in a row (the last: %s)", when,
+                static_cast<long long>(park_failure_streak_), last_park_error_.c_str());
+  }
+  park_failure_streak_ = 0;
 }
 
 void CheckpointCache::EnforceRam() {

@@ -127,6 +127,8 @@ void WriteCheckpointFileOrThrow(const std::string& path, const SessionCheckpoint
   SafetensorsWriter w(path, Plan(ck.layout, ck.position), meta, direct);
   ForEachDataPiece(ck, [&](const void* p, size_t n) {
     w.Write(std::span(static_cast<const std::byte*>(p), n));
+    // kill -9 tests: the N-th piece leaves a temp file that far written.
+    CrashPoint("ckpt-piece-written");
   });
   CrashPoint("ckpt-before-commit");
   w.Commit();
@@ -134,14 +136,17 @@ void WriteCheckpointFileOrThrow(const std::string& path, const SessionCheckpoint
 
 CheckpointFileResult ReadCheckpointFile(const std::string& path, const StateFingerprint& fp,
                                         const StateLayout& layout, bool header_only, bool direct) {
-  if (!PathExists(path)) return Refuse(CheckpointFileStatus::kNotFound, "no such file");
   std::optional<SafetensorsFile> file;
   try {
-    file.emplace(SafetensorsFile::OpenOrThrow(path));
+    // Only a regular file, opened without following a link and without
+    // blocking: a FIFO planted under a parked file's name would otherwise hold
+    // the request in open() until someone writes to it.
+    file.emplace(SafetensorsFile::FromFdOrThrow(OpenRegularFileOrThrow(path), path));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kTruncated) return Refuse(CheckpointFileStatus::kTruncated, e.what());
     if (e.code() == ErrorCode::kIo) return Refuse(CheckpointFileStatus::kIo, e.what());
-    if (e.code() == ErrorCode::kNotFound) return Refuse(CheckpointFileStatus::kNotFound, e.what());
+    if (e.code() == ErrorCode::kNotFound)
+      return Refuse(CheckpointFileStatus::kNotFound, "no such file");
     return Refuse(CheckpointFileStatus::kCorrupt, e.what());
   }
   const SafetensorsHeader& h = file->header();
@@ -151,9 +156,12 @@ CheckpointFileResult ReadCheckpointFile(const std::string& path, const StateFing
     return Refuse(CheckpointFileStatus::kCorrupt, "not a k3 checkpoint (metadata format)");
   }
   if (version == nullptr || *version != kVersion) {
-    return Refuse(CheckpointFileStatus::kCorrupt,
-                  "checkpoint format version " + (version ? *version : std::string("(none)")) +
-                      ", this build reads " + kVersion);
+    CheckpointFileResult r =
+        Refuse(CheckpointFileStatus::kCorrupt, "checkpoint format version " +
+                                                   (version ? *version : std::string("(none)")) +
+                                                   ", this build reads " + kVersion);
+    r.foreign = version != nullptr;  // another build's file, well-formed as far as we can tell
+    return r;
   }
   const std::string* model = Meta(h, "model");
   const std::string* options = Meta(h, "options");
@@ -163,12 +171,17 @@ CheckpointFileResult ReadCheckpointFile(const std::string& path, const StateFing
     return Refuse(CheckpointFileStatus::kCorrupt, "metadata lacks model/options/position/checksum");
   }
   if (*model != fp.model) {
-    return Refuse(CheckpointFileStatus::kForeignModel,
-                  "made by model " + *model + ", this model is " + fp.model);
+    CheckpointFileResult r = Refuse(CheckpointFileStatus::kForeignModel,
+                                    "made by model " + *model + ", this model is " + fp.model);
+    r.foreign = true;
+    return r;
   }
   if (*options != fp.options) {
-    return Refuse(CheckpointFileStatus::kForeignOptions,
-                  "made with '" + *options + "', this process runs '" + fp.options + "'");
+    CheckpointFileResult r =
+        Refuse(CheckpointFileStatus::kForeignOptions,
+               "made with '" + *options + "', this process runs '" + fp.options + "'");
+    r.foreign = true;
+    return r;
   }
   int64_t position = -1;
   {

@@ -50,6 +50,10 @@ const char* CheckpointFileStatusName(CheckpointFileStatus status);
 struct CheckpointFileResult {
   CheckpointFileStatus status = CheckpointFileStatus::kOk;
   std::string detail;  // why, for the warning
+  // A well-formed checkpoint of another model, other options or another format
+  // version (another process's or build's file sharing the directory), as
+  // opposed to a damaged one: the start-up scan leaves these alone.
+  bool foreign = false;
   std::vector<int32_t> ids;  // the checkpoint's ids (also from a header-only read)
   uint64_t file_bytes = 0;
   // The checkpoint (one MLA segment); null unless status == kOk and the data was read.
@@ -64,6 +68,9 @@ void WriteCheckpointFileOrThrow(const std::string& path, const model::SessionChe
                                 bool direct = true);
 
 // Reads and checks a checkpoint file against what this process would make.
+// Only a regular file is opened, without following a link at `path` and
+// without blocking (OpenRegularFileOrThrow): a FIFO, directory or link is
+// kCorrupt at once, naming what it is.
 // header_only: checks the header, the fingerprint and the tensor table and
 // reads the ids, but neither the state nor the checksum (the start-up scan).
 // `direct`: the blocks read are dropped from the page cache behind the read.
@@ -98,6 +105,8 @@ struct CheckpointCacheStats {
   int64_t parks = 0;            // files written
   int64_t disk_loads = 0;       // files read back and restored
   int64_t refused = 0;          // files refused (damaged, foreign), see the log
+  int64_t park_failures = 0;    // parks that failed (disk errors; one warning per streak)
+  int64_t removed_at_start = 0;  // leftover temp files and damaged files removed by the scan
   int64_t ram_checkpoints = 0;
   int64_t disk_checkpoints = 0;
   uint64_t ram_bytes = 0;   // KDA copies + distinct MLA segments held in RAM
@@ -108,8 +117,13 @@ class CheckpointCache {
  public:
   // `fingerprint` and `layout` are those of the sessions it will serve
   // (Session::Fingerprint(), StateLayout::For(config)). With a disk_dir, the
-  // directory is created if needed and scanned: this model's files with these
-  // options are indexed (oldest first), others are left alone with a warning.
+  // directory is created if needed and scanned (docs/checkpoints.md, "What is
+  // trusted"): this model's files with these options are indexed (oldest
+  // first) and count against disk_gb; leftover temp files of dead writers
+  // ("*.k3ckpt.tmp.<pid>") and "*.k3ckpt" files whose header is damaged are
+  // removed; well-formed files of other models, options or format versions and
+  // anything that is not a regular file are left alone and never opened; one
+  // warning line counts each kind.
   CheckpointCache(const CheckpointCacheOptions& options, model::StateFingerprint fingerprint,
                   model::StateLayout layout);
   ~CheckpointCache();
@@ -157,6 +171,8 @@ class CheckpointCache {
   void EnforceRam();
   void EnforceDisk();
   void Park(Entry& e);
+  // Warns once about a streak of failed parks that ended (or is still going at exit).
+  void ReportParkStreak(const char* when);
   void Forget(Entry& e, bool unlink_file);
   std::string FilePathFor(const std::vector<int32_t>& ids) const;
   void ScanDisk();
@@ -174,6 +190,13 @@ class CheckpointCache {
   int64_t slots_ = 0;
   uint64_t disk_cap_bytes_ = 0;
   uint64_t tick_ = 0;
+  // Parking failures since the last success: the first of a streak is warned
+  // with its error, the rest counted and reported when parking works again.
+  int64_t park_failure_streak_ = 0;
+  std::string last_park_error_;
+  // Leftover files the start-up scan could not remove: on our disk, so
+  // counted in disk_bytes against the cap.
+  uint64_t stray_bytes_ = 0;
   std::list<Entry> entries_;
   CheckpointCacheStats stats_;
   mutable std::mutex published_mu_;
