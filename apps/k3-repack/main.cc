@@ -35,6 +35,8 @@ const char* KindName(RepackEvent::Kind k) {
       return "progress";
     case RepackEvent::Kind::kShardDone:
       return "shard_done";
+    case RepackEvent::Kind::kShardFailed:
+      return "shard_failed";
     case RepackEvent::Kind::kSummary:
       return "summary";
   }
@@ -82,15 +84,21 @@ void PrintJson(const RepackEvent& e) {
       w.Field("out_bytes", e.shard_out_bytes);
       w.Field("seconds", e.shard_seconds);
       w.Field("xxh128", e.shard_xxh128);
+      w.Field("source_xxh128", e.source_xxh128);
       w.Field("expert_bytes_verified", e.expert_bytes_verified);
       w.Field("streams_lent", e.streams_lent);
       w.Field("shards_done", e.shards_done);
       w.Field("shards_todo", e.shards_todo);
       break;
+    case RepackEvent::Kind::kShardFailed:  // the error is the detail
+      w.Field("src_bytes", e.shard_src_bytes);
+      w.Field("shards_failed", e.shards_failed);
+      break;
     case RepackEvent::Kind::kSummary:
       w.Field("shards_selected", e.shards_selected);
       w.Field("shards_done", e.shards_done);
       w.Field("shards_skipped", e.shards_skipped);
+      w.Field("shards_failed", e.shards_failed);
       w.Field("bytes_done", e.bytes_done);
       w.Field("seconds", e.elapsed_seconds);
       w.Field("gb_per_s", Rate(e));
@@ -129,7 +137,13 @@ void PrintHuman(const RepackEvent& e, bool tty) {
                    k3::FormatBytes(e.shard_out_bytes).c_str(), e.shard_seconds,
                    e.expert_bytes_verified ? ", experts verified against the source" : "");
       break;
+    case RepackEvent::Kind::kShardFailed:
+      std::fprintf(stderr, "%s  %s: NOT published: %s\n", tty ? "\r\033[K" : "", e.shard.c_str(),
+                   e.detail.c_str());
+      break;
     case RepackEvent::Kind::kSummary:
+      if (e.shards_failed > 0)
+        std::fprintf(stderr, "k3-repack: %zu shard(s) failed\n", e.shards_failed);
       std::fprintf(stderr,
                    "k3-repack: %zu converted, %zu kept; index: %zu shards, %zu tensors, total_size "
                    "%llu; %.2f GB/s; peak RSS %s\n",
@@ -178,8 +192,10 @@ int Main(int argc, char** argv) {
                  "I/N: convert every N-th selected shard starting at I (0-based)");
   app.add_flag("--verify-full", opt.verify_full,
                "compare every expert byte with the source (implies --recheck)");
-  app.add_flag("--recheck", opt.recheck,
-               "re-hash the shards a rerun keeps against checksums.xxh128 and convert the damaged ones again");
+  app.add_flag(
+      "--recheck", opt.recheck,
+      "re-hash the shards a rerun keeps against checksums.xxh128, re-read their sources against "
+      "k3-repack.sources, and convert the ones that differ again");
   app.add_option("--threads", opt.threads, "quantization threads (default: all CPUs)");
   // The pipeline's shape: 0 = chosen at start-up within --mem-mb (printed as
   // the "pipeline:" line; docs/repack.md). Output bytes do not depend on it.
@@ -207,6 +223,12 @@ int Main(int argc, char** argv) {
   CLI::Option* block_opt = app.add_option(
       "--block-mib", block_mib,
       "pipeline block size in MiB, 1 .. 256 (default: 8, less if --mem-mb cannot hold 4 reads and writes of it)");
+  // Tests only, not in --help: a source that changes while it is read
+  // (tests/repack; docs/repack.md).
+  app.add_option("--test-read-delay-ms", opt.test_read_delay_ms,
+                 "tests only: wait this long before each source read")
+      ->check(CLI::Range(0, 10000))
+      ->group("");
   bool no_space_check = false;
   app.add_flag("--no-space-check", no_space_check,
                "skip the free-space pre-flight (for filesystems whose statvfs is wrong)");

@@ -255,7 +255,8 @@ void CheckNoPartial(const std::string& dst, const std::map<std::string, std::str
         if (!l.empty() && l.back() == ',') l.pop_back();
         CHECK_MESSAGE(wl.count(l), ("index line not in the final index: " + l));
       }
-    } else if (n == "checksums.xxh128") {
+    } else if (n == "checksums.xxh128" || n == "k3-repack.sources") {
+      // Per-shard manifests: lines of the shards recorded so far.
       auto want = Lines(it->second);
       std::set<std::string> wl(want.begin(), want.end());
       for (const auto& l : Lines(c)) {
@@ -957,8 +958,9 @@ TEST_CASE("--recheck finds a kept shard damaged after it was written; k3-verify 
   CHECK(std::system((Bin("k3-repack") + repair.substr(9) + " --json > '" + rlog + "' 2>&1").c_str()) == 0);
   CHECK(ReadAll(rlog).find("\"event\":\"shard_done\",\"shard\":\"model-00003-of-000009.safetensors\"") !=
         std::string::npos);
-  CHECK(ReadAll(rlog).find("\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\","
-                           "\"detail\":\"complete, checksum verified\"") != std::string::npos);
+  CHECK(ReadAll(rlog).find(
+            "\"event\":\"shard_skipped\",\"shard\":\"model-00001-of-000009.safetensors\","
+            "\"detail\":\"complete, checksum and source verified\"") != std::string::npos);
   CHECK(TreeDiff(ReadTree(ReferenceDir()), ReadTree(out)) == "");
   CHECK(Run({Bin("k3-verify"), out}) == 0);
   // --verify-full rechecks too.
@@ -1080,4 +1082,100 @@ TEST_CASE("a partly converted container is named as such when a model is opened 
   }
   REQUIRE(Run({Bin("k3-repack"), TinySnapshot(), out}) == 0);
   CHECK_NOTHROW(k3::Snapshot::OpenOrThrow(out));
+}
+
+namespace {
+
+// Flips the lowest bit of one byte in the middle of the largest routed-expert
+// tensor of `shard` (MXFP4 bytes: any value is valid, and experts are copied
+// byte for byte, so k3-verify --full sees the difference). Header and size stay.
+void FlipExpertByte(const std::string& shard) {
+  uint64_t at = 0;
+  {
+    k3::SafetensorsFile f = k3::SafetensorsFile::OpenOrThrow(shard);
+    const k3::TensorInfo* big = nullptr;
+    for (const auto& t : f.tensors()) {
+      if (t.name.find(".experts.") != std::string::npos && (!big || t.nbytes() > big->nbytes()))
+        big = &t;
+    }
+    REQUIRE(big != nullptr);
+    at = f.AbsoluteOffset(*big) + big->nbytes() / 2;
+  }
+  const int fd = ::open(shard.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  char c = 0;
+  REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(at)) == 1);
+  c = static_cast<char>(c ^ 0x01);
+  REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(at)) == 1);
+  ::close(fd);
+}
+
+bool HasEntryStartingWith(const std::string& dir, const std::string& prefix) {
+  for (const auto& n : ListDir(dir)) {
+    if (n.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a source shard that changes while it is read is not published; resume and --recheck repair") {
+  TempDir d;
+  const std::string src = Copy(TinySnapshot(), d / "src");
+  const std::string out = d / "out";
+  const std::string shard3 = "model-00003-of-000009.safetensors";
+  // Shards 3 and 4 at once, each source read delayed (a test-only flag), so
+  // the source can be rewritten while shard 3 is read.
+  const std::string log = d / "log";
+  const pid_t pid =
+      SpawnExeced({Bin("k3-repack"), src, out, "--json", "--shards", "3,4", "--streams", "2",
+                   "--reads", "1", "--block-mib", "1", "--test-read-delay-ms", "40"},
+                  {.log = log});
+  REQUIRE(pid > 0);
+  bool seen = false;
+  for (int i = 0; i < 6000 && !seen; ++i) {  // <= 30 s
+    seen = HasEntryStartingWith(out, shard3 + ".tmp.");
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(seen);
+  FlipExpertByte(src + "/model-00003-of-000011.safetensors");
+  CHECK(Wait(pid) == 5);  // checksum-mismatch: docs/errors.md
+  const std::string l = ReadAll(log);
+  INFO(l);
+  CHECK(l.find("\"event\":\"shard_failed\",\"shard\":\"" + shard3 + "\"") != std::string::npos);
+  CHECK(l.find("source shard changed while it was converted (mtime ") != std::string::npos);
+  CHECK(l.find(src + "/model-00003-of-000011.safetensors") != std::string::npos);
+  // Nothing of shard 3 published or left behind; shard 4 went on and was published.
+  CHECK_FALSE(Exists(out + "/" + shard3));
+  CHECK_FALSE(HasEntryStartingWith(out, shard3 + ".tmp."));
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00004-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(Exists(out + "/model-00004-of-000009.safetensors"));
+  CHECK(l.find("\"event\":\"error\",\"code\":\"checksum-mismatch\"") != std::string::npos);
+
+  // Resume: the missing shard is converted from the source as it is now.
+  REQUIRE(Run({Bin("k3-repack"), src, out}) == 0);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
+
+  // A source that changes after its shard was published (what the old binary
+  // let through mid-read): k3-verify --full finds it and its repair, --recheck,
+  // re-reads the source against k3-repack.sources and converts that shard again.
+  FlipExpertByte(src + "/model-00005-of-000011.safetensors");
+  const std::string vlog = d / "vlog";
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src, "--json"}, {.log = vlog}) == 5);
+  const std::string repair = JsonString(ReadAll(vlog), "repair");
+  REQUIRE(repair == "k3-repack " + src + " " + out + " --recheck");
+  const std::string rlog = d / "rlog";
+  CHECK(std::system(
+            (Bin("k3-repack") + repair.substr(9) + " --json > '" + rlog + "' 2>&1").c_str()) == 0);
+  const std::string r = ReadAll(rlog);
+  INFO(r);
+  CHECK(r.find("\"event\":\"shard_done\",\"shard\":\"model-00005-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(r.find("model-00005-of-000011.safetensors changed since it was converted") !=
+        std::string::npos);
+  CHECK(r.find("\"event\":\"shard_skipped\",\"shard\":\"model-00004-of-000009.safetensors\","
+               "\"detail\":\"complete, checksum and source verified\"") != std::string::npos);
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
 }

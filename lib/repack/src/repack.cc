@@ -9,30 +9,32 @@
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
-#include "k3/core/direct_io.h"
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
+#include "k3/core/direct_io.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/core/log.h"
+#include "k3/core/queue.h"
 #include "k3/core/sys.h"
 #include "k3/model/config.h"
 #include "k3/quant/quant.h"
 #include "k3/repack/checksums.h"
 #include "k3/repack/container.h"
 #include "model_check.h"
-#include "k3/core/queue.h"
 #include "transform.h"
 
 namespace k3::repack {
@@ -61,6 +63,13 @@ size_t PipelineDepth(int streams) {
 
 enum class Op : uint8_t { kCopy, kQuant };
 
+// A failure that is one shard's alone (its source changed while it was read,
+// or --verify-full found a difference): the shard is not published, the other
+// streams go on, and the run reports it at the end.
+struct ShardFailed {
+  Error error;
+};
+
 // One kept source tensor, in output order.
 struct Item {
   const TensorInfo* src = nullptr;
@@ -71,9 +80,30 @@ struct Item {
   size_t out_index = 0;  // first output entry (quantized: entry and entry+1)
 };
 
+// What the source file was when its header was read (pre-flight): a shard is
+// published only if its source is still that at the end of the shard.
+struct SourceStat {
+  uint64_t size = 0;
+  struct timespec mtime {};
+  struct timespec ctime {};
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+SourceStat SourceStatOf(const struct stat& st) {
+  SourceStat s;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime = st.st_mtim;
+  s.ctime = st.st_ctim;
+  s.dev = st.st_dev;
+  s.ino = st.st_ino;
+  return s;
+}
+
 struct ShardPlan {
   int64_t number = 0;
   const SafetensorsFile* src = nullptr;
+  SourceStat src_stat;
   std::string out_name;
   std::vector<Item> items;
   std::vector<PlannedTensor> out;
@@ -271,35 +301,139 @@ void CheckWrittenShard(const std::string& tmp_path, const ShardPlan& p) {
   }
 }
 
-// Every expert byte of the shard: source vs destination file.
-uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_t block_bytes) {
+// "1764630000.123456789"
+std::string TimeText(const struct timespec& t) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%lld.%09ld", static_cast<long long>(t.tv_sec), t.tv_nsec);
+  return buf;
+}
+
+bool SameTime(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+// What changed about the source since its header was read (`was`), or "":
+// size, mtime, ctime of the open file, and whether its name still leads to
+// it. Free (two stats), so every shard gets it before it is published. A write
+// within the filesystem's timestamp tick of the previous one can leave both
+// times equal (ext4 stamps with a clock of a few ms), hence the content digest
+// too (k3-repack.sources, --recheck; with --verify-full also at once).
+std::string SourceChange(const ShardPlan& p) {
+  const SourceStat& was = p.src_stat;
+  struct stat st {};
+  if (::fstat(p.src->fd(), &st) != 0) ThrowErrno(errno, "fstat", p.src->path());
+  std::vector<std::string> what;
+  if (static_cast<uint64_t>(st.st_size) != was.size) {
+    what.push_back("size " + std::to_string(was.size) + " -> " + std::to_string(st.st_size) +
+                   " bytes");
+  }
+  if (!SameTime(st.st_mtim, was.mtime)) {
+    what.push_back("mtime " + TimeText(was.mtime) + " -> " + TimeText(st.st_mtim));
+  } else if (!SameTime(st.st_ctim, was.ctime)) {
+    what.push_back("ctime " + TimeText(was.ctime) + " -> " + TimeText(st.st_ctim) +
+                   " (mtime kept)");
+  }
+  struct stat named {};
+  if (::stat(p.src->path().c_str(), &named) != 0) {
+    what.push_back("the name no longer exists");
+  } else if (named.st_dev != was.dev || named.st_ino != was.ino) {
+    what.push_back("the name now holds another file (replaced)");
+  }
+  std::string out;
+  for (const std::string& w : what) out += (out.empty() ? "" : ", ") + w;
+  return out;
+}
+
+// Calls fn(item, offset in the tensor, bytes) for the shard's kept source
+// bytes in output order, block by block: the order the pipeline hashes them
+// in (k3-repack.sources).
+template <typename Fn>
+void ForEachSourceBlock(const ShardPlan& p, uint64_t block_bytes, Fn&& fn) {
+  std::vector<std::byte> buf(block_bytes);
+  ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  for (const Item& it : p.items) {
+    const uint64_t at = p.src->AbsoluteOffset(*it.src);
+    const uint64_t n = it.src->nbytes();
+    for (uint64_t off = 0; off < n; off += block_bytes) {
+      const size_t k = static_cast<size_t>(std::min(block_bytes, n - off));
+      PreadFull(p.src->fd(), std::span(buf.data(), k), at + off, p.src->path());
+      // Read once: what the rest of the machine caches matters more.
+      ::posix_fadvise(p.src->fd(), static_cast<off_t>(at + off), static_cast<off_t>(k),
+                      POSIX_FADV_DONTNEED);
+      fn(it, off, std::span<const std::byte>(buf.data(), k));
+    }
+  }
+}
+
+// The digest k3-repack.sources records for `p`, from the source as it is now.
+std::string HashShardSource(const ShardPlan& p, uint64_t block_bytes) {
+  Xxh128 h;
+  ForEachSourceBlock(p, block_bytes,
+                     [&](const Item&, uint64_t, std::span<const std::byte> b) { h.Update(b); });
+  return h.HexDigest();
+}
+
+// Why a kept shard's source no longer matches what it was converted from, or
+// "" when it does (--recheck: one read of the source shard's kept bytes).
+std::string SourceRecheckProblem(const ShardPlan& p, const ChecksumManifest& sources,
+                                 uint64_t block_bytes) {
+  auto it = sources.find(p.out_name);
+  if (it == sources.end()) {
+    return "no source digest in " + std::string(kSourcesName) +
+           " (converted before k3-repack recorded them, or interrupted), so it cannot be compared "
+           "with the source";
+  }
+  const std::string now = HashShardSource(p, block_bytes);
+  if (now != it->second) {
+    return "its source " + p.src->path() +
+           " changed since it was converted (kept source bytes hash " + now + ", " +
+           std::string(kSourcesName) + " says " + it->second + ")";
+  }
+  return {};
+}
+
+// --verify-full: every expert byte of the shard, source vs destination file;
+// the source is re-read whole, and its digest must equal `read_digest` (what
+// the pipeline converted): a source that changed while the shard was read
+// differs here even when its timestamps did not move.
+uint64_t CompareExperts(const ShardPlan& p, const std::string& dst_path, uint64_t block_bytes,
+                        const std::string& read_digest) {
   UniqueFd dfd = OpenOrThrow(dst_path, O_RDONLY);
-  std::vector<std::byte> a(block_bytes), b(block_bytes);
-  uint64_t data_at = 8 + p.header.size();
-  uint64_t dst_off = data_at;
+  std::vector<std::byte> b(block_bytes);
+  // Each item's first output byte.
+  std::vector<uint64_t> dst_at(p.items.size());
+  uint64_t dst_off = 8 + p.header.size();
+  for (size_t i = 0; i < p.items.size(); ++i) {
+    const Item& it = p.items[i];
+    dst_at[i] = dst_off;
+    dst_off += it.op == Op::kCopy ? it.src->nbytes()
+                                  : p.out[it.out_index].nbytes() + p.out[it.out_index + 1].nbytes();
+  }
   uint64_t compared = 0;
-  for (const auto& it : p.items) {
-    const uint64_t out_bytes =
-        it.op == Op::kCopy ? it.src->nbytes()
-                           : p.out[it.out_index].nbytes() + p.out[it.out_index + 1].nbytes();
-    if (it.role == TensorRole::kExpert) {
-      const uint64_t src_at = p.src->AbsoluteOffset(*it.src);
-      for (uint64_t off = 0; off < out_bytes; off += block_bytes) {
-        const size_t n = static_cast<size_t>(std::min(block_bytes, out_bytes - off));
-        PreadFull(p.src->fd(), std::span(a.data(), n), src_at + off, p.src->path());
-        PreadFull(dfd.get(), std::span(b.data(), n), dst_off + off, dst_path);
-        if (std::memcmp(a.data(), b.data(), n) != 0) {
+  Xxh128 h;
+  ForEachSourceBlock(
+      p, block_bytes, [&](const Item& it, uint64_t off, std::span<const std::byte> a) {
+        h.Update(a);
+        if (it.role != TensorRole::kExpert) return;
+        const uint64_t at = dst_at[static_cast<size_t>(&it - p.items.data())] + off;
+        PreadFull(dfd.get(), std::span(b.data(), a.size()), at, dst_path);
+        if (std::memcmp(a.data(), b.data(), a.size()) != 0) {
           size_t k = 0;
           while (a[k] == b[k]) ++k;
           throw Error(ErrorCode::kChecksumMismatch,
                       "expert byte differs from the source (" + p.src->path() + " offset " +
-                          std::to_string(src_at + off + k) + ")",
-                      dst_path, static_cast<int64_t>(dst_off + off + k), it.src->name);
+                          std::to_string(p.src->AbsoluteOffset(*it.src) + off + k) + ")",
+                      dst_path, static_cast<int64_t>(at + k), it.src->name);
         }
-        compared += n;
-      }
-    }
-    dst_off += out_bytes;
+        compared += a.size();
+      });
+  const std::string now = h.HexDigest();
+  if (now != read_digest) {
+    throw Error(ErrorCode::kChecksumMismatch,
+                "source changed while the shard was converted: its kept bytes hashed " +
+                    read_digest + " as read and " + now +
+                    " when read again; the shard was not published",
+                p.src->path());
   }
   return compared;
 }
@@ -412,7 +546,7 @@ class ShardPipeline {
  public:
   ShardPipeline(const ShardPlan& p, std::vector<Segment> segs, uint64_t block_bytes, size_t depth,
                 size_t reads, StreamBuffers* bufs, std::atomic<uint64_t>* progress,
-                const UniqueFd& direct_fd)
+                const UniqueFd& direct_fd, int read_delay_ms)
       : p_(p),
         segs_(std::move(segs)),
         reserve_{ReserveBytes(segs_, block_bytes, false), ReserveBytes(segs_, block_bytes, true)},
@@ -426,7 +560,8 @@ class ShardPipeline {
         write_q_(depth),
         direct_fd_(direct_fd),
         use_direct_(direct_fd.valid()),
-        src_written_(*progress) {
+        src_written_(*progress),
+        read_delay_ms_(read_delay_ms) {
     for (int k = 0; k < 2; ++k) {
       bufs_->blocks[k].resize(pool_blocks_[k]);
       for (AlignedBuffer& b : bufs_->blocks[k]) pools_[k].Push(std::move(b));
@@ -514,6 +649,11 @@ class ShardPipeline {
       }
       const Segment& s = segs_[b.seg];
       const Item& it = p_.items[s.item];
+      // The source bytes as read, in segment (= output) order: what the
+      // shard was made from (k3-repack.sources). No second read: the block
+      // is hashed here, where it is already in cache for the quantizer.
+      if (s.kind != Segment::kScales)
+        src_hash_.Update(std::span<const std::byte>(b.bytes.data() + b.skip, s.src_len));
       if (s.kind == Segment::kQuant) {
         if (s.row0 == 0) scales.assign(it.rows * it.qshape.scales_per_row(it.cols), 0.0f);
         Block o;
@@ -563,6 +703,9 @@ class ShardPipeline {
       if (b.pool >= 0) pools_[b.pool].Push(std::move(b.bytes));
     }
   }
+
+  // XXH3-128 of the source bytes the quantizer took, in order (after Transform).
+  std::string SourceDigest() const { return src_hash_.HexDigest(); }
 
   // After a pipeline that finished, every block is back in its pool: hands
   // them back to the stream for its next shard (helpers' blocks included: their
@@ -634,6 +777,7 @@ class ShardPipeline {
   }
 
   void ReadSource(const Segment& s, Block* b) {
+    if (read_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms_));
     b->bytes.Reserve(reserve_[0]);
     if (use_direct_.load() &&
         !ReadDirect(direct_fd_.get(), &b->bytes, s.src_off, s.src_len, p_.src->path(), &b->skip)) {
@@ -711,6 +855,8 @@ class ShardPipeline {
   const UniqueFd& direct_fd_;
   std::atomic<bool> use_direct_;
   std::atomic<uint64_t>& src_written_;
+  Xxh128 src_hash_;  // Transform's thread only
+  int read_delay_ms_ = 0;
 };
 
 class Runner {
@@ -732,8 +878,17 @@ class Runner {
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
   void CopyMetadata();
-  void UpdateChecksums(const std::vector<std::pair<std::string, std::string>>& fresh,
-                       bool finalize);
+  // checksums.xxh128 and k3-repack.sources: `fresh` adds (shard, output
+  // digest, source digest) entries; `finalize` drops entries of files that are
+  // gone and fills in what a killed pass published without recording.
+  struct Fresh {
+    std::string shard, xxh128, source_xxh128;
+  };
+  void UpdateChecksums(const std::vector<Fresh>& fresh, bool finalize);
+  // The source digest of output shard `name` computed now, for a shard
+  // published by a pass that died before recording it; "" when its source is
+  // not one this pass knows or changed since the pre-flight.
+  std::string SourceDigestNow(const std::string& name);
   // Pre-flight pieces of Run(), in order; none of them writes.
   void CheckOptions();
   bool CheckDestination(const Fingerprint& fp, const std::string& fp_text);
@@ -745,6 +900,10 @@ class Runner {
   const RepackOptions& opt_;
   const RepackObserver& observer_;
   PipelinePlan plan_;  // resolved once the shards to do are known
+  // The plan of output shard `name` (any shard of the source, not only this
+  // pass's), with its source's pre-flight stat; nullopt for a foreign name.
+  std::function<std::optional<ShardPlan>(const std::string& name)> plan_for_;
+  std::vector<ShardFailed> failed_;  // shards that failed on their own, in order
   RepackEvent totals_;
   double t0_ = NowSeconds();
   double convert_t0_ = 0;  // when the first shard started
@@ -770,6 +929,7 @@ void Runner::Emit(RepackEvent::Kind kind, RepackEvent ev) {
   ev.shards_todo = totals_.shards_todo;
   ev.shards_done = totals_.shards_done;
   ev.shards_skipped = totals_.shards_skipped;
+  ev.shards_failed = totals_.shards_failed;
   ev.bytes_todo = totals_.bytes_todo;
   ev.bytes_done = totals_.bytes_done;
   ev.out_bytes_planned = totals_.out_bytes_planned;
@@ -795,7 +955,7 @@ void Runner::RemoveForForce() {
   for (const std::string& name : ListDirectory(opt_.dst)) {
     std::string base = name.substr(0, name.find(".tmp."));
     bool ours = ParseShardName(base).has_value() || base == kIndexName || base == kChecksumsName ||
-                base == kFingerprintName;
+                base == kFingerprintName || base == kSourcesName;
     for (auto m : kMetadataFiles) ours = ours || base == m;
     if (ours) victims.push_back(name);
   }
@@ -804,6 +964,12 @@ void Runner::RemoveForForce() {
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) ThrowErrno(errno, "unlink", path);
   }
   FsyncDirOrThrow(opt_.dst);
+}
+
+std::string Runner::SourceDigestNow(const std::string& name) {
+  std::optional<ShardPlan> p = plan_for_ ? plan_for_(name) : std::nullopt;
+  if (!p || !SourceChange(*p).empty()) return {};
+  return HashShardSource(*p, kMaxAutoBlockBytes);
 }
 
 void Runner::CopyMetadata() {
@@ -818,12 +984,27 @@ void Runner::CopyMetadata() {
   }
 }
 
-void Runner::UpdateChecksums(const std::vector<std::pair<std::string, std::string>>& fresh,
-                             bool finalize) {
+void Runner::UpdateChecksums(const std::vector<Fresh>& fresh, bool finalize) {
   const std::string path = JoinPath(opt_.dst, kChecksumsName);
+  const std::string sources_path = JoinPath(opt_.dst, kSourcesName);
   RemoveStaleTemps(std::string(kChecksumsName));
+  RemoveStaleTemps(std::string(kSourcesName));
   ChecksumManifest m = ReadChecksumManifest(path);
-  for (const auto& [name, hex] : fresh) m[name] = hex;
+  ChecksumManifest sources = ReadChecksumManifest(sources_path);
+  for (const Fresh& f : fresh) {
+    m[f.shard] = f.xxh128;
+    sources[f.shard] = f.source_xxh128;
+  }
+  if (finalize) {
+    ChecksumManifest kept;
+    for (const auto& s : ListShardFiles(opt_.dst)) {
+      auto it = sources.find(s);
+      const std::string hex = it != sources.end() ? it->second : SourceDigestNow(s);
+      if (!hex.empty()) kept[s] = hex;
+    }
+    sources = std::move(kept);
+  }
+  WriteFileAtomic(sources_path, RenderChecksumManifest(sources));
   if (finalize) {
     // Entries for files that are gone are dropped; shards published by a pass
     // that died before recording them are hashed now; small files are rehashed.
@@ -868,10 +1049,11 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   // filesystem refuses: every byte is read once, so caching it only costs a copy
   // and evicts what the rest of the machine needs.
   UniqueFd direct_fd;
-  if (opt_.direct) direct_fd = TryOpen(p.src->path(), O_RDONLY | O_DIRECT);
+  // The same file the header was read from, or none (buffered reads of it).
+  if (opt_.direct) direct_fd = ReopenDirect(p.src->path(), p.src->fd(), O_RDONLY);
   if (!direct_fd.valid()) ::posix_fadvise(p.src->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), plan_.block_bytes, depth, reads, bufs, progress,
-                     direct_fd);
+  ShardPipeline pipe(p, Segments(p, plan_.block_bytes), plan_.block_bytes, depth, reads, bufs,
+                     progress, direct_fd, opt_.test_read_delay_ms);
   // Open to helpers while it runs; on every way out (a failure included) no
   // new helper can join and the ones inside have left before `pipe` goes.
   struct Lent {
@@ -927,6 +1109,7 @@ std::string Runner::WriteShard(const ShardPlan& p, RepackEvent* done,
   done->streams_lent = pipe.helpers_lent();
   pipe.WaitHelpers();  // their blocks are back in the pool once they left
   pipe.KeepBuffers();
+  done->source_xxh128 = pipe.SourceDigest();
   FinishShard(p, out, sink.bytes(), done);
   done->shard_seconds = NowSeconds() - t_start;
   return hasher.HexDigest();
@@ -964,10 +1147,22 @@ void Runner::FinishShard(const ShardPlan& p, AtomicFileWriter& out, uint64_t wri
   CrashPoint("repack-shard-written");
   FsyncOrThrow(out.fd(), out.temp_path());
   CheckWrittenShard(out.temp_path(), p);
-  if (opt_.verify_full) {
-    // Drop the just-written pages so the comparison reads what reached the disk.
-    ::posix_fadvise(out.fd(), 0, 0, POSIX_FADV_DONTNEED);
-    done->expert_bytes_verified = CompareExperts(p, out.temp_path(), plan_.block_bytes);
+  // From here a failure is this shard's alone (ShardFailed): the pass goes on.
+  try {
+    if (const std::string changed = SourceChange(p); !changed.empty()) {
+      throw Error(ErrorCode::kChecksumMismatch,
+                  "source shard changed while it was converted (" + changed +
+                      "); the shard was not published: rerun once the source is stable",
+                  p.src->path());
+    }
+    if (opt_.verify_full) {
+      // Drop the just-written pages so the comparison reads what reached the disk.
+      ::posix_fadvise(out.fd(), 0, 0, POSIX_FADV_DONTNEED);
+      done->expert_bytes_verified =
+          CompareExperts(p, out.temp_path(), plan_.block_bytes, done->source_xxh128);
+    }
+  } catch (const Error& e) {
+    throw ShardFailed{e};
   }
   out.Commit();  // crash points "before-rename" / "after-rename" inside
   CrashPoint("repack-shard-committed");
@@ -1083,17 +1278,24 @@ std::vector<const ShardPlan*> Runner::PlanWork(const std::vector<ShardPlan>& sel
   // --recheck: a kept shard must also hash to what checksums.xxh128 recorded, so
   // bytes damaged after the write are found and the shard converted again.
   const bool recheck = (opt_.recheck || opt_.verify_full) && !force_clean;
-  ChecksumManifest recorded;
-  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
+  // It also re-reads the source of each such shard against k3-repack.sources:
+  // a source that changed after (or while) the shard was converted makes it
+  // convert again, so the repair k3-verify --full suggests repairs that too.
+  ChecksumManifest recorded, sources;
+  if (recheck) {
+    recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
+    sources = ReadChecksumManifest(JoinPath(opt_.dst, kSourcesName));
+  }
   for (const auto& p : selected) {
     std::string path = JoinPath(opt_.dst, p.out_name);
     std::string why = force_clean ? std::string("--force") : ExistingShardProblem(path, p);
     if (why.empty() && recheck) why = RecheckProblem(path, p.out_name, recorded);
+    if (why.empty() && recheck) why = SourceRecheckProblem(p, sources, kMaxAutoBlockBytes);
     if (why.empty()) {
       ++totals_.shards_skipped;
       RepackEvent ev;
       ev.shard = p.out_name;
-      ev.detail = recheck ? "complete, checksum verified" : "complete and valid";
+      ev.detail = recheck ? "complete, checksum and source verified" : "complete and valid";
       ev.shard_src_bytes = p.src_bytes;
       ev.shard_out_bytes = p.file_bytes;
       skipped->push_back(ev);
@@ -1182,12 +1384,22 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         }
         progress[slot] = 0;
         post(RepackEvent::Kind::kShardStart, ev, slot);
-        ev.shard_xxh128 =
-            WriteShard(*p, &ev, &progress[slot], depth, reads, writes, &bufs);
+        try {
+          ev.shard_xxh128 = WriteShard(*p, &ev, &progress[slot], depth, reads, writes, &bufs);
+        } catch (ShardFailed& f) {
+          // Its temp file is gone, nothing was published: the next shard.
+          ev.detail = f.error.what();
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            failed_.push_back(std::move(f));
+          }
+          post(RepackEvent::Kind::kShardFailed, ev, slot);
+          continue;
+        }
         {
           std::lock_guard<std::mutex> container(container_mu_);
           ContainerLock lock(opt_.dst);
-          UpdateChecksums({{p->out_name, ev.shard_xxh128}}, /*finalize=*/false);
+          UpdateChecksums({{p->out_name, ev.shard_xxh128, ev.source_xxh128}}, /*finalize=*/false);
         }
         post(RepackEvent::Kind::kShardDone, ev, slot);
       }
@@ -1232,6 +1444,9 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         active[e.slot].clear();
         ++totals_.shards_done;
         totals_.bytes_done += e.ev.shard_src_bytes;
+      } else if (e.kind == RepackEvent::Kind::kShardFailed) {
+        active[e.slot].clear();
+        ++totals_.shards_failed;
       }
       Emit(e.kind, e.ev);
       lock.lock();
@@ -1314,12 +1529,28 @@ RepackEvent Runner::Run() {
   fp.output_shards = out_total;
   std::string index_path = JoinPath(opt_.src, "model.safetensors.index.json");
   fp.source_index_xxh128 = PathExists(index_path) ? HashFileXxh128(index_path) : std::string();
+  std::map<const SafetensorsFile*, SourceStat> src_stats;
   for (const auto& s : sources) {
     const auto& f = *s.file;
+    // Stat before reading the header: a change after this is seen at the end of the shard.
+    struct stat st {};
+    if (::fstat(f.fd(), &st) != 0) ThrowErrno(errno, "fstat", f.path());
+    src_stats[&f] = SourceStatOf(st);
     std::vector<std::byte> head(f.header().data_offset());
     PreadFull(f.fd(), head, 0, f.path());
     fp.source_shards.push_back({BaseName(f.path()), f.file_size(), Xxh128Hex(head)});
   }
+  plan_for_ = [&, out_total](const std::string& name) -> std::optional<ShardPlan> {
+    const std::optional<ShardName> n = ParseShardName(name);
+    if (!n || n->total != out_total) return std::nullopt;
+    for (const Src* s : kept) {
+      if (s->number != n->number) continue;
+      ShardPlan p = PlanShard(*s->file, s->number, out_total, config.is_kda, opt_.bits);
+      p.src_stat = src_stats.at(s->file);
+      return p;
+    }
+    return std::nullopt;
+  };
   const std::string fp_text = fp.Render();
 
   // Selection: --shards, then --worker I/N over what is left.
@@ -1353,6 +1584,7 @@ RepackEvent Runner::Run() {
         continue;
       selected.push_back(
           PlanShard(*chosen[i]->file, chosen[i]->number, out_total, config.is_kda, opt_.bits));
+      selected.back().src_stat = src_stats.at(chosen[i]->file);
     }
   }
 
@@ -1397,10 +1629,20 @@ RepackEvent Runner::Run() {
   }
   summary.peak_rss_bytes = PeakRssBytes();
   Emit(RepackEvent::Kind::kSummary, summary);
+  if (!failed_.empty()) {
+    // What was published is indexed and recorded above; the failed shards are
+    // missing, so a rerun converts them (once their source is stable).
+    const Error& first = failed_.front().error;
+    throw Error(first.code(),
+                std::to_string(failed_.size()) + " shard(s) not published, the first: " +
+                    first.detail() + (failed_.size() > 1 ? " (the others are in the log)" : ""),
+                first.path(), first.offset(), first.object());
+  }
   summary.kind = RepackEvent::Kind::kSummary;
   summary.shards_selected = totals_.shards_selected;
   summary.shards_done = totals_.shards_done;
   summary.shards_skipped = totals_.shards_skipped;
+  summary.shards_failed = totals_.shards_failed;
   summary.bytes_done = totals_.bytes_done;
   summary.elapsed_seconds = NowSeconds() - t0_;
   return summary;

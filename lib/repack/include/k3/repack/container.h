@@ -16,6 +16,12 @@ namespace k3::repack {
 inline constexpr std::string_view kIndexName = "model.safetensors.index.json";
 inline constexpr std::string_view kFingerprintName = "k3-repack.fingerprint.json";
 inline constexpr std::string_view kLockName = ".k3-repack.lock";
+// Per output shard, the XXH3-128 of the source bytes it was converted from
+// (its kept tensors in output order, as read): "<32 hex>  <shard name>" lines,
+// sorted. Not file checksums (xxhsum cannot check them): --recheck re-reads
+// the source and compares, so a source that changed after (or while) a shard
+// was converted is found and the shard converted again (docs/repack.md).
+inline constexpr std::string_view kSourcesName = "k3-repack.sources";
 
 // Non-weight files a runtime needs, copied verbatim when the source has them.
 inline constexpr std::string_view kMetadataFiles[] = {

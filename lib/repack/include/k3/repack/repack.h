@@ -26,7 +26,9 @@ struct RepackOptions {
   int worker_index = 0;         // --worker I/N: this pass takes every N-th selected shard
   int worker_count = 1;
   bool verify_full = false;  // re-read every expert byte of src and dst and compare; implies recheck
-  bool recheck = false;      // re-hash kept shards against checksums.xxh128; reconvert the bad ones
+  // Re-hash kept shards against checksums.xxh128, and re-read their sources
+  // against k3-repack.sources; reconvert the ones that differ.
+  bool recheck = false;
   int threads = 0;           // quantization threads; 0 = all online CPUs
   bool force = false;        // discard a DST made with other parameters / source
   bool space_check = true;   // false: skip the free-space pre-flight (statvfs lies on some NAS)
@@ -58,6 +60,9 @@ struct RepackOptions {
   // kDefaultWritesInFlight (ResolvePipeline). Each adds one
   // block of memory.
   int writes_in_flight = 0;
+  // Tests only (k3-repack --test-read-delay-ms): each source read of a shard
+  // waits this long first, so a test can change the source while it is read.
+  int test_read_delay_ms = 0;
 };
 
 // Streams when RepackOptions::streams is 0 (never more than the shards to do).
@@ -124,13 +129,25 @@ void ParseWorker(const std::string& spec, int* index, int* count);
 void ValidateBits(const QuantBits& bits);
 
 struct RepackEvent {
-  enum class Kind { kStart, kShardSkipped, kShardStart, kProgress, kShardDone, kSummary };
+  // kShardFailed: that shard was not published (its source changed while it
+  // was read, or --verify-full found a difference); the pass goes on with the
+  // others and RunRepack throws at the end. `detail` is the error.
+  enum class Kind {
+    kStart,
+    kShardSkipped,
+    kShardStart,
+    kProgress,
+    kShardDone,
+    kShardFailed,
+    kSummary
+  };
   Kind kind = Kind::kStart;
   std::string shard;             // output shard file name (shard events)
   std::string detail;            // skip reason, etc.
   uint64_t shard_src_bytes = 0;  // source bytes of this shard (its kept tensors)
   uint64_t shard_out_bytes = 0;  // output file size
   std::string shard_xxh128;
+  std::string source_xxh128;  // of the source bytes converted (kShardDone; k3-repack.sources)
   double shard_seconds = 0;
   size_t streams_lent = 0;  // idle streams that read for this shard too (kShardDone)
   uint64_t expert_bytes_verified = 0;
@@ -139,6 +156,7 @@ struct RepackEvent {
   size_t shards_todo = 0;
   size_t shards_done = 0;
   size_t shards_skipped = 0;
+  size_t shards_failed = 0;
   uint64_t bytes_todo = 0;  // source bytes this run will read
   uint64_t bytes_done = 0;
   uint64_t out_bytes_planned = 0;
@@ -162,6 +180,9 @@ using RepackObserver = std::function<void(const RepackEvent&)>;
 std::string ProgressLine(const RepackEvent& e);
 
 // Runs the conversion; returns the summary event (also sent to the observer).
+// Shards that failed on their own (kShardFailed) are reported at the end: once
+// the index and manifests of what was published are written, the first one's
+// error is thrown (kChecksumMismatch), with how many failed.
 RepackEvent RunRepack(const RepackOptions& options, const RepackObserver& observer);
 
 }  // namespace k3::repack
