@@ -39,36 +39,26 @@ std::optional<element> GetSet(element obj, std::string_view key) {
 
 const char* TypeName(element v) {
   switch (v.type()) {
-    case element_type::ARRAY:
-      return "an array";
-    case element_type::OBJECT:
-      return "an object";
-    case element_type::STRING:
-      return "a string";
+    case element_type::ARRAY: return "an array";
+    case element_type::OBJECT: return "an object";
+    case element_type::STRING: return "a string";
     case element_type::INT64:
     case element_type::UINT64:
-    case element_type::DOUBLE:
-      return "a number";
-    case element_type::BOOL:
-      return "a boolean";
-    case element_type::NULL_VALUE:
-      return "null";
+    case element_type::DOUBLE: return "a number";
+    case element_type::BOOL: return "a boolean";
+    case element_type::NULL_VALUE: return "null";
   }
   return "?";
 }
 
 bool IsNumber(element v) {
-  return v.type() == element_type::INT64 || v.type() == element_type::UINT64 ||
-         v.type() == element_type::DOUBLE;
+  return v.type() == element_type::INT64 || v.type() == element_type::UINT64 || v.type() == element_type::DOUBLE;
 }
 double NumberOf(element v) {
   switch (v.type()) {
-    case element_type::INT64:
-      return double(v.get_int64().value_unsafe());
-    case element_type::UINT64:
-      return double(v.get_uint64().value_unsafe());
-    default:
-      return v.get_double().value_unsafe();
+    case element_type::INT64: return double(v.get_int64().value_unsafe());
+    case element_type::UINT64: return double(v.get_uint64().value_unsafe());
+    default: return v.get_double().value_unsafe();
   }
 }
 
@@ -105,15 +95,13 @@ void ValidateTools(element tools, const std::string& param, const ApiPolicy& pol
     auto fn = Get(tool, "function");
     if (!fn || !fn->is_object()) ThrowBadParam(p + ".function", p + ".function must be an object");
     auto name = Get(*fn, "name");
-    if (!name || !name->is_string())
-      ThrowBadParam(p + ".function.name", p + ".function.name must be a string");
+    if (!name || !name->is_string()) ThrowBadParam(p + ".function.name", p + ".function.name must be a string");
     std::string_view n = name->get_string().value_unsafe();
     if (!ValidToolName(n, policy.max_tool_name)) {
       ThrowBadParam(p + ".function.name",
-                    p + ".function.name " + Quote(n) +
-                        " is invalid: it must start with a letter or '_', use only "
-                        "letters, digits, '_', '-' and '.', and be 1.." +
-                        std::to_string(policy.max_tool_name) + " characters");
+                    p + ".function.name " + Quote(n) + " is invalid: it must start with a letter or '_', use only "
+                        "letters, digits, '_', '-' and '.', and be 1.." + std::to_string(policy.max_tool_name) +
+                        " characters");
     }
     if (!names.emplace(n).second) {
       ThrowBadParam(p + ".function.name", "tool name " + Quote(n) + " is declared more than once");
@@ -126,14 +114,12 @@ void ValidateTools(element tools, const std::string& param, const ApiPolicy& pol
     spec.param = p + ".function.parameters";
     if (auto params = GetSet(*fn, "parameters")) {
       if (!params->is_object()) {
-        ThrowBadParam(p + ".function.parameters",
-                      p + ".function.parameters must be a JSON Schema object");
+        ThrowBadParam(p + ".function.parameters", p + ".function.parameters must be a JSON Schema object");
       }
       spec.parameters_json = simdjson::minify(*params);
     }
     if (auto s = GetSet(*fn, "strict")) {
-      if (!s->is_bool())
-        ThrowBadParam(p + ".function.strict", p + ".function.strict must be a boolean");
+      if (!s->is_bool()) ThrowBadParam(p + ".function.strict", p + ".function.strict must be a boolean");
       spec.strict = s->get_bool().value_unsafe();
     }
     specs.push_back(std::move(spec));
@@ -147,20 +133,18 @@ void ValidateContent(element msg, const std::string& p, bool required) {
     return;
   }
   if (content->is_string()) return;
-  if (!content->is_array())
-    ThrowBadParam(p + ".content", p + ".content must be a string or a list of text parts");
+  if (!content->is_array()) ThrowBadParam(p + ".content", p + ".content must be a string or a list of text parts");
   size_t i = 0;
   for (element part : ArrayOf(*content)) {
     std::string pp = p + ".content[" + std::to_string(i++) + "]";
-    if (!part.is_object())
-      ThrowBadParam(pp, pp + " must be an object {\"type\":\"text\",\"text\":...}");
+    if (!part.is_object()) ThrowBadParam(pp, pp + " must be an object {\"type\":\"text\",\"text\":...}");
     auto type = Get(part, "type");
     if (!type || !type->is_string()) ThrowBadParam(pp + ".type", pp + ".type must be a string");
     std::string_view t = type->get_string().value_unsafe();
     if (t != "text") {
       throw Error(ErrorCode::kUnsupported,
-                  pp + ".type " + Quote(t) + " is not supported: k3 serves text only", {},
-                  Error::kNoOffset, pp + ".type");
+                  pp + ".type " + Quote(t) + " is not supported: k3 serves text only", {}, Error::kNoOffset,
+                  pp + ".type");
     }
     auto text = Get(part, "text");
     if (!text || !text->is_string()) ThrowBadParam(pp + ".text", pp + ".text must be a string");
@@ -176,11 +160,9 @@ bool ContentEmpty(element msg) {
   return false;
 }
 
-void ValidateMessages(element messages, const ApiPolicy& policy,
-                      std::set<std::string, std::less<>>& names, bool& has_dynamic_tools,
-                      std::vector<ToolSpec>& specs) {
-  if (!messages.is_array())
-    ThrowBadParam("messages", "messages must be an array of message objects");
+void ValidateMessages(element messages, const ApiPolicy& policy, std::set<std::string, std::less<>>& names,
+                      bool& has_dynamic_tools, std::vector<ToolSpec>& specs) {
+  if (!messages.is_array()) ThrowBadParam("messages", "messages must be an array of message objects");
   simdjson::dom::array list = ArrayOf(messages);
   if (list.size() == 0) ThrowBadParam("messages", "messages must not be empty");
   if (list.size() > policy.max_messages) {
@@ -195,8 +177,7 @@ void ValidateMessages(element messages, const ApiPolicy& policy,
     if (!role_v || !role_v->is_string()) ThrowBadParam(p + ".role", p + ".role must be a string");
     std::string_view role = role_v->get_string().value_unsafe();
     if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
-      ThrowBadParam(p + ".role",
-                    p + ".role " + Quote(role) + " is not one of system, user, assistant, tool");
+      ThrowBadParam(p + ".role", p + ".role " + Quote(role) + " is not one of system, user, assistant, tool");
     }
     if (auto name = GetSet(msg, "name"); name && !name->is_string()) {
       ThrowBadParam(p + ".name", p + ".name must be a string");
@@ -205,15 +186,13 @@ void ValidateMessages(element messages, const ApiPolicy& policy,
     // (KVV test_dynamic_tools.py, section 3).
     if (auto tools = GetSet(msg, "tools")) {
       if (role != "system") {
-        ThrowBadParam(p + ".tools",
-                      p + ".tools: tools may be declared only on system messages, not on " +
-                          std::string(role) + " messages");
+        ThrowBadParam(p + ".tools", p + ".tools: tools may be declared only on system messages, not on " +
+                                        std::string(role) + " messages");
       }
       ValidateTools(*tools, p + ".tools", policy, names, specs);
       if (ArrayOf(*tools).size() > 0) {
         if (!ContentEmpty(msg)) {
-          ThrowBadParam(p + ".content",
-                        p + ": a system message that declares tools must have empty content");
+          ThrowBadParam(p + ".content", p + ": a system message that declares tools must have empty content");
         }
         has_dynamic_tools = true;
         continue;
@@ -226,18 +205,15 @@ void ValidateMessages(element messages, const ApiPolicy& policy,
         ThrowBadParam(p + ".reasoning_content", p + ".reasoning_content must be a string");
       }
       if (calls) {
-        if (!calls->is_array())
-          ThrowBadParam(p + ".tool_calls", p + ".tool_calls must be an array");
+        if (!calls->is_array()) ThrowBadParam(p + ".tool_calls", p + ".tool_calls must be an array");
         size_t j = 0;
         for (element call : ArrayOf(*calls)) {
           std::string cp = p + ".tool_calls[" + std::to_string(j++) + "]";
           if (!call.is_object()) ThrowBadParam(cp, cp + " must be an object");
           auto fn = Get(call, "function");
-          if (!fn || !fn->is_object())
-            ThrowBadParam(cp + ".function", cp + ".function must be an object");
+          if (!fn || !fn->is_object()) ThrowBadParam(cp + ".function", cp + ".function must be an object");
           auto name = Get(*fn, "name");
-          if (!name || !name->is_string())
-            ThrowBadParam(cp + ".function.name", cp + ".function.name must be a string");
+          if (!name || !name->is_string()) ThrowBadParam(cp + ".function.name", cp + ".function.name must be a string");
           // Arguments are rendered as they are, even when not valid JSON (issue 11):
           // only their JSON type is checked.
           if (auto a = GetSet(*fn, "arguments"); a && !a->is_string() && !a->is_object()) {
@@ -252,8 +228,7 @@ void ValidateMessages(element messages, const ApiPolicy& policy,
       // KVV test_tool_role_without_tool_call_id_rejected.
       auto id = GetSet(msg, "tool_call_id");
       if (!id || !id->is_string() || id->get_string().value_unsafe().empty()) {
-        ThrowBadParam(p + ".tool_call_id",
-                      p + ": a tool message needs a non-empty string tool_call_id");
+        ThrowBadParam(p + ".tool_call_id", p + ": a tool message needs a non-empty string tool_call_id");
       }
       ValidateContent(msg, p, /*required=*/false);
     } else {
@@ -265,11 +240,9 @@ void ValidateMessages(element messages, const ApiPolicy& policy,
 void ValidateResponseFormat(element rf, ChatRequest& out) {
   // KVV test_response_format.py: type in text / json_object / json_schema;
   // json_schema needs {name, schema: object, strict?: bool}.
-  if (!rf.is_object())
-    ThrowBadParam("response_format", "response_format must be an object {\"type\": ...}");
+  if (!rf.is_object()) ThrowBadParam("response_format", "response_format must be an object {\"type\": ...}");
   auto type = Get(rf, "type");
-  if (!type || !type->is_string())
-    ThrowBadParam("response_format.type", "response_format.type must be a string");
+  if (!type || !type->is_string()) ThrowBadParam("response_format.type", "response_format.type must be a string");
   std::string_view t = type->get_string().value_unsafe();
   if (t == "text") return;
   if (t == "json_object") {
@@ -277,30 +250,24 @@ void ValidateResponseFormat(element rf, ChatRequest& out) {
     return;
   }
   if (t != "json_schema") {
-    ThrowBadParam("response_format.type", "response_format.type " + Quote(t) +
-                                              " is not one of text, json_object, json_schema");
+    ThrowBadParam("response_format.type",
+                  "response_format.type " + Quote(t) + " is not one of text, json_object, json_schema");
   }
   auto js = Get(rf, "json_schema");
   if (!js || !js->is_object()) {
-    ThrowBadParam("response_format.json_schema",
-                  "response_format type json_schema needs a json_schema object");
+    ThrowBadParam("response_format.json_schema", "response_format type json_schema needs a json_schema object");
   }
   auto name = Get(*js, "name");
   if (!name || !name->is_string() || name->get_string().value_unsafe().empty()) {
-    ThrowBadParam("response_format.json_schema.name",
-                  "response_format.json_schema.name must be a non-empty string");
+    ThrowBadParam("response_format.json_schema.name", "response_format.json_schema.name must be a non-empty string");
   }
   auto schema = Get(*js, "schema");
-  if (!schema)
-    ThrowBadParam("response_format.json_schema.schema",
-                  "response_format.json_schema.schema is required");
+  if (!schema) ThrowBadParam("response_format.json_schema.schema", "response_format.json_schema.schema is required");
   if (!schema->is_object()) {
-    ThrowBadParam("response_format.json_schema.schema",
-                  "response_format.json_schema.schema must be an object");
+    ThrowBadParam("response_format.json_schema.schema", "response_format.json_schema.schema must be an object");
   }
   if (auto strict = GetSet(*js, "strict"); strict && !strict->is_bool()) {
-    ThrowBadParam("response_format.json_schema.strict",
-                  "response_format.json_schema.strict must be a boolean");
+    ThrowBadParam("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
   }
   out.response_format = ResponseFormat::kJsonSchema;
   out.response_schema_json = simdjson::minify(*schema);
@@ -325,32 +292,23 @@ void ResolveThinking(element root, ChatRequest& out) {
   std::optional<bool> thinking;
   std::optional<std::string> effort, thinking_effort;
   if (auto kw = GetSet(root, "chat_template_kwargs")) {
-    if (!kw->is_object())
-      ThrowBadParam("chat_template_kwargs", "chat_template_kwargs must be an object");
+    if (!kw->is_object()) ThrowBadParam("chat_template_kwargs", "chat_template_kwargs must be an object");
     if (auto t = GetSet(*kw, "thinking")) {
-      if (!t->is_bool())
-        ThrowBadParam("chat_template_kwargs.thinking",
-                      "chat_template_kwargs.thinking must be a boolean");
+      if (!t->is_bool()) ThrowBadParam("chat_template_kwargs.thinking", "chat_template_kwargs.thinking must be a boolean");
       thinking = t->get_bool().value_unsafe();
     }
-    if (auto e = GetSet(*kw, "thinking_effort"))
-      effort = EffortOf(*e, "chat_template_kwargs.thinking_effort");
+    if (auto e = GetSet(*kw, "thinking_effort")) effort = EffortOf(*e, "chat_template_kwargs.thinking_effort");
   }
   if (auto t = GetSet(root, "thinking")) {
     if (t->is_bool()) {
       thinking = t->get_bool().value_unsafe();
     } else if (t->is_object()) {
       if (auto type = GetSet(*t, "type")) {
-        if (!type->is_string())
-          ThrowBadParam("thinking.type", "thinking.type must be \"enabled\" or \"disabled\"");
+        if (!type->is_string()) ThrowBadParam("thinking.type", "thinking.type must be \"enabled\" or \"disabled\"");
         std::string_view ty = type->get_string().value_unsafe();
-        if (ty == "enabled")
-          thinking = true;
-        else if (ty == "disabled")
-          thinking = false;
-        else
-          ThrowBadParam("thinking.type",
-                        "thinking.type " + Quote(ty) + " is not \"enabled\" or \"disabled\"");
+        if (ty == "enabled") thinking = true;
+        else if (ty == "disabled") thinking = false;
+        else ThrowBadParam("thinking.type", "thinking.type " + Quote(ty) + " is not \"enabled\" or \"disabled\"");
       } else {
         thinking = true;
       }
@@ -359,9 +317,7 @@ void ResolveThinking(element root, ChatRequest& out) {
       }
       if (auto e = GetSet(*t, "effort")) thinking_effort = EffortOf(*e, "thinking.effort");
     } else {
-      ThrowBadParam(
-          "thinking",
-          "thinking must be an object {\"type\": \"enabled\" | \"disabled\", \"effort\": ...}");
+      ThrowBadParam("thinking", "thinking must be an object {\"type\": \"enabled\" | \"disabled\", \"effort\": ...}");
     }
   }
   if (auto e = GetSet(root, "reasoning_effort")) effort = EffortOf(*e, "reasoning_effort");
@@ -394,15 +350,13 @@ float Sampling(element root, std::string_view key, float dflt, const ApiPolicy& 
 }  // namespace
 
 [[noreturn]] void ThrowBadParam(std::string_view param, std::string message) {
-  throw Error(ErrorCode::kInvalidArgument, std::move(message), {}, Error::kNoOffset,
-              std::string(param));
+  throw Error(ErrorCode::kInvalidArgument, std::move(message), {}, Error::kNoOffset, std::string(param));
 }
 
-element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy,
-                         simdjson::dom::parser& parser, simdjson::padded_string& padded) {
+element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy, simdjson::dom::parser& parser,
+                         simdjson::padded_string& padded) {
   if (body.size() > policy.max_body_bytes) {
-    throw Error(ErrorCode::kNoSpace, "request body of " + std::to_string(body.size()) +
-                                         " bytes exceeds the " +
+    throw Error(ErrorCode::kNoSpace, "request body of " + std::to_string(body.size()) + " bytes exceeds the " +
                                          std::to_string(policy.max_body_bytes) + "-byte limit");
   }
   if (parser.allocate(std::max<size_t>(body.size(), 64), policy.max_depth) != simdjson::SUCCESS) {
@@ -411,10 +365,9 @@ element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy,
   padded = simdjson::padded_string(body);
   element root;
   if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
-    std::string why =
-        err == simdjson::DEPTH_ERROR
-            ? "JSON nested deeper than " + std::to_string(policy.max_depth) + " levels"
-            : std::string(simdjson::error_message(err));
+    std::string why = err == simdjson::DEPTH_ERROR
+                          ? "JSON nested deeper than " + std::to_string(policy.max_depth) + " levels"
+                          : std::string(simdjson::error_message(err));
     throw Error(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + why);
   }
   if (!root.is_object()) ThrowBadParam("", "request body must be a JSON object");
@@ -455,35 +408,30 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
         ThrowBadParam("tool_choice.type", "tool_choice.type must be \"function\"");
       }
       auto fn = Get(*tc, "function");
-      if (!fn || !fn->is_object())
-        ThrowBadParam("tool_choice.function", "tool_choice.function must be an object");
+      if (!fn || !fn->is_object()) ThrowBadParam("tool_choice.function", "tool_choice.function must be an object");
       auto name = Get(*fn, "name");
       if (!name || !name->is_string()) {
         ThrowBadParam("tool_choice.function.name", "tool_choice.function.name must be a string");
       }
       std::string_view n = name->get_string().value_unsafe();
       if (names.find(n) == names.end()) {
-        ThrowBadParam("tool_choice.function.name", "tool_choice.function.name " + Quote(n) +
-                                                       " is not one of the declared tools");
+        ThrowBadParam("tool_choice.function.name",
+                      "tool_choice.function.name " + Quote(n) + " is not one of the declared tools");
       }
       out.tool_choice = ToolChoice::kNamed;
       out.tool_choice_name = std::string(n);
     } else if (tc->is_string()) {
       std::string_view c = tc->get_string().value_unsafe();
       if (c != "auto" && c != "none" && c != "required") {
-        ThrowBadParam("tool_choice",
-                      "tool_choice " + Quote(c) + " is not one of auto, none, required");
+        ThrowBadParam("tool_choice", "tool_choice " + Quote(c) + " is not one of auto, none, required");
       }
       if (c == "required" && !out.has_tools) {
         ThrowBadParam("tool_choice", "tool_choice \"required\" needs at least one tool");
       }
-      out.tool_choice = c == "none"       ? ToolChoice::kNone
-                        : c == "required" ? ToolChoice::kRequired
-                                          : ToolChoice::kAuto;
+      out.tool_choice = c == "none" ? ToolChoice::kNone : c == "required" ? ToolChoice::kRequired : ToolChoice::kAuto;
     } else {
-      ThrowBadParam("tool_choice",
-                    "tool_choice must be \"auto\", \"none\", \"required\" or "
-                    "{\"type\":\"function\",\"function\":{\"name\":...}}");
+      ThrowBadParam("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                   "{\"type\":\"function\",\"function\":{\"name\":...}}");
     }
   }
   if (auto rf = GetSet(root, "response_format")) ValidateResponseFormat(*rf, out);
@@ -491,25 +439,20 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   // Sampling (KVV tests/params/test_params.py): n must be 1; penalties 0;
   // temperature and top_p locked to K3's values unless --sampling free.
   if (auto n = GetSet(root, "n")) {
-    if (!IsNumber(*n) || !Near(NumberOf(*n), 1))
-      ThrowBadParam("n", "n must be 1: k3 returns one choice");
+    if (!IsNumber(*n) || !Near(NumberOf(*n), 1)) ThrowBadParam("n", "n must be 1: k3 returns one choice");
   }
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
     if (auto v = GetSet(root, key)) {
       if (!IsNumber(*v)) ThrowBadParam(key, std::string(key) + " must be a number");
       if (!Near(NumberOf(*v), 0)) {
-        ThrowBadParam(key, std::string(key) +
-                               " must be 0: penalties are locked for Kimi K3 (k3 implements none)");
+        ThrowBadParam(key, std::string(key) + " must be 0: penalties are locked for Kimi K3 (k3 implements none)");
       }
     }
   }
-  if (auto lp = GetSet(root, "logprobs");
-      lp && !(lp->is_bool() && !lp->get_bool().value_unsafe())) {
-    throw Error(ErrorCode::kUnsupported, "logprobs are not supported by k3", {}, Error::kNoOffset,
-                "logprobs");
+  if (auto lp = GetSet(root, "logprobs"); lp && !(lp->is_bool() && !lp->get_bool().value_unsafe())) {
+    throw Error(ErrorCode::kUnsupported, "logprobs are not supported by k3", {}, Error::kNoOffset, "logprobs");
   }
-  out.temperature = Sampling(root, "temperature", policy.default_temperature, policy,
-                             kLockedTemperatures, 0, 2, false);
+  out.temperature = Sampling(root, "temperature", policy.default_temperature, policy, kLockedTemperatures, 0, 2, false);
   out.top_p = Sampling(root, "top_p", policy.default_top_p, policy, kLockedTopP, 0, 1, true);
 
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
@@ -534,28 +477,23 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
       std::string_view t = s.get_string().value_unsafe();
       if (t.empty()) ThrowBadParam("stop", "stop strings must not be empty");
       if (t.size() > policy.max_stop_bytes) {
-        ThrowBadParam("stop", "stop strings are limited to " +
-                                  std::to_string(policy.max_stop_bytes) + " bytes");
+        ThrowBadParam("stop", "stop strings are limited to " + std::to_string(policy.max_stop_bytes) + " bytes");
       }
       out.stop.emplace_back(t);
     };
     if (stop->is_array()) {
       for (element s : ArrayOf(*stop)) add(s);
       if (out.stop.size() > policy.max_stop) {
-        ThrowBadParam("stop",
-                      "at most " + std::to_string(policy.max_stop) + " stop strings are accepted");
+        ThrowBadParam("stop", "at most " + std::to_string(policy.max_stop) + " stop strings are accepted");
       }
     } else {
       add(*stop);
     }
   }
   if (auto seed = GetSet(root, "seed")) {
-    if (seed->type() == element_type::INT64)
-      out.seed = uint64_t(seed->get_int64().value_unsafe());
-    else if (seed->type() == element_type::UINT64)
-      out.seed = seed->get_uint64().value_unsafe();
-    else
-      ThrowBadParam("seed", "seed must be an integer");
+    if (seed->type() == element_type::INT64) out.seed = uint64_t(seed->get_int64().value_unsafe());
+    else if (seed->type() == element_type::UINT64) out.seed = seed->get_uint64().value_unsafe();
+    else ThrowBadParam("seed", "seed must be an integer");
   }
   if (auto s = GetSet(root, "stream")) {
     if (!s->is_bool()) ThrowBadParam("stream", "stream must be a boolean");
@@ -564,9 +502,7 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   if (auto so = GetSet(root, "stream_options")) {
     if (!so->is_object()) ThrowBadParam("stream_options", "stream_options must be an object");
     if (auto iu = GetSet(*so, "include_usage")) {
-      if (!iu->is_bool())
-        ThrowBadParam("stream_options.include_usage",
-                      "stream_options.include_usage must be a boolean");
+      if (!iu->is_bool()) ThrowBadParam("stream_options.include_usage", "stream_options.include_usage must be a boolean");
       out.include_usage = iu->get_bool().value_unsafe();
     }
   }
@@ -588,9 +524,8 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   try {
     out.chat = tok::RenderChatRequestOrThrow(out.render_json);
   } catch (const Error& e) {
-    throw Error(
-        e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument,
-        e.detail(), {}, Error::kNoOffset, "messages");
+    throw Error(e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument,
+                e.detail(), {}, Error::kNoOffset, "messages");
   }
   // Structured output (issue 16): every schema compiles now, or the request is a 400.
   CompileStructuredOrThrow(out);
@@ -599,27 +534,17 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
 
 std::string ApiError::Json() const {
   JsonWriter j;
-  j.BeginObject()
-      .Key("error")
-      .BeginObject()
-      .Field("message", message)
-      .Field("type", type)
-      .Key("param");
-  if (param.empty())
-    j.Null();
-  else
-    j.String(param);
+  j.BeginObject().Key("error").BeginObject().Field("message", message).Field("type", type).Key("param");
+  if (param.empty()) j.Null();
+  else j.String(param);
   j.Key("code");
-  if (code.empty())
-    j.Null();
-  else
-    j.String(code);
+  if (code.empty()) j.Null();
+  else j.String(code);
   j.EndObject().EndObject();
   return j.Take();
 }
 
-ApiError MakeApiError(int status, std::string type, std::string message, std::string code,
-                      std::string param) {
+ApiError MakeApiError(int status, std::string type, std::string message, std::string code, std::string param) {
   ApiError e;
   e.status = status;
   e.type = std::move(type);
@@ -636,15 +561,13 @@ ApiError ApiErrorFor(const Error& e) {
     case ErrorCode::kUnsupported:
       return MakeApiError(400, "invalid_request_error", e.detail(), "unsupported", e.object());
     case ErrorCode::kNoSpace:
-      return MakeApiError(413, "invalid_request_error", e.detail(), "request_too_large",
-                          e.object());
+      return MakeApiError(413, "invalid_request_error", e.detail(), "request_too_large", e.object());
     case ErrorCode::kBusy:
       return MakeApiError(429, "rate_limit_error", e.detail(), "queue_full", e.object());
     case ErrorCode::kCancelled:
       return MakeApiError(499, "cancelled", e.detail(), "cancelled", e.object());
     default:
-      return MakeApiError(500, "server_error", e.detail(), std::string(ErrorCodeName(e.code())),
-                          e.object());
+      return MakeApiError(500, "server_error", e.detail(), std::string(ErrorCodeName(e.code())), e.object());
   }
 }
 

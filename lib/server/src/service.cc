@@ -46,10 +46,7 @@ HttpReply Service::Health() const {
 HttpReply Service::Models() const {
   JsonWriter j;
   j.BeginObject().Field("object", "list").Key("data").BeginArray().BeginObject();
-  j.Field("id", options_.model_id)
-      .Field("object", "model")
-      .Field("created", int64_t(0))
-      .Field("owned_by", "k3");
+  j.Field("id", options_.model_id).Field("object", "model").Field("created", int64_t(0)).Field("owned_by", "k3");
   if (Backend* b = backend_.load()) j.Field("context_length", b->context_limit());
   // The sampling policy (clients ignore unknown fields; the web page shows it).
   const ApiPolicy& api = options_.api;
@@ -79,8 +76,7 @@ HttpReply Service::MetricsText() const {
   HttpReply r;
   r.content_type = "text/plain; version=0.0.4";
   Backend* b = backend_.load();
-  r.body = metrics_.Render(queue_.waiting(), queue_.busy(),
-                           b ? b->expert_stats() : model::ExpertStoreStats{},
+  r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{},
                            b ? b->checkpoint_stats() : engine::CheckpointCacheStats{});
   return r;
 }
@@ -100,9 +96,7 @@ HttpReply Service::Page() const {
 }
 
 HttpReply Service::NotFound(std::string_view path) const {
-  return Json(
-      404, MakeApiError(404, "invalid_request_error", "no route " + std::string(path), "not_found")
-               .Json());
+  return Json(404, MakeApiError(404, "invalid_request_error", "no route " + std::string(path), "not_found").Json());
 }
 
 HttpReply Service::ErrorReply(const ApiError& e) const {
@@ -137,19 +131,17 @@ bool Service::Authorized(std::string_view authorization, std::string_view x_api_
 
 HttpReply Service::Unauthorized() const {
   return ErrorReply(MakeApiError(401, "authentication_error",
-                                 "missing or wrong API key: send Authorization: Bearer <key>",
-                                 "invalid_api_key"));
+                                 "missing or wrong API key: send Authorization: Bearer <key>", "invalid_api_key"));
 }
 
 bool Service::IsStream(const Job& job) { return job.request.stream; }
 
 std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std::string_view body) {
   auto prepared = Admit(
-      body, [this](std::string_view b) { return ParseChatRequestOrThrow(b, options_.api); },
-      &Service::ErrorReply, "chatcmpl-k3");
+      body, [this](std::string_view b) { return ParseChatRequestOrThrow(b, options_.api); }, &Service::ErrorReply,
+      "chatcmpl-k3");
   if (auto* job = std::get_if<std::unique_ptr<Job>>(&prepared)) {
-    (*job)->writer =
-        MakeChatWriter((*job)->meta, (*job)->request.stream, (*job)->request.include_usage);
+    (*job)->writer = MakeChatWriter((*job)->meta, (*job)->request.stream, (*job)->request.include_usage);
   }
   return prepared;
 }
@@ -186,8 +178,7 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Admit(
   }
   uint64_t n = next_id_.fetch_add(1);
   char id[64];
-  std::snprintf(id, sizeof id, "%s-%llx-%llu", id_prefix,
-                static_cast<unsigned long long>(std::time(nullptr)),
+  std::snprintf(id, sizeof id, "%s-%llx-%llu", id_prefix, static_cast<unsigned long long>(std::time(nullptr)),
                 static_cast<unsigned long long>(n));
   job->meta.id = id;
   job->meta.created = int64_t(std::time(nullptr));
@@ -219,8 +210,7 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
 
   engine::GenerateRequest gen;
   gen.prompt_ids = job.prompt_ids;
-  gen.chat_start = job.request.thinking ? tok::ChatStreamParser::Start::kThink
-                                        : tok::ChatStreamParser::Start::kResponse;
+  gen.chat_start = job.request.thinking ? tok::ChatStreamParser::Start::kThink : tok::ChatStreamParser::Start::kResponse;
   gen.max_tokens = job.request.max_tokens;
   gen.stop = job.request.stop;
   gen.sampling.temperature = job.request.temperature;

@@ -37,14 +37,14 @@ struct ApiPolicy {
   // (KVV tests/params: temperature 0.6 / 0.0 / 1.0, top_p 0.95 / 1.0).
   float default_temperature = 1.0f;
   float default_top_p = 1.0f;
-  bool sampling_free = false;         // --sampling free: any temperature in [0,2], top_p in (0,1]
-  int64_t default_max_tokens = 512;   // --max-tokens: the cap when the request sets none
-  size_t max_body_bytes = 16u << 20;  // checked by the HTTP layer (413) and again here
-  size_t max_depth = 64;              // JSON nesting
-  size_t max_messages = 4096;         // longer conversations are 400 (tests: 10,000 messages)
-  size_t max_stop = 4;                // OpenAI's limit
+  bool sampling_free = false;          // --sampling free: any temperature in [0,2], top_p in (0,1]
+  int64_t default_max_tokens = 512;    // --max-tokens: the cap when the request sets none
+  size_t max_body_bytes = 16u << 20;   // checked by the HTTP layer (413) and again here
+  size_t max_depth = 64;               // JSON nesting
+  size_t max_messages = 4096;          // longer conversations are 400 (tests: 10,000 messages)
+  size_t max_stop = 4;                 // OpenAI's limit
   size_t max_stop_bytes = 256;
-  size_t max_tool_name = 256;  // KVV: a 257-character name is refused
+  size_t max_tool_name = 256;          // KVV: a 257-character name is refused
 };
 
 // Structured output (issue 16, docs/constrain.md): what a request asks the
@@ -74,15 +74,15 @@ struct ChatRequest {
   std::optional<uint64_t> seed;
   float temperature = 1.0f;
   float top_p = 1.0f;
-  bool thinking = true;               // resolved
-  std::optional<std::string> effort;  // resolved, when thinking
-  bool has_tools = false;             // global or dynamic
+  bool thinking = true;                 // resolved
+  std::optional<std::string> effort;    // resolved, when thinking
+  bool has_tools = false;               // global or dynamic
   // Every tool the prompt declares (global and dynamic, in declaration order).
   std::vector<ToolSpec> tools;
   ToolChoice tool_choice = ToolChoice::kAuto;
-  std::string tool_choice_name;  // kNamed: the one function allowed
+  std::string tool_choice_name;         // kNamed: the one function allowed
   ResponseFormat response_format = ResponseFormat::kText;
-  std::string response_schema_json;  // kJsonSchema: json_schema.schema as sent
+  std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
   // A hard cap on think tokens (the Messages API's thinking.budget_tokens);
   // -1: none. Compiled into structured->think_budget.
   int64_t think_budget = -1;
@@ -108,9 +108,9 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
 // ToolSpec's param or `response_param`, so ApiErrorFor gives a 400 naming it.
 // kNamed needs tool_choice_name among the tools (kInvalidArgument naming
 // `tool_choice_param`).
-void CompileStructuredOrThrow(
-    ChatRequest& request, std::string_view response_param = "response_format.json_schema.schema",
-    std::string_view tool_choice_param = "tool_choice.function.name");
+void CompileStructuredOrThrow(ChatRequest& request,
+                              std::string_view response_param = "response_format.json_schema.schema",
+                              std::string_view tool_choice_param = "tool_choice.function.name");
 
 // Caps the think channel at `budget` tokens (request.think_budget, and the
 // compiled spec's, made when there was none): at the cap the engine forces the
@@ -122,8 +122,8 @@ struct ApiError {
   int status = 400;
   std::string type = "invalid_request_error";
   std::string message;
-  std::string param;         // empty -> null
-  std::string code;          // empty -> null
+  std::string param;  // empty -> null
+  std::string code;   // empty -> null
   std::string Json() const;  // {"error":{"message","type","param","code"}}
 };
 
