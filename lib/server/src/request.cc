@@ -498,6 +498,11 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
     if (!s->is_bool()) ThrowBadParam("stream", "stream must be a boolean");
     out.stream = s->get_bool().value_unsafe();
   }
+  // llama-server's field: prompt_progress chunks during prefill (docs/server.md).
+  if (auto rp = GetSet(root, "return_progress")) {
+    if (!rp->is_bool()) ThrowBadParam("return_progress", "return_progress must be a boolean");
+    out.return_progress = rp->get_bool().value_unsafe();
+  }
   if (auto so = GetSet(root, "stream_options")) {
     if (!so->is_object()) ThrowBadParam("stream_options", "stream_options must be an object");
     if (auto iu = GetSet(*so, "include_usage")) {

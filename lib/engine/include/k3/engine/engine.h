@@ -209,6 +209,10 @@ struct GenerateResult {
   int64_t prefill_steps = 0;          // prefill chunks fed (for the streaming stats)
 };
 
+// Prefill progress (issue 25): what the engine has read of the prompt so far.
+struct PrefillProgress { int64_t prompt_tokens, cached_tokens, total, done, layers, units_done,
+  units_total, window_tokens; uint64_t expert_bytes_read; double elapsed_s, eta_s /* <0 unknown */; };
+
 // Hooks into one generation, all optional, all on the Generate() thread.
 struct Callbacks {
   // Each non-empty delta, in order. Return false to cancel (client gone).
@@ -216,6 +220,8 @@ struct Callbacks {
   // During prefill, between layers: tokens done of total. Return false to
   // cancel. Also the place for a server's heartbeat.
   std::function<bool(int64_t done, int64_t total)> on_prefill_progress;
+  // Callbacks: std::function<bool(const PrefillProgress&)> on_prefill;  (false = cancel)
+  std::function<bool(const PrefillProgress&)> on_prefill;
   // Polled between layers and tokens; true = cancel.
   const std::atomic<bool>* cancel = nullptr;
 };

@@ -63,6 +63,7 @@ struct ChatRequest {
   std::string model;  // as sent (may be empty)
   bool stream = false;
   bool include_usage = false;
+  bool return_progress = false;  // llama-server's return_progress: prompt_progress during prefill
   int64_t max_tokens = 0;  // resolved: max_completion_tokens, max_tokens or the policy default
   bool max_tokens_from_request = false;
   std::vector<std::string> stop;
