@@ -265,9 +265,11 @@ void ValidateResponseFormat(element rf, ChatRequest& out) {
   if (!schema->is_object()) {
     ThrowBadParam("response_format.json_schema.schema", "response_format.json_schema.schema must be an object");
   }
-  if (auto strict = GetSet(*js, "strict"); strict && !strict->is_bool()) {
+  auto strict = GetSet(*js, "strict");
+  if (strict && !strict->is_bool()) {
     ThrowBadParam("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
   }
+  out.response_strict = strict && strict->get_bool().value_unsafe();
   out.response_format = ResponseFormat::kJsonSchema;
   out.response_schema_json = simdjson::minify(*schema);
 }
