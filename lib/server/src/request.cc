@@ -266,9 +266,11 @@ void ValidateResponseFormat(element rf, ChatRequest& out) {
   if (!schema->is_object()) {
     ThrowBadParam("response_format.json_schema.schema", "response_format.json_schema.schema must be an object");
   }
-  if (auto strict = GetSet(*js, "strict"); strict && !strict->is_bool()) {
+  auto strict = GetSet(*js, "strict");
+  if (strict && !strict->is_bool()) {
     ThrowBadParam("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
   }
+  out.response_strict = strict && strict->get_bool().value_unsafe();
   out.response_format = ResponseFormat::kJsonSchema;
   out.response_schema_json = simdjson::minify(*schema);
 }
@@ -498,6 +500,11 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   if (auto s = GetSet(root, "stream")) {
     if (!s->is_bool()) ThrowBadParam("stream", "stream must be a boolean");
     out.stream = s->get_bool().value_unsafe();
+  }
+  // llama-server's field: prompt_progress chunks during prefill (docs/server.md).
+  if (auto rp = GetSet(root, "return_progress")) {
+    if (!rp->is_bool()) ThrowBadParam("return_progress", "return_progress must be a boolean");
+    out.return_progress = rp->get_bool().value_unsafe();
   }
   if (auto so = GetSet(root, "stream_options")) {
     if (!so->is_object()) ThrowBadParam("stream_options", "stream_options must be an object");
