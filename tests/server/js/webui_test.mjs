@@ -2,7 +2,7 @@
 // puppeteer-core) against `k3-run serve` on the tiny model, and against
 // k3-script-serve for tool calls:
 //   send, stream, Stop (button and Esc); the prefill progress bar during a
-//   long prompt and gone after; the system prompt reaching the server
+//   long prompt and the scripted source's slow prefill, gone after; the system prompt reaching the server
 //   (prompt_tokens == `k3-run render` of the same conversation); edit a
 //   question -> branch 2/2 -> back to 1/2 shows the old answer; arrow keys;
 //   regenerate (cached_tokens > 0); an assistant edit with hostile Markdown
@@ -29,7 +29,8 @@ const t0 = Date.now();
 const step = (what) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)} s] ${what}`);
 
 const server = await startServer(k3Run, ["serve", modelDir, "--host", "127.0.0.1", "--port", "0", "--model-id", "k3-tiny"]);
-const script = await startServer(scriptServe, [modelDir]);
+// The scripted source spends 3 s in "prefill", reporting progress with an ETA.
+const script = await startServer(scriptServe, [modelDir, "--prefill-s", "3"]);
 const profiles = [];
 const browsers = [];
 
@@ -311,8 +312,17 @@ try {
   const toolErrors = [];
   const tools = await openPage(browser, script.port, toolErrors);
   await tools.waitForFunction(() => document.getElementById("model").textContent === "k3-script");
+  await watchProgress(tools);
   await sendText(tools, "Weather and time in Beijing?");
+  await tools.waitForFunction(() => /left/.test(document.getElementById("progress-text").textContent));
+  await tools.screenshot({ path: join(outDir, "prefill-eta.png") });
   await waitStatus(tools, "done");
+  const steps = (await tools.evaluate(() => window.__progress)).filter((p) => p.shown);
+  const pcts = steps.map((p) => Number(p.now));
+  // One progress chunk per heartbeat period (1 s): 2-4 in a 3 s prefill.
+  check.ok(new Set(pcts).size >= 2 && pcts.every((v, k) => k === 0 || v >= pcts[k - 1]) &&
+           steps.some((p) => /tokens .* left/.test(p.text)) && (await tools.$eval("#progress", (e) => e.hidden)),
+           `prompt_progress drives the bar (${[...new Set(pcts)].join(" ")}; ${steps.length ? steps[steps.length - 1].text : "-"}), gone after`);
   const blocks = await tools.$$eval(".tool", (ts) => ts.map((t) => ({
     name: t.querySelector(".tool-name").textContent, args: t.querySelector("pre").textContent })));
   check.ok(blocks.length === 2 && blocks[0].name === "get_weather" && blocks[1].name === "get_time" &&
