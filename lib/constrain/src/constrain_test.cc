@@ -6,6 +6,8 @@
 // an independent validator, python3-jsonschema.)
 #include <doctest/doctest.h>
 
+#include <cerrno>
+#include <cmath>
 #include <random>
 #include <set>
 #include <string>
@@ -484,13 +486,13 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
   struct Case { const char* schema; const char* keyword; const char* pointer; };
   const Case cases[] = {
       {R"({"type":"string","pattern":"a\\b"})", "pattern", "/"},
-      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":2}}})", "multipleOf", "/properties/a"},
+      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":0.5}}})", "multipleOf", "/properties/a"},
       {R"({"type":"array","items":{"not":{"type":"null"}}})", "not", "/items"},
       {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
       {R"({"if":{},"then":{}})", "if", "/"},
-      {R"({"type":"array","prefixItems":[{}]})", "prefixItems", "/"},
+      {R"({"type":"array","contains":{}})", "contains", "/"},
       {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties", "/properties/a~1b"},
-      {R"({"allOf":[{"type":"string"},{"maxLength":3}]})", "allOf", "/"},
+      {R"({"allOf":[{"properties":{"a":{}},"patternProperties":{"x":{}}},{"properties":{"b":{}}}]})", "allOf", "/"},
       {R"({"$ref":"https://example.com/s.json"})", "$ref", "/"},
       {R"({"type":"integer","exclusiveMinimum":true})", "exclusiveMinimum", "/"},
       {R"({"frobnicate":1})", "frobnicate", "/"},
@@ -528,7 +530,7 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
   CHECK(CompileError(R"({"enum":[]})").code() == k3::ErrorCode::kInvalidArgument);
   CHECK(CompileError(R"({"type":"integer","minimum":1.5,"maximum":1.7})").code() == k3::ErrorCode::kInvalidArgument);
   // Annotations are accepted and ignored.
-  CHECK(Accepts(R"({"title":"t","description":"d","format":"uri","default":"x","x-k":1,"type":"string"})", R"("x")"));
+  CHECK(Accepts(R"({"title":"t","description":"d","format":"color","default":"x","x-k":1,"type":"string"})", R"("x")"));
 }
 
 TEST_CASE("deep nesting") {
@@ -1226,7 +1228,7 @@ TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, 
     }
   }
   MESSAGE("NextBytes known at " << known << " of " << states << " states");
-  CHECK(known * 3 > states);
+  CHECK(known * 4 > states);  // coverage of the walk (a third before issue 26 bounded exponents)
   // A complete value takes nothing.
   TokenConstraint done(Schema::CompileOrThrow(R"({"type":"object"})"), Bytes());
   REQUIRE(done.AdvanceBytes("{}"));
@@ -1275,4 +1277,253 @@ TEST_CASE("a vocabulary without most single bytes: the mask equals the direct ch
     }
   }
   CHECK(checked > 100);
+}
+
+// ---- issue 26: numbers stay finite; the widened subset; relaxed (non-strict) compiles ----
+
+namespace {
+
+CompiledSchema Relaxed(std::string_view schema) { return Schema::CompileOrThrow(schema, {.strict = false}); }
+
+// The first relaxation naming `keyword`, or null.
+const k3::constrain::Relaxation* Note(const CompiledSchema& s, std::string_view keyword) {
+  for (const auto& r : s.relaxations())
+    if (r.keyword == keyword) return &r;
+  return nullptr;
+}
+
+// Every number in a compact JSON text (outside strings).
+std::vector<std::string> NumbersIn(const std::string& text) {
+  std::vector<std::string> out;
+  bool in_string = false, escaped = false;
+  std::string cur;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if ((c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E') {
+      cur += c;
+    } else if (!cur.empty()) {
+      out.push_back(cur);
+      cur.clear();
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  // true/false/null letters never reach here as numbers: 'e' alone is dropped.
+  std::erase_if(out, [](const std::string& n) { return n.find_first_of("0123456789") == std::string::npos; });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every generated number parses to a finite double; unbounded integers are exact doubles") {
+  CHECK_FALSE(Prefix(R"({"type":"number"})", "77998E556"));
+  CHECK_FALSE(Prefix(R"({"type":"number"})", "1e308"));  // 1 digit + 308 > 308: conservative (1e308 is finite)
+  CHECK(Accepts(R"({"type":"number"})", "9.99e307"));
+  CHECK(Accepts(R"({"type":"number"})", "123456789012345e293"));
+  CHECK_FALSE(Prefix(R"({"type":"number"})", "123456789012345e294"));
+  CHECK(Accepts(R"({"type":"number"})", "1e-999"));  // underflows to 0: finite
+  CHECK(Accepts(R"({"type":"number"})", "-5E+300"));
+  // Random walks over byte and k3-tiny vocabularies, biased towards exponents.
+  const Vocabulary tiny = Vocabulary::FromTokenizer(Tiny());
+  std::mt19937_64 rng(26);
+  const char* schemas[] = {R"({"type":"array","items":{"type":"number"},"minItems":1})",
+                           R"({"type":"array","items":{"type":"integer"},"minItems":1})", R"({})",
+                           R"({"type":"object","additionalProperties":{"type":"number"}})"};
+  int numbers = 0, exponents = 0;
+  for (const Vocabulary* v : {&Bytes(), static_cast<const Vocabulary*>(&tiny)}) {
+    for (const char* js : schemas) {
+      const bool integers = std::string(js).find("integer") != std::string::npos;
+      auto s = Schema::CompileOrThrow(js);
+      for (int walk = 0; walk < 60; ++walk) {
+        TokenConstraint c(s, *v);
+        std::vector<uint64_t> m;
+        for (int step = 0; step < 80 && !c.Complete(); ++step) {
+          if (step > 60 && c.Accepting()) break;
+          c.AllowedMask(m);
+          std::vector<uint32_t> ok, numeric;
+          for (uint32_t id = 0; id < v->vocab_size(); ++id) {
+            if (!Bit(m, id)) continue;
+            ok.push_back(id);
+            std::string_view b = v->TokenBytes(id);
+            if (b.find_first_of("0123456789eE") != std::string_view::npos) numeric.push_back(id);
+          }
+          REQUIRE(!ok.empty());
+          const auto& pool = !numeric.empty() && rng() % 4 != 0 ? numeric : ok;
+          c.Advance(pool[rng() % pool.size()]);
+        }
+        for (const std::string& n : NumbersIn(c.text())) {
+          errno = 0;
+          const double d = std::strtod(n.c_str(), nullptr);
+          CHECK_MESSAGE(std::isfinite(d), n << " in " << c.text());
+          if (integers && c.Accepting()) CHECK_MESSAGE(std::fabs(d) <= 9007199254740992.0, n);
+          ++numbers;
+          exponents += n.find_first_of("eE") != std::string::npos;
+        }
+      }
+    }
+  }
+  CHECK(numbers > 500);
+  CHECK(exponents > 50);
+}
+
+TEST_CASE("oneOf: an enum beside a schema that refuses its values is exclusive (Qwen Code)") {
+  const char* s = R"({"oneOf":[{"type":"string","enum":["all"]},{"type":"string","pattern":"^[1-9][0-9]*$"}]})";
+  CHECK(Accepts(s, R"("all")"));
+  CHECK(Accepts(s, R"("12")"));
+  CHECK_FALSE(Accepts(s, R"("0")"));
+  CHECK(Accepts(R"({"oneOf":[{"const":5},{"type":"integer","minimum":6}]})", "5"));
+  // The enum value matches the other alternative: still refused when strict...
+  auto e = CompileError(R"({"oneOf":[{"enum":["7"]},{"type":"string","pattern":"^[0-9]+$"}]})");
+  CHECK(e.object() == "oneOf");
+  // ... and read as anyOf when not.
+  auto r = Relaxed(R"({"oneOf":[{"enum":["7"]},{"type":"string","pattern":"^[0-9]+$"}]})");
+  REQUIRE(Note(r, "oneOf") != nullptr);
+  CHECK(Note(r, "oneOf")->pointer == "/");
+  CHECK(Accepts(r, R"("7")"));
+  CHECK(Accepts(r, R"("8")"));
+}
+
+TEST_CASE("allOf merges, and type beside allOf/anyOf/$ref (Claude Code, zod)") {
+  const char* both = R"({"type":"object","allOf":[{"properties":{"a":{"type":"string"}},"required":["a"]},
+                                                   {"properties":{"b":{"type":"integer","maximum":5}}}]})";
+  CHECK(Accepts(both, R"({"a":"x","b":1})"));
+  CHECK(Accepts(both, R"({"b":2,"a":"x"})"));
+  CHECK_FALSE(Accepts(both, R"({"b":1})"));
+  CHECK_FALSE(Prefix(both, R"({"a":"x","b":6)"));
+  // additionalProperties false in one member refuses the other's keys (the allOf rule).
+  const char* closed = R"({"allOf":[{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":false},
+                                    {"properties":{"b":{"type":"integer"}}}]})";
+  CHECK(Accepts(closed, R"({"a":"x"})"));
+  CHECK_FALSE(Prefix(closed, R"({"b)"));
+  // A property in both: its value meets both.
+  const char* narrow = R"({"allOf":[{"properties":{"n":{"type":"integer","minimum":0}}},{"properties":{"n":{"maximum":9}},"required":["n"]}]})";
+  CHECK(Accepts(narrow, R"({"n":9})"));
+  CHECK_FALSE(Prefix(narrow, R"({"n":10)"));
+  CHECK_FALSE(Prefix(narrow, R"({"n":-1)"));
+  // Two .regex() on one string: both patterns.
+  const char* two = R"({"type":"string","allOf":[{"pattern":"^[a-z]+$"},{"pattern":"x"}]})";
+  CHECK(Accepts(two, R"("abxc")"));
+  CHECK_FALSE(Accepts(two, R"("abc")"));
+  CHECK_FALSE(Prefix(two, R"("aX)"));
+  CHECK(Accepts(R"({"pattern":"^a","allOf":[{"pattern":"b$"}],"minLength":3})", R"("aab")"));
+  CHECK_FALSE(Accepts(R"({"pattern":"^a","allOf":[{"pattern":"b$"}],"minLength":3})", R"("ab")"));
+  // anyOf beside other keywords: each alternative gets them.
+  const char* dist = R"({"type":"object","properties":{"k":{"type":"integer"}},"required":["k"],
+                         "anyOf":[{"properties":{"x":{"type":"string"}},"required":["x"]},{"properties":{"y":{"type":"boolean"}},"required":["y"]}]})";
+  CHECK(Accepts(dist, R"({"k":1,"x":"s"})"));
+  CHECK(Accepts(dist, R"({"y":true,"k":1})"));
+  CHECK_FALSE(Accepts(dist, R"({"x":"s"})"));
+  // A $ref beside a description and a type (pydantic), and beside bounds.
+  const char* ref = R"({"$defs":{"N":{"type":"integer","minimum":0}},"type":"object",
+                        "properties":{"a":{"$ref":"#/$defs/N","maximum":3,"description":"d"}},"required":["a"]})";
+  CHECK(Accepts(ref, R"({"a":3})"));
+  CHECK_FALSE(Prefix(ref, R"({"a":4)"));
+  // Types intersect; an empty intersection can match nothing.
+  CHECK(Accepts(R"({"allOf":[{"type":["integer","string"]},{"type":"number"}]})", "7"));
+  CHECK_FALSE(Prefix(R"({"allOf":[{"type":["integer","string"]},{"type":"number"}]})", "\""));
+  CHECK(CompileError(R"({"allOf":[{"type":"string"},{"type":"number"}]})").code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"allOf":[{"const":1},{"const":2}]})").code() == k3::ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("propertyNames, tuples, multipleOf, format") {
+  // z.record(z.string().regex(...), z.number())
+  const char* rec = R"({"type":"object","propertyNames":{"pattern":"^[a-z]+$"},"additionalProperties":{"type":"number"}})";
+  CHECK(Accepts(rec, R"({"ab":1,"c":2.5})"));
+  CHECK_FALSE(Prefix(rec, R"({"aB)"));
+  // z.record(z.enum([...]), ...): the values become optional declared keys.
+  const char* keys = R"({"type":"object","propertyNames":{"enum":["a","b"]},"additionalProperties":{"type":"boolean"}})";
+  CHECK(Accepts(keys, R"({"b":true,"a":false})"));
+  CHECK_FALSE(Prefix(keys, R"({"c)"));
+  CHECK_FALSE(Prefix(keys, R"({"a":true,"a)"));
+  // Declared keys propertyNames refuses cannot appear (or, required, leave nothing).
+  CHECK_FALSE(Prefix(R"({"properties":{"AB":{}},"propertyNames":{"maxLength":1}})", R"({"A)"));
+  CHECK(CompileError(R"({"properties":{"AB":{}},"required":["AB"],"propertyNames":{"maxLength":1}})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  // Tuples: prefixItems + items, and draft 7's array items + additionalItems.
+  const char* tup = R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false,"minItems":2})";
+  CHECK(Accepts(tup, R"(["a",1])"));
+  CHECK_FALSE(Prefix(tup, R"([1)"));
+  CHECK_FALSE(Prefix(tup, R"(["a",1,)"));
+  CHECK_FALSE(Accepts(tup, R"(["a"])"));
+  const char* d7 = R"({"type":"array","items":[{"type":"boolean"}],"additionalItems":{"type":"null"}})";
+  CHECK(Accepts(d7, "[true,null,null]"));
+  CHECK(Accepts(d7, "[]"));
+  CHECK_FALSE(Prefix(d7, "[true,1"));
+  CHECK(CompileError(R"({"type":"array","prefixItems":[{}],"items":false,"minItems":2})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  // multipleOf: integers, exact with bounds; "number" generates integer multiples.
+  const char* five = R"({"type":"integer","multipleOf":5,"minimum":3,"maximum":22})";
+  for (const char* v : {"5", "10", "15", "20"}) CHECK_MESSAGE(Accepts(five, v), v);
+  for (const char* v : {"3", "25", "0", "12"}) CHECK_MESSAGE(!Accepts(five, v), v);
+  CHECK_FALSE(Prefix(five, "4"));
+  CHECK(Prefix(five, "1"));
+  CHECK(Accepts(R"({"type":"number","multipleOf":3})", "-9"));
+  CHECK_FALSE(Prefix(R"({"type":"number","multipleOf":3})", "9."));
+  CHECK_FALSE(Accepts(R"({"type":"integer","multipleOf":7})", "15"));
+  CHECK(CompileError(R"({"type":"integer","multipleOf":10,"minimum":1,"maximum":9})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  // format as a pattern (validators do not assert it, so this only narrows).
+  CHECK(Accepts(R"({"type":"string","format":"date"})", R"("2024-02-28")"));
+  CHECK_FALSE(Accepts(R"({"type":"string","format":"date"})", R"("2024-13-01")"));
+  CHECK(Accepts(R"({"type":"string","format":"date-time"})", R"("2024-02-28T12:30:00.5Z")"));
+  CHECK(Accepts(R"({"type":"string","format":"uuid"})", R"("123e4567-e89b-12d3-a456-426614174000")"));
+  CHECK_FALSE(Prefix(R"({"type":"string","format":"ipv4"})", R"("256)"));
+  CHECK(Accepts(R"({"type":"string","format":"email"})", R"("a.b@example.com")"));
+  CHECK(Accepts(R"({"type":"string","format":"uri"})", R"("https://example.com/a?b=1")"));
+  CHECK(Accepts(R"({"type":"string","format":"hostname"})", R"("anything")"));  // unknown formats: annotations
+  // A format the pattern leaves no room for is not enforced (never a refusal).
+  CHECK(Accepts(R"({"type":"string","format":"date","pattern":"^x$"})", R"("x")"));
+}
+
+TEST_CASE("not strict: what cannot be enforced is relaxed to a superset, and noted") {
+  struct Case {
+    const char* schema;
+    const char* keyword;
+    const char* pointer;
+    std::vector<const char*> valid;  // valid under the original schema: the relaxed automaton accepts them
+  };
+  const std::vector<Case> cases = {
+      {R"({"type":"string","pattern":"^(?!\\.)[a-z.]+$"})", "pattern", "/", {R"("a.b")"}},
+      {R"({"type":"string","pattern":"^(\\p{Extended_Pictographic}|\\p{Emoji_Component})+$"})", "pattern", "/",
+       {"\"\xF0\x9F\x98\x80\""}},
+      {R"({"type":"object","properties":{"w":{"type":"string","pattern":"\\bx\\b"}}})", "pattern", "/properties/w", {R"({"w":"a x b"})"}},
+      {R"({"type":"string","pattern":"(?i)abc"})", "pattern", "/", {R"("ABC")"}},
+      {R"({"oneOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})", "oneOf", "/", {R"({"a":1})"}},
+      {R"({"type":"object","patternProperties":{"^x":{"type":"integer"}},"additionalProperties":false})", "patternProperties", "/", {R"({"x1":5})", "{}"}},
+      {R"({"type":"array","items":{"type":"object"},"uniqueItems":true})", "uniqueItems", "/", {R"([{},{"a":1}])"}},
+      {R"({"type":"number","multipleOf":0.01})", "multipleOf", "/", {"0.07", "3"}},
+      {R"({"type":"integer","minimum":1e20})", "minimum", "/", {}},
+      {R"({"type":"integer","exclusiveMinimum":true,"minimum":3})", "exclusiveMinimum", "/", {"4"}},
+      {R"({"if":{"type":"string"},"then":{"minLength":2},"not":{"type":"null"}})", "if", "/", {R"("ab")", "1"}},
+      {R"({"$ref":"https://example.com/s.json"})", "$ref", "/", {"1", R"({"a":[]})"}},
+      {R"({"type":"strin"})", "schema", "/", {"1"}},
+      {R"({"type":"integer","minimum":3,"maximum":2})", "schema", "/", {}},
+      {R"({"frobnicate":1,"type":"boolean"})", "frobnicate", "/", {"true"}},
+  };
+  for (const Case& c : cases) {
+    CHECK_THROWS_AS(Schema::CompileOrThrow(c.schema), k3::Error);  // strict: refused as before
+    CompiledSchema r = Relaxed(c.schema);
+    const auto* note = Note(r, c.keyword);
+    REQUIRE_MESSAGE(note != nullptr, c.schema);
+    CHECK_MESSAGE(note->pointer == c.pointer, c.schema << " " << note->pointer);
+    CHECK_FALSE(note->what.empty());
+    for (const char* v : c.valid) CHECK_MESSAGE(Accepts(r, v), c.schema << " " << v);
+  }
+  // What the subset enforces stays enforced beside a relaxed keyword.
+  CompiledSchema mixed = Relaxed(R"({"type":"object","properties":{"n":{"type":"integer","maximum":3},
+                                     "s":{"type":"string","pattern":"^(?=a)a+$"}},"required":["n"],"not":{}})");
+  CHECK(Accepts(mixed, R"({"n":3,"s":"aa"})"));
+  CHECK_FALSE(Prefix(mixed, R"({"n":4)"));
+  CHECK_FALSE(Prefix(mixed, R"({"n":1,"s":"b)"));
+  CHECK_FALSE(Accepts(mixed, R"({"s":"a"})"));
+  // A strict compile notes nothing; a supported schema relaxes nothing.
+  CHECK(Schema::CompileOrThrow(R"({"type":"string"})").relaxations().empty());
+  CHECK(Relaxed(R"({"type":"object","properties":{"a":{"anyOf":[{"type":"string"},{"type":"null"}]}}})")
+            .relaxations()
+            .empty());
 }

@@ -22,6 +22,10 @@ enum NumLex : uint8_t { kN0, kNMinus, kNZero, kNInt, kNDot, kNFrac, kNE, kNESign
 // correctly rounded double a JSON parser reads.
 constexpr int kMaxBoundedDigits = 15;
 
+// An unbounded number's mantissa digits plus its positive exponent stay within
+// this, so that every value is below 10^308 < DBL_MAX: finite in every parser.
+constexpr uint32_t kMaxDecimalExp = 308;
+
 constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                              1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
@@ -54,7 +58,20 @@ bool Meets(const SchemaNode& n, double a, bool a_closed, double b, bool b_closed
   return lo < hi || (lo == hi && lo_closed && hi_closed);
 }
 
-bool MeetsInt(const SchemaNode& n, int64_t a, int64_t b) { return std::max(a, n.ilo) <= std::min(b, n.ihi); }
+// Some integer of [a, b] meets the node's bounds (and is a multiple of its multipleOf).
+bool MeetsInt(const SchemaNode& n, int64_t a, int64_t b) {
+  const int64_t lo = std::max(a, n.ilo), hi = std::min(b, n.ihi);
+  if (lo > hi) return false;
+  if (n.multiple <= 1) return true;
+  __int128 r = __int128(lo) % n.multiple;
+  if (r < 0) r += n.multiple;
+  return r == 0 || __int128(lo) + (n.multiple - r) <= hi;
+}
+
+// The array's schema for its item at `index` (a tuple's position, or items).
+uint32_t ItemNode(const SchemaNode& n, uint32_t index) {
+  return index < n.prefix.size() ? n.prefix[index] : n.items;
+}
 
 double NumberValue(const Frame& f) {
   double mant = double(f.bits2 * uint64_t(kPow10[f.nd_frac]) + f.frac);
@@ -419,10 +436,10 @@ bool Matcher::NextBytes(const State& s, uint64_t set[4]) const {
   }
   if (n.kind == NodeKind::kArray) {
     switch (f.phase) {
-      case kArrOpen: add(']'); add_first(n.items); return true;
+      case kArrOpen: add(']'); add_first(ItemNode(n, 0)); return true;
       case kArrAfterValue: add(','); add(']'); return true;
       case kArrCommaSpace: add(' '); return true;
-      case kArrComma: add_first(n.items); return true;
+      case kArrComma: add_first(ItemNode(n, f.count)); return true;
     }
     return false;
   }
@@ -563,7 +580,7 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
         m.phase = kArrAfterValue;
         m.count = 1;
       }
-      StartValue(s, n.items, b, out, f.bits);
+      StartValue(s, ItemNode(n, 0), b, out, f.bits);
       return R::kOut;
     case kArrAfterValue:
       // A uniqueItems array may add an item only while a value is left unused.
@@ -582,7 +599,7 @@ Matcher::R Matcher::StepArray(State& s, uint8_t b, std::vector<State>& out) {
       Frame& m = Modify(s);
       m.phase = kArrAfterValue;
       m.count = f.count + 1;
-      StartValue(s, n.items, b, out, f.bits);
+      StartValue(s, ItemNode(n, f.count), b, out, f.bits);
       return R::kOut;
     }
   }
@@ -680,20 +697,22 @@ Matcher::R Matcher::StepNumber(State& s, uint8_t b) {
       consumed = false;
       break;
     case kNE:
-      if (b == '+' || b == '-') { g.lex = kNESign; break; }
-      if (IsDigit(b)) { g.lex = kNExp; g.nd_exp = 1; break; }
-      return R::kFail;
+      if (b == '+' || b == '-') { g.lex = kNESign; g.pos = b == '-'; break; }
+      [[fallthrough]];
     case kNESign:
-      if (!IsDigit(b)) return R::kFail;
-      g.lex = kNExp;
-      g.nd_exp = 1;
-      break;
     case kNExp:
       if (IsDigit(b)) {
-        if (f.nd_exp >= kMaxExpDigits) return R::kFail;
+        if (f.lex == kNExp && f.nd_exp >= kMaxExpDigits) return R::kFail;
+        // Every value stays finite: the mantissa is below 10^nd_int, so a
+        // positive exponent e with nd_int + e <= kMaxDecimalExp keeps it below
+        // 1e308 < DBL_MAX (a negative one can only underflow, to a finite value).
+        g.count = (f.lex == kNExp ? f.count * 10 : 0) + uint32_t(b - '0');
+        if (!g.pos && f.nd_int + g.count > kMaxDecimalExp) return R::kFail;
+        g.lex = kNExp;
         ++g.nd_exp;
         break;
       }
+      if (f.lex != kNExp) return R::kFail;
       consumed = false;
       break;
     default:
@@ -715,7 +734,7 @@ bool Matcher::NumberEndOk(const SchemaNode& n, const Frame& f) const {
   if (n.integer) {
     int64_t v = int64_t(f.bits2);
     if (f.neg) v = -v;
-    return v >= n.ilo && v <= n.ihi;
+    return v >= n.ilo && v <= n.ihi && (n.multiple <= 1 || v % n.multiple == 0);
   }
   double v = NumberValue(f);
   return Meets(n, v, true, v, true);

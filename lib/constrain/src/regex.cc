@@ -91,7 +91,10 @@ struct Node {
 
 class Parser {
  public:
-  explicit Parser(std::string_view p) {
+  // relax: zero-width assertions (lookaround, \b, \B, a misplaced ^) match
+  // the empty string, \p{..} any code point, a backreference any text, and
+  // named groups are plain groups; left_out() says what was relaxed.
+  Parser(std::string_view p, bool relax) : relax_(relax) {
     // Decode UTF-8 (the schema parser has already validated the JSON string).
     for (size_t i = 0; i < p.size();) {
       uint8_t b = uint8_t(p[i]);
@@ -165,7 +168,10 @@ class Parser {
     while (!AtEnd() && !Peek('|') && !Peek(')')) {
       if (Peek('$')) {
         if (depth == 0) break;  // the caller checks that it ends a branch
-        Refuse("'$' inside a group (anchors only at the ends)");
+        if (!relax_) Refuse("'$' inside a group (anchors only at the ends)");
+        ++i_;
+        LeaveOut("anchors inside the pattern");
+        continue;
       }
       Node atom = ParseAtom(depth);
       cat.kids.push_back(ParseQuantifier(std::move(atom)));
@@ -279,6 +285,13 @@ class Parser {
     // One class atom: a code point (true) or a shorthand.
     auto atom = [&](uint32_t& cp, Shorthand& sh) -> bool {
       uint32_t c = Take();
+      if (c == '\\' && relax_ && (Peek('p') || Peek('P'))) {
+        ++i_;
+        SkipPropertyName();
+        LeaveOut("unicode property classes");
+        sh.sure = sh.maybe = {{0, kMaxCp}};
+        return false;
+      }
       if (c == '\\') return Escape(true, cp, sh);
       if (c == '[') Refuse("'[' inside a class (a nested set in newer engines: escape it)");
       cp = c;
@@ -311,31 +324,70 @@ class Parser {
     uint32_t c = Take();
     switch (c) {
       case '(': {
+        bool assertion = false;
         if (Peek('?')) {
           ++i_;
           uint32_t k = Take();
-          if (k == '=' || k == '!') Refuse("lookahead is not supported");
-          if (k == '<' && (Peek('=') || Peek('!'))) Refuse("lookbehind is not supported");
-          if (k == '<' || k == 'P') Refuse("named groups are spelled differently by ECMA-262 and Python (use (?:...))");
-          if (k != ':') Refuse("inline flags and other (?...) groups are not supported");
+          if (k == '=' || k == '!') {
+            LeaveOut("lookahead");
+            assertion = true;
+          } else if (k == '<' && (Peek('=') || Peek('!'))) {
+            LeaveOut("lookbehind");
+            ++i_;
+            assertion = true;
+          } else if (k == 'P' && Peek('=')) {
+            LeaveOut("backreferences");
+            while (Take() != ')') {
+            }
+            return AnyText();
+          } else if (k == '<' || k == 'P') {
+            if (!relax_) Refuse("named groups are spelled differently by ECMA-262 and Python (use (?:...))");
+            if (k == 'P' && Take() != '<') Refuse("a named group (?P<name>...) needs its name");
+            while (Take() != '>') {
+            }
+          } else if (k != ':') {
+            Refuse("inline flags and other (?...) groups are not supported");
+          }
         }
         if (depth >= 64) Refuse("groups nested deeper than 64");
         Node inner = ParseAlt(depth + 1);
         if (!Peek(')')) Refuse("an unterminated group '('");
         ++i_;
-        return inner;
+        return assertion ? Empty() : inner;
       }
       case '[': return ParseClass();
       case '.':
         // No line terminator of either engine.
         return SetNode(Complement(Normalize({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}})));
       case '\\': {
+        if (relax_ && !AtEnd()) {
+          const uint32_t k = cps_[i_];
+          if (k == 'b' || k == 'B') {
+            ++i_;
+            LeaveOut("word boundaries");
+            return Empty();
+          }
+          if (k == 'p' || k == 'P') {
+            ++i_;
+            SkipPropertyName();
+            LeaveOut("unicode property classes");
+            return SetNode({{0, kMaxCp}});
+          }
+          if (k >= '1' && k <= '9') {
+            while (!AtEnd() && cps_[i_] >= '0' && cps_[i_] <= '9') ++i_;
+            LeaveOut("backreferences");
+            return AnyText();
+          }
+        }
         uint32_t cp;
         Shorthand sh;
         if (Escape(false, cp, sh)) return SetNode({{cp, cp}});
         return SetNode(sh.sure);
       }
-      case '^': Refuse("'^' only at the start of the pattern or of a top-level alternative");
+      case '^':
+        if (!relax_) Refuse("'^' only at the start of the pattern or of a top-level alternative");
+        LeaveOut("anchors inside the pattern");
+        return Empty();
       case '*': case '+': case '?': Refuse("a quantifier with nothing to repeat");
       case '{': Refuse("'{' must follow what it repeats (escape a literal brace)");
       case '}': case ']': Refuse(std::string("an unescaped '") + char(c) + "' (escape it)");
@@ -343,8 +395,38 @@ class Parser {
     }
   }
 
+  // Notes a construct a relaxed parse left out; refuses it when strict.
+  void LeaveOut(const std::string& what) {
+    if (!relax_) Refuse(what + " is not supported");
+    if (left_out_.find(what) == std::string::npos) left_out_ += (left_out_.empty() ? "" : "; ") + what;
+  }
+  static Node Empty() {
+    Node n;
+    n.kind = Node::kCat;
+    return n;
+  }
+  static Node AnyText() {
+    Node r;
+    r.kind = Node::kRepeat;
+    r.max = kInf;
+    r.kids.push_back(SetNode({{0, kMaxCp}}));
+    return r;
+  }
+  // \p{...} / \P{...} after the backslash and the letter.
+  void SkipPropertyName() {
+    if (!Peek('{')) Refuse("\\p needs {...}");
+    while (Take() != '}') {
+    }
+  }
+
+ public:
+  const std::string& left_out() const { return left_out_; }
+
+ private:
   std::vector<uint32_t> cps_;
   size_t i_ = 0;
+  bool relax_ = false;
+  std::string left_out_;
 };
 
 // ---- Thompson NFA ----
@@ -442,6 +524,84 @@ class NfaBuilder {
   }
 };
 
+// The common end of a DFA's construction (from a pattern, or an
+// intersection): edges only to states that can still accept (sorted by lo),
+// free states, and the length table for [min_len, max_len].
+std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
+                                            std::vector<std::vector<PatternDfa::Edge>> raw_edges, uint32_t min_len,
+                                            uint32_t max_len, uint64_t work) {
+  constexpr uint64_t kMaxWork = uint64_t{1} << 26;
+  auto charge = [&](uint64_t w) {
+    work += w;
+    if (work > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
+  };
+  auto dfa = std::make_shared<PatternDfa>();
+  const size_t n = accept.size();
+  dfa->edges.resize(n);
+  dfa->accept = std::move(accept);
+  dfa->free.assign(n, 0);
+  // Which states can reach acceptance at all (reverse reachability).
+  std::vector<std::vector<uint32_t>> rev(n);
+  for (size_t d = 0; d < n; ++d)
+    for (const PatternDfa::Edge& e : raw_edges[d]) rev[e.to].push_back(uint32_t(d));
+  std::vector<uint8_t> live(n, 0);
+  std::vector<uint32_t> stack;
+  for (size_t d = 0; d < n; ++d)
+    if (dfa->accept[d]) { live[d] = 1; stack.push_back(uint32_t(d)); }
+  while (!stack.empty()) {
+    uint32_t d = stack.back();
+    stack.pop_back();
+    for (uint32_t p : rev[d])
+      if (!live[p]) { live[p] = 1; stack.push_back(p); }
+  }
+  for (size_t d = 0; d < n; ++d) {
+    std::vector<PatternDfa::Edge>& out = dfa->edges[d];
+    for (const PatternDfa::Edge& e : raw_edges[d]) {
+      if (!live[e.to]) continue;
+      if (!out.empty() && out.back().to == e.to && out.back().hi + 1 == e.lo) out.back().hi = e.hi;
+      else out.push_back(e);
+    }
+    // Free: accepting, and all of [0, D7FF] and [E000, 10FFFF] loops here.
+    const auto& e = out;
+    dfa->free[d] = dfa->accept[d] && e.size() == 2 && e[0].lo == 0 && e[0].hi == 0xD7FF && e[0].to == d &&
+                   e[1].lo == 0xE000 && e[1].hi == kMaxCp && e[1].to == d;
+  }
+
+  // Lengths reaching acceptance: table_len covers min_len + n (a longer
+  // accepted path from s can be shortened by a cycle of at most n states
+  // while staying at or above any need <= min_len), or max_len + 1.
+  dfa->min_len = min_len;
+  dfa->max_len = max_len;
+  uint64_t t = uint64_t(min_len) + n + 1;
+  if (max_len != kUnboundedLen) t = std::min<uint64_t>(t, uint64_t(max_len) + 1);
+  if (t * n > kMaxPatternLengthBits)
+    Refuse("the pattern with minLength/maxLength " + std::to_string(min_len) + "/" +
+           (max_len == kUnboundedLen ? std::string("none") : std::to_string(max_len)) +
+           " would need a length table beyond " + std::to_string(kMaxPatternLengthBits) + " bits");
+  size_t num_edges = 0;
+  for (const auto& e : dfa->edges) num_edges += e.size();
+  charge(t * (num_edges + n));  // the table below
+  dfa->table_len = uint32_t(t);
+  dfa->words = size_t((t + 63) / 64);
+  dfa->reach.assign(n * dfa->words, 0);
+  // Column by column: L = 0 is acceptance, L + 1 follows an edge.
+  std::vector<uint8_t> cur(n), next(n);
+  for (size_t d = 0; d < n; ++d) cur[d] = dfa->accept[d];
+  for (uint64_t l = 0; l < t; ++l) {
+    for (size_t d = 0; d < n; ++d)
+      if (cur[d]) dfa->reach[d * dfa->words + l / 64] |= uint64_t{1} << (l % 64);
+    if (l + 1 == t) break;
+    for (size_t d = 0; d < n; ++d) {
+      uint8_t any = 0;
+      for (const PatternDfa::Edge& e : dfa->edges[d])
+        if (cur[e.to]) { any = 1; break; }
+      next[d] = any;
+    }
+    cur.swap(next);
+  }
+  return dfa;
+}
+
 }  // namespace
 
 int32_t PatternDfa::Next(uint32_t s, uint32_t cp) const {
@@ -474,11 +634,13 @@ int64_t PatternDfa::BestLen(uint32_t s, uint32_t count) const {
   return -1;
 }
 
-std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len, uint32_t max_len) {
+std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len, uint32_t max_len,
+                                                 bool relax, std::string* left_out) {
   if (pattern.size() > kMaxPatternBytes)
     Refuse("a pattern longer than " + std::to_string(kMaxPatternBytes) + " bytes");
-  Parser parser(pattern);
+  Parser parser(pattern, relax);
   std::vector<Parser::Branch> branches = parser.ParseTop();
+  if (left_out) *left_out = parser.left_out();
 
   // Unanchored search: a missing ^ or $ adds "any code points" on that side.
   NfaBuilder nb;
@@ -560,7 +722,6 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     return out;
   };
 
-  auto dfa = std::make_shared<PatternDfa>();
   std::map<std::vector<int32_t>, uint32_t> ids;
   std::vector<std::vector<int32_t>> sets;
   auto intern = [&](std::vector<int32_t> set) -> uint32_t {
@@ -604,73 +765,49 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     }
     raw_edges.push_back(std::move(row));
   }
-  const size_t n = sets.size();
-  dfa->edges.resize(n);
-  dfa->accept.assign(n, 0);
-  dfa->free.assign(n, 0);
-  for (size_t d = 0; d < n; ++d)
-    dfa->accept[d] = std::binary_search(sets[d].begin(), sets[d].end(), nfa_accept);
-  // Which states can reach acceptance at all (reverse reachability).
-  std::vector<std::vector<uint32_t>> rev(n);
-  for (size_t d = 0; d < n; ++d)
-    for (auto [k, to] : raw_edges[d]) rev[size_t(to)].push_back(uint32_t(d));
-  std::vector<uint8_t> live(n, 0);
-  std::vector<uint32_t> stack;
-  for (size_t d = 0; d < n; ++d)
-    if (dfa->accept[d]) { live[d] = 1; stack.push_back(uint32_t(d)); }
-  while (!stack.empty()) {
-    uint32_t d = stack.back();
-    stack.pop_back();
-    for (uint32_t p : rev[d])
-      if (!live[p]) { live[p] = 1; stack.push_back(p); }
+  std::vector<uint8_t> accept(sets.size());
+  std::vector<std::vector<PatternDfa::Edge>> edges(sets.size());
+  for (size_t d = 0; d < sets.size(); ++d) {
+    accept[d] = std::binary_search(sets[d].begin(), sets[d].end(), nfa_accept);
+    for (auto [k, to] : raw_edges[d]) edges[d].push_back({cuts[k], cuts[k + 1] - 1, uint32_t(to)});
   }
-  for (size_t d = 0; d < n; ++d) {
-    std::vector<PatternDfa::Edge>& out = dfa->edges[d];
-    for (auto [k, to] : raw_edges[d]) {
-      if (!live[size_t(to)]) continue;
-      const uint32_t lo = cuts[k], hi = cuts[k + 1] - 1;
-      if (!out.empty() && out.back().to == uint32_t(to) && out.back().hi + 1 == lo) out.back().hi = hi;
-      else out.push_back({lo, hi, uint32_t(to)});
-    }
-    // Free: accepting, and all of [0, D7FF] and [E000, 10FFFF] loops here.
-    const auto& e = out;
-    dfa->free[d] = dfa->accept[d] && e.size() == 2 && e[0].lo == 0 && e[0].hi == 0xD7FF && e[0].to == d &&
-                   e[1].lo == 0xE000 && e[1].hi == kMaxCp && e[1].to == d;
-  }
+  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, work);
+}
 
-  // Lengths reaching acceptance: table_len covers min_len + n (a longer
-  // accepted path from s can be shortened by a cycle of at most n states
-  // while staying at or above any need <= min_len), or max_len + 1.
-  dfa->min_len = min_len;
-  dfa->max_len = max_len;
-  uint64_t t = uint64_t(min_len) + n + 1;
-  if (max_len != kUnboundedLen) t = std::min<uint64_t>(t, uint64_t(max_len) + 1);
-  if (t * n > kMaxPatternLengthBits)
-    Refuse("the pattern with minLength/maxLength " + std::to_string(min_len) + "/" +
-           (max_len == kUnboundedLen ? std::string("none") : std::to_string(max_len)) +
-           " would need a length table beyond " + std::to_string(kMaxPatternLengthBits) + " bits");
-  size_t num_edges = 0;
-  for (const auto& e : dfa->edges) num_edges += e.size();
-  charge(t * (num_edges + n));  // the table below
-  dfa->table_len = uint32_t(t);
-  dfa->words = size_t((t + 63) / 64);
-  dfa->reach.assign(n * dfa->words, 0);
-  // Column by column: L = 0 is acceptance, L + 1 follows an edge.
-  std::vector<uint8_t> cur(n), next(n);
-  for (size_t d = 0; d < n; ++d) cur[d] = dfa->accept[d];
-  for (uint64_t l = 0; l < t; ++l) {
-    for (size_t d = 0; d < n; ++d)
-      if (cur[d]) dfa->reach[d * dfa->words + l / 64] |= uint64_t{1} << (l % 64);
-    if (l + 1 == t) break;
-    for (size_t d = 0; d < n; ++d) {
-      uint8_t any = 0;
-      for (const PatternDfa::Edge& e : dfa->edges[d])
-        if (cur[e.to]) { any = 1; break; }
-      next[d] = any;
+std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b, uint32_t min_len,
+                                                    uint32_t max_len) {
+  // The product automaton over the reachable pairs: on a code point both
+  // move, and a pair accepts when both do.
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> ids;
+  std::vector<std::pair<uint32_t, uint32_t>> pairs;
+  auto intern = [&](uint32_t x, uint32_t y) -> uint32_t {
+    auto [it, fresh] = ids.emplace(std::make_pair(x, y), uint32_t(pairs.size()));
+    if (fresh) {
+      if (pairs.size() >= kMaxPatternDfaStates)
+        Refuse("the patterns together would exceed " + std::to_string(kMaxPatternDfaStates) + " DFA states");
+      pairs.emplace_back(x, y);
     }
-    cur.swap(next);
+    return it->second;
+  };
+  intern(0, 0);
+  std::vector<uint8_t> accept;
+  std::vector<std::vector<PatternDfa::Edge>> edges;
+  uint64_t work = 0;
+  for (size_t d = 0; d < pairs.size(); ++d) {
+    const auto [x, y] = pairs[d];
+    accept.push_back(a.accept[x] && b.accept[y]);
+    const std::vector<PatternDfa::Edge>&ea = a.edges[x], &eb = b.edges[y];
+    std::vector<PatternDfa::Edge> row;
+    for (size_t i = 0, j = 0; i < ea.size() && j < eb.size();) {
+      const uint32_t lo = std::max(ea[i].lo, eb[j].lo), hi = std::min(ea[i].hi, eb[j].hi);
+      if (lo <= hi) row.push_back({lo, hi, intern(ea[i].to, eb[j].to)});
+      if (ea[i].hi < eb[j].hi) ++i;
+      else ++j;
+      ++work;
+    }
+    edges.push_back(std::move(row));
   }
-  return dfa;
+  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, work);
 }
 
 }  // namespace k3::constrain

@@ -32,11 +32,12 @@ const std::set<std::string_view> kAnnotations = {
 };
 // Keywords that constrain and are compiled here, grouped by the type they apply to.
 const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties",
-                                                 "minProperties", "maxProperties"};
-const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems"};
+                                                 "minProperties", "maxProperties", "propertyNames"};
+const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems", "prefixItems",
+                                                "additionalItems"};
 const std::set<std::string_view> kStringWords = {"minLength", "maxLength", "pattern"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
-                                                 "exclusiveMaximum"};
+                                                 "exclusiveMaximum", "multipleOf"};
 const std::set<std::string_view> kOtherWords = {"type", "enum", "const", "anyOf", "oneOf", "allOf",
                                                 "$ref"};
 
@@ -123,6 +124,8 @@ void AppendValue(std::string& out, element e, bool python) {
 void AppendCompact(std::string& out, element e) { AppendValue(out, e, false); }
 
 // Which JSON type a compact literal text has ("integer" counts as "number" too).
+bool IsDigitChar(char c) { return c >= '0' && c <= '9'; }
+
 bool LiteralHasType(const std::string& lit, std::string_view type) {
   char c = lit[0];
   if (type == "object") return c == '{';
@@ -140,6 +143,29 @@ bool LiteralHasType(const std::string& lit, std::string_view type) {
   return false;
 }
 
+// `format` values enforced as patterns (of the regex subset; each accepts a
+// subset of what the format allows, e.g. ipv6 only in its full 8-group form,
+// dates only with days every month has). Validators do not assert format by
+// default, so this narrows what k3 generates and never widens it.
+const char* FormatPattern(std::string_view format) {
+  static const std::map<std::string_view, const char*> kFormats = {
+      {"date", "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|"
+               "02-(?:0[1-9]|1[0-9]|2[0-8]))$"},
+      {"time", "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"},
+      {"date-time", "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|"
+                    "02-(?:0[1-9]|1[0-9]|2[0-8]))T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
+                    "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"},
+      {"email", "^[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                "(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,24}$"},
+      {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+      {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})+$"},
+      {"ipv4", "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$"},
+      {"ipv6", "^(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}$"},
+  };
+  auto it = kFormats.find(format);
+  return it == kFormats.end() ? nullptr : it->second;
+}
+
 // Thrown where a recursive $ref would nest deeper than the unrolling allows:
 // that copy of the reference is the schema false. Caught where false is
 // harmless (an optional property, an anyOf alternative, array items with no
@@ -150,7 +176,18 @@ struct RecursionCut {};
 class Compiler {
  public:
   // max_recursion: how many times a recursive $ref may be expanded inside itself.
-  Compiler(element root, int max_recursion) : root_(root), max_recursion_(max_recursion) {}
+  // relax: a non-strict compile (CompileOptions::strict false).
+  Compiler(element root, int max_recursion, bool relax)
+      : root_(root), max_recursion_(max_recursion), relax_(relax) {}
+
+  // A keyword the subset cannot enforce as written: strict, kUnsupported
+  // naming it; otherwise noted, and the caller relaxes it as `action` says.
+  void Relaxed(const std::string& keyword, const std::string& ptr, const std::string& why,
+               const std::string& action) {
+    if (!relax_) Unsupported(keyword, ptr, why);
+    if (notes_.size() < 64) notes_.push_back({keyword, Where(ptr), action + ": " + why});
+  }
+  std::vector<Relaxation> TakeNotes() { return std::move(notes_); }
 
   uint32_t CompileRoot() {
     // The root is the target of "#": a "#" inside it is a re-entry.
@@ -198,6 +235,13 @@ class Compiler {
     for (uint32_t x : alts) SetFirst(x);
     FillUnion(uint32_t(any_), alts, "", "anyOf");
     return uint32_t(any_);
+  }
+
+  // Any JSON object (the object alternative of AnyNode).
+  uint32_t AnyObject() {
+    for (uint32_t a : nodes_[AnyNode()].alts)
+      if (nodes_[a].kind == NodeKind::kObject) return a;
+    throw Error(ErrorCode::kInternal, "the any-value union has no object");
   }
 
   uint32_t StringNode(uint32_t min_len, uint32_t max_len) {
@@ -272,6 +316,35 @@ class Compiler {
           if (la == lb) return false;
       return true;
     };
+    // A literal set beside another alternative: disjoint when the other's
+    // automaton refuses every literal, for literals whose acceptance k3 judges
+    // as every validator does (printable-ASCII strings, true/false/null, short
+    // integers) and an alternative k3 does not narrow (no `format` pattern).
+    auto exact_literal = [](const std::string& l) {
+      if (l == "true" || l == "false" || l == "null") return true;
+      if (l[0] == '"') {
+        for (char c : l)
+          if (uint8_t(c) < 0x20 || uint8_t(c) > 0x7E) return false;
+        return true;
+      }
+      if (l.size() > 16) return false;
+      for (size_t i = 0; i < l.size(); ++i)
+        if (!(IsDigitChar(l[i]) || (i == 0 && l[i] == '-'))) return false;
+      return true;
+    };
+    auto literals_refused = [&](const SchemaNode& lits, uint32_t other) {
+      const SchemaNode& x = nodes_[other];
+      if (x.format_narrowed || x.kind == NodeKind::kUnion) return false;
+      for (const std::string& l : lits.literals)
+        if (!exact_literal(l) || AcceptsText(other, l)) return false;
+      return true;
+    };
+    auto discriminated_idx = [&](uint32_t ia, uint32_t ib) {
+      const SchemaNode &a = nodes_[ia], &b = nodes_[ib];
+      if (a.kind == NodeKind::kLiterals && b.kind != NodeKind::kLiterals) return literals_refused(a, ib);
+      if (b.kind == NodeKind::kLiterals && a.kind != NodeKind::kLiterals) return literals_refused(b, ia);
+      return false;
+    };
     auto discriminated = [&](const SchemaNode& a, const SchemaNode& b) {
       if (a.kind == NodeKind::kLiterals && b.kind == NodeKind::kLiterals) return disjoint_literals(a, b);
       if (a.kind != NodeKind::kObject || b.kind != NodeKind::kObject) return false;
@@ -287,10 +360,14 @@ class Compiler {
     for (size_t i = 0; i < alts.size(); ++i)
       for (size_t j = i + 1; j < alts.size(); ++j) {
         const SchemaNode &a = nodes_[alts[i]], &b = nodes_[alts[j]];
-        if (overlap(a, b) && !discriminated(a, b))
-          Unsupported("oneOf", ptr, "alternatives " + std::to_string(i) + " and " + std::to_string(j) +
-                                        " could both match (they start alike and no required key with "
-                                        "distinct const/enum values tells them apart); anyOf is supported");
+        if (overlap(a, b) && !discriminated(a, b) && !discriminated_idx(alts[i], alts[j])) {
+          Relaxed("oneOf", ptr, "alternatives " + std::to_string(i) + " and " + std::to_string(j) +
+                                    " could both match (they start alike, no required key with distinct const/enum "
+                                    "values tells them apart, and they are not an enum beside a schema that refuses "
+                                    "its values); anyOf is supported",
+                  "read as anyOf");
+          return;
+        }
       }
   }
 
@@ -315,8 +392,10 @@ class Compiler {
       }
     }
     if (any_lits) alts.push_back(LiteralNode(lits, ptr, kw));
-    if (alts.size() > size_t(kMaxAlternatives))
-      Unsupported(kw, ptr, "more than " + std::to_string(kMaxAlternatives) + " alternatives");
+    if (alts.size() > size_t(kMaxAlternatives)) {
+      Relaxed(kw, ptr, "more than " + std::to_string(kMaxAlternatives) + " alternatives", "any value");
+      alts = nodes_[AnyNode()].alts;
+    }
     SchemaNode& un = nodes_[u];
     un.kind = NodeKind::kUnion;
     un.alts = alts;
@@ -338,7 +417,8 @@ class Compiler {
     if (e.type() != element_type::OBJECT) Corrupt(ptr, "a schema must be an object or a boolean");
     object o(e);
 
-    // Sort the keywords: refuse what is not supported, note what constrains.
+    // Sort the keywords: refuse (or, not strict, drop) what is not supported,
+    // note what constrains.
     std::set<std::string> constraints;
     for (auto field : o) {
       std::string_view k = field.key;
@@ -351,14 +431,10 @@ class Compiler {
       }
       static const std::map<std::string_view, std::string_view> kWhy = {
           {"patternProperties", "regular expressions are not compiled into the automaton"},
-          {"propertyNames", "key schemas are not supported"},
-          {"multipleOf", "divisibility is not expressible per byte"},
           {"not", "negation is not supported"},
           {"if", "conditionals are not supported"},
           {"then", "conditionals are not supported"},
           {"else", "conditionals are not supported"},
-          {"prefixItems", "tuples are not supported"},
-          {"additionalItems", "tuples are not supported"},
           {"contains", "array 'contains' is not supported"},
           {"minContains", "array 'contains' is not supported"},
           {"maxContains", "array 'contains' is not supported"},
@@ -371,19 +447,20 @@ class Compiler {
           {"$recursiveRef", "recursive references are not supported"},
       };
       auto it = kWhy.find(k);
-      Unsupported(std::string(k), ptr, it != kWhy.end() ? std::string(it->second) : "unknown keyword");
+      Relaxed(std::string(k), ptr, it != kWhy.end() ? std::string(it->second) : "unknown keyword", "dropped");
     }
+    // Without patternProperties, additionalProperties would apply to the keys
+    // it matched too: a non-strict compile drops both (any extra key).
+    const bool pattern_props = o["patternProperties"].error() == simdjson::SUCCESS;
+    if (pattern_props && constraints.erase("additionalProperties"))
+      Relaxed("additionalProperties", ptr, "beside the dropped 'patternProperties' it would refuse the keys that matched",
+              "dropped");
 
     if (constraints.count("uniqueItems")) {
       element v = o["uniqueItems"];
       if (v.type() != element_type::BOOL) Corrupt(ptr + "/uniqueItems", "must be a boolean");
       if (!bool(v)) constraints.erase("uniqueItems");  // true: compiled with the array below
     }
-
-    auto only = [&](const std::string& kw) {
-      for (auto& c : constraints)
-        if (c != kw) Unsupported(c, ptr, "'" + c + "' together with '" + kw + "' is not supported");
-    };
 
     if (constraints.count("enum") || constraints.count("const")) {
       std::vector<std::string> lits;  // compact texts
@@ -406,6 +483,10 @@ class Compiler {
         lits.clear();
         if (in_enum) lits.push_back(std::move(text));
       }
+      if (lits.size() > size_t(kMaxLiterals) && relax_) {
+        Relaxed(kw, ptr, "more than " + std::to_string(kMaxLiterals) + " values", "dropped");
+        return Compile(e, ptr, depth, true);
+      }
       bool others = false;
       for (auto& c : constraints) others = others || (c != "enum" && c != "const" && c != "type");
       if (!others) {
@@ -426,23 +507,32 @@ class Compiler {
       return LiteralNode(std::move(lits), ptr, kw, "satisfies the schema's other keywords");
     }
 
+    // allOf, and a combinator ($ref, anyOf, oneOf) beside other keywords, are
+    // merged into one schema (MergeAllOf) and compiled as that. An allOf of
+    // bare patterns (zod's two .regex()) stays: the string intersects them.
+    if (constraints.count("allOf") && IsPatternList(o)) {
+      constraints.erase("allOf");
+      constraints.insert("pattern");
+    }
+    {
+      size_t combinators = 0, rest = 0;
+      for (auto& c : constraints) {
+        if (c == "allOf" || c == "anyOf" || c == "oneOf" || c == "$ref") ++combinators;
+        else ++rest;
+      }
+      if (constraints.count("allOf") || (combinators >= 1 && combinators + rest >= 2)) {
+        element merged = MergeAllOf(o, ptr);
+        return Compile(merged, ptr, depth + 1, skip_literals);
+      }
+    }
+
     if (constraints.count("$ref")) {
-      only("$ref");
       element v = o["$ref"];
       if (v.type() != element_type::STRING) Corrupt(ptr + "/$ref", "must be a string");
       return CompileRef(std::string(std::string_view(v)), ptr, depth);
     }
-    if (constraints.count("allOf")) {
-      only("allOf");
-      element v = o["allOf"];
-      if (v.type() != element_type::ARRAY) Corrupt(ptr + "/allOf", "must be an array");
-      simdjson::dom::array arr(v);
-      if (arr.size() != 1) Unsupported("allOf", ptr, "only a single-schema allOf is supported");
-      return Compile(arr.at(0), ptr + "/allOf/0", depth + 1);
-    }
     if (constraints.count("anyOf") || constraints.count("oneOf")) {
       std::string kw = constraints.count("anyOf") ? "anyOf" : "oneOf";
-      only(kw);
       element v = o[kw];
       if (v.type() != element_type::ARRAY) Corrupt(ptr + "/" + kw, "must be an array");
       simdjson::dom::array arr(v);
@@ -471,8 +561,8 @@ class Compiler {
 
     std::vector<std::string> types = TypeList(o, ptr);
     if (types.empty()) {
-      // No type: the type-specific keywords present say which one (JSON Schema
-      // would accept other types too; generating only this one still validates).
+      // No type: the type-specific keywords present say which (JSON Schema
+      // would accept other types too; generating only these still validates).
       auto has_any = [&](const std::set<std::string_view>& words) {
         for (auto& c : constraints)
           if (words.count(c)) return true;
@@ -482,8 +572,6 @@ class Compiler {
       if (has_any(kArrayWords)) types.push_back("array");
       if (has_any(kStringWords)) types.push_back("string");
       if (has_any(kNumberWords)) types.push_back("number");
-      if (types.size() > 1)
-        Unsupported(*constraints.begin(), ptr, "keywords of several types without 'type'");
       if (types.empty()) return AnyNode();
     }
     if (types.size() == 1) return CompileTyped(o, types[0], ptr, depth);
@@ -499,6 +587,308 @@ class Compiler {
     if (alts.empty()) throw RecursionCut{};
     FillUnion(u, alts, ptr, "type");
     return u;
+  }
+
+  // ---- allOf: merging schemas into one (JSON text, parsed and compiled) ----
+  // A schema object as its keywords and their compact JSON texts, in order.
+  using Keywords = std::vector<std::pair<std::string, std::string>>;
+
+  static Keywords KeywordsOf(object o) {
+    Keywords k;
+    for (auto f : o) {
+      std::string text;
+      AppendCompact(text, f.value);
+      k.emplace_back(std::string(f.key), std::move(text));
+    }
+    return k;
+  }
+  static const std::string* Find(const Keywords& k, std::string_view key) {
+    for (auto& [name, text] : k)
+      if (name == key) return &text;
+    return nullptr;
+  }
+  static void Erase(Keywords& k, std::string_view key) {
+    std::erase_if(k, [&](const auto& kv) { return kv.first == key; });
+  }
+  static void Set(Keywords& k, const std::string& key, std::string text) {
+    for (auto& [name, t] : k)
+      if (name == key) { t = std::move(text); return; }
+    k.emplace_back(key, std::move(text));
+  }
+  static std::string TextOf(const Keywords& k) {
+    std::string out = "{";
+    for (auto& [name, text] : k) {
+      if (out.size() > 1) out += ',';
+      AppendJsonString(out, name, InvalidUtf8::kPassThrough);
+      out += ':';
+      out += text;
+    }
+    return out + "}";
+  }
+  static std::string AllOfText(const std::string& a, const std::string& b) {
+    if (a == "true" || a == "{}" || a == b) return b;
+    if (b == "true" || b == "{}") return a;
+    if (a == "false" || b == "false") return "false";
+    return "{\"allOf\":[" + a + "," + b + "]}";
+  }
+
+  // Parses merged text into a document this compiler keeps (elements point into it).
+  element Own(const std::string& text, const std::string& ptr) {
+    merged_bytes_ += text.size();
+    if (merged_bytes_ > kMaxSchemaBytes)
+      throw Error(ErrorCode::kUnsupported, "allOf at " + Where(ptr) + " merges into more than " +
+                                               std::to_string(kMaxSchemaBytes) + " bytes of schema",
+                  {}, Error::kNoOffset, "schema");
+    owned_.push_back(std::make_unique<simdjson::dom::parser>());
+    element out;
+    if (owned_.back()->parse(simdjson::padded_string(text)).get(out) != simdjson::SUCCESS)
+      throw Error(ErrorCode::kInternal, "merged schema does not parse: " + text.substr(0, 200));
+    return out;
+  }
+
+  // Whether every allOf member only holds `pattern` (and annotations): zod's
+  // two .regex() on one string, intersected by the string node.
+  static bool IsPatternList(object o) {
+    element v;
+    if (o["allOf"].get(v) != simdjson::SUCCESS || v.type() != element_type::ARRAY) return false;
+    simdjson::dom::array arr(v);
+    if (arr.size() == 0) return false;
+    for (element x : arr) {
+      if (x.type() != element_type::OBJECT) return false;
+      bool has = false;
+      for (auto f : object(x)) {
+        if (f.key == "pattern" && f.value.type() == element_type::STRING) has = true;
+        else if (!kAnnotations.count(f.key)) return false;
+      }
+      if (!has) return false;
+    }
+    return true;
+  }
+
+  // One schema equivalent to `o` (allOf members, a combinator beside other
+  // keywords): keywords merged by MergeTwo, non-recursive $refs inlined, and
+  // an anyOf/oneOf left at the end distributed over its alternatives
+  // ({"anyOf":[{"allOf":[rest, alt]}...]}). Strict: a keyword pair that cannot
+  // be merged exactly is refused ('allOf'); not strict: the first is kept
+  // (the merged schema is then a superset).
+  element MergeAllOf(object o, const std::string& ptr) {
+    std::vector<Keywords> parts;
+    std::vector<Keywords> todo = {KeywordsOf(o)};
+    size_t steps = 0;
+    while (!todo.empty()) {
+      Keywords k = std::move(todo.back());
+      todo.pop_back();
+      if (++steps > 256) {
+        Relaxed("allOf", ptr, "more than 256 schemas to merge", "the rest dropped");
+        break;
+      }
+      if (const std::string* all = Find(k, "allOf")) {
+        element arr = Own(*all, ptr);
+        if (arr.type() != element_type::ARRAY) Corrupt(ptr + "/allOf", "must be an array");
+        Erase(k, "allOf");
+        std::vector<Keywords> members;
+        for (element x : simdjson::dom::array(arr)) {
+          if (x.type() == element_type::BOOL) {
+            if (!bool(x)) Unsatisfiable(ptr, "an allOf member is false");
+            continue;
+          }
+          if (x.type() != element_type::OBJECT) Corrupt(ptr + "/allOf", "members must be schemas");
+          members.push_back(KeywordsOf(object(x)));
+        }
+        for (auto it = members.rbegin(); it != members.rend(); ++it) todo.push_back(std::move(*it));
+      }
+      if (const std::string* ref = Find(k, "$ref")) {
+        element r = Own(*ref, ptr);
+        const bool others = std::any_of(k.begin(), k.end(), [](const auto& kv) {
+          return kv.first != "$ref" && !kAnnotations.count(kv.first) && kv.first.substr(0, 2) != "x-";
+        });
+        if (r.type() == element_type::STRING && !std::string_view(r).empty() && std::string_view(r)[0] == '#' &&
+            !Cyclic(std::string(std::string_view(r))) && (others || !parts.empty() || !todo.empty())) {
+          element target = Resolve(std::string(std::string_view(r)), ptr);
+          Erase(k, "$ref");
+          if (target.type() == element_type::BOOL) {
+            if (!bool(target)) Unsatisfiable(ptr, "'$ref' resolves to false");
+          } else if (target.type() == element_type::OBJECT) {
+            todo.push_back(KeywordsOf(object(target)));
+          } else {
+            Corrupt(ptr + "/$ref", "resolves to a value that is not a schema");
+          }
+        }
+      }
+      parts.push_back(std::move(k));
+    }
+    Keywords merged;
+    for (Keywords& p : parts) merged = MergeTwo(std::move(merged), std::move(p), ptr);
+    // A recursive $ref beside other keywords is not inlined.
+    if (Find(merged, "$ref")) {
+      Keywords rest;
+      for (auto& kv : merged)
+        if (kv.first != "$ref" && !kAnnotations.count(kv.first) && kv.first.substr(0, 2) != "x-") rest.push_back(kv);
+      if (!rest.empty()) {
+        Relaxed("$ref", ptr, "a recursive reference beside other keywords is not merged with them",
+                "the other keywords dropped");
+        for (auto& kv : rest) Erase(merged, kv.first);
+      }
+    }
+    // anyOf / oneOf beside other keywords: each alternative gets the rest.
+    for (const char* kw : {"anyOf", "oneOf"}) {
+      const std::string* alts_text = Find(merged, kw);
+      if (!alts_text) continue;
+      Keywords rest;
+      Keywords annotations;
+      for (auto& kv : merged) {
+        if (kv.first == kw) continue;
+        if (kAnnotations.count(kv.first) || kv.first.substr(0, 2) == "x-") annotations.push_back(kv);
+        else rest.push_back(kv);
+      }
+      if (rest.empty()) break;
+      element alts = Own(*alts_text, ptr);
+      if (alts.type() != element_type::ARRAY) Corrupt(ptr + "/" + kw, "must be an array");
+      const std::string rest_text = TextOf(rest);
+      std::string list = "[";
+      for (element x : simdjson::dom::array(alts)) {
+        std::string t;
+        AppendCompact(t, x);
+        if (list.size() > 1) list += ',';
+        list += AllOfText(rest_text, t);
+      }
+      list += "]";
+      annotations.emplace_back(kw, list);
+      merged = std::move(annotations);
+      break;
+    }
+    return Own(TextOf(merged), ptr);
+  }
+
+  // Numbers of two texts (bounds and counts).
+  static double NumberOfText(const std::string& t) { return std::strtod(t.c_str(), nullptr); }
+
+  // Merges schema b into a (both plain keyword lists: no allOf left).
+  Keywords MergeTwo(Keywords a, Keywords b, const std::string& ptr) {
+    if (a.empty()) return b;
+    auto conflict = [&](const std::string& kw, const std::string& why) {
+      Relaxed("allOf", ptr, "'" + kw + "' in two merged schemas: " + why, "the first one kept");
+    };
+    // Object keywords go together: a key's value meets both schemas' property
+    // (or additionalProperties) schema.
+    const bool pa = Find(a, "patternProperties") != nullptr, pb = Find(b, "patternProperties") != nullptr;
+    const bool props_a = Find(a, "properties") || Find(a, "additionalProperties");
+    const bool props_b = Find(b, "properties") || Find(b, "additionalProperties");
+    if (props_a && props_b && (pa || pb)) {
+      conflict("patternProperties", "not merged with the other schema's properties");
+    } else if (props_a && props_b) {
+      Keywords pa_k, pb_k;
+      if (const std::string* t = Find(a, "properties")) pa_k = KeywordsOf(object(Own(*t, ptr)));
+      if (const std::string* t = Find(b, "properties")) pb_k = KeywordsOf(object(Own(*t, ptr)));
+      const std::string* add_a = Find(a, "additionalProperties");
+      const std::string* add_b = Find(b, "additionalProperties");
+      Keywords props;
+      for (auto& [key, sa] : pa_k) {
+        const std::string* sb = Find(pb_k, key);
+        props.emplace_back(key, AllOfText(sa, sb ? *sb : add_b ? *add_b : "true"));
+      }
+      for (auto& [key, sb] : pb_k)
+        if (!Find(pa_k, key)) props.emplace_back(key, AllOfText(add_a ? *add_a : "true", sb));
+      if (!props.empty()) Set(a, "properties", TextOf(props));
+      if (add_a || add_b) Set(a, "additionalProperties", AllOfText(add_a ? *add_a : "true", add_b ? *add_b : "true"));
+      Erase(b, "properties");
+      Erase(b, "additionalProperties");
+    }
+    std::vector<std::string> patterns;
+    for (auto& [key, tb] : b) {
+      const std::string* ta = Find(a, key);
+      if (!ta) {
+        a.emplace_back(key, tb);
+        continue;
+      }
+      if (*ta == tb || kAnnotations.count(key) || key.substr(0, 2) == "x-") continue;
+      if (key == "type") {
+        element x = Own(*ta, ptr), y = Own(tb, ptr);
+        auto list = [](element v) {
+          std::vector<std::string> out;
+          if (v.type() == element_type::STRING) out.emplace_back(std::string_view(v));
+          if (v.type() == element_type::ARRAY)
+            for (element t : simdjson::dom::array(v))
+              if (t.type() == element_type::STRING) out.emplace_back(std::string_view(t));
+          return out;
+        };
+        std::vector<std::string> xa = list(x), yb = list(y), both;
+        auto has = [](const std::vector<std::string>& v, const std::string& t) {
+          return std::find(v.begin(), v.end(), t) != v.end();
+        };
+        for (auto& t : xa) {
+          if (has(yb, t)) both.push_back(t);
+          else if (t == "integer" && has(yb, "number")) both.push_back(t);
+          else if (t == "number" && has(yb, "integer")) both.push_back("integer");
+        }
+        std::string text = "[";
+        for (auto& t : both) {
+          if (text.size() > 1) text += ',';
+          AppendJsonString(text, t, InvalidUtf8::kPassThrough);
+        }
+        Set(a, "type", text + "]");
+      } else if (key == "required") {
+        element x = Own(*ta, ptr), y = Own(tb, ptr);
+        std::vector<std::string> all;
+        for (element v : {x, y})
+          if (v.type() == element_type::ARRAY)
+            for (element r : simdjson::dom::array(v))
+              if (r.type() == element_type::STRING && std::find(all.begin(), all.end(), std::string_view(r)) == all.end())
+                all.emplace_back(std::string_view(r));
+        std::string text = "[";
+        for (auto& r : all) {
+          if (text.size() > 1) text += ',';
+          AppendJsonString(text, r, InvalidUtf8::kPassThrough);
+        }
+        Set(a, "required", text + "]");
+      } else if (key == "minimum" || key == "exclusiveMinimum" || key == "minLength" || key == "minItems" ||
+                 key == "minProperties") {
+        if (NumberOfText(tb) > NumberOfText(*ta)) Set(a, key, tb);
+      } else if (key == "maximum" || key == "exclusiveMaximum" || key == "maxLength" || key == "maxItems" ||
+                 key == "maxProperties") {
+        if (NumberOfText(tb) < NumberOfText(*ta)) Set(a, key, tb);
+      } else if (key == "uniqueItems") {
+        Set(a, key, "true");
+      } else if (key == "pattern") {
+        patterns.push_back(tb);
+      } else if (key == "items" || key == "propertyNames" || key == "additionalItems") {
+        Set(a, key, AllOfText(*ta, tb));
+      } else if (key == "enum" || key == "const") {
+        // enum: the values in both; const: two different ones leave none.
+        std::string text = "[";
+        if (key == "enum") {
+          element x = Own(*ta, ptr), y = Own(tb, ptr);
+          std::vector<std::string> ys;
+          if (y.type() == element_type::ARRAY)
+            for (element v : simdjson::dom::array(y)) {
+              std::string t;
+              AppendCompact(t, v);
+              ys.push_back(std::move(t));
+            }
+          if (x.type() == element_type::ARRAY)
+            for (element v : simdjson::dom::array(x)) {
+              std::string t;
+              AppendCompact(t, v);
+              if (std::find(ys.begin(), ys.end(), t) == ys.end()) continue;
+              if (text.size() > 1) text += ',';
+              text += t;
+            }
+        }
+        Erase(a, key);
+        Set(a, "enum", text + "]");
+      } else if (key == "format") {
+        // Validators do not assert format by default; the first is enforced.
+      } else {
+        conflict(key, "no exact merge");
+      }
+    }
+    if (!patterns.empty()) {
+      std::string list = "[{\"pattern\":" + *Find(a, "pattern") + "}";
+      for (auto& p : patterns) list += ",{\"pattern\":" + p + "}";
+      Erase(a, "pattern");
+      Set(a, "allOf", list + "]");
+    }
+    return a;
   }
 
   std::vector<std::string> TypeList(object o, const std::string& ptr) {
@@ -537,14 +927,16 @@ class Compiler {
     return d >= double(kUnbounded) ? kUnbounded - 1 : uint32_t(d);
   }
 
-  static bool Number(object o, const char* key, const std::string& ptr, double& out) {
+  bool Number(object o, const char* key, const std::string& ptr, double& out) {
     element v;
     if (o[key].get(v) != simdjson::SUCCESS) return false;
     if (v.type() == element_type::INT64) out = double(int64_t(v));
     else if (v.type() == element_type::UINT64) out = double(uint64_t(v));
     else if (v.type() == element_type::DOUBLE) out = double(v);
-    else if (v.type() == element_type::BOOL)
-      Unsupported(key, ptr, "the draft-4 boolean form is not supported (use a number)");
+    else if (v.type() == element_type::BOOL) {
+      Relaxed(key, ptr, "the draft-4 boolean form is not supported (use a number)", "dropped");
+      return false;
+    }
     else Corrupt(ptr + "/" + key, "must be a number");
     return true;
   }
@@ -556,19 +948,48 @@ class Compiler {
       uint32_t mn = Count(o, "minLength", ptr, 0), mx = Count(o, "maxLength", ptr, kUnbounded);
       if (mn > mx) Unsatisfiable(ptr, "minLength > maxLength");
       uint32_t idx = StringNode(mn, mx);
+      // Every pattern a value must match: `pattern`, an allOf of bare
+      // patterns, and a known `format`'s; their DFAs are intersected.
+      std::vector<std::pair<std::string, std::string>> pats;  // pattern, pointer of its schema
       element pat;
       if (o["pattern"].get(pat) == simdjson::SUCCESS) {
         if (pat.type() != element_type::STRING) Corrupt(ptr + "/pattern", "must be a string");
-        std::shared_ptr<const PatternDfa> dfa;
-        try {
-          dfa = CompilePattern(std::string_view(pat), mn, mx);
-        } catch (const PatternRefused& r) {
-          Unsupported("pattern", ptr, r.why);
-        }
-        if (!dfa->Viable(0, 0))
-          Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
-        nodes_[idx].pattern = std::move(dfa);
+        pats.emplace_back(std::string_view(pat), ptr);
       }
+      if (IsPatternList(o)) {
+        size_t i = 0;
+        element all = o["allOf"];
+        for (element x : simdjson::dom::array(all)) {
+          pats.emplace_back(std::string_view(x["pattern"]), ptr + "/allOf/" + std::to_string(i++));
+        }
+      }
+      element fmt;
+      size_t format_at = pats.size();
+      if (o["format"].get(fmt) == simdjson::SUCCESS && fmt.type() == element_type::STRING)
+        if (const char* f = FormatPattern(std::string_view(fmt))) pats.emplace_back(f, ptr + "/format");
+      std::shared_ptr<const PatternDfa> dfa;
+      for (size_t i = 0; i < pats.size(); ++i) {
+        const auto& [text, where] = pats[i];
+        std::shared_ptr<const PatternDfa> one;
+        try {
+          std::string left_out;
+          one = CompilePattern(text, mn, mx, relax_, &left_out);
+          if (!left_out.empty()) Relaxed("pattern", where, left_out, "left out of the pattern (a superset)");
+          if (dfa) one = IntersectPatterns(*dfa, *one, mn, mx);
+        } catch (const PatternRefused& r) {
+          // A format is k3's own narrowing (validators do not assert it): past
+          // a cap it is simply not enforced.
+          if (i < format_at) Relaxed("pattern", where, r.why, "dropped");
+          continue;
+        }
+        if (!one->Viable(0, 0)) {
+          if (i < format_at) Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
+          continue;  // a format that the patterns leave no room for: not enforced
+        }
+        dfa = std::move(one);
+        if (i >= format_at) nodes_[idx].format_narrowed = true;
+      }
+      nodes_[idx].pattern = std::move(dfa);
       return idx;
     }
     if (type == "number" || type == "integer") return CompileNumber(o, type == "integer", ptr);
@@ -578,37 +999,79 @@ class Compiler {
       n.min_items = Count(o, "minItems", ptr, 0);
       n.max_items = Count(o, "maxItems", ptr, kUnbounded);
       if (n.min_items > n.max_items) Unsatisfiable(ptr, "minItems > maxItems");
-      element items;
-      bool has_items = o["items"].get(items) == simdjson::SUCCESS;
-      if (has_items && items.type() == element_type::ARRAY)
-        Unsupported("items", ptr, "items as an array (a tuple) is not supported");
-      if (has_items && items.type() == element_type::BOOL && !bool(items)) {
-        if (n.min_items > 0) Unsatisfiable(ptr, "items is false but minItems > 0");
-        n.max_items = 0;
-        n.items = AnyNode();
+      // A tuple: prefixItems (2020-12) or items as an array (draft 7), each
+      // position its own schema; the rest follow items (2020-12) or
+      // additionalItems (draft 7). additionalItems without a tuple is ignored.
+      element items, tuple, rest;
+      bool has_tuple = false, has_rest = false;
+      std::string tuple_ptr, rest_ptr;
+      const bool has_items = o["items"].get(items) == simdjson::SUCCESS;
+      if (o["prefixItems"].get(tuple) == simdjson::SUCCESS) {
+        if (tuple.type() != element_type::ARRAY) Corrupt(ptr + "/prefixItems", "must be an array of schemas");
+        has_tuple = true;
+        tuple_ptr = ptr + "/prefixItems/";
+        if (has_items) { rest = items; has_rest = true; rest_ptr = ptr + "/items"; }
+      } else if (has_items && items.type() == element_type::ARRAY) {
+        tuple = items;
+        has_tuple = true;
+        tuple_ptr = ptr + "/items/";
+        if (o["additionalItems"].get(rest) == simdjson::SUCCESS) { has_rest = true; rest_ptr = ptr + "/additionalItems"; }
       } else if (has_items) {
-        try {
-          n.items = Compile(items, ptr + "/items", depth + 1);
-        } catch (const RecursionCut&) {
-          if (n.min_items > 0) throw;  // an item is needed
-          n.max_items = 0;             // a recursion's deepest copy: only []
-          n.items = AnyNode();
+        rest = items;
+        has_rest = true;
+        rest_ptr = ptr + "/items";
+      }
+      // Positions that may hold a value: a false position (or a recursion's
+      // deepest copy) ends the array before it.
+      uint32_t reachable = kUnbounded;
+      if (has_tuple) {
+        for (element x : simdjson::dom::array(tuple)) {
+          if (n.prefix.size() == size_t(kMaxProperties)) {
+            Relaxed("prefixItems", ptr, "more than " + std::to_string(kMaxProperties) + " tuple positions",
+                    "later positions take any value");
+            has_rest = false;
+            break;
+          }
+          if (x.type() == element_type::BOOL && !bool(x)) { reachable = uint32_t(n.prefix.size()); break; }
+          try {
+            n.prefix.push_back(Compile(x, tuple_ptr + std::to_string(n.prefix.size()), depth + 1));
+          } catch (const RecursionCut&) {
+            if (n.min_items > n.prefix.size()) throw;  // the position is needed
+            reachable = uint32_t(n.prefix.size());
+            break;
+          }
         }
-      } else {
-        n.items = AnyNode();
+      }
+      n.items = AnyNode();
+      if (has_rest && rest.type() == element_type::BOOL && !bool(rest)) {
+        reachable = std::min<uint32_t>(reachable, uint32_t(n.prefix.size()));
+      } else if (has_rest && reachable == kUnbounded) {
+        try {
+          n.items = Compile(rest, rest_ptr, depth + 1);
+        } catch (const RecursionCut&) {
+          if (n.min_items > n.prefix.size()) throw;  // an item is needed
+          reachable = uint32_t(n.prefix.size());     // a recursion's deepest copy: no more items
+        }
+      }
+      if (reachable < n.max_items) {
+        if (n.min_items > reachable) Unsatisfiable(ptr, "minItems needs more items than the schema allows");
+        n.max_items = reachable;
       }
       element uniq;
       if (o["uniqueItems"].get(uniq) == simdjson::SUCCESS && uniq.type() == element_type::BOOL && bool(uniq)) {
         // Enforced for enum/const items: the array remembers which values it
-        // used. Object values are refused: two key orders are one value.
+        // used. Object values are not: two key orders are one value.
         const SchemaNode& it = nodes_[n.items];
-        if (it.kind != NodeKind::kLiterals)
-          Unsupported("uniqueItems", ptr, "enforced only when items is an enum or const");
-        for (const std::string& l : it.literals)
-          if (l.find('{') != std::string::npos)
-            Unsupported("uniqueItems", ptr, "enforced only for enum values that contain no objects");
-        if (n.min_items > it.literals.size()) Unsatisfiable(ptr, "minItems exceeds the distinct values of items");
-        n.unique = true;
+        const bool objects = std::any_of(it.literals.begin(), it.literals.end(),
+                                         [](const std::string& l) { return l.find('{') != std::string::npos; });
+        if (it.kind != NodeKind::kLiterals || !n.prefix.empty()) {
+          Relaxed("uniqueItems", ptr, "enforced only when items is an enum or const (and no tuple)", "dropped");
+        } else if (objects) {
+          Relaxed("uniqueItems", ptr, "enforced only for enum values that contain no objects", "dropped");
+        } else {
+          if (n.min_items > it.literals.size()) Unsatisfiable(ptr, "minItems exceeds the distinct values of items");
+          n.unique = true;
+        }
       }
       uint32_t idx = Add(std::move(n));
       SetFirst(idx);
@@ -632,7 +1095,10 @@ class Compiler {
         required.emplace_back(std::string_view(r));
       }
     }
-    bool has_add = o["additionalProperties"].get(add_el) == simdjson::SUCCESS;
+    // Beside a patternProperties (dropped when not strict), additionalProperties
+    // is dropped too (Compile notes both).
+    const bool pattern_props = o["patternProperties"].error() == simdjson::SUCCESS;
+    bool has_add = !pattern_props && o["additionalProperties"].get(add_el) == simdjson::SUCCESS;
     bool add_false = has_add && add_el.type() == element_type::BOOL && !bool(add_el);
     bool add_schema = has_add && add_el.type() == element_type::OBJECT;
     if (has_add && !add_false && !add_schema && add_el.type() != element_type::BOOL)
@@ -688,27 +1154,92 @@ class Compiler {
       reserved.push_back(pr.key);
       n.props.push_back(std::move(pr));
     }
-    if (n.props.size() > size_t(kMaxProperties))
-      Unsupported("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties");
-    for (size_t i = 0; i < n.props.size(); ++i)
-      if (n.props[i].required) n.required_mask |= uint64_t{1} << i;
     // Free keys, with values of additionalProperties (any value when absent or
     // true): when it is a schema, or when nothing is declared. Declared
     // properties with additionalProperties absent or true generate only the
     // declared keys. Free keys never equal a key of properties.
-    if (!add_false && (add_schema || n.props.empty())) {
+    bool free_keys = !add_false && (add_schema || n.props.empty());
+    // propertyNames: declared keys it refuses cannot appear; free keys are
+    // strings of its schema, or, for an enum of strings, its values become
+    // optional declared keys.
+    int32_t key_schema = kNoNode;
+    element pn;
+    if (o["propertyNames"].get(pn) == simdjson::SUCCESS) {
+      const std::string pn_ptr = ptr + "/propertyNames";
+      uint32_t k = 0;
+      bool have = false;
+      if (pn.type() == element_type::BOOL && !bool(pn)) {
+        if (!required.empty()) Unsatisfiable(ptr, "propertyNames is false but keys are required");
+        n.props.clear();
+        free_keys = false;
+      } else if (pn.type() != element_type::BOOL) {
+        try {
+          k = Compile(pn, pn_ptr, depth + 1);
+          have = true;
+        } catch (const RecursionCut&) {
+          Relaxed("propertyNames", ptr, "a recursive key schema", "dropped");
+        }
+      }
+      if (have) {
+        std::vector<Property> kept;
+        for (Property& pr : n.props) {
+          if (AcceptsText(k, "\"" + pr.key + "\"")) {
+            kept.push_back(std::move(pr));
+          } else if (pr.required) {
+            Unsatisfiable(ptr, "the required key '" + pr.key + "' is not a name propertyNames allows");
+          }
+        }
+        n.props = std::move(kept);
+        const NodeKind kind = nodes_[k].kind;
+        if (kind == NodeKind::kString) {
+          key_schema = int32_t(k);
+        } else if (kind == NodeKind::kLiterals && nodes_[k].raw_ok && free_keys) {
+          const std::vector<std::string> names = nodes_[k].literals_raw;
+          for (const std::string& name : names) {
+            const std::string key = KeyBytes(name);
+            if (std::any_of(n.props.begin(), n.props.end(), [&](const Property& p) { return p.key == key; })) continue;
+            if (std::find(reserved.begin(), reserved.end(), key) != reserved.end()) continue;  // declared false
+            const int32_t v = additional();
+            if (v == kNoNode) break;
+            Property pr;
+            pr.key = key;
+            pr.child = uint32_t(v);
+            n.props.push_back(std::move(pr));
+          }
+          free_keys = false;
+        } else if (free_keys) {
+          Relaxed("propertyNames", ptr, "on free keys only a string schema or an enum of strings is enforced",
+                  "not enforced on free keys");
+        }
+      }
+    }
+    if (n.props.size() > size_t(kMaxProperties) || (free_keys && reserved.size() > size_t(kMaxProperties))) {
+      Relaxed("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties", "any object");
+      return AnyObject();
+    }
+    for (size_t i = 0; i < n.props.size(); ++i)
+      if (n.props[i].required) n.required_mask |= uint64_t{1} << i;
+    if (free_keys) {
       int32_t v = additional();
       if (v != kNoNode) {
         n.map_value = v;
-        n.key_node = StringNode(0, kUnbounded);
+        if (key_schema >= 0) {
+          SchemaNode key = nodes_[size_t(key_schema)];
+          if (key.pattern && !reserved.empty()) {
+            // The free-key frame's state holds either the pattern's DFA or the
+            // declared keys it still equals, not both.
+            Relaxed("propertyNames", ptr, "a key pattern beside declared properties",
+                    "the pattern not enforced on free keys");
+            key.pattern = nullptr;
+          }
+          key.key_of = kNoNode;
+          n.key_node = Add(std::move(key));
+        } else {
+          n.key_node = StringNode(0, kUnbounded);
+        }
       }
     }
-    if (n.map_value >= 0 && !reserved.empty()) {
-      if (reserved.size() > size_t(kMaxProperties))
-        Unsupported("properties", ptr, "more than " + std::to_string(kMaxProperties) +
-                                           " properties beside additionalProperties");
-      n.reserved = std::move(reserved);
-    }
+    if (n.map_value >= 0 && !reserved.empty()) n.reserved = std::move(reserved);
     n.min_props = Count(o, "minProperties", ptr, 0);
     n.max_props = Count(o, "maxProperties", ptr, kUnbounded);
     if (n.min_props > n.max_props) Unsatisfiable(ptr, "minProperties > maxProperties");
@@ -716,11 +1247,14 @@ class Compiler {
     // minProperties counts distinct keys. Free keys may repeat, and a parser
     // keeps one of each: only one free key can be promised.
     if (n.min_props > n.props.size() + (n.map_value >= 0 ? 1 : 0)) {
-      if (n.map_value >= 0)
-        Unsupported("minProperties", ptr, "counts at most one free key (free keys may repeat): above the declared "
-                                          "properties + 1 it is not supported");
-      if (add_cut) throw RecursionCut{};
-      Unsatisfiable(ptr, "minProperties exceeds the properties that may appear");
+      if (n.map_value >= 0) {
+        Relaxed("minProperties", ptr, "counts at most one free key (free keys may repeat): above the declared "
+                                      "properties + 1 it is not supported", "dropped");
+        n.min_props = 0;
+      } else {
+        if (add_cut) throw RecursionCut{};
+        Unsatisfiable(ptr, "minProperties exceeds the properties that may appear");
+      }
     }
     uint32_t idx = Add(std::move(n));
     SetFirst(idx);
@@ -741,7 +1275,7 @@ class Compiler {
     bool exact_int = false;
     __int128 i = 0;
   };
-  static bool ReadBound(object o, const char* key, const std::string& ptr, Bound& out) {
+  bool ReadBound(object o, const char* key, const std::string& ptr, Bound& out) {
     element v;
     if (o[key].get(v) != simdjson::SUCCESS) return false;
     double d;
@@ -783,8 +1317,26 @@ class Compiler {
       if (b.d <= n.hi) { n.hi = b.d; n.hi_excl = true; hi_kw = "exclusiveMaximum"; hi_b = b; }
       any = true;
     }
-    n.bounded = any;
-    if (!any) {
+    // multipleOf: an integer m makes every value an integer multiple of m
+    // (for "number" too: integers are a subset). A fraction is not enforced:
+    // validators divide in binary floating point (python-jsonschema and ajv
+    // both refuse 0.3 as a multiple of 0.1, and 3 as one of 0.1), so no
+    // decimal rule agrees with them.
+    double mult = 0;
+    if (Number(o, "multipleOf", ptr, mult)) {
+      if (!(mult > 0)) Corrupt(ptr + "/multipleOf", "must be a number above 0");
+      if (mult == std::floor(mult) && mult <= 9007199254740992.0) {
+        integer = n.integer = true;
+        if (mult > 1) n.multiple = int64_t(mult);
+      } else {
+        Relaxed("multipleOf", ptr,
+                "a fraction (or beyond 2^53): validators divide in binary floating point (0.3 / 0.1 = "
+                "2.9999999999999996), so k3 enforces only integer multiples",
+                "dropped");
+      }
+    }
+    n.bounded = any || n.multiple > 1;
+    if (!n.bounded) {
       uint32_t idx = Add(std::move(n));
       SetFirst(idx);
       return idx;
@@ -792,8 +1344,12 @@ class Compiler {
     // (Integers compare their bounds exactly below, not as doubles.)
     if (!integer && (n.lo > n.hi || (n.lo == n.hi && (n.lo_excl || n.hi_excl))))
       Unsatisfiable(ptr, "minimum above maximum");
+    bool dropped = false;  // not strict: bounds beyond what is generated are left out
     auto beyond = [&](const std::string& kw, const Bound& bound, const std::string& limit, const std::string& why) {
-      Unsupported(kw, ptr, "the bound " + BoundText(bound) + " lies beyond " + limit + " (" + why + ")");
+      if (dropped) return;
+      Relaxed(kw, ptr, "the bound " + BoundText(bound) + " lies beyond " + limit + " (" + why + ")",
+              "the bounds dropped");
+      dropped = true;
     };
     if (integer) {
       // Exact integer bounds: JSON integers as written (__int128 holds any
@@ -817,6 +1373,17 @@ class Compiler {
         const __int128 x = inward(b, lower, excl);
         if (lower && x > lo) { lo = x; lo_kw = k; lo_b = b; }
         if (!lower && x < hi) { hi = x; hi_kw = k; hi_b = b; }
+      }
+      if (n.multiple > 1) {
+        // The first and last multiples within the bounds.
+        const __int128 m = n.multiple;
+        __int128 r = lo % m;
+        if (r < 0) r += m;
+        if (r) lo += m - r;
+        r = hi % m;
+        if (r < 0) r += m;
+        hi -= r;
+        if (lo > hi) Unsatisfiable(ptr, "no multiple of 'multipleOf' lies within the bounds");
       }
       if (lo > hi) Unsatisfiable(ptr, "no integer lies within the bounds");
       // The fewest digits (at least kMaxIntDigits) that reach an integer within the bounds.
@@ -843,6 +1410,14 @@ class Compiler {
         beyond(lo_kw, lo_b, "+-1e15", "numbers under bounds have at most 15 digits; use \"type\": \"integer\" for larger whole numbers");
       if (n.hi < -kReach || (n.hi == -kReach && n.hi_excl))
         beyond(hi_kw, hi_b, "+-1e15", "numbers under bounds have at most 15 digits; use \"type\": \"integer\" for larger whole numbers");
+    }
+    if (dropped) {
+      SchemaNode u;
+      u.kind = NodeKind::kNumber;
+      u.integer = n.integer;
+      u.multiple = n.multiple;
+      u.bounded = u.multiple > 1;
+      n = std::move(u);
     }
     uint32_t idx = Add(std::move(n));
     SetFirst(idx);
@@ -956,7 +1531,10 @@ class Compiler {
   // nodes depend on how often each reference is being expanded, so they are
   // shared only between uses with the same counts.
   uint32_t CompileRef(const std::string& ref, const std::string& ptr, int depth) {
-    if (ref.empty() || ref[0] != '#') Unsupported("$ref", ptr, "only local references ('#/...') are supported");
+    if (ref.empty() || ref[0] != '#') {
+      Relaxed("$ref", ptr, "only local references ('#/...') are supported", "any value");
+      return AnyNode();
+    }
     if (!Cyclic(ref)) {
       auto it = refs_.find(ref);
       if (it != refs_.end()) return it->second;
@@ -1039,12 +1617,18 @@ class Compiler {
   std::string cut_ref_;
   bool recursed_ = false;
   simdjson::dom::parser literal_parser_;
+  bool relax_ = false;
+  std::vector<Relaxation> notes_;
+  // Documents of merged allOf schemas (their elements are compiled like the root's).
+  std::vector<std::unique_ptr<simdjson::dom::parser>> owned_;
+  size_t merged_bytes_ = 0;
 };
 
 CompiledSchema Finish(Compiler& c, uint32_t root) {
   auto impl = std::make_shared<CompiledSchema::Impl>();
   impl->nodes = c.TakeNodes();
   impl->root = root;
+  impl->relaxations = c.TakeNotes();
   for (SchemaNode& n : impl->nodes)
     for (int b = 0; b < 256; ++b)
       if (n.first[size_t(b)]) n.first_bits[size_t(b / 64)] |= uint64_t{1} << (b % 64);
@@ -1053,7 +1637,9 @@ CompiledSchema Finish(Compiler& c, uint32_t root) {
 
 }  // namespace
 
-CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) {
+CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) { return CompileOrThrow(schema_json, {}); }
+
+CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const CompileOptions& options) {
   if (schema_json.size() > kMaxSchemaBytes)
     throw Error(ErrorCode::kInvalidArgument, "schema text is " + std::to_string(schema_json.size()) +
                                                  " bytes, more than " + std::to_string(kMaxSchemaBytes));
@@ -1061,23 +1647,32 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) {
   simdjson::padded_string padded(schema_json);
   element doc;
   auto err = parser.parse(padded).get(doc);
-  if (err) throw Error(ErrorCode::kCorrupt, std::string("schema is not JSON: ") + simdjson::error_message(err));
+  std::optional<Error> first;
+  if (err) first = Error(ErrorCode::kCorrupt, std::string("schema is not JSON: ") + simdjson::error_message(err));
   // A recursive $ref unrolls kMaxRefRecursion levels; when that exceeds the
   // node cap (or the nesting cap), fewer levels are tried before giving up.
-  std::optional<Error> first;
-  for (int levels = kMaxRefRecursion; levels >= 0; --levels) {
-    Compiler c(doc, levels);
+  for (int levels = kMaxRefRecursion; levels >= 0 && !err; --levels) {
+    Compiler c(doc, levels, !options.strict);
     try {
       uint32_t root = c.CompileRoot();
       return Finish(c, root);
     } catch (const Error& e) {
       const bool retry = c.recursed() && levels > 0 && e.code() == ErrorCode::kUnsupported && e.object() == "schema";
       if (!first) first = e;
-      if (!retry) throw *first;
+      if (!retry) break;
     }
   }
-  throw *first;
+  if (options.strict || first->code() == ErrorCode::kInternal) throw *first;
+  // Not strict: what still does not compile (not a schema, no value satisfies
+  // it, past a cap) is any value, a superset of every schema.
+  CompiledSchema any = AnyJson();
+  auto impl = std::make_shared<CompiledSchema::Impl>(any.impl());
+  impl->relaxations.push_back({"schema", "/",
+                               std::string("any value: ") + first->what()});
+  return CompiledSchema(std::move(impl));
 }
+
+const std::vector<Relaxation>& CompiledSchema::relaxations() const { return impl_->relaxations; }
 
 CompiledSchema Schema::JsonObject() {
   return CompileOrThrow(R"({"type":"object"})");

@@ -53,7 +53,8 @@ struct SchemaNode {
   std::vector<std::string> reserved;
   uint32_t min_props = 0, max_props = kUnbounded;  // minProperties / maxProperties
   // kArray
-  uint32_t items = 0;
+  uint32_t items = 0;  // items after the tuple's
+  std::vector<uint32_t> prefix;  // a tuple's positions (prefixItems / array-form items)
   uint32_t min_items = 0, max_items = kUnbounded;
   bool unique = false;  // uniqueItems over literal items: Frame::bits holds the values used
   // kString
@@ -65,8 +66,13 @@ struct SchemaNode {
   // length table is for this node's min_len / max_len). Frame::bits holds the
   // DFA state, Frame::bits2 the code point decoded so far (matcher.cc).
   std::shared_ptr<const PatternDfa> pattern;
+  // The pattern includes a `format`'s (validators do not assert format by
+  // default, so k3's language is narrower than theirs here).
+  bool format_narrowed = false;
   // kNumber
   bool integer = false;
+  // multipleOf (integer nodes only): every value is a multiple of it; 0 = none.
+  int64_t multiple = 0;
   bool bounded = false;  // any of the four bounds present
   // Integer digits generated: kMaxIntDigits, or up to kMaxBoundIntDigits when
   // the bounds leave no integer of fewer digits (e.g. minimum 1e16).
@@ -91,6 +97,7 @@ struct SchemaNode {
 struct CompiledSchema::Impl {
   std::vector<SchemaNode> nodes;
   uint32_t root = 0;
+  std::vector<Relaxation> relaxations;  // non-strict compiles only
 };
 
 // ---- string lexer (inside the quotes) ----

@@ -7,16 +7,28 @@ namespace {
 
 class ChatWriter : public ResponseWriter {
  public:
-  ChatWriter(const ResponseMeta& meta, bool stream, bool include_usage)
-      : stream_(stream), sse_(meta, include_usage), whole_(meta) {}
+  ChatWriter(const ResponseMeta& meta, bool stream, bool include_usage, bool return_progress)
+      : stream_(stream),
+        return_progress_(return_progress),
+        sse_(meta, include_usage),
+        whole_(meta) {}
 
-  std::string Begin() override { return {}; }
+  // The role chunk goes out at admission: OpenAI-SDK clients (Qwen Code's
+  // idle timer) see data at once, whatever the queue and the prefill take.
+  std::string Begin() override { return stream_ ? sse_.Opening() : std::string(); }
   std::string OnDelta(const engine::Delta& delta) override {
     if (stream_) return sse_.OnDelta(delta);
     whole_.OnDelta(delta);
     return {};
   }
-  std::string Heartbeat(std::string_view what) override { return stream_ ? ChatStream::Heartbeat(what) : " "; }
+  std::string Heartbeat(std::string_view what) override {
+    return stream_ ? ChatStream::Heartbeat(what) + sse_.KeepAlive() : " ";
+  }
+  std::string Progress(const engine::PrefillProgress& p) override {
+    if (!stream_) return " ";
+    return ChatStream::Heartbeat(ProgressText(p)) +
+           (return_progress_ ? sse_.ProgressChunk(p) : sse_.KeepAlive());
+  }
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override {
     return stream_ ? sse_.Finish(result.finish, result.usage, stats) : whole_.Finish(result.finish, result.usage, stats);
   }
@@ -24,14 +36,16 @@ class ChatWriter : public ResponseWriter {
 
  private:
   bool stream_;
+  bool return_progress_;
   ChatStream sse_;
   ChatAccumulator whole_;
 };
 
 }  // namespace
 
-std::unique_ptr<ResponseWriter> MakeChatWriter(const ResponseMeta& meta, bool stream, bool include_usage) {
-  return std::make_unique<ChatWriter>(meta, stream, include_usage);
+std::unique_ptr<ResponseWriter> MakeChatWriter(const ResponseMeta& meta, bool stream,
+                                               bool include_usage, bool return_progress) {
+  return std::make_unique<ChatWriter>(meta, stream, include_usage, return_progress);
 }
 
 }  // namespace k3::server

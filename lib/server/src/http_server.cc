@@ -130,6 +130,9 @@ HttpServer::HttpServer(Service& service) : impl_(std::make_unique<Impl>()), serv
   svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
     SendJob(service_, res, service_.PrepareMessages(req.body));
   });
+  svr.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    SendJob(service_, res, service_.PrepareResponses(req.body));
+  });
   svr.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
     Send(res, service_.CountTokens(req.body));
   });

@@ -3,6 +3,8 @@
 // (request.cc) resolves and renders. So both APIs share one sampling policy,
 // one renderer and one set of K3 rules, and a Messages request renders to the
 // ids of its OpenAI twin (messages_test.cc checks that). docs/server.md.
+#include "k3/server/messages.h"
+
 #include <simdjson.h>
 
 #include <map>
@@ -12,91 +14,17 @@
 #include <utility>
 #include <vector>
 
+#include "json_node.h"
 #include "k3/core/json_writer.h"
-#include "k3/server/messages.h"
 #include "request_body.h"
 
 namespace k3::server {
 namespace {
 
+using namespace json_node;  // NOLINT: the parser's vocabulary
 using simdjson::dom::element;
-using simdjson::dom::element_type;
 
-// A JSON value and the Anthropic path that names it in errors.
-struct Node {
-  element v;
-  std::string path;
-};
-
-[[noreturn]] void Unsupported(const std::string& path, std::string message) {
-  throw Error(ErrorCode::kUnsupported, std::move(message), {}, Error::kNoOffset, path);
-}
-
-std::string Shown(std::string_view s) {
-  std::string out;
-  AppendJsonString(out, s.substr(0, 80));
-  return out;
-}
-
-std::string Child(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : path + "." + std::string(key);
-}
-
-// The member `key`, absent when missing or null (clients send nulls).
-std::optional<Node> Member(const Node& obj, std::string_view key) {
-  element v;
-  if (obj.v[key].get(v) != simdjson::SUCCESS || v.is_null()) return std::nullopt;
-  return Node{v, Child(obj.path, key)};
-}
-
-Node Need(const Node& obj, std::string_view key) {
-  auto n = Member(obj, key);
-  if (!n) ThrowBadParam(Child(obj.path, key), Child(obj.path, key) + " is required");
-  return *n;
-}
-
-void MustBeObject(const Node& n) {
-  if (!n.v.is_object()) ThrowBadParam(n.path, n.path + " must be an object");
-}
-
-std::string_view Text(const Node& n) {
-  if (!n.v.is_string()) ThrowBadParam(n.path, n.path + " must be a string");
-  return n.v.get_string().value_unsafe();
-}
-
-bool Flag(const Node& n) {
-  if (!n.v.is_bool()) ThrowBadParam(n.path, n.path + " must be a boolean");
-  return n.v.get_bool().value_unsafe();
-}
-
-int64_t Integer(const Node& n) {
-  if (n.v.type() == element_type::INT64) return n.v.get_int64().value_unsafe();
-  if (n.v.type() == element_type::UINT64) ThrowBadParam(n.path, n.path + " is too large");
-  ThrowBadParam(n.path, n.path + " must be an integer");
-}
-
-double Number(const Node& n) {
-  switch (n.v.type()) {
-    case element_type::INT64: return double(n.v.get_int64().value_unsafe());
-    case element_type::UINT64: return double(n.v.get_uint64().value_unsafe());
-    case element_type::DOUBLE: return n.v.get_double().value_unsafe();
-    default: ThrowBadParam(n.path, n.path + " must be a number");
-  }
-}
-
-std::vector<Node> Items(const Node& n, std::string_view what) {
-  simdjson::dom::array a;
-  if (n.v.get_array().get(a) != simdjson::SUCCESS) ThrowBadParam(n.path, n.path + " must be " + std::string(what));
-  std::vector<Node> out;
-  size_t i = 0;
-  for (element e : a) out.push_back(Node{e, n.path + "[" + std::to_string(i++) + "]"});
-  return out;
-}
-
-std::string_view BlockType(const Node& block) {
-  MustBeObject(block);
-  return Text(Need(block, "type"));
-}
+std::string_view BlockType(const Node& block) { return TypeOf(block); }
 
 // Anthropic's tool-name rule ([A-Za-z0-9_-], 1..128) within Kimi K3's (a
 // letter or '_' first), so every name that passes also renders.
@@ -180,12 +108,6 @@ RawSpans CollectRawSpans(const simdjson::padded_string& padded) {
 std::string RawOr(std::string_view raw, element v) {
   if (!raw.empty()) return std::string(raw);
   return simdjson::minify(v);
-}
-
-// Text blocks as chat content parts (each its own segment, as the renderer
-// treats parts).
-void TextPart(JsonWriter& j, std::string_view text) {
-  j.BeginObject().Field("type", "text").Field("text", text).EndObject();
 }
 
 std::string_view TextBlockText(const Node& block) { return Text(Need(block, "text")); }
@@ -375,10 +297,15 @@ struct Mapper {
                                        "answers in a new assistant turn");
         }
         last_calls = Assistant(content, i);
+      } else if (r == "system") {
+        // Claude Code sends system messages inside `messages` (for models it
+        // does not know): a system message at that place of the conversation,
+        // rendered as Moonshot's encoder renders a system message after the
+        // first turn (oracle chat case system_last_before_generation).
+        System(content);
       } else {
-        ThrowBadParam(role.path, role.path + " " + Shown(r) +
-                                     " is not \"user\" or \"assistant\" (the system prompt is the top-level "
-                                     "\"system\" field)");
+        ThrowBadParam(role.path,
+                      role.path + " " + Shown(r) + " is not \"user\", \"assistant\" or \"system\"");
       }
     }
   }
@@ -421,16 +348,8 @@ struct Mapper {
 // An error of the twin's parser (a schema k3 cannot enforce, the sampling
 // lock) named by the Messages field it came from.
 Error InMessagesTerms(const Error& e) {
-  auto rename = [](std::string s) {
-    for (auto [from, to] : {std::pair<std::string_view, std::string_view>{".function.parameters", ".input_schema"},
-                            {"tool_choice.function.name", "tool_choice.name"}}) {
-      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
-        s.replace(at, from.size(), to);
-      }
-    }
-    return s;
-  };
-  return Error(e.code(), rename(e.detail()), {}, Error::kNoOffset, rename(e.object()));
+  return Renamed(e, {{".function.parameters", ".input_schema"},
+                     {"tool_choice.function.name", "tool_choice.name"}});
 }
 
 }  // namespace
@@ -523,6 +442,15 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
     MustBeObject(*th);
     Node type = Need(*th, "type");
     std::string_view t = Text(type);
+    // display: "omitted" sends thinking blocks empty (with their signature);
+    // "summarized" (Anthropic's default) sends K3's thinking as it is.
+    if (auto d = Member(*th, "display")) {
+      std::string_view v = Text(*d);
+      if (v != "summarized" && v != "omitted") {
+        ThrowBadParam(d->path, d->path + " " + Shown(v) + " is not one of summarized, omitted");
+      }
+      out.thinking_omitted = v == "omitted";
+    }
     if (t == "enabled") {
       thinking = true;
       Node budget = Need(*th, "budget_tokens");
@@ -538,6 +466,8 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
   bool stream = false;
   if (auto s = Member(root, "stream")) stream = Flag(*s);
   chat.Field("stream", stream);
+  if (auto rp = Member(root, "return_progress"))
+    chat.Field("return_progress", Flag(*rp));  // k3's extension
   chat.EndObject();
 
   std::vector<std::string> stop;

@@ -30,14 +30,22 @@ HttpReply Service::MessagesUnauthorized() const {
 }
 
 std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareMessages(std::string_view body) {
+  bool thinking_omitted = false;
   auto prepared = Admit(
-      body, [this](std::string_view b) { return ParseMessagesRequestOrThrow(b, options_.api).request; },
+      body,
+      [&](std::string_view b) {
+        MessagesRequest m = ParseMessagesRequestOrThrow(b, options_.api);
+        thinking_omitted = m.thinking_omitted;
+        return std::move(m.request);
+      },
       &Service::MessagesErrorReply, "msg_k3");
   if (auto* job = std::get_if<std::unique_ptr<Job>>(&prepared)) {
     MessageMeta meta;
     meta.id = (*job)->meta.id;
     meta.model = (*job)->meta.model;
     meta.prompt_tokens = int64_t((*job)->prompt_ids.size());
+    meta.thinking_omitted = thinking_omitted;
+    meta.return_progress = (*job)->request.return_progress;
     (*job)->writer = std::make_unique<MessageEvents>(std::move(meta), (*job)->request.stream);
   }
   return prepared;

@@ -24,11 +24,11 @@ const char* KindName(MessageEvents::Block::Kind kind) {
 
 // A block as content_block_start announces it (empty) or as the whole
 // message carries it (complete).
-void BlockJson(JsonWriter& j, const MessageEvents::Block& b, bool complete) {
+void BlockJson(JsonWriter& j, const MessageEvents::Block& b, bool complete, bool thinking_omitted) {
   j.BeginObject().Field("type", KindName(b.kind));
   switch (b.kind) {
     case MessageEvents::Block::kThinking:
-      j.Field("thinking", complete ? b.text : std::string());
+      j.Field("thinking", complete && !thinking_omitted ? b.text : std::string());
       j.Field("signature", complete ? ThinkingSignature(b.text) : std::string());
       break;
     case MessageEvents::Block::kText:
@@ -103,6 +103,18 @@ std::string MessageEvents::Heartbeat(std::string_view) {
   return stream_ ? std::string("event: ping\ndata: {\"type\":\"ping\"}\n\n") : std::string(" ");
 }
 
+std::string MessageEvents::Progress(const engine::PrefillProgress& progress) {
+  if (!stream_) return " ";
+  std::string out = Heartbeat({});
+  if (meta_.return_progress) {
+    // An event type Anthropic's SDKs pass over (they accumulate only the
+    // types they know); the same object as the OpenAI route's prompt_progress.
+    out += Event("prefill_progress", "{\"type\":\"prefill_progress\",\"prompt_progress\":" +
+                                         PromptProgressJson(progress) + "}");
+  }
+  return out;
+}
+
 std::string MessageEvents::Open(Block::Kind kind, std::string id, std::string name) {
   std::string out = CloseOpen();
   Block b;
@@ -114,7 +126,7 @@ std::string MessageEvents::Open(Block::Kind kind, std::string id, std::string na
   open_ = int(blocks_.size()) - 1;
   JsonWriter j;
   j.BeginObject().Field("type", "content_block_start").Field("index", open_).Key("content_block");
-  BlockJson(j, blocks_.back(), /*complete=*/false);
+  BlockJson(j, blocks_.back(), /*complete=*/false, meta_.thinking_omitted);
   j.EndObject();
   return out + Event("content_block_start", j.str());
 }
@@ -146,7 +158,10 @@ std::string MessageEvents::Piece(size_t index, const std::string& piece) {
   JsonWriter j;
   j.BeginObject().Field("type", "content_block_delta").Field("index", int64_t(index)).Key("delta").BeginObject();
   switch (b.kind) {
-    case Block::kThinking: j.Field("type", "thinking_delta").Field("thinking", piece); break;
+    case Block::kThinking:
+      if (meta_.thinking_omitted) return {};  // the signature still covers the text
+      j.Field("type", "thinking_delta").Field("thinking", piece);
+      break;
     case Block::kText: j.Field("type", "text_delta").Field("text", piece); break;
     case Block::kToolUse: j.Field("type", "input_json_delta").Field("partial_json", piece); break;
   }
@@ -205,7 +220,7 @@ std::string MessageEvents::Finish(const engine::GenerateResult& result, const Re
   JsonWriter j;
   j.BeginObject().Field("id", meta_.id).Field("type", "message").Field("role", "assistant").Field("model", meta_.model);
   j.Key("content").BeginArray();
-  for (const Block& b : blocks_) BlockJson(j, b, /*complete=*/true);
+  for (const Block& b : blocks_) BlockJson(j, b, /*complete=*/true, meta_.thinking_omitted);
   j.EndArray().Field("stop_reason", reason);
   stop_sequence(j);
   j.Key("usage");

@@ -67,6 +67,24 @@ TEST_CASE("a plain request renders as its OpenAI twin: system blocks, user text,
       R"({"role":"user","content":"Hello"}]})");
 }
 
+TEST_CASE("system messages inside messages render where they stand (Claude Code's placement)") {
+  // Moonshot's encoder renders a later system message as a plain system
+  // message at its place (oracle chat case system_last_before_generation).
+  CheckSameRender(
+      R"({"model":"k3","max_tokens":32,"system":"Top.","messages":[{"role":"user","content":"Hi"},)"
+      R"({"role":"system","content":[{"type":"text","text":"Reminder: be brief."}]},{"role":"assistant","content":"Ok."},)"
+      R"({"role":"system","content":"Now answer."},{"role":"user","content":"Go"}]})",
+      R"({"model":"k3","max_tokens":32,"thinking":{"type":"disabled"},"messages":[{"role":"system","content":"Top."},)"
+      R"({"role":"user","content":"Hi"},{"role":"system","content":[{"type":"text","text":"Reminder: be brief."}]},)"
+      R"({"role":"assistant","content":"Ok."},{"role":"system","content":"Now answer."},{"role":"user","content":"Go"}]})");
+  MessagesRequest omitted = ParseMessagesRequestOrThrow(
+      R"({"model":"k3","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024,"display":"omitted"},)"
+      R"("messages":[{"role":"user","content":"Hi"}]})",
+      ApiPolicy{});
+  CHECK(omitted.thinking_omitted);
+  CHECK(omitted.request.thinking);
+}
+
 TEST_CASE("a tool conversation renders as its OpenAI twin: thinking, tool_use, tool_result in order") {
   std::string messages =
       R"([{"role":"user","content":"Weather in Paris and the time?"},)"
@@ -170,7 +188,11 @@ TEST_CASE("refusals name the Anthropic field; unsupported content is kUnsupporte
   CHECK(Refusal(R"({"model":"k3","max_tokens":0,"messages":)" + user + "}") == P{bad, "max_tokens"});
   CHECK(Refusal(R"({"model":"k3","max_tokens":"5","messages":)" + user + "}") == P{bad, "max_tokens"});
   CHECK(Refusal(Msgs("[]")) == P{bad, "messages"});
-  CHECK(Refusal(Msgs(R"([{"role":"system","content":"x"}])")) == P{bad, "messages[0].role"});
+  CHECK(Refusal(Msgs(R"([{"role":"tool","content":"x"}])")) == P{bad, "messages[0].role"});
+  CHECK(
+      Refusal(
+          R"({"model":"k3","max_tokens":9,"thinking":{"type":"adaptive","display":"full"},"messages":)" +
+          user + "}") == P{bad, "thinking.display"});
   CHECK(Refusal(Msgs(R"([{"role":"user"}])")) == P{bad, "messages[0].content"});
   CHECK(Refusal(Msgs(R"([{"role":"user","content":[{"type":"text"}]}])")) == P{bad, "messages[0].content[0].text"});
   CHECK(Refusal(Msgs(R"([{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}])")) ==
@@ -197,7 +219,7 @@ TEST_CASE("refusals name the Anthropic field; unsupported content is kUnsupporte
         P{bad, "tools[1].name"});
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"any"})")) == P{bad, "tool_choice.type"});
   // A schema the decoder cannot enforce is refused by the twin's parser, named as the Messages field.
-  auto unenforceable = Refusal(Msgs(user, R"("tools":[{"name":"f","input_schema":{"type":"object","patternProperties":{"^x":{}}}}])"));
+  auto unenforceable = Refusal(Msgs(user, R"("tools":[{"name":"f","strict":true,"input_schema":{"type":"object","patternProperties":{"^x":{}}}}])"));
   CHECK(unenforceable.second == "tools[0].input_schema");
   CHECK(unenforceable.first != ErrorCode::kOk);
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"sometimes"})")) == P{bad, "tool_choice.type"});

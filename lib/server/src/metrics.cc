@@ -76,6 +76,11 @@ void Metrics::CountFinished(const RequestOutcome& o) {
   prompt_tokens_ += uint64_t(o.prompt_tokens);
   completion_tokens_ += uint64_t(o.completion_tokens);
   cached_tokens_ += uint64_t(o.cached_tokens);
+  if (o.prefill_tokens > 0 && o.prefill_s > 0) {
+    prefill_tokens_ += uint64_t(o.prefill_tokens);
+    prefill_s_ += o.prefill_s;
+    last_prefill_tok_per_s_ = double(o.prefill_tokens) / o.prefill_s;
+  }
   if (o.ttft_s >= 0) ttft_.Observe(o.ttft_s);
   if (o.decode_s_per_token >= 0) decode_.Observe(o.decode_s_per_token);
   queue_wait_.Observe(o.queue_wait_s);
@@ -108,6 +113,15 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   Counter(out, "k3_prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
   Counter(out, "k3_completion_tokens_total", "Generated tokens.", completion_tokens_);
   Counter(out, "k3_cached_tokens_total", "Prompt tokens reused from the session (not prefilled).", cached_tokens_);
+  // Prefill speed: rate(k3_prefill_tokens_total) / rate(k3_prefill_seconds_total)
+  // over any window; the gauge is the last request's.
+  Counter(out, "k3_prefill_tokens_total", "Prompt tokens prefilled (not cached).", prefill_tokens_);
+  out +=
+      "# HELP k3_prefill_seconds_total Seconds spent prefilling those tokens.\n"
+      "# TYPE k3_prefill_seconds_total counter\nk3_prefill_seconds_total " +
+      Num(prefill_s_) + "\n";
+  Gauge(out, "k3_prefill_tokens_per_second",
+        "Prefill speed of the last request that prefilled tokens.", last_prefill_tok_per_s_);
   Gauge(out, "k3_queue_depth", "Requests waiting for the model.", queue_depth);
   Gauge(out, "k3_busy", "1 while a request holds the model.", busy ? 1 : 0);
   ttft_.Render(out, "k3_ttft_seconds", "Time from the model starting a request to its first token.");

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <set>
+#include <span>
 #include <string>
 
 #include "k3/core/json_writer.h"
@@ -265,9 +266,11 @@ void ValidateResponseFormat(element rf, ChatRequest& out) {
   if (!schema->is_object()) {
     ThrowBadParam("response_format.json_schema.schema", "response_format.json_schema.schema must be an object");
   }
-  if (auto strict = GetSet(*js, "strict"); strict && !strict->is_bool()) {
+  auto strict = GetSet(*js, "strict");
+  if (strict && !strict->is_bool()) {
     ThrowBadParam("response_format.json_schema.strict", "response_format.json_schema.strict must be a boolean");
   }
+  out.response_strict = strict && strict->get_bool().value_unsafe();
   out.response_format = ResponseFormat::kJsonSchema;
   out.response_schema_json = simdjson::minify(*schema);
 }
@@ -328,7 +331,7 @@ void ResolveThinking(element root, ChatRequest& out) {
 bool Near(double a, double b) { return std::fabs(a - b) < 1e-6; }
 
 float Sampling(element root, std::string_view key, float dflt, const ApiPolicy& policy,
-               std::initializer_list<double> locked_ok, double lo, double hi, bool lo_open) {
+               std::span<const double> locked_ok, double lo, double hi, bool lo_open) {
   auto v = GetSet(root, key);
   if (!v) return dflt;
   std::string p(key);
@@ -451,8 +454,8 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   if (auto lp = GetSet(root, "logprobs"); lp && !(lp->is_bool() && !lp->get_bool().value_unsafe())) {
     throw Error(ErrorCode::kUnsupported, "logprobs are not supported by k3", {}, Error::kNoOffset, "logprobs");
   }
-  out.temperature = Sampling(root, "temperature", policy.default_temperature, policy, {0.0, 0.6, 1.0}, 0, 2, false);
-  out.top_p = Sampling(root, "top_p", policy.default_top_p, policy, {0.95, 1.0}, 0, 1, true);
+  out.temperature = Sampling(root, "temperature", policy.default_temperature, policy, kLockedTemperatures, 0, 2, false);
+  out.top_p = Sampling(root, "top_p", policy.default_top_p, policy, kLockedTopP, 0, 1, true);
 
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     auto v = GetSet(root, key);
@@ -497,6 +500,11 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
   if (auto s = GetSet(root, "stream")) {
     if (!s->is_bool()) ThrowBadParam("stream", "stream must be a boolean");
     out.stream = s->get_bool().value_unsafe();
+  }
+  // llama-server's field: prompt_progress chunks during prefill (docs/server.md).
+  if (auto rp = GetSet(root, "return_progress")) {
+    if (!rp->is_bool()) ThrowBadParam("return_progress", "return_progress must be a boolean");
+    out.return_progress = rp->get_bool().value_unsafe();
   }
   if (auto so = GetSet(root, "stream_options")) {
     if (!so->is_object()) ThrowBadParam("stream_options", "stream_options must be an object");

@@ -1,8 +1,11 @@
 // Route logic without sockets: admission, generation, response writing.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <random>
+#include <span>
 
 #include "k3/core/json_writer.h"
 #include "k3/core/log.h"
@@ -46,6 +49,26 @@ HttpReply Service::Models() const {
   j.BeginObject().Field("object", "list").Key("data").BeginArray().BeginObject();
   j.Field("id", options_.model_id).Field("object", "model").Field("created", int64_t(0)).Field("owned_by", "k3");
   if (Backend* b = backend_.load()) j.Field("context_length", b->context_limit());
+  // The sampling policy (clients ignore unknown fields; the web page shows it).
+  const ApiPolicy& api = options_.api;
+  j.Key("k3").BeginObject().Field("sampling", api.sampling_free ? "free" : "k3");
+  j.Field("max_tokens", api.default_max_tokens);
+  auto range = [&](const char* key, float dflt, std::span<const double> locked, double hi) {
+    j.Key(key).BeginObject().Field("default", double(dflt));
+    if (api.sampling_free) {
+      j.Field("min", 0.0).Field("max", hi);
+    } else {
+      j.Key("allowed").BeginArray().Double(dflt);
+      for (double v : locked) {
+        if (std::fabs(v - dflt) > 1e-6) j.Double(v);
+      }
+      j.EndArray();
+    }
+    j.EndObject();
+  };
+  range("temperature", api.default_temperature, kLockedTemperatures, 2.0);
+  range("top_p", api.default_top_p, kLockedTopP, 1.0);
+  j.EndObject();
   j.EndObject().EndArray().EndObject();
   return Json(200, j.Take());
 }
@@ -119,7 +142,8 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std:
       body, [this](std::string_view b) { return ParseChatRequestOrThrow(b, options_.api); }, &Service::ErrorReply,
       "chatcmpl-k3");
   if (auto* job = std::get_if<std::unique_ptr<Job>>(&prepared)) {
-    (*job)->writer = MakeChatWriter((*job)->meta, (*job)->request.stream, (*job)->request.include_usage);
+    const ChatRequest& r = (*job)->request;
+    (*job)->writer = MakeChatWriter((*job)->meta, r.stream, r.include_usage, r.return_progress);
   }
   return prepared;
 }
@@ -212,18 +236,39 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     }
     return true;
   };
-  cb.on_prefill_progress = [&](int64_t done, int64_t total) {
+  // Prefill progress: the engine's full report (on_prefill), or, from an
+  // engine that only counts tokens (on_prefill_progress), what follows from
+  // the count; once a full report came, the count is not used.
+  const auto prefill_start = Clock::now();
+  bool full_reports = false;
+  auto progress = [&](const engine::PrefillProgress& p) {
     // The first two calls always write (a client that left before prefill
     // is seen at once: the first write after its FIN draws the RST the second
     // one fails on); later ones once per heartbeat period.
     if (prefill_calls++ >= 2 && Clock::now() - last_write < beat) return true;
-    std::string what = "prefill " + std::to_string(done) + "/" + std::to_string(total);
-    if (!heartbeat(what.c_str())) {
+    if (!write(out.Progress(p))) {
       outcome.cancel_phase = RequestOutcome::kPrefill;
       return !(client_gone = true);
     }
     last_write = Clock::now();
     return true;
+  };
+  cb.on_prefill = [&](const engine::PrefillProgress& p) {
+    full_reports = true;
+    return progress(p);
+  };
+  cb.on_prefill_progress = [&](int64_t done, int64_t total) {
+    if (full_reports) return !client_gone;
+    engine::PrefillProgress p{};
+    p.prompt_tokens = int64_t(job.prompt_ids.size());
+    p.total = total;
+    p.cached_tokens = std::max<int64_t>(0, p.prompt_tokens - total);
+    p.done = done;
+    p.units_done = done;
+    p.units_total = total;
+    p.elapsed_s = Seconds(Clock::now() - prefill_start);
+    p.eta_s = done > 0 ? p.elapsed_s * double(total - done) / double(done) : -1;
+    return progress(p);
   };
 
   ResponseStats stats;
@@ -237,6 +282,8 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     stats.expert_hit_rate = result.experts.hit_rate();
     stats.expert_bytes_read = result.experts.bytes_read;
     outcome.cached_tokens = result.usage.cached_tokens;
+    outcome.prefill_tokens = result.usage.prompt_tokens - result.usage.cached_tokens;
+    outcome.prefill_s = result.timings.prefill_s;
     outcome.completion_tokens = result.usage.completion_tokens;
     if (result.usage.completion_tokens > 0) outcome.ttft_s = result.timings.ttft_s;
     if (result.usage.completion_tokens > 1 && result.timings.decode_tok_per_s > 0) {

@@ -38,8 +38,26 @@ class ScriptedBackend : public Backend {
     }
     engine::GenerateResult r;
     r.usage.prompt_tokens = int64_t(req.prompt_ids.size());
+    r.usage.cached_tokens = cached;
+    r.timings.prefill_s = 0.5;
     for (int64_t layer = 0; layer < 3; ++layer) {
-      if (cb.on_prefill_progress && !cb.on_prefill_progress(layer, 3)) {
+      // An engine with full reports (issue 25's windows) or one that counts
+      // tokens only: the service must serve both.
+      engine::PrefillProgress p{};
+      p.prompt_tokens = r.usage.prompt_tokens;
+      p.cached_tokens = cached;
+      p.total = r.usage.prompt_tokens - cached;
+      p.done = layer * p.total / 3;
+      p.layers = 61;
+      p.units_done = layer * 61;
+      p.units_total = 3 * 61;
+      p.window_tokens = p.total;
+      p.expert_bytes_read = uint64_t(layer) * 1000000;
+      p.elapsed_s = 0.25 * double(layer);
+      p.eta_s = layer == 0 ? -1 : 0.25 * double(3 - layer);
+      bool go = full_progress ? (!cb.on_prefill || cb.on_prefill(p))
+                              : (!cb.on_prefill_progress || cb.on_prefill_progress(layer, 3));
+      if (!go) {
         r.finish = engine::FinishReason::kCancelled;
         return r;
       }
@@ -77,6 +95,8 @@ class ScriptedBackend : public Backend {
   std::mutex mu;
   std::condition_variable cv;
   bool hold = false;
+  bool full_progress = false;  // report through on_prefill, not on_prefill_progress
+  int64_t cached = 0;
   int entered = 0;
   std::vector<int64_t> order;
 };
@@ -220,7 +240,9 @@ TEST_CASE("a client gone during prefill or decode cancels the generation") {
   Service s(Options(3));
   ScriptedBackend b;
   s.SetBackend(&b);
-  for (int fail_at : {1, 2, 3, 4}) {  // 1-2: prefill heartbeats, 3+: deltas (stream)
+  // Write 1 is the opening role chunk (its failure is seen by the next
+  // write), 2-3 prefill heartbeats, 4 the first delta.
+  for (int fail_at : {1, 2, 3, 4}) {
     CAPTURE(fail_at);
     auto job = Admit(s, Chat(R"("stream":true)"));
     int writes = 0;
@@ -234,8 +256,8 @@ TEST_CASE("a client gone during prefill or decode cancels the generation") {
   }
   CHECK(s.metrics().cancelled() == 4);
   std::string m = s.MetricsText().body;
-  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"prefill\"} 2") != std::string::npos);
-  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"decode\"} 2") != std::string::npos);
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"prefill\"} 3") != std::string::npos);
+  CHECK(m.find("k3_requests_cancelled_by_phase_total{phase=\"decode\"} 1") != std::string::npos);
   // The service still serves afterwards.
   auto job = Admit(s, Chat(""));
   CHECK(Run(s, *job).find("Hello") != std::string::npos);
@@ -266,12 +288,109 @@ TEST_CASE("metrics name every required series") {
   std::string m = s.MetricsText().body;
   for (const char* name :
        {"k3_requests_total 1", "k3_requests_cancelled_total 0", "k3_requests_rejected_total 0",
-        "k3_prompt_tokens_total", "k3_completion_tokens_total 3", "k3_cached_tokens_total", "k3_queue_depth 0",
-        "k3_ttft_seconds_bucket", "k3_decode_seconds_per_token_count", "k3_expert_bytes_read_total",
-        "k3_expert_cache_hit_rate"}) {
+        "k3_prompt_tokens_total", "k3_completion_tokens_total 3", "k3_cached_tokens_total",
+        "k3_queue_depth 0", "k3_ttft_seconds_bucket", "k3_decode_seconds_per_token_count",
+        "k3_expert_bytes_read_total", "k3_expert_cache_hit_rate", "k3_prefill_tokens_total",
+        "k3_prefill_seconds_total 0.5", "k3_prefill_tokens_per_second"}) {
     CAPTURE(name);
     CHECK(m.find(name) != std::string::npos);
   }
+}
+
+// The data events of a stream (SSE comments dropped), one JSON text each.
+std::vector<std::string> DataEvents(const std::string& sse) {
+  std::vector<std::string> out;
+  for (size_t at = sse.find("data: "); at != std::string::npos; at = sse.find("data: ", at)) {
+    size_t end = sse.find("\n\n", at);
+    out.push_back(sse.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return out;
+}
+
+TEST_CASE("liveness: the role chunk goes out at admission, every heartbeat is also a data event") {
+  Service s(Options(2));
+  ScriptedBackend b;
+  s.SetBackend(&b);
+  auto job = Admit(s, Chat(R"("stream":true)"));
+  std::vector<std::string> writes;
+  s.RunChat(*job, [&](std::string_view bytes) {
+    writes.emplace_back(bytes);
+    return true;
+  });
+  REQUIRE(writes.size() > 4);
+  // Before the queue turn: the first chunk, role only (what an OpenAI-SDK
+  // client's idle timer counts; an SSE comment never reaches it).
+  std::vector<std::string> first = DataEvents(writes[0]);
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].find(R"("delta":{"role":"assistant","content":""})") != std::string::npos);
+  // Each prefill heartbeat: the progress as a comment plus an empty delta.
+  CHECK(writes[1].rfind(": prefill 0/3 tokens", 0) == 0);
+  std::vector<std::string> beat = DataEvents(writes[1]);
+  REQUIRE(beat.size() == 1);
+  CHECK(beat[0].find(R"("delta":{})") != std::string::npos);
+  // Exactly one chunk carries the role.
+  std::string all;
+  for (const std::string& w : writes) all += w;
+  size_t roles = 0;
+  for (const std::string& e : DataEvents(all)) roles += e.find("\"role\"") != std::string::npos;
+  CHECK(roles == 1);
+  CHECK(all.find("Hello, 世界") != std::string::npos);
+}
+
+TEST_CASE("return_progress: llama-server's prompt_progress chunks from full engine reports") {
+  Service s(Options(2));
+  ScriptedBackend b;
+  b.full_progress = true;
+  b.cached = 1;
+  s.SetBackend(&b);
+  auto job = Admit(s, Chat(R"("stream":true,"return_progress":true)"));
+  std::string out = Run(s, *job);
+  std::vector<std::string> progress;
+  for (const std::string& e : DataEvents(out)) {
+    if (e.find("prompt_progress") != std::string::npos) progress.push_back(e);
+  }
+  // The first two reports always go out (heartbeat 5 ms: later ones may too).
+  REQUIRE(progress.size() >= 2);
+  const int64_t prompt = int64_t(job->prompt_ids.size());
+  std::string expect0 =
+      R"("prompt_progress":{"total":)" + std::to_string(prompt) +
+      R"(,"cache":1,"processed":1,"time_ms":0,"eta_ms":null,"layers":61,"units_done":0,"units_total":183,)"
+      R"("window_tokens":)" +
+      std::to_string(prompt - 1) + R"(,"expert_bytes_read":0})";
+  CHECK(progress[0].find(expect0) != std::string::npos);
+  CHECK(progress[0].find(R"("object":"chat.completion.chunk")") != std::string::npos);
+  CHECK(progress[0].find(R"("delta":{})") != std::string::npos);
+  CHECK(progress[1].find(R"("time_ms":250,"eta_ms":500,"layers":61,"units_done":61)") !=
+        std::string::npos);
+  // The comment heartbeat carries the same report as text.
+  CHECK(out.find(": prefill 0/" + std::to_string(prompt - 1) +
+                 " tokens (0%), 1 cached, 61 layers") != std::string::npos);
+  // Without return_progress: no prompt_progress, keepalive chunks instead.
+  auto plain = Admit(s, Chat(R"("stream":true)"));
+  std::string out2 = Run(s, *plain);
+  CHECK(out2.find("prompt_progress") == std::string::npos);
+  CHECK(out2.find(R"("delta":{})") != std::string::npos);
+  // A whole answer keeps whitespace heartbeats only.
+  auto whole = Admit(s, Chat(R"("return_progress":true)"));
+  std::string out3 = Run(s, *whole);
+  CHECK(out3.find("prompt_progress") == std::string::npos);
+  CHECK(out3.find_first_not_of(' ') != std::string::npos);
+  CHECK(out3[out3.find_first_not_of(' ')] == '{');
+  // return_progress must be a boolean.
+  CHECK(RejectStatus(s, Chat(R"("return_progress":1)")) == 400);
+}
+
+TEST_CASE("a token-counting engine's reports become the same progress objects") {
+  Service s(Options(2));
+  ScriptedBackend b;  // on_prefill_progress(layer, 3): 3 tokens to prefill
+  s.SetBackend(&b);
+  auto job = Admit(s, Chat(R"("stream":true,"return_progress":true)"));
+  std::string out = Run(s, *job);
+  const int64_t prompt = int64_t(job->prompt_ids.size());
+  std::string total = R"("prompt_progress":{"total":)" + std::to_string(prompt) + R"(,"cache":)" +
+                      std::to_string(prompt - 3) + R"(,"processed":)" + std::to_string(prompt - 3);
+  CHECK(out.find(total) != std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // SSE chunks and the whole response from engine::Delta events.
 #include "k3/server/stream.h"
 
+#include <cstdio>
+
 #include "k3/core/json_writer.h"
 
 namespace k3::server {
@@ -221,6 +223,81 @@ std::string ChatStream::Error(const ApiError& error) {
 }
 
 std::string ChatStream::Heartbeat(std::string_view what) { return ": " + std::string(what) + "\n\n"; }
+
+std::string ChatStream::Opening() {
+  if (finished_ || role_sent_) return {};
+  role_sent_ = true;
+  return Chunk("{\"role\":\"assistant\",\"content\":\"\"}", nullptr);
+}
+
+std::string ChatStream::KeepAlive() {
+  if (finished_) return {};
+  if (!role_sent_) return Opening();
+  return Chunk("{}", nullptr);
+}
+
+std::string ChatStream::ProgressChunk(const engine::PrefillProgress& progress) {
+  if (finished_) return {};
+  std::string out = Opening();
+  JsonWriter j;
+  Envelope(j, meta_, "chat.completion.chunk")
+      .Key("choices")
+      .BeginArray()
+      .BeginObject()
+      .Field("index", 0)
+      .Key("delta")
+      .Raw("{}")
+      .Key("logprobs")
+      .Null()
+      .Key("finish_reason")
+      .Null()
+      .EndObject()
+      .EndArray()
+      .Key("prompt_progress")
+      .Raw(PromptProgressJson(progress))
+      .EndObject();
+  return out + Event(j.str());
+}
+
+std::string PromptProgressJson(const engine::PrefillProgress& p) {
+  JsonWriter j;
+  j.BeginObject()
+      .Field("total", p.prompt_tokens)
+      .Field("cache", p.cached_tokens)
+      .Field("processed", p.cached_tokens + p.done)
+      .Field("time_ms", int64_t(p.elapsed_s * 1000.0 + 0.5))
+      .Key("eta_ms");
+  if (p.eta_s >= 0)
+    j.Int(int64_t(p.eta_s * 1000.0 + 0.5));
+  else
+    j.Null();
+  j.Field("layers", p.layers)
+      .Field("units_done", p.units_done)
+      .Field("units_total", p.units_total)
+      .Field("window_tokens", p.window_tokens)
+      .Field("expert_bytes_read", p.expert_bytes_read)
+      .EndObject();
+  return j.Take();
+}
+
+std::string ProgressText(const engine::PrefillProgress& p) {
+  char buf[192];
+  int n = std::snprintf(buf, sizeof buf, "prefill %lld/%lld tokens (%d%%)",
+                        static_cast<long long>(p.done), static_cast<long long>(p.total),
+                        p.units_total > 0 ? int(100 * p.units_done / p.units_total)
+                        : p.total > 0     ? int(100 * p.done / p.total)
+                                          : 0);
+  auto more = [&](const char* fmt, auto... args) {
+    if (n > 0 && size_t(n) < sizeof buf)
+      n += std::snprintf(buf + n, sizeof buf - size_t(n), fmt, args...);
+  };
+  if (p.cached_tokens > 0) more(", %lld cached", static_cast<long long>(p.cached_tokens));
+  if (p.layers > 0) more(", %lld layers", static_cast<long long>(p.layers));
+  if (p.expert_bytes_read > 0) more(", %.1f MB read", double(p.expert_bytes_read) / 1e6);
+  more(", %.1f s", p.elapsed_s);
+  if (p.eta_s >= 0) more(", eta %.0f s", p.eta_s);
+  return buf;
+}
 
 ChatAccumulator::ChatAccumulator(ResponseMeta meta) : stream_(meta, false), meta_(std::move(meta)) {}
 

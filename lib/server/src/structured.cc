@@ -7,9 +7,12 @@
 namespace k3::server {
 namespace {
 
-constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param) {
+// strict (a strict tool, json_schema with strict true): what k3 cannot
+// enforce is a 400. Otherwise it is relaxed to a superset (docs/constrain.md
+// "Relaxed keywords"), so a client's schema is never refused.
+constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param, bool strict) {
   try {
-    return constrain::Schema::CompileOrThrow(schema_json);
+    return constrain::Schema::CompileOrThrow(schema_json, {.strict = strict});
   } catch (const Error& e) {
     // kUnsupported stays (the error's code "unsupported"); a schema that is not
     // JSON or cannot be satisfied is the client's invalid value. Both are 400s.
@@ -21,13 +24,23 @@ constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_
 
 // K3 calls carry an object of arguments: a parameters schema whose type is
 // something else cannot be honoured.
-void RequireObjectSchema(const std::string& schema_json, std::string_view param) {
+bool IsNotObjectSchema(const std::string& schema_json) {
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS) return;  // CompileAt says why
+  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS) return false;  // CompileAt says why
   simdjson::dom::element type;
-  if (!root.is_object() || root["type"].get(type) != simdjson::SUCCESS) return;
-  if (type.is_string() && type.get_string().value_unsafe() == "object") return;
+  if (!root.is_object() || root["type"].get(type) != simdjson::SUCCESS) return false;
+  return !(type.is_string() && type.get_string().value_unsafe() == "object");
+}
+
+bool WhollyRelaxed(const constrain::CompiledSchema& s) {
+  for (const constrain::Relaxation& r : s.relaxations())
+    if (r.keyword == "schema") return true;
+  return false;
+}
+
+void RequireObjectSchema(const std::string& schema_json, std::string_view param) {
+  if (!IsNotObjectSchema(schema_json)) return;
   throw Error(ErrorCode::kInvalidArgument,
               std::string(param) + " must describe an object (\"type\": \"object\"): tool arguments are an object",
               {}, Error::kNoOffset, std::string(param));
@@ -41,8 +54,14 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
     engine::ToolConstraint c;
     c.name = t.name;
     if (!t.parameters_json.empty()) {
-      c.parameters = CompileAt(t.parameters_json, t.param);
-      RequireObjectSchema(t.parameters_json, t.param);
+      c.parameters = CompileAt(t.parameters_json, t.param, t.strict);
+      if (t.strict) {
+        RequireObjectSchema(t.parameters_json, t.param);
+      } else if (IsNotObjectSchema(t.parameters_json) || WhollyRelaxed(c.parameters)) {
+        // K3's arguments are an object: a schema of something else, or one
+        // relaxed to "any value", constrains them to any object.
+        c.parameters = constrain::Schema::JsonObject();
+      }
     }
     spec->tools.push_back(std::move(c));
   }
@@ -71,7 +90,7 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
   if (r.response_format == ResponseFormat::kJsonObject) {
     spec->response = constrain::Schema::JsonObject();
   } else if (r.response_format == ResponseFormat::kJsonSchema) {
-    spec->response = CompileAt(r.response_schema_json, response_param);
+    spec->response = CompileAt(r.response_schema_json, response_param, r.response_strict);
   }
   if (r.thinking && r.think_budget >= 0) spec->think_budget = r.think_budget;
   r.structured = spec->active() ? std::move(spec) : nullptr;

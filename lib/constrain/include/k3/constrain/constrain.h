@@ -28,6 +28,15 @@ class Tokenizer;
 
 namespace k3::constrain {
 
+// A keyword that a non-strict compile did not enforce as written: what it
+// did instead (always a superset: every value valid under the original schema
+// stays valid under what is enforced). docs/constrain.md lists the rules.
+struct Relaxation {
+  std::string keyword;  // e.g. "pattern", "oneOf", "schema" (the whole schema)
+  std::string pointer;  // JSON pointer of the schema object that holds it ("/" = root)
+  std::string what;     // e.g. "dropped: lookahead is not supported"
+};
+
 // A compiled schema: the nodes of the byte automaton (private layout,
 // src/schema_internal.h). Copies share the same immutable nodes.
 class CompiledSchema {
@@ -35,6 +44,8 @@ class CompiledSchema {
   struct Impl;
   explicit CompiledSchema(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   const Impl& impl() const { return *impl_; }
+  // Empty for a strict compile (and for a non-strict one that relaxed nothing).
+  const std::vector<Relaxation>& relaxations() const;
 
  private:
   std::shared_ptr<const Impl> impl_;
@@ -53,9 +64,20 @@ inline constexpr int kMaxAlternatives = 64;  // anyOf / oneOf / type alternative
 inline constexpr int kMaxNodes = 20000;      // compiled nodes per schema (bounds compile time and memory)
 inline constexpr size_t kMaxSchemaBytes = 4u << 20;  // schema text
 
+struct CompileOptions {
+  // true: a keyword the subset cannot enforce is refused (kUnsupported naming
+  // the keyword and its JSON pointer). false: it is relaxed to a superset
+  // (dropped, oneOf read as anyOf, a lookahead left out of a pattern, ...) and
+  // noted in CompiledSchema::relaxations(); a schema that still does not
+  // compile (not a schema, unsatisfiable, past a cap) becomes "any value" (a
+  // Relaxation with keyword "schema"), so only oversized text is refused.
+  bool strict = true;
+};
+
 struct Schema {
   // Compiles a JSON Schema document (draft 2020-12 / 7 keywords of the subset).
   static CompiledSchema CompileOrThrow(std::string_view schema_json);
+  static CompiledSchema CompileOrThrow(std::string_view schema_json, const CompileOptions& options);
   // response_format json_object: any compact JSON object.
   static CompiledSchema JsonObject();
   // Any compact JSON value.

@@ -193,6 +193,29 @@ struct Timings {
   double prefill_tok_per_s = 0; // prefilled tokens / prefill_s
   double decode_tok_per_s = 0;  // (completion_tokens - 1) / decode_s
   double constrain_s = 0;       // structured output: masks, draw checks, steering and forced ids (inside decode_s)
+  // Prefill windows (issue 25): the largest window this call's prefill used
+  // (tokens run layer-major together), how many windows it took, and the
+  // expert bytes read from disk during the prefill.
+  int64_t prefill_window = 0;
+  int64_t prefill_windows = 0;
+  uint64_t prefill_expert_bytes = 0;
+};
+
+// Prefill progress (issue 25), passed to Callbacks::on_prefill between layers
+// and between experts of a long expert pass. Token counts are of this call;
+// `units_*` count token-layers so that progress moves inside a big window.
+struct PrefillProgress {
+  int64_t prompt_tokens = 0;   // the whole prompt
+  int64_t cached_tokens = 0;   // reused (session prefix or checkpoint), not prefilled
+  int64_t total = 0;           // tokens this call prefills (prompt - cached)
+  int64_t done = 0;            // of `total`, tokens through the whole stack
+  int64_t layers = 0;          // layers in the stack
+  int64_t units_done = 0;      // token-layers done (finer than `done` inside a window)
+  int64_t units_total = 0;     // total * layers
+  int64_t window_tokens = 0;   // the current window's size
+  uint64_t expert_bytes_read = 0;  // read from disk by this call's prefill so far
+  double elapsed_s = 0;
+  double eta_s = -1;           // < 0: not yet known
 };
 
 struct GenerateResult {
@@ -216,6 +239,9 @@ struct Callbacks {
   // During prefill, between layers: tokens done of total. Return false to
   // cancel. Also the place for a server's heartbeat.
   std::function<bool(int64_t done, int64_t total)> on_prefill_progress;
+  // During prefill, between layers (and between experts in a long expert pass). Return false to cancel.
+  // Called before on_prefill_progress at each point; both are honoured.
+  std::function<bool(const PrefillProgress&)> on_prefill;
   // Polled between layers and tokens; true = cancel.
   const std::atomic<bool>* cancel = nullptr;
 };

@@ -25,6 +25,11 @@ struct StructuredOutput;  // k3/engine/engine.h
 
 namespace k3::server {
 
+// The temperature / top_p values `--sampling k3` accepts besides the model's
+// defaults (KVV tests/params); /v1/models lists them for the web page.
+inline constexpr double kLockedTemperatures[] = {0.0, 0.6, 1.0};
+inline constexpr double kLockedTopP[] = {0.95, 1.0};
+
 // Operator choices that shape what a request may ask for.
 struct ApiPolicy {
   // Sampling values a client may send without --sampling free: the model's
@@ -50,7 +55,9 @@ struct ApiPolicy {
 struct ToolSpec {
   std::string name;
   std::string parameters_json;  // the JSON Schema text as sent; "" = none given
-  bool strict = false;          // function.strict (OpenAI); always constrained once a call opens
+  // function.strict (OpenAI): what k3 cannot enforce is a 400. Not strict: it
+  // is relaxed to a superset (docs/constrain.md). Constrained once a call opens.
+  bool strict = false;
   // Where parameters_json sits in the request ("tools[0].function.parameters"),
   // the param of a 400 when it does not compile.
   std::string param;
@@ -63,6 +70,7 @@ struct ChatRequest {
   std::string model;  // as sent (may be empty)
   bool stream = false;
   bool include_usage = false;
+  bool return_progress = false;  // llama-server's return_progress: prompt_progress during prefill
   int64_t max_tokens = 0;  // resolved: max_completion_tokens, max_tokens or the policy default
   bool max_tokens_from_request = false;
   std::vector<std::string> stop;
@@ -78,6 +86,7 @@ struct ChatRequest {
   std::string tool_choice_name;         // kNamed: the one function allowed
   ResponseFormat response_format = ResponseFormat::kText;
   std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
+  bool response_strict = false;         // kJsonSchema: json_schema.strict (false: relaxed, as for tools)
   // A hard cap on think tokens (the Messages API's thinking.budget_tokens);
   // -1: none. Compiled into structured->think_budget.
   int64_t think_budget = -1;
@@ -97,8 +106,10 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
 
 // Compiles tools[].parameters_json and response_schema_json into
 // request.structured (docs/server.md "Constrained decoding"), for every API
-// parser that fills those fields. A schema k3 cannot enforce is refused, never
-// served unconstrained: kUnsupported (the keyword is named in the message) or
+// parser that fills those fields. A strict schema (ToolSpec::strict,
+// response_strict) that k3 cannot enforce is refused, never served
+// unconstrained; any other is relaxed to a superset and never refused for its
+// keywords. Refusals: kUnsupported (the keyword is named in the message) or
 // kInvalidArgument (not a schema, or unsatisfiable), whose object() is the
 // ToolSpec's param or `response_param`, so ApiErrorFor gives a 400 naming it.
 // kNamed needs tool_choice_name among the tools (kInvalidArgument naming

@@ -29,6 +29,7 @@ struct MessagesRequest {
   // request.render_json is this body with the renderer's options).
   std::string openai_body;
   bool disable_parallel_tool_use = false;  // accepted; advisory (docs/server.md)
+  bool thinking_omitted = false;  // thinking.display "omitted": thinking blocks are sent empty
 };
 
 // Stop sequences a Messages request may carry (the engine's own limit).

@@ -22,6 +22,8 @@ struct MessageMeta {
   std::string id;     // "msg_..."
   std::string model;
   int64_t prompt_tokens = 0;  // for message_start, before the engine reports cache reuse
+  bool thinking_omitted = false;  // thinking.display "omitted": no thinking text goes out
+  bool return_progress = false;   // k3's prefill_progress events (docs/server.md)
 };
 
 // "stop_reason" from the engine's outcome: max_tokens, tool_use,
@@ -43,6 +45,8 @@ class MessageEvents : public ResponseWriter {
   std::string Begin() override;  // message_start (streamed); "" otherwise
   std::string OnDelta(const engine::Delta& delta) override;
   std::string Heartbeat(std::string_view what) override;  // event: ping / JSON whitespace
+  std::string Progress(
+      const engine::PrefillProgress& progress) override;  // ping (+ prefill_progress)
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override;
   std::string Error(const ApiError& error) override;  // event: error / the error object
 

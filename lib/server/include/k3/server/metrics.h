@@ -33,6 +33,9 @@ struct RequestOutcome {
   double ttft_s = -1;         // < 0: no token was generated
   double decode_s_per_token = -1;
   double queue_wait_s = 0;
+  // Prompt tokens the engine prefilled (not cached) and the seconds it took.
+  int64_t prefill_tokens = 0;
+  double prefill_s = 0;
 };
 
 class Metrics {
@@ -54,6 +57,9 @@ class Metrics {
   uint64_t cancelled_by_phase_[3] = {0, 0, 0};
   std::vector<std::pair<int, uint64_t>> rejected_by_status_;
   uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
+  uint64_t prefill_tokens_ = 0;
+  double prefill_s_ = 0;
+  double last_prefill_tok_per_s_ = 0;  // of the last request that prefilled anything
   Histogram ttft_, decode_, queue_wait_;
 };
 

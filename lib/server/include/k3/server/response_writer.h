@@ -24,14 +24,24 @@ class ResponseWriter {
   // Bytes for one delta; empty while everything is held back or the answer
   // is sent whole at the end.
   virtual std::string OnDelta(const engine::Delta& delta) = 0;
-  // Traffic the client ignores (an SSE comment or ping, JSON whitespace).
+  // Traffic that keeps the client's idle timers alive while the request waits,
+  // prefills or holds bytes back: an SSE comment plus a data event the API's
+  // SDKs count (an empty-delta chunk, a ping, response.in_progress), or JSON
+  // whitespace for a whole answer.
   virtual std::string Heartbeat(std::string_view what) = 0;
+  // During prefill, at most once per heartbeat period: the heartbeat with the
+  // progress as its text, and the API's progress event when the request asked
+  // for it (return_progress).
+  virtual std::string Progress(const engine::PrefillProgress& progress) {
+    return Heartbeat(ProgressText(progress));
+  }
   virtual std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) = 0;
   // After the 200 status went out: the error in the body.
   virtual std::string Error(const ApiError& error) = 0;
 };
 
 // chat.completions: SSE chunks when `stream`, else one JSON object.
-std::unique_ptr<ResponseWriter> MakeChatWriter(const ResponseMeta& meta, bool stream, bool include_usage);
+std::unique_ptr<ResponseWriter> MakeChatWriter(const ResponseMeta& meta, bool stream,
+                                               bool include_usage, bool return_progress = false);
 
 }  // namespace k3::server

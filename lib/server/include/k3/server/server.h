@@ -110,6 +110,8 @@ class Service {
   std::variant<HttpReply, std::unique_ptr<Job>> PrepareChat(std::string_view body);
   // The same for POST /v1/messages (messages_service.cc).
   std::variant<HttpReply, std::unique_ptr<Job>> PrepareMessages(std::string_view body);
+  // The same for POST /v1/responses (responses_service.cc).
+  std::variant<HttpReply, std::unique_ptr<Job>> PrepareResponses(std::string_view body);
   // POST /v1/messages/count_tokens: {"input_tokens": N}.
   HttpReply CountTokens(std::string_view body);
   static bool IsStream(const Job& job);

@@ -69,6 +69,16 @@ class ChatStream {
   std::string Error(const ApiError& error);
   // An SSE comment line: clients ignore it, proxies and timeouts see traffic.
   static std::string Heartbeat(std::string_view what);
+  // The first chunk, sent as soon as the request is admitted: delta
+  // {"role":"assistant","content":""}. Later chunks carry no role.
+  std::string Opening();
+  // A data event the SDKs and agents' idle timers count (an SSE comment is
+  // dropped by their parsers): an empty delta, or the opening when none went
+  // out yet. Sent while queued, prefilling or holding back bytes.
+  std::string KeepAlive();
+  // llama-server's progress chunk (return_progress): an empty delta plus
+  // "prompt_progress" (PromptProgressJson).
+  std::string ProgressChunk(const engine::PrefillProgress& progress);
 
   const AnswerState& answer() const { return answer_; }
   bool finished() const { return finished_; }
@@ -99,6 +109,16 @@ class ChatAccumulator {
   ChatStream stream_;
   ResponseMeta meta_;
 };
+
+// llama-server's prompt_progress object {total, cache, processed, time_ms}
+// (prompt tokens, of them cached, cached + prefilled so far, ms since the
+// prefill began) plus k3's extras: eta_ms (null while unknown), layers,
+// units_done / units_total (token x layer steps), window_tokens,
+// expert_bytes_read. docs/server.md "Prefill progress".
+std::string PromptProgressJson(const engine::PrefillProgress& progress);
+// The same as one line of text, for SSE comment heartbeats:
+// "prefill 1200/4096 tokens (29%), 3 layers, 1.2 GB read, eta 41 s".
+std::string ProgressText(const engine::PrefillProgress& progress);
 
 // JSON pieces shared by both forms.
 std::string UsageJson(const engine::Usage& usage);
