@@ -1,12 +1,16 @@
 #include "cli_util.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
+#include "k3/core/sys.h"
 #if K3_HAVE_VULKAN
 #include "k3/vulkan/tier.h"
 #endif
@@ -84,7 +88,20 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
   cmd->add_option("--threads", flags.threads, "compute threads, 1 to 1024 (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--quiet,-q", flags.quiet, "no load progress or stats lines on stderr (warnings and errors stay)");
+  cmd->add_flag_callback(
+      "--progress", [&flags] { flags.progress_line = 1; },
+      "the prefill progress line on stderr (default: when stderr is a terminal)");
+  cmd->add_flag_callback(
+      "--no-progress", [&flags] { flags.progress_line = 0; }, "no prefill progress line");
   AddCheckpointFlags(cmd, flags);
+  AddPrefillFlags(cmd, flags);
+}
+
+void AddPrefillFlags(CLI::App* cmd, RuntimeFlags& flags) {
+  cmd->add_option("--prefill-mem-gb", flags.prefill_mem_gb,
+                  "memory a prefill window may hold, GB (default K3_PREFILL_GB, else sized from "
+                  "MemAvailable; docs/engine.md)")
+      ->check(CLI::Range(0.001, 1e6));
 }
 
 void AddCheckpointFlags(CLI::App* cmd, RuntimeFlags& flags) {
@@ -109,6 +126,7 @@ engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const Runti
   o.checkpoints.disk_dir = flags.ckpt_dir;
   o.checkpoints.disk_gb = flags.ckpt_disk_gb;
   o.checkpoint_every = flags.ckpt_every;
+  if (flags.prefill_mem_gb > 0) o.prefill_budget_bytes = flags.prefill_mem_gb * 1e9;
 #if K3_HAVE_VULKAN
   // The Vulkan expert tier for every command when K3_VK=1 (docs/vulkan.md).
   const vulkan::TierOptions vk = vulkan::TierOptions::FromEnv();
@@ -119,6 +137,64 @@ engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const Runti
     if (CurrentLogLevel() < LogLevel::kWarn) SetLogLevel(LogLevel::kWarn);
   }
   return o;
+}
+
+PrefillProgressLine::PrefillProgressLine(const RuntimeFlags& flags) {
+  tty_ = isatty(STDERR_FILENO) != 0;
+  enabled_ = flags.progress_line == 1 || (flags.progress_line < 0 && tty_ && !flags.quiet);
+}
+
+std::string PrefillProgressLine::Format(const engine::PrefillProgress& p) {
+  const int64_t layers = std::max<int64_t>(p.layers, 1);
+  // The layer the current window is in: its token-layers past the whole windows.
+  int64_t layer = layers;
+  if (p.window_tokens > 0 && p.done < p.total) {
+    layer = std::min(layers, (p.units_done - p.done * layers) / p.window_tokens + 1);
+  }
+  const double tok_s = p.elapsed_s > 0 ? static_cast<double>(p.units_done) /
+                                             static_cast<double>(layers) / p.elapsed_s
+                                       : 0;
+  char eta[32] = "?";
+  if (p.eta_s >= 0) {
+    const long long s = std::llround(p.eta_s);
+    if (s >= 3600) {
+      std::snprintf(eta, sizeof eta, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    } else {
+      std::snprintf(eta, sizeof eta, "%lld:%02lld", s / 60, s % 60);
+    }
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "prefill %lld/%lld tokens · layer %lld/%lld · %.1f GB read · %.0f tok/s · ETA %s",
+                static_cast<long long>(p.done), static_cast<long long>(p.total),
+                static_cast<long long>(layer), static_cast<long long>(layers),
+                static_cast<double>(p.expert_bytes_read) / 1e9, tok_s, eta);
+  return buf;
+}
+
+bool PrefillProgressLine::Update(const engine::PrefillProgress& p) {
+  if (!enabled_) return true;
+  const double now = NowSeconds();
+  if (shown_ && now - last_draw_ < 0.2) return true;
+  last_draw_ = now;
+  const std::string line = Format(p);
+  // On a terminal the line is redrawn in place; elsewhere (--progress into a
+  // file or pipe) each update is its own line.
+  if (tty_) {
+    std::fprintf(stderr, "\r%s\033[K", line.c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+  shown_ = true;
+  return true;
+}
+
+void PrefillProgressLine::Clear() {
+  if (!shown_) return;
+  if (tty_) std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  shown_ = false;
 }
 
 }  // namespace k3::run

@@ -28,6 +28,11 @@ struct RuntimeFlags {
   std::string ckpt_dir;
   double ckpt_disk_gb = 50.0;
   int64_t ckpt_every = 1024;
+  // --prefill-mem-gb: the prefill window budget, GB; < 0: K3_PREFILL_GB or from MemAvailable.
+  double prefill_mem_gb = -1;
+  // The prefill progress line on stderr: -1 when stderr is a TTY (and not
+  // --quiet), 1 --progress, 0 --no-progress.
+  int progress_line = -1;
 };
 // Adds --temp, --top-p, --seed, --threads, --quiet and the --ckpt-* flags with range checks;
 // `temp_default` / `top_p_default` are only named in the help text.
@@ -36,7 +41,30 @@ void AddRuntimeFlags(CLI::App* cmd, RuntimeFlags& flags, const std::string& temp
 // Only the --ckpt-* flags (into flags.ckpt_*): the one definition that
 // generate, chat (through AddRuntimeFlags) and serve share.
 void AddCheckpointFlags(CLI::App* cmd, RuntimeFlags& flags);
-// EngineOptions::FromEnv plus the flags (threads, quiet, checkpoints).
+// --prefill-mem-gb (generate, chat and serve).
+void AddPrefillFlags(CLI::App* cmd, RuntimeFlags& flags);
+// EngineOptions::FromEnv plus the flags (threads, quiet, checkpoints, prefill budget).
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags);
+
+// The `prefill 4096/16384 tokens · layer 41/93 · 12.3 GB read · 310 tok/s · ETA 0:52`
+// line (issue 25): one line, rewritten in place with \r at most every 0.2 s,
+// on stderr; cleared by Clear() (before output follows, and at the end).
+class PrefillProgressLine {
+ public:
+  // Enabled when flags.progress_line says 1, or -1 with stderr a TTY and not --quiet.
+  explicit PrefillProgressLine(const RuntimeFlags& flags);
+  ~PrefillProgressLine() { Clear(); }
+  // For Callbacks::on_prefill: draws (throttled) and returns true.
+  bool Update(const engine::PrefillProgress& p);
+  void Clear();
+  static std::string Format(const engine::PrefillProgress& p);
+
+ private:
+  bool enabled_ = false;
+  bool tty_ = false;
+  bool shown_ = false;
+  double last_draw_ = -1;
+  size_t last_len_ = 0;
+};
 
 }  // namespace k3::run

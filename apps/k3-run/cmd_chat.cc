@@ -169,13 +169,17 @@ void RunChat(const ChatArgs& args) {
   auto generate = [&](const std::function<engine::GenerateResult(const engine::Callbacks&)>& run) {
     TurnPrinter printer(tty, color);
     engine::Callbacks cb;
+    PrefillProgressLine progress(args.flags);
+    cb.on_prefill = [&](const engine::PrefillProgress& p) { return progress.Update(p); };
     cb.on_delta = [&](const engine::Delta& d) {
+      progress.Clear();
       printer.Show(d);
       return true;
     };
     cb.cancel = &g_interrupted;  // Ctrl-C, during prefill too
     InterruptScope interrupt;
     engine::GenerateResult r = run(cb);
+    progress.Clear();
     printer.End(r);
     show_usage(r);
   };

@@ -110,7 +110,10 @@ void RunGenerate(const GenerateArgs& args) {
   if (dumps.logits_all || dumps.trace) req.prefill_outputs = &dumps;
   const bool print_text = tokenizer && !args.json;
   engine::Callbacks cb;
+  PrefillProgressLine progress(args.flags);
+  cb.on_prefill = [&](const engine::PrefillProgress& p) { return progress.Update(p); };
   cb.on_delta = [&](const engine::Delta& d) {
+    progress.Clear();
     if (print_text) {
       std::fwrite(d.content.data(), 1, d.content.size(), stdout);
       std::fflush(stdout);
@@ -118,6 +121,7 @@ void RunGenerate(const GenerateArgs& args) {
     return true;
   };
   const engine::GenerateResult r = eng->Generate(req, cb);
+  progress.Clear();
   if (!args.logits_path.empty()) WriteFloats(args.logits_path, logits_all);
   if (!args.trace_path.empty()) WriteFloats(args.trace_path, trace);
   // A clean end: the checkpoints of this prompt go to --ckpt-dir (when set),
@@ -158,6 +162,10 @@ void RunGenerate(const GenerateArgs& args) {
     j.Field("peak_rss_bytes", PeakRssBytes());
     j.Field("idot", eo.run.idot);
     j.Field("chunk", static_cast<int64_t>(eo.run.chunk));
+    j.Field("prefill_window", r.timings.prefill_window);
+    j.Field("prefill_windows", r.timings.prefill_windows);
+    j.Field("prefill_expert_bytes", r.timings.prefill_expert_bytes);
+    j.Field("prefill_budget_bytes", eng->options().run.prefill_budget_bytes);
     stream::WriteStreamStatsJson(
         eng->streaming(),
         static_cast<uint64_t>(T) * static_cast<uint64_t>(c.num_experts_per_token) *

@@ -125,6 +125,7 @@ void SetupServe(CLI::App& root) {
   cmd->add_option("--threads", args->runtime.threads, "compute threads (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   AddCheckpointFlags(cmd, args->runtime);
+  AddPrefillFlags(cmd, args->runtime);
   cmd->callback([args] { RunServe(*args); });
 }
 

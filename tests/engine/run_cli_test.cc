@@ -71,8 +71,8 @@ TEST_CASE("k3-run refuses out-of-range flags, naming them") {
 }
 
 TEST_CASE("k3-run refuses out-of-range K3_* values with exit 2, naming the variable") {
-  for (const std::string& env : {"K3_MMAP=2", "K3_TOPP=2", "K3_MAXT=-1", "K3_LOG=bogus", "K3_CHUNK=0",
-                                 "K3_EXPERT_GB=lots"}) {
+  for (const std::string& env : {"K3_MMAP=2", "K3_TOPP=2", "K3_MAXT=-1", "K3_LOG=bogus",
+                                 "K3_CHUNK=-1", "K3_EXPERT_GB=lots", "K3_PREFILL_GB=0"}) {
     CAPTURE(env);
     Result r = Run(env, "generate " + kTiny + " " + kIds + " --ngen 1");
     CHECK(r.code == 2);
@@ -137,4 +137,34 @@ TEST_CASE("k3-run chat on a terminal: dim reasoning unless NO_COLOR") {
   const std::string plain = tty_run("NO_COLOR=1");
   CHECK(plain.find("\x1b[") == std::string::npos);
   CHECK(plain.find("[think] ") != std::string::npos);
+}
+
+TEST_CASE(
+    "k3-run generate: the prefill progress line on a terminal or with --progress, never "
+    "otherwise") {
+  const std::string first = "prefill 0/5 tokens · layer 1/8 · ";
+  // stderr to a file: no line unless --progress (then one line per update).
+  Result forced = Run("", "generate " + kTiny + " " + kIds + " --ngen 2 --progress");
+  REQUIRE(forced.code == 0);
+  CHECK(forced.err.find(first) != std::string::npos);
+  CHECK(forced.err.find("ETA ") != std::string::npos);
+  Result plain = Run("", "generate " + kTiny + " " + kIds + " --ngen 2");
+  REQUIRE(plain.code == 0);
+  CHECK(plain.err.find("prefill 0/") == std::string::npos);
+  // On a terminal (script(1) gives a pseudo-terminal): redrawn in place with
+  // \r and cleared before the answer; --no-progress turns it off.
+  auto tty_run = [&](const std::string& flags) {
+    const std::string base = "/tmp/k3_run_cli_ptty_" + std::to_string(::getpid());
+    const std::string cmd = "OMP_NUM_THREADS=1 script -qec '" + kRun + " generate " + kTiny + " " +
+                            kIds + " --ngen 2 " + flags + "' /dev/null > " + base +
+                            " 2>&1 < /dev/null";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    std::string out = ReadFileOrThrow(base, 1 << 20);
+    std::remove(base.c_str());
+    return out;
+  };
+  const std::string tty = tty_run("");
+  CHECK(tty.find("\r" + first) != std::string::npos);
+  CHECK(tty.find("\r\x1b[K") != std::string::npos);
+  CHECK(tty_run("--no-progress").find("prefill 0/") == std::string::npos);
 }

@@ -228,29 +228,47 @@ void CheckpointCache::Touch(Entry& e) { e.last_use = ++tick_; }
 
 void CheckpointCache::Save(model::Session& session) {
   if (slots_ == 0 || session.position() == 0) return;
-  const PublishAtExit publish{this};
-  const std::vector<int32_t>& h = session.history();
+  // The same ids give the same state: an entry with these ids is kept and
+  // marked used, and the session's state is only copied when it is missing.
+  Entry* same = Find(session.history());
+  Put(same != nullptr && same->ram ? nullptr : session.SaveCheckpoint(), &session.history());
+}
+
+void CheckpointCache::Put(std::shared_ptr<const model::SessionCheckpoint> checkpoint) {
+  if (slots_ == 0 || checkpoint == nullptr || checkpoint->position == 0) return;
+  const std::vector<int32_t>& ids = checkpoint->ids;
+  Put(std::move(checkpoint), &ids);
+}
+
+CheckpointCache::Entry* CheckpointCache::Find(const std::vector<int32_t>& ids) {
   for (Entry& e : entries_) {
-    if (e.ids.size() == h.size() && e.ids == h) {
-      // The same ids give the same state: keep the one we have.
-      if (!e.ram) {
-        e.ram = session.SaveCheckpoint();
-        ++stats_.ram_checkpoints;
-        ++stats_.saves;
-      }
-      Touch(e);
-      EnforceRam();
-      return;
-    }
+    if (e.ids.size() == ids.size() && e.ids == ids) return &e;
   }
-  Entry e;
-  e.ram = session.SaveCheckpoint();
-  if (!(e.ram->fingerprint == fingerprint_) || !(e.ram->layout == layout_)) {
+  return nullptr;
+}
+
+void CheckpointCache::Put(std::shared_ptr<const model::SessionCheckpoint> ck,
+                          const std::vector<int32_t>* ids) {
+  const PublishAtExit publish{this};
+  if (Entry* e = Find(*ids)) {
+    if (!e->ram && ck) {
+      e->ram = std::move(ck);
+      ++stats_.ram_checkpoints;
+      ++stats_.saves;
+    }
+    Touch(*e);
+    EnforceRam();
+    return;
+  }
+  K3_CHECK(ck != nullptr);
+  if (!(ck->fingerprint == fingerprint_) || !(ck->layout == layout_)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "checkpoint cache of another model or options (" + fingerprint_.options +
-                    ") used with a session running " + e.ram->fingerprint.options);
+                    ") used with a session running " + ck->fingerprint.options);
   }
-  e.ids = h;
+  Entry e;
+  e.ids = *ids;
+  e.ram = std::move(ck);
   e.last_use = ++tick_;
   entries_.push_back(std::move(e));
   ++stats_.saves;

@@ -73,6 +73,24 @@ std::string CallIdTag(const std::vector<int32_t>& ids, uint64_t seed) {
 
 }  // namespace
 
+int64_t ProgressUnits(const model::PrefillPoint& at) {
+  int64_t units = at.tokens_done * at.layers + at.window_tokens * at.layer;
+  if (at.experts_total > 0) {
+    // Inside a layer's expert pass: the experts done as a share of the
+    // layer's routed work (the attention before it counts as nothing).
+    units += at.window_tokens * at.experts_done / at.experts_total;
+  }
+  return units;
+}
+
+double PrefillBudgetFor(const stream::StreamOptions& stream, uint64_t available_bytes,
+                        uint64_t cache_bytes) {
+  constexpr double kActivationShare = 1.2e9;  // of StreamOptions::reserve_bytes (spec §8.2)
+  const double left = 0.88 * static_cast<double>(available_bytes) -
+                      (stream.reserve_bytes - kActivationShare) - static_cast<double>(cache_bytes);
+  return std::max(kActivationShare, left);
+}
+
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -138,6 +156,23 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
   }
   im.model = model::Model::LoadOrThrow(options.model_dir, im.options.load, im.options.snapshot);
   im.streaming = &stream::InstallStreamingStore(*im.model, im.options.stream);
+  if (im.options.prefill_budget_bytes < 0) {
+    const stream::CachePlan& plan = im.streaming->plan();
+    im.options.run.prefill_budget_bytes =
+        PrefillBudgetFor(im.options.stream, MemAvailableBytes(), plan.cache_bytes);
+  } else {
+    im.options.run.prefill_budget_bytes = im.options.prefill_budget_bytes;
+  }
+  if (im.options.progress) {
+    K3_LOG_INFO(
+        "prefill windows: %s (%s)",
+        im.options.run.chunk > 0
+            ? ("K3_CHUNK " + std::to_string(im.options.run.chunk) + " tokens").c_str()
+            : "sized per prompt",
+        ("budget " + FormatBytes(static_cast<uint64_t>(im.options.run.prefill_budget_bytes)) +
+         (im.options.prefill_budget_bytes < 0 ? " from MemAvailable" : " given"))
+            .c_str());
+  }
   if (im.options.on_model_loaded) im.options.on_model_loaded(*im.model);
   // The MLA cache grows on demand (doubling), so nothing is reserved for the
   // whole context up front.
@@ -230,31 +265,27 @@ void ValidateOrThrow(const GenerateRequest& r, const ModelConfig& c, bool has_he
 
 namespace {
 
-// Feeds `tail` in pieces ending at multiples of `every` positions, and the
-// last id of a tail longer than a chunk on its own, with a checkpoint after
-// every piece but the last (issue 13): a cancelled prefill resumes from the
-// last boundary, a retry of the same prompt from its last id. Chunked prefill
-// is bit-identical for any split. Stops early when the session is interrupted.
-// `also_at` (a position; 0: none) is one more boundary (GenerateRequest::checkpoint_at).
-void PrefillPieces(model::Session& s, CheckpointCache& cache, std::span<const int32_t> tail,
-                   int64_t every, int chunk, int64_t also_at, const model::ForwardOutputs& out,
-                   int64_t& piece_base) {
-  const int64_t start = s.position();
-  const int64_t end_all = start + static_cast<int64_t>(tail.size());
-  const bool retry_point = static_cast<int64_t>(tail.size()) > chunk;
-  int64_t pos = start;
-  while (pos < end_all) {
-    int64_t end = end_all;
-    if (every > 0) end = std::min(end_all, (pos / every + 1) * every);
-    if (end == end_all && retry_point && pos < end_all - 1) end = end_all - 1;
-    if (also_at > pos && also_at < end) end = also_at;
-    piece_base = pos - start;
-    s.Forward(tail.subspan(static_cast<size_t>(pos - start), static_cast<size_t>(end - pos)),
-              end == end_all ? out : model::ForwardOutputs{});
-    if (s.interrupted()) return;
-    pos = end;
-    if (pos < end_all) cache.Save(s);
+// A tail of at most this many tokens (or of K3_CHUNK when forced) gets no
+// checkpoint before its last id (the retry point): refeeding it is cheap.
+constexpr int64_t kRetryPointMin = 32;
+
+// Where the prefill of `tail` from `start` checkpoints (issue 13, now inside
+// windows, issue 25): every multiple of `every` positions, the position just
+// before a long tail's last id (a retry of the same prompt resumes there) and
+// `also_at` (GenerateRequest::checkpoint_at); all before the tail's end,
+// ascending.
+std::vector<int64_t> CheckpointPositions(int64_t start, int64_t n, int64_t every, int64_t also_at,
+                                         int64_t retry_min) {
+  const int64_t end = start + n;
+  std::vector<int64_t> at;
+  if (every > 0) {
+    for (int64_t p = (start / every + 1) * every; p < end; p += every) at.push_back(p);
   }
+  if (n > retry_min && end - 1 > start) at.push_back(end - 1);
+  if (also_at > start && also_at < end) at.push_back(also_at);
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  return at;
 }
 
 }  // namespace
@@ -322,26 +353,50 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
   res.usage.prompt_tokens = static_cast<int64_t>(prompt.size());
   res.usage.cached_tokens = static_cast<int64_t>(common);
 
-  // Chunked prefill of the tail; cancel is polled between layers.
+  // Prefill of the tail in windows; cancel and progress are polled between
+  // layers and between experts.
   const std::span<const int32_t> tail(prompt.data() + common, prompt.size() - common);
   if (!tail.empty()) {
     const int64_t total = static_cast<int64_t>(tail.size());
-    int64_t piece_base = 0;  // tail ids fed by earlier pieces
-    im.session->SetInterrupt([&](int64_t done, int64_t) {
+    const double t0 = NowSeconds();
+    const uint64_t bytes0 = im.model->experts().stats().bytes_read;
+    PrefillProgress pp;
+    pp.prompt_tokens = static_cast<int64_t>(prompt.size());
+    pp.cached_tokens = static_cast<int64_t>(common);
+    pp.total = total;
+    pp.layers = c.num_hidden_layers;
+    pp.units_total = total * pp.layers;
+    im.session->SetInterrupt([&](const model::PrefillPoint& at) {
       if (cancelled()) return true;
-      return cb.on_prefill_progress && !cb.on_prefill_progress(piece_base + done, total);
+      pp.done = at.tokens_done;
+      pp.window_tokens = at.window_tokens;
+      pp.units_done = ProgressUnits(at);
+      pp.expert_bytes_read = im.model->experts().stats().bytes_read - bytes0;
+      pp.elapsed_s = NowSeconds() - t0;
+      // ETA: the token-layers left at the mean rate so far (units done over
+      // elapsed time), once a tenth of a second and some units have passed.
+      pp.eta_s = pp.units_done > 0 && pp.elapsed_s > 0.1
+                     ? static_cast<double>(pp.units_total - pp.units_done) * pp.elapsed_s /
+                           static_cast<double>(pp.units_done)
+                     : -1;
+      if (cb.on_prefill && !cb.on_prefill(pp)) return true;
+      // The old hook: between layers only, tokens through the whole stack.
+      return at.experts_total == 0 && cb.on_prefill_progress &&
+             !cb.on_prefill_progress(at.tokens_done, total);
     });
     model::ForwardOutputs out = req.prefill_outputs ? *req.prefill_outputs : model::ForwardOutputs{};
     out.logits_last = has_head ? im.logits.data() : nullptr;
     im.logits_valid = false;
-    const double t0 = NowSeconds();
     try {
+      std::vector<int64_t> at;
       if (ckpt_on) {
-        PrefillPieces(*im.session, *im.checkpoints, tail, im.options.checkpoint_every,
-                      im.options.run.chunk, req.checkpoint_at, out, piece_base);
-      } else {
-        im.session->Forward(tail, out);
+        at = CheckpointPositions(static_cast<int64_t>(common), total, im.options.checkpoint_every,
+                                 req.checkpoint_at,
+                                 im.options.run.chunk > 0 ? im.options.run.chunk : kRetryPointMin);
       }
+      im.session->Forward(tail, out, at, [&](std::shared_ptr<const model::SessionCheckpoint> ck) {
+        im.checkpoints->Put(std::move(ck));
+      });
     } catch (...) {
       im.session->SetInterrupt({});
       im.Reset();
@@ -350,10 +405,14 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     im.session->SetInterrupt({});
     im.PublishStats();
     res.timings.prefill_s = NowSeconds() - t0;
+    res.timings.prefill_window = im.session->last_window();
+    res.timings.prefill_windows = im.session->last_windows();
+    res.timings.prefill_expert_bytes = im.model->experts().stats().bytes_read - bytes0;
     res.prefill_steps = static_cast<int64_t>(im.streaming->stream_stats().steps.size());
     if (im.session->interrupted()) {
-      // The session holds whole chunks only (or was reset): a later prompt
-      // reuses what was fed, and the logits are not those of its end.
+      // The session holds whole windows only (or was reset); every checkpoint
+      // of a finished window is cached: a later prompt resumes from there, and
+      // the logits are not those of its end.
       return finish(FinishReason::kCancelled);
     }
     im.logits_valid = has_head;

@@ -43,7 +43,9 @@ EngineOptions EngineOptions::FromEnv(std::string model_dir) {
 
   model::RunOptions& r = o.run;
   r.idot = GetEnvBool("K3_IDOT", true);
-  r.chunk = static_cast<int>(GetEnvInt("K3_CHUNK", 32, 1, 512));
+  r.chunk = static_cast<int>(GetEnvInt("K3_CHUNK", 0, 0, 1 << 24));
+  if (GetEnv("K3_PREFILL_GB"))
+    o.prefill_budget_bytes = GetEnvDouble("K3_PREFILL_GB", 0, 0.001, 1e6) * 1e9;
   r.topp = static_cast<float>(GetEnvDouble("K3_TOPP", 0.0, 0.0, 1.0));
 
   if (auto dirs = GetEnv("K3_DIRS")) o.snapshot.extra_dirs = SplitDirList(*dirs);

@@ -52,8 +52,10 @@ TEST_CASE("K3_* values out of range or malformed are refused, naming the variabl
   ExpectRefused("K3_MAXT", "-1");
   ExpectRefused("K3_MAXT", "12x");
   ExpectRefused("K3_LOG", "bogus");
-  ExpectRefused("K3_CHUNK", "0");
-  ExpectRefused("K3_CHUNK", "513");
+  ExpectRefused("K3_CHUNK", "-1");
+  ExpectRefused("K3_CHUNK", "16777217");
+  ExpectRefused("K3_PREFILL_GB", "0");
+  ExpectRefused("K3_PREFILL_GB", "lots");
   ExpectRefused("K3_BITS", "5");
   ExpectRefused("K3_HEAD_BITS", "16");
   ExpectRefused("K3_EXPERT_GB", "-1");
@@ -75,6 +77,19 @@ TEST_CASE("K3_* values in range are read with one meaning each") {
   CHECK(d.stream.budget_bytes < 0);  // sized from the machine
   CHECK(d.load.expert_cache_bytes == 0);  // the load-time store is replaced at once
   CHECK(d.max_context == 0);
+  CHECK(d.run.chunk == 0);            // windows sized per prompt
+  CHECK(d.prefill_budget_bytes < 0);  // from MemAvailable at load
+  {
+    EnvScope a("K3_PREFILL_GB", "2.5"), b("K3_CHUNK", "4096");
+    EngineOptions o = EngineOptions::FromEnv("/m");
+    CHECK(o.prefill_budget_bytes == doctest::Approx(2.5e9));
+    CHECK(o.run.chunk == 4096);  // past the old cap of 512
+  }
+  // The default budget: what the expert cache's reserve rule leaves, at least 1.2 GB.
+  stream::StreamOptions so;
+  CHECK(engine::PrefillBudgetFor(so, 20'000'000'000, 4'000'000'000) ==
+        doctest::Approx(0.88 * 20e9 - 2.5e9 - 4e9));
+  CHECK(engine::PrefillBudgetFor(so, 2'000'000'000, 4'000'000'000) == doctest::Approx(1.2e9));
   {
     EnvScope a("K3_MMAP", "yes"), b("K3_TOPP", "0.9"), c("K3_MAXT", "4096"), e("K3_LOG", "warn"),
         f("K3_EXPERT_GB", "1.5"), g("K3_IO_THREADS", "2"), h("K3_LOAD_THREADS", "3"),

@@ -1,5 +1,6 @@
 #include "k3/model/expert_executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "k3/quant/ops.h"
@@ -17,14 +18,22 @@ void CpuExpertExecutor::Run(const ExpertBatch& b, ExpertStore& store) {
   if (b.experts.empty()) return;
   if (idot) quant::QuantizeActs(b.latent, b.num_tokens, LT, &acts_latent_);
 
+  // Scratch sized once for the busiest expert of the pass (no regrowth copies
+  // inside the pass: PrefillWindowBytes counts these rows once).
+  size_t n_max = 0;
+  for (int32_t e : b.experts) n_max = std::max(n_max, (*b.users)[static_cast<size_t>(e)].size());
+  g_.resize(n_max * MI);
+  u_.resize(n_max * MI);
+  y_.resize(n_max * LT);
+  if (!idot) zg_.resize(n_max * LT);
+
   store.BeginLayer(b.layer, b.experts);
+  size_t done = 0;
   for (int32_t e : b.experts) {
+    if (b.Stop(done++)) break;
     const auto& us = (*b.users)[static_cast<size_t>(e)];
     const size_t n = us.size();
     ExpertView ev = store.Acquire(b.layer, e);
-    g_.resize(n * MI);
-    u_.resize(n * MI);
-    y_.resize(n * LT);
     if (idot) {
       // Gather the pre-quantized latent rows (quantization is per row, so this
       // equals quantizing the gathered rows).
@@ -33,6 +42,8 @@ void CpuExpertExecutor::Run(const ExpertBatch& b, ExpertStore& store) {
       const size_t groups = LT / 32;
       ga.batch = n;
       ga.cols = LT;
+      ga.q.reserve(n_max * std::max(LT, MI));
+      ga.scales.reserve(n_max * std::max(LT, MI) / 32);
       ga.q.resize(n * LT);
       ga.scales.resize(n * groups);
       for (size_t r = 0; r < n; ++r) {
@@ -47,7 +58,6 @@ void CpuExpertExecutor::Run(const ExpertBatch& b, ExpertStore& store) {
       quant::QuantizeActs(g_.data(), n, MI, &ga);
       quant::MatMulQ8(ev.w2, ga, y_.data());
     } else {
-      zg_.resize(n * LT);
       for (size_t r = 0; r < n; ++r) {
         std::memcpy(zg_.data() + r * LT, b.latent + (us[r] / K) * LT, LT * sizeof(float));
       }
@@ -57,9 +67,7 @@ void CpuExpertExecutor::Run(const ExpertBatch& b, ExpertStore& store) {
       quant::MatMul(ev.w2, g_.data(), n, y_.data());
     }
     store.Release(b.layer, e);
-    for (size_t r = 0; r < n; ++r) {
-      std::memcpy(b.out + static_cast<size_t>(us[r]) * LT, y_.data() + r * LT, LT * sizeof(float));
-    }
+    for (size_t r = 0; r < n; ++r) b.Emit(us[r], y_.data() + r * LT);
   }
   store.EndLayer(b.layer);
 }

@@ -1,9 +1,9 @@
 #include "k3/model/model.h"
-#include "k3/model/session_state.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -11,6 +11,7 @@
 #include "k3/core/error.h"
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
+#include "k3/model/session_state.h"
 #include "k3/quant/ops.h"
 
 namespace k3::model {
@@ -23,7 +24,10 @@ using quant::WeightFormat;
 constexpr float kLoraNormEps = 1e-6f;
 // KDA q/k L2 norm: eps inside the sqrt, added to the sum of squares.
 constexpr float kL2NormEps = 1e-6f;
-constexpr int kMaxChunk = 512;
+// LogOnce keys.
+constexpr char kRouterKey = 0;
+constexpr char kTinyBudgetKey = 0;
+std::atomic<bool> g_window_logged{false};
 
 // K3_TOPP (§5.5 step 4) on one token's K renormalised weights w[base..base+K):
 // a stable weight-descending order, the shortest prefix whose running mass
@@ -109,6 +113,19 @@ struct Session::Impl {
   // Routed experts when the model has no executor of its own.
   CpuExpertExecutor cpu_experts;
 
+  // Checkpoints captured inside the current window: the KDA floats (layer
+  // order, StateLayout) at `position`, filled as each layer's scan passes it.
+  struct Capture {
+    int64_t position = 0;
+    DefaultInitVector<float> kda;
+  };
+  std::vector<Capture> captures;
+  std::vector<int32_t> capture_of_token;  // [C]: index into captures after token t, or -1
+  // CombineMayHold's answer for the store it was computed on.
+  const ExpertStore* hold_store = nullptr;
+  const ExpertExecutor* hold_executor = nullptr;
+  bool hold = true;
+
   explicit Impl(const ModelConfig& config) : cpu_experts(config) {}
 };
 
@@ -152,11 +169,141 @@ void Mix(const float* const* entries, size_t n, const float* w, size_t d, float 
   }
 }
 
+// The combine of one MoE layer (§5.5 step 6, docs/model.md "The combine"):
+// lat[t] = sum over token t's kept pairs, in ascending expert id, of
+// w[t, kk] * y[t, kk], with lat zeroed first: the one sum order for every
+// window size, store, executor and file layout. Outputs arrive through Put()
+// in the executor's order; each is folded at once when it is its token's next
+// in id order (then any held successors follow), else held until it is.
+// Experts delivered in ascending id hold nothing; `Plan` replays a known
+// arrival order to size the hold exactly before any row arrives.
+class Combiner final : public PairSink {
+ public:
+  Combiner(size_t C, size_t K, size_t LT, const int32_t* sel, const float* sel_w, const char* keep,
+           float* lat)
+      : K_(K),
+        LT_(LT),
+        sel_w_(sel_w),
+        lat_(lat),
+        order_(C * K),
+        count_(C),
+        next_(C, 0),
+        slot_(C * K, -1) {
+    for (size_t t = 0; t < C; ++t) {
+      uint32_t* o = order_.data() + t * K;
+      uint32_t n = 0;
+      for (size_t kk = 0; kk < K; ++kk) {
+        if (keep[t * K + kk]) o[n++] = static_cast<uint32_t>(kk);
+      }
+      std::sort(o, o + n, [&](uint32_t a, uint32_t b) { return sel[t * K + a] < sel[t * K + b]; });
+      count_[t] = n;
+    }
+    std::fill(lat, lat + C * LT, 0.0f);
+  }
+
+  // The most rows held at once if pairs arrive expert by expert in `experts`
+  // order, each expert's pairs ascending (ExpertBatch's contract); reserves them.
+  size_t Plan(std::span<const int32_t> experts, const std::vector<std::vector<uint32_t>>& users) {
+    size_t held = 0, peak = 0;
+    for (int32_t e : experts) {
+      for (uint32_t pair : users[static_cast<size_t>(e)]) {
+        const size_t t = pair / K_;
+        if (order_[t * K_ + next_[t]] != pair % K_) {
+          slot_[pair] = 0;  // marked held (no row yet)
+          peak = std::max(peak, ++held);
+          continue;
+        }
+        ++next_[t];
+        while (next_[t] < count_[t] && slot_[t * K_ + order_[t * K_ + next_[t]]] >= 0) {
+          slot_[t * K_ + order_[t * K_ + next_[t]]] = -1;
+          --held;
+          ++next_[t];
+        }
+      }
+    }
+    std::fill(next_.begin(), next_.end(), 0u);
+    std::fill(slot_.begin(), slot_.end(), -1);
+    Reserve(peak);
+    return peak;
+  }
+  void Reserve(size_t rows) {
+    hold_.reserve(rows * LT_);
+    free_.reserve(rows);
+  }
+
+  void Put(uint32_t pair, const float* row) override {
+    const size_t t = pair / K_;
+    if (order_[t * K_ + next_[t]] != pair % K_) {
+      int32_t s;
+      if (!free_.empty()) {
+        s = free_.back();
+        free_.pop_back();
+      } else {
+        s = static_cast<int32_t>(hold_.size() / LT_);
+        hold_.resize(hold_.size() + LT_);
+      }
+      std::memcpy(hold_.data() + static_cast<size_t>(s) * LT_, row, LT_ * sizeof(float));
+      slot_[pair] = s;
+      return;
+    }
+    Fold(pair, row);
+    ++next_[t];
+    while (next_[t] < count_[t]) {
+      const size_t p = t * K_ + order_[t * K_ + next_[t]];
+      const int32_t s = slot_[p];
+      if (s < 0) break;
+      Fold(p, hold_.data() + static_cast<size_t>(s) * LT_);
+      slot_[p] = -1;
+      free_.push_back(s);
+      ++next_[t];
+    }
+  }
+
+  // Feeds a [C*K][LT] buffer (an executor without a sink) in sum order.
+  void FromBuffer(const float* contrib) {
+    for (size_t t = 0; t < count_.size(); ++t) {
+      for (uint32_t i = 0; i < count_[t]; ++i) {
+        const uint32_t pair = static_cast<uint32_t>(t * K_ + order_[t * K_ + i]);
+        Put(pair, contrib + static_cast<size_t>(pair) * LT_);
+      }
+    }
+  }
+
+  // Every kept pair folded (a pass that was not stopped delivers them all).
+  bool complete() const {
+    for (size_t t = 0; t < count_.size(); ++t) {
+      if (next_[t] != count_[t]) return false;
+    }
+    return true;
+  }
+
+ private:
+  void Fold(size_t pair, const float* row) {
+    float* lt = lat_ + (pair / K_) * LT_;
+    const float wk = sel_w_[pair];
+    for (size_t i = 0; i < LT_; ++i) lt[i] += wk * row[i];
+  }
+
+  size_t K_, LT_;
+  const float* sel_w_;
+  float* lat_;
+  std::vector<uint32_t> order_;  // [C][K]: kept ranks in ascending expert id
+  std::vector<uint32_t> count_;  // [C]: kept ranks
+  std::vector<uint32_t> next_;   // [C]: ranks folded so far
+  std::vector<int32_t> slot_;    // [C*K]: hold slot of a pair that came early, or -1
+  std::vector<float> hold_;      // held rows
+  std::vector<int32_t> free_;
+};
+
 }  // namespace
 
 Session::Session(Model& model, RunOptions options, int64_t max_tokens)
     : model_(model), options_(options), impl_(std::make_unique<Impl>(model.config())) {
-  options_.chunk = std::clamp(options_.chunk, 1, kMaxChunk);
+  if (options_.chunk < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "prefill window (K3_CHUNK) must be >= 0 (0: sized from the memory budget), got " +
+                    std::to_string(options_.chunk));
+  }
   const ModelConfig& c = model_.config();
   impl_->kda.resize(static_cast<size_t>(c.num_hidden_layers));
   impl_->mla.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -178,14 +325,9 @@ StateFingerprint Session::Fingerprint() const {
 
 std::shared_ptr<const SessionCheckpoint> Session::SaveCheckpoint() {
   const ModelConfig& c = model_.config();
-  auto ck = std::make_shared<SessionCheckpoint>();
-  ck->fingerprint = Fingerprint();
-  ck->layout = StateLayout::For(c);
-  ck->position = pos_;
-  ck->ids = history_;
-  const StateLayout& lay = ck->layout;
-  ck->kda.resize(lay.kda_layer_floats() * static_cast<size_t>(lay.kda_layers));
-  float* dst = ck->kda.data();
+  const StateLayout lay = StateLayout::For(c);
+  DefaultInitVector<float> kda(lay.kda_layer_floats() * static_cast<size_t>(lay.kda_layers));
+  float* dst = kda.data();
   auto put = [&dst](const std::vector<float>& v) {
     std::memcpy(dst, v.data(), v.size() * sizeof(float));
     dst += v.size();
@@ -198,24 +340,39 @@ std::shared_ptr<const SessionCheckpoint> Session::SaveCheckpoint() {
     put(st.wk);
     put(st.wv);
   }
+  return BuildCheckpoint(pos_, std::move(kda));
+}
+
+std::shared_ptr<const SessionCheckpoint> Session::BuildCheckpoint(int64_t position,
+                                                                  DefaultInitVector<float> kda) {
+  const ModelConfig& c = model_.config();
+  K3_CHECK(position <= pos_ && position <= static_cast<int64_t>(history_.size()));
+  auto ck = std::make_shared<SessionCheckpoint>();
+  ck->fingerprint = Fingerprint();
+  ck->layout = StateLayout::For(c);
+  ck->position = position;
+  ck->ids.assign(history_.begin(), history_.begin() + position);
+  const StateLayout& lay = ck->layout;
+  K3_CHECK(kda.size() == lay.kda_layer_floats() * static_cast<size_t>(lay.kda_layers));
+  ck->kda = std::move(kda);
   // Share the segments of the previous checkpoint while they still describe
   // a prefix of what this session fed (it may have been Reset or restored
   // elsewhere since).
   int64_t shared_end = 0;
   for (const auto& seg : ckpt_mla_) {
-    if (seg->end > pos_ ||
+    if (seg->end > position ||
         !std::equal(seg->ids.begin(), seg->ids.end(), history_.begin() + seg->begin)) {
       break;
     }
     ck->mla.push_back(seg);
     shared_end = seg->end;
   }
-  if (shared_end < pos_) {
+  if (shared_end < position) {
     auto seg = std::make_shared<MlaSegment>();
     seg->begin = shared_end;
-    seg->end = pos_;
-    seg->ids.assign(history_.begin() + shared_end, history_.end());
-    const size_t n = static_cast<size_t>(pos_ - shared_end);
+    seg->end = position;
+    seg->ids.assign(history_.begin() + shared_end, history_.begin() + position);
+    const size_t n = static_cast<size_t>(position - shared_end);
     const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
     const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
     seg->rows.resize(static_cast<size_t>(lay.mla_layers) * n * (kvl + rope));
@@ -337,7 +494,8 @@ void Session::Reset() {
   routing_.clear();
 }
 
-void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
+void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
+                      std::span<const int64_t> checkpoint_at, const CheckpointSink& on_checkpoint) {
   const int64_t total = static_cast<int64_t>(ids.size());
   if (total == 0) return;
   const ModelConfig& c = model_.config();
@@ -349,9 +507,21 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
                                                    std::to_string(c.vocab_size) + ")");
     }
   }
+  for (size_t i = 0; i < checkpoint_at.size(); ++i) {
+    const int64_t at = checkpoint_at[i];
+    if (at <= pos_ || at > pos_ + total || (i > 0 && at <= checkpoint_at[i - 1])) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint positions must ascend inside the fed range (" + std::to_string(pos_) +
+                      ", " + std::to_string(pos_ + total) + "], got " + std::to_string(at));
+    }
+  }
   // Grow the MLA caches (position-major, so growth is a prefix copy).
+  const double row_bytes = 4.0 * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim);
+  double grown_bytes = 0;
   if (pos_ + total > impl_->cache_cap) {
     int64_t cap = std::max<int64_t>(pos_ + total, impl_->cache_cap * 2);
+    grown_bytes = static_cast<double>(cap - impl_->cache_cap) * row_bytes *
+                  static_cast<double>(c.num_mla_layers());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       if (c.is_kda[static_cast<size_t>(i)]) continue;
       auto& mc = impl_->mla[static_cast<size_t>(i)];
@@ -360,27 +530,127 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out) {
     }
     impl_->cache_cap = cap;
   }
-  interrupted_ = false;
-  for (int64_t t0 = 0; t0 < total; t0 += options_.chunk) {
-    const int64_t n = std::min<int64_t>(options_.chunk, total - t0);
-    ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
-    if (interrupted_) return;
-    history_.insert(history_.end(), ids.begin() + t0, ids.begin() + t0 + n);
+
+  // The window: forced (K3_CHUNK), or the fewest that fit the budget left
+  // after the MLA rows this call adds.
+  std::vector<int64_t> rel_at(checkpoint_at.size());
+  for (size_t i = 0; i < rel_at.size(); ++i) rel_at[i] = checkpoint_at[i] - pos_;
+  int64_t window;
+  if (options_.chunk > 0) {
+    window = std::min<int64_t>(options_.chunk, total);
+  } else {
+    WindowShape shape;
+    shape.position = pos_;
+    shape.threads = omp_get_max_threads();
+    shape.idot = options_.idot;
+    shape.head_all = out.logits_all != nullptr || out.final_hidden != nullptr;
+    shape.head_last = out.logits_last != nullptr;
+    shape.combine_buffer = CombineMayHold();
+    const double budget = options_.prefill_budget_bytes - grown_bytes;
+    window = PlanWindow(c, total, budget, shape, rel_at);
+    if (total > 1) {
+      shape.tokens = window;
+      shape.captures = static_cast<int64_t>(rel_at.size());
+      const std::string msg = "prefill: " + std::to_string(total) + " tokens in windows of " +
+                              std::to_string(window) + " (" +
+                              FormatBytes(PrefillWindowBytes(c, shape)) + " at most each; budget " +
+                              FormatBytes(static_cast<uint64_t>(std::max(0.0, budget))) + ")";
+      // Once per process at info (the choice is the news), then at debug.
+      if (!g_window_logged.exchange(true)) {
+        K3_LOG_INFO("%s", msg.c_str());
+      } else {
+        K3_LOG_DEBUG("%s", msg.c_str());
+      }
+    }
   }
+  const int64_t n_windows = (total + window - 1) / window;
+  // Automatic windows are equalised (the last may be a little shorter); a
+  // forced K3_CHUNK is taken as given.
+  if (options_.chunk == 0) window = (total + n_windows - 1) / n_windows;
+  last_window_ = window;
+  last_windows_ = n_windows;
+
+  interrupted_ = false;
+  point_ = PrefillPoint{};
+  point_.layers = c.num_hidden_layers;
+  const StateLayout lay = StateLayout::For(c);
+  size_t next_at = 0;
+  for (int64_t t0 = 0; t0 < total; t0 += window) {
+    const int64_t n = std::min<int64_t>(window, total - t0);
+    point_.tokens_done = t0;
+    point_.window_begin = t0;
+    point_.window_tokens = n;
+    // Checkpoints strictly inside this window are captured layer by layer;
+    // one at its end is a plain SaveCheckpoint after it.
+    impl_->captures.clear();
+    impl_->capture_of_token.assign(static_cast<size_t>(n), -1);
+    for (size_t i = next_at; i < rel_at.size() && rel_at[i] < t0 + n; ++i) {
+      Impl::Capture cap;
+      cap.position = checkpoint_at[i];
+      cap.kda.resize(lay.kda_layer_floats() * static_cast<size_t>(lay.kda_layers));
+      impl_->capture_of_token[static_cast<size_t>(rel_at[i] - t0 - 1)] =
+          static_cast<int32_t>(impl_->captures.size());
+      impl_->captures.push_back(std::move(cap));
+    }
+    ForwardChunk(ids.data() + t0, n, t0, out, t0 + n == total);
+    if (interrupted_) {
+      impl_->captures.clear();
+      return;
+    }
+    history_.insert(history_.end(), ids.begin() + t0, ids.begin() + t0 + n);
+    for (Impl::Capture& cap : impl_->captures) {
+      auto ck = BuildCheckpoint(cap.position, std::move(cap.kda));
+      if (on_checkpoint) on_checkpoint(std::move(ck));
+      ++next_at;
+    }
+    impl_->captures.clear();
+    if (next_at < rel_at.size() && rel_at[next_at] == t0 + n) {
+      auto ck = SaveCheckpoint();
+      if (on_checkpoint) on_checkpoint(std::move(ck));
+      ++next_at;
+    }
+  }
+  point_.tokens_done = total;
 }
 
-bool Session::PollInterrupt(int64_t tokens_done, int64_t layer) {
-  if (!interrupt_ || !interrupt_(tokens_done, layer)) return false;
+bool Session::PollInterrupt(int64_t layer, int64_t experts_done, int64_t experts_total) {
+  if (!interrupt_) return false;
+  point_.layer = layer;
+  point_.experts_done = experts_done;
+  point_.experts_total = experts_total;
+  if (!interrupt_(point_)) return false;
   interrupted_ = true;
-  // Before a chunk's first layer nothing of the chunk has touched the state:
-  // the session holds exactly the chunks fed so far. Later, KDA state and conv
-  // windows have advanced for some layers and cannot be rolled back.
-  if (layer > 0) Reset();
+  // Before a window's first layer nothing of the window has touched the
+  // state: the session holds exactly the windows fed so far. Later (also
+  // inside layer 0's expert pass), KDA state and conv windows have advanced
+  // for some layers and cannot be rolled back.
+  if (layer > 0 || experts_total > 0) Reset();
   return true;
 }
 
-// One chunk through the whole stack, layer-major. Every matmul is batched
-// over the chunk; per-token sequential state advances in token order.
+bool Session::CombineMayHold() {
+  const ExpertExecutor* ex = model_.executor();
+  const ExpertStore* store = &model_.experts();
+  Impl& im = *impl_;
+  if (im.hold_store == store && im.hold_executor == ex) return im.hold;
+  im.hold_store = store;
+  im.hold_executor = ex;
+  const PairOrder order = ex == nullptr ? PairOrder::kExpertOrder : ex->pair_order();
+  im.hold = order != PairOrder::kExpertOrder;
+  // Experts arrive in disk order: nothing is held when that is ascending id
+  // in every MoE layer (k3 containers; HF snapshots may shuffle them).
+  const ModelConfig& c = model_.config();
+  for (int64_t l = 0; l < c.num_hidden_layers && !im.hold; ++l) {
+    if (!c.is_moe(l)) continue;
+    for (int64_t e = 1; e < c.num_experts && !im.hold; ++e) {
+      if (!(store->DiskOrder(l, e - 1) < store->DiskOrder(l, e))) im.hold = true;
+    }
+  }
+  return im.hold;
+}
+
+// One window through the whole stack, layer-major. Every matmul is batched
+// over the window; per-token sequential state advances in token order.
 void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                            const ForwardOutputs& out, bool last_chunk) {
   const ModelConfig& c = model_.config();
@@ -408,7 +678,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   };
 
   for (size_t li = 0; li < L; ++li) {
-    if (PollInterrupt(t_base, static_cast<int64_t>(li))) return;
+    if (PollInterrupt(static_cast<int64_t>(li))) return;
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
     for (size_t t = 0; t < C; ++t) {
@@ -443,6 +713,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     }
     if (lw.is_moe) {
       MoeForward(static_cast<int64_t>(li), x.data(), C, pos0, f.data());
+      if (interrupted_) return;  // stopped between experts (the session was reset)
     } else {
       MlpForward(lw.dense, x.data(), C, f.data());
     }
@@ -511,11 +782,28 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   quant::MatMul(w.f_b.view(), t1.data(), C, z.data());
   quant::MatMul(w.b.view(), x, C, braw.data());
 
+  // Checkpoints inside the window (Session::Forward): after token t whose
+  // capture_of_token is set, this layer's state is copied into that capture,
+  // at offset kda_off of its floats (S, then the q, k, v conv windows).
+  const std::vector<int32_t>& cap_of = impl_->capture_of_token;
+  const bool capturing = !impl_->captures.empty() && cap_of.size() == C;
+  size_t kda_off = 0;
+  if (capturing) {
+    const StateLayout lay = StateLayout::For(c);
+    for (int64_t i = 0; i < layer; ++i) {
+      if (c.is_kda[static_cast<size_t>(i)]) kda_off += lay.kda_layer_floats();
+    }
+  }
+  auto capture_at = [&](size_t t) -> float* {
+    if (!capturing || cap_of[t] < 0) return nullptr;
+    return impl_->captures[static_cast<size_t>(cap_of[t])].kda.data() + kda_off;
+  };
+
   // Causal depthwise conv + SiLU, channel by channel (channels are independent;
   // tokens advance each channel's window in order).
   // Threads only pay off with enough work; tiny layers run serially.
   const bool conv_par = P * C * K >= (1u << 16);
-  auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps) {
+  auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps, size_t part) {
 #pragma omp parallel for schedule(static) if (conv_par)
     for (size_t d = 0; d < P; ++d) {
       float* wd = win.data() + d * K;
@@ -526,12 +814,15 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
         float acc = 0.0f;
         for (size_t j = 0; j < K; ++j) acc += td[j] * wd[j];
         y[t * P + d] = quant::Silu(acc);
+        if (float* cap = capture_at(t)) {
+          std::memcpy(cap + H * hd * hd + part * P * K + d * K, wd, K * sizeof(float));
+        }
       }
     }
   };
-  conv(q.data(), st.wq, w.q_conv);
-  conv(k.data(), st.wk, w.k_conv);
-  conv(v.data(), st.wv, w.v_conv);
+  conv(q.data(), st.wq, w.q_conv, 0);
+  conv(k.data(), st.wk, w.k_conv, 1);
+  conv(v.data(), st.wv, w.v_conv, 2);
 
   std::vector<float> o(C * P);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -581,6 +872,9 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
           row[vv] += kv * vt[vv];
           oh[vv] += qv * row[vv];
         }
+      }
+      if (float* cap = capture_at(t)) {
+        std::memcpy(cap + hh * hd * hd, S, hd * hd * sizeof(float));
       }
       float* ot = o.data() + t * P + hh * hd;
       quant::RmsNorm(oh.data(), w.o_norm.data(), hd, eps, ot);
@@ -711,7 +1005,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
         }
       }
       if (best < 0) {
-        LogOnce(&kMaxChunk, LogLevel::kWarn,
+        LogOnce(&kRouterKey, LogLevel::kWarn,
                 "router: no finite candidate; falling back to id order");
         for (size_t e = 0; e < E; ++e) {
           if (!taken[e]) {
@@ -741,12 +1035,17 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     }
   }
 
-  // Latent down-projection, then the union of the chunk's experts, each
+  // Latent down-projection, then the union of the window's experts, each
   // fetched once and applied to all its tokens by the executor (the CPU one
   // unless the model has another, e.g. the Vulkan tier).
   std::vector<float> zlat(C * LT);
   Linear(w.latent_down, x, C, zlat.data(), idot, &impl_->acts);
-  std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert
+  std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert, sized exactly
+  {
+    std::vector<uint32_t> n(E, 0);
+    for (size_t i = 0; i < C * K; ++i) n[static_cast<size_t>(sel[i])] += keep[i] ? 1 : 0;
+    for (size_t e = 0; e < E; ++e) users[e].reserve(n[e]);
+  }
   for (size_t i = 0; i < C * K; ++i) {
     if (keep[i]) users[static_cast<size_t>(sel[i])].push_back(static_cast<uint32_t>(i));
   }
@@ -758,7 +1057,22 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::stable_sort(uni.begin(), uni.end(), [&](int32_t a, int32_t b) {
     return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
   });
-  std::vector<float> contrib(C * K * LT);  // each (token, rank) expert output
+  ExpertExecutor* ex = model_.executor();
+  if (ex == nullptr) ex = &impl_->cpu_experts;
+  const PairOrder order = ex->pair_order();
+
+  // The combine folds outputs as they arrive (Combiner); only an executor
+  // without a sink still needs the [C*K][LT] buffer of every pair.
+  std::vector<float> lat(C * LT);
+  Combiner combine(C, K, LT, sel.data(), sel_w.data(), keep.data(), lat.data());
+  std::vector<float> contrib;
+  if (order == PairOrder::kExpertOrder) {
+    combine.Plan(uni, users);
+  } else if (order == PairOrder::kAnyOrder) {
+    combine.Reserve(C * K);
+  } else {
+    contrib.resize(C * K * LT);
+  }
   ExpertBatch batch;
   batch.layer = layer;
   batch.num_tokens = C;
@@ -767,28 +1081,24 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   batch.experts = uni;
   batch.users = &users;
   batch.int8_acts = idot;
-  batch.out = contrib.data();
-  ExpertExecutor* ex = model_.executor();
-  if (ex == nullptr) ex = &impl_->cpu_experts;
+  batch.latent_dim = LT;
+  if (order == PairOrder::kBuffer) {
+    batch.out = contrib.data();
+  } else {
+    batch.sink = &combine;
+  }
+  // Cancel and progress between experts (PollInterrupt resets the session).
+  const std::function<bool(size_t)> stop = [&](size_t done) {
+    return PollInterrupt(layer, static_cast<int64_t>(done), static_cast<int64_t>(uni.size()));
+  };
+  if (interrupt_) batch.stop = &stop;
   ex->Run(batch, store);
-
-  // Per token: sum its experts in ascending expert id — an order fixed by the
-  // routing alone, so it is the same for any chunking, any store and any
-  // file layout (snapshot vs container) — then the latent norm.
-  std::vector<float> lat(C * LT);
-  std::vector<size_t> order(K);
+  if (interrupted_) return;
+  if (order == PairOrder::kBuffer) combine.FromBuffer(contrib.data());
+  K3_CHECK(combine.complete());
+  // Then the latent norm per token.
   for (size_t t = 0; t < C; ++t) {
-    for (size_t kk = 0; kk < K; ++kk) order[kk] = kk;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return sel[t * K + a] < sel[t * K + b]; });
     float* lt = lat.data() + t * LT;
-    std::fill(lt, lt + LT, 0.0f);
-    for (size_t kk : order) {
-      if (!keep[t * K + kk]) continue;
-      const float wk = sel_w[t * K + kk];
-      const float* ce = contrib.data() + (t * K + kk) * LT;
-      for (size_t i = 0; i < LT; ++i) lt[i] += wk * ce[i];
-    }
     quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
   }
   Linear(w.latent_up, lat.data(), C, out, idot, &impl_->acts);
@@ -797,6 +1107,136 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     MlpForward(w.shared, x, C, sh.data());
     for (size_t i = 0; i < C * D; ++i) out[i] += sh[i];
   }
+}
+
+// ---------------------------------------------------------------------------
+// Window memory (issue 25, docs/model.md "Windows"). Mirrors the allocations
+// of ForwardChunk and the layer functions, phase by phase: what lives through
+// the whole window, plus the largest of one layer's phases (attention: KDA or
+// MLA; MLP: dense or MoE; the head), plus scratch that keeps its capacity
+// between layers (the int8 activations, the CPU executor's rows).
+uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
+  const double C = static_cast<double>(std::max<int64_t>(s.tokens, 0));
+  const double T = static_cast<double>(std::max(s.threads, 1));
+  const double D = static_cast<double>(c.hidden_size);
+  const double nbmax = static_cast<double>(c.max_blocks());
+  const double P = static_cast<double>(c.kda_proj());
+  const double Hk = static_cast<double>(c.kda_num_heads);
+  const double hd = static_cast<double>(c.kda_head_dim);
+  const double H = static_cast<double>(c.num_attention_heads);
+  const double qh = static_cast<double>(c.qk_head_dim());
+  const double rope = static_cast<double>(c.qk_rope_head_dim);
+  const double vh = static_cast<double>(c.v_head_dim);
+  const double kvl = static_cast<double>(c.kv_lora_rank);
+  const double ql = static_cast<double>(c.q_lora_rank);
+  const double E = static_cast<double>(c.num_experts);
+  const double K = static_cast<double>(c.num_experts_per_token);
+  const double LT = static_cast<double>(c.routed_expert_hidden_size);
+  const double MI = static_cast<double>(c.moe_intermediate_size);
+  const double inter = static_cast<double>(c.intermediate_size);
+  const double shared = static_cast<double>(c.shared_intermediate());
+  const double V = static_cast<double>(c.vocab_size);
+  const bool any_kda = std::find(c.is_kda.begin(), c.is_kda.end(), true) != c.is_kda.end();
+  const bool any_mla = c.num_mla_layers() > 0;
+  const bool any_dense = c.first_k_dense_replace > 0;
+  const bool any_moe = c.num_moe_layers() > 0;
+  constexpr double f = sizeof(float);
+  // int8 rows + one f32 scale per 32 columns (quant::ActsQ8).
+  auto q8 = [](double rows, double cols) { return rows * cols * (1.0 + f / 32.0); };
+
+  // Through the window: h, p, x, a, f, the AttnRes snapshots, m, mix scratch,
+  // and the window's ids appended to the session's history.
+  double bytes =
+      f * (5 * C * D + C * nbmax * D + D) + (nbmax + 1) * (f + sizeof(void*)) + sizeof(int32_t) * C;
+  // Session scratch that keeps its capacity: Linear's int8 activations (the
+  // widest input of any Linear over C rows) and the CPU executor's rows (an
+  // expert has at most one pair per token, so at most C rows).
+  if (s.idot) {
+    double cols = D;
+    if (any_kda) cols = std::max(cols, P);
+    if (any_mla) cols = std::max({cols, ql, H * vh});
+    if (any_dense) cols = std::max(cols, inter);
+    if (any_moe) cols = std::max({cols, shared, LT});
+    bytes += q8(C, cols);
+  }
+  if (any_moe) {
+    bytes += f * (2 * C * MI + C * LT);                                  // g_, u_, y_
+    bytes += s.idot ? q8(C, LT) + q8(C, std::max(LT, MI)) : f * C * LT;  // acts or zg_
+  }
+  // Checkpoints captured inside the window: every KDA layer's state each.
+  const StateLayout lay = StateLayout::For(c);
+  bytes += static_cast<double>(s.captures) * f * static_cast<double>(lay.kda_layer_floats()) *
+               static_cast<double>(lay.kda_layers) +
+           sizeof(int32_t) * C;
+
+  double phase = 0;
+  if (any_kda) {  // q, k, v, g, z, o; t1; braw; per-thread head scratch
+    phase = std::max(phase, f * (6 * C * P + C * hd + C * Hk) + T * f * 6 * hd);
+  }
+  if (any_mla) {  // qa, qv, ckv, gv, ctx; per thread qabs, clat and the score row
+    const double rows = static_cast<double>(s.position) + C;
+    phase = std::max(phase, f * (C * ql + C * H * qh + C * (kvl + rope) + 2 * C * H * vh) +
+                                T * f * (2 * kvl + rows));
+  }
+  if (any_dense) phase = std::max(phase, f * 2 * C * inter);
+  if (any_moe) {
+    double moe =
+        f * C * E + 2 * f * C * K + C * K + f * E + E;  // logits, sel, sel_w, keep, s, taken
+    moe += f * C * LT;                                  // zlat
+    moe += E * sizeof(std::vector<uint32_t>) + f * C * K + 2 * f * E;  // users, counts, uni
+    moe += f * C * LT + f * (2 * C * K + 2 * C);                       // lat; the combiner's index
+    if (s.combine_buffer) moe += f * C * K * LT + f * C * K;           // held rows (or the buffer)
+    moe += f * (C * D + 2 * C * shared);                               // shared experts
+    phase = std::max(phase, moe);
+  }
+  const double head_rows = s.head_all ? C : (s.head_last ? 1 : 0);
+  phase = std::max(phase, f * head_rows * (D + V));
+  bytes += phase;
+  // Small bookkeeping not worth a term each (per-head vectors, the stop
+  // function, index vectors of the planner): measured below 4 KiB on the
+  // tiny model.
+  bytes += 8192;
+  return static_cast<uint64_t>(std::ceil(bytes));
+}
+
+int64_t PlanWindow(const ModelConfig& config, int64_t total, double budget_bytes, WindowShape shape,
+                   std::span<const int64_t> captures_at) {
+  if (total <= 1) return std::max<int64_t>(total, 1);
+  // Windows of `w` are equalised (the fewest of at most w tokens); a window
+  // captures the checkpoints strictly inside it.
+  auto bytes_for = [&](int64_t w) {
+    const int64_t n = (total + w - 1) / w;
+    const int64_t eq = (total + n - 1) / n;
+    int64_t most = 0;
+    size_t i = 0;
+    for (int64_t t0 = 0; t0 < total; t0 += eq) {
+      int64_t in = 0;
+      for (; i < captures_at.size() && captures_at[i] <= t0 + eq; ++i) {
+        if (captures_at[i] > t0 && captures_at[i] < t0 + eq) ++in;
+      }
+      most = std::max(most, in);
+    }
+    shape.tokens = eq;
+    shape.captures = most;
+    return static_cast<double>(PrefillWindowBytes(config, shape));
+  };
+  if (bytes_for(total) <= budget_bytes) return total;
+  int64_t lo = 0, hi = total;  // bytes_for(hi) > budget; lo fits (0: none yet)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (bytes_for(mid) <= budget_bytes) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0) {
+    LogOnce(&kTinyBudgetKey, LogLevel::kWarn,
+            "prefill: not even a one-token window fits the memory budget (%s); using 1 token",
+            FormatBytes(static_cast<uint64_t>(std::max(0.0, budget_bytes))).c_str());
+    return 1;
+  }
+  return lo;
 }
 
 // ---------------------------------------------------------------------------

@@ -336,10 +336,7 @@ void VulkanTier::Run(const model::ExpertBatch& batch, model::ExpertStore& store)
       const float* out = kernels_->out();
       for (size_t i = 0; i < on_dev.size(); ++i) {
         const auto& us = users[static_cast<size_t>(on_dev[i])];
-        for (size_t r = 0; r < us.size(); ++r) {
-          std::memcpy(batch.out + static_cast<size_t>(us[r]) * lt_, out + (jobs[i].row + r) * lt_,
-                      lt_ * sizeof(float));
-        }
+        for (size_t r = 0; r < us.size(); ++r) batch.Emit(us[r], out + (jobs[i].row + r) * lt_);
       }
     } catch (const Error& e) {
       failure = e.what();

@@ -144,6 +144,11 @@ class CheckpointCache {
   // position 0, or when one with exactly these ids is cached: that one is
   // marked used instead). May evict (and park) the least recently used.
   void Save(model::Session& session);
+  // Keeps a checkpoint made elsewhere (Session::Forward's in-window captures,
+  // issue 25) under the same rules: nothing when off or at position 0; an
+  // entry with the same ids is marked used instead (and gets this state if it
+  // was on disk only).
+  void Put(std::shared_ptr<const model::SessionCheckpoint> checkpoint);
 
   // The deepest cached checkpoint whose ids are a prefix of ids[0, max_len)
   // and which is deeper than min_position: restored into `session`, which then
@@ -166,6 +171,9 @@ class CheckpointCache {
 
  private:
   struct Entry;
+  Entry* Find(const std::vector<int32_t>& ids);
+  // Save and Put: `ck` may be null only when an entry with `ids` exists.
+  void Put(std::shared_ptr<const model::SessionCheckpoint> ck, const std::vector<int32_t>* ids);
   Entry* FindDeepest(std::span<const int32_t> ids, int64_t max_len, int64_t min_position);
   void Touch(Entry& e);
   void EnforceRam();

@@ -44,9 +44,14 @@ namespace k3::engine {
 struct EngineOptions {
   std::string model_dir;
   model::LoadOptions load;        // K3_BITS, K3_MLA_BITS, K3_HEAD_BITS, K3_MMAP, K3_LAYERS, ...
-  model::RunOptions run;          // K3_IDOT, K3_CHUNK, K3_TOPP
+  model::RunOptions run;          // K3_IDOT, K3_CHUNK, K3_TOPP (run.prefill_budget_bytes: below)
   Snapshot::Options snapshot;     // K3_DIRS
   stream::StreamOptions stream;   // K3_EXPERT_GB, K3_DIRECT, K3_URING, K3_PIPE, K3_QD, ...
+  // Memory a prefill window may hold, bytes (K3_PREFILL_GB / --prefill-mem-gb
+  // x 1e9). Negative (the default): sized at load from MemAvailable with the
+  // expert cache's reserve rule (PrefillBudgetFor); the result goes to
+  // run.prefill_budget_bytes.
+  double prefill_budget_bytes = -1;
   // Context capacity in tokens (K3_MAXT); 0 = the model's max_position_embeddings.
   int64_t max_context = 0;
   bool progress = true;           // load progress lines on stderr
@@ -72,6 +77,14 @@ struct EngineOptions {
 
   static EngineOptions FromEnv(std::string model_dir);
 };
+
+// The default prefill window budget (issue 25, docs/engine.md "Windows"): the
+// expert cache takes 0.88 x MemAvailable minus stream.reserve_bytes (page
+// cache 2.5 GB + activations 1.2 GB); windows get what that leaves besides
+// the page-cache share: 0.88 x available - (reserve - 1.2 GB) - cache bytes,
+// and never less than the 1.2 GB activation share the reserve set aside.
+double PrefillBudgetFor(const stream::StreamOptions& stream, uint64_t available_bytes,
+                        uint64_t cache_bytes);
 
 // Validates K3_LOG (debug|info|warn|error|quiet, k3::toolenv::LogLevelFromEnv)
 // and applies it; throws kInvalidArgument for any other value. EngineOptions::
@@ -217,6 +230,11 @@ struct PrefillProgress {
   double elapsed_s = 0;
   double eta_s = -1;           // < 0: not yet known
 };
+
+// Token-layers done at a prefill poll: whole windows times the layers, plus
+// the current window's tokens times the layers it has finished (and the share
+// of experts done inside a layer's expert pass).
+int64_t ProgressUnits(const model::PrefillPoint& at);
 
 struct GenerateResult {
   std::vector<int32_t> ids;  // generated ids (stop ids included as sampled)

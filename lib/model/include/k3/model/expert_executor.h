@@ -1,5 +1,5 @@
 // The seam between routing and the routed experts' arithmetic: an
-// ExpertExecutor computes w2 · SiTU-GLU(w1 z, w3 z) for a chunk's
+// ExpertExecutor computes w2 · SiTU-GLU(w1 z, w3 z) for a window's
 // (position, rank) pairs, in the latent space, and nothing else.
 //
 // lib/model keeps the router, K3_TOPP, the gather of each pair's latent row
@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -26,11 +28,25 @@
 
 namespace k3::model {
 
-// One MoE layer over one chunk. A "pair" is (token t, rank kk) with index
+// Receives routed-expert outputs one (token, rank) pair at a time (issue 25):
+// the combine folds each pair into its token's latent sum as soon as the sum
+// order allows, so no [C*K][LT] buffer is needed when experts arrive in
+// ascending id order. Called on the thread that called Run(), once per listed
+// pair; `row` (LT floats) is only read during the call.
+class PairSink {
+ public:
+  virtual void Put(uint32_t pair, const float* row) = 0;
+
+ protected:
+  ~PairSink() = default;
+};
+
+// One MoE layer over one window. A "pair" is (token t, rank kk) with index
 // t * top_k + kk; `users[e]` lists the pairs routed to expert e (ascending),
 // empty when e is unused. `experts` is the union, in the order the caller
-// wants the bytes read (ExpertStore::DiskOrder). The executor writes
-// out[pair * LT .. +LT) for every listed pair and touches no other row.
+// wants the bytes read (ExpertStore::DiskOrder). The executor delivers every
+// listed pair's output row through Emit() (to `sink`, or into
+// out[pair * LT .. +LT) when there is no sink) and nothing else.
 struct ExpertBatch {
   int64_t layer = 0;
   size_t num_tokens = 0;          // C
@@ -41,7 +57,31 @@ struct ExpertBatch {
   // The CPU executor's choice of activations (RunOptions::idot). Executors
   // with one fixed precision (the Vulkan tier: f32) ignore it.
   bool int8_acts = false;
-  float* out = nullptr;  // [C * K][LT]
+  // Where outputs go: `sink` when set (executors whose pair_order() is not
+  // kBuffer get one), else the [C * K][LT] buffer `out`.
+  float* out = nullptr;
+  PairSink* sink = nullptr;
+  size_t latent_dim = 0;  // LT: the row length Emit copies into `out`
+  // Between experts: true = stop the pass now (a cancel). The executor then
+  // ends the store's pass (EndLayer) and returns; the outputs are incomplete
+  // and the caller discards them. Null: never.
+  const std::function<bool(size_t experts_done)>* stop = nullptr;
+
+  void Emit(uint32_t pair, const float* row) const {
+    if (sink != nullptr) {
+      sink->Put(pair, row);
+    } else {
+      std::memcpy(out + static_cast<size_t>(pair) * latent_dim, row, latent_dim * sizeof(float));
+    }
+  }
+  bool Stop(size_t experts_done) const { return stop != nullptr && (*stop)(experts_done); }
+};
+
+// How an executor delivers pairs; decides what the combine must hold.
+enum class PairOrder {
+  kBuffer,       // writes batch.out only (no sink): the caller keeps the [C*K][LT] buffer
+  kAnyOrder,     // calls Emit in any order
+  kExpertOrder,  // calls Emit expert by expert in batch.experts order
 };
 
 class ExpertExecutor {
@@ -50,6 +90,8 @@ class ExpertExecutor {
   // Computes every pair of `batch`. `store` is the model's expert store, where
   // an executor that needs the MXFP4 bytes on this host gets them.
   virtual void Run(const ExpertBatch& batch, ExpertStore& store) = 0;
+  // kBuffer (the default) keeps executors written before the sink working.
+  virtual PairOrder pair_order() const { return PairOrder::kBuffer; }
 };
 
 // Today's CPU code: the store protocol (BeginLayer(union) / Acquire / Release
@@ -59,6 +101,7 @@ class CpuExpertExecutor final : public ExpertExecutor {
  public:
   explicit CpuExpertExecutor(const ModelConfig& config);
   void Run(const ExpertBatch& batch, ExpertStore& store) override;
+  PairOrder pair_order() const override { return PairOrder::kExpertOrder; }
 
  private:
   const ModelConfig& config_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "k3/container/snapshot.h"
+#include "k3/core/default_init.h"
 #include "k3/model/config.h"
 #include "k3/model/expert_executor.h"
 #include "k3/model/expert_store.h"
@@ -34,12 +35,19 @@ struct SessionCheckpoint;   // session_state.h
 struct StateFingerprint;    // session_state.h
 
 // Inference choices. k3::engine::EngineOptions::FromEnv fills them from K3_IDOT,
-// K3_CHUNK and K3_TOPP (docs/environment.md).
+// K3_CHUNK, K3_PREFILL_GB and K3_TOPP (docs/environment.md).
 struct RunOptions {
   // Quantized matmuls take int8 activations (quant::MatMulQ8). False: every
   // matmul takes f32 activations (the configuration of the oracle goldens).
   bool idot = true;
-  int chunk = 32;  // prefill chunk, clamped to [1, 512]
+  // Prefill window in tokens (K3_CHUNK): > 0 forces windows of at most this
+  // many tokens; 0 (the default) sizes them from prefill_budget_bytes
+  // (PlanWindow): one window when the call fits, else the fewest that fit.
+  // Results are bit-identical for every window size.
+  int chunk = 0;
+  // Memory a prefill window may hold (PrefillWindowBytes), bytes. The engine
+  // sets it from K3_PREFILL_GB / --prefill-mem-gb or from MemAvailable.
+  double prefill_budget_bytes = 1.2e9;
   // K3_TOPP (spec §5.5 step 4): in (0, 1) keeps the shortest weight-descending
   // prefix of a token's top-k whose mass reaches topp, renormalised; fewer
   // experts means less I/O and compute. 0 or >= 1: off (the default).
@@ -86,6 +94,50 @@ struct ForwardOutputs {
   float* final_hidden = nullptr;  // [T][hidden]: lm_head input (oracle final.f32)
 };
 
+// What a prefill window holds (issue 25, docs/model.md "Windows"), in bytes:
+// activations, AttnRes block snapshots, the largest layer's scratch (KDA, MLA
+// with its score rows, MoE with router logits, latent rows, the executor's
+// rows and the combine's held outputs, dense / shared MLP), the int8
+// activation scratch, the head and KDA checkpoint captures. Counted from the
+// same sizes the forward pass allocates; lib/model's window test checks it
+// against a counting allocator.
+struct WindowShape {
+  int64_t tokens = 0;    // C
+  int64_t position = 0;  // the window's first position (MLA rows before it)
+  int threads = 1;       // OpenMP threads (per-thread scratch)
+  bool idot = true;
+  bool head_all = false;  // logits / final hidden at every position
+  bool head_last = true;  // logits at the last position
+  // The combine holds (token, rank) outputs that arrive before a lower expert
+  // id of the same token: C*K*LT floats at worst. False when the executor
+  // emits expert by expert in disk order and disk order is ascending id.
+  bool combine_buffer = true;
+  int64_t captures = 0;  // checkpoints captured inside the window
+};
+uint64_t PrefillWindowBytes(const ModelConfig& config, const WindowShape& shape);
+
+// The window for a call of `total` tokens from `shape.position` within
+// `budget_bytes` (shape.tokens and shape.captures are ignored): the largest
+// whose equalised windows (the fewest of at most that many tokens) each fit,
+// counting the checkpoints strictly inside each (`captures_at`: ascending
+// offsets in the call, as for Session::Forward). `total` when the call fits;
+// at least 1 (with a warning when even that does not fit).
+int64_t PlanWindow(const ModelConfig& config, int64_t total, double budget_bytes, WindowShape shape,
+                   std::span<const int64_t> captures_at = {});
+
+// Where a prefill stands when the session polls (Session::SetInterrupt).
+struct PrefillPoint {
+  int64_t tokens_done = 0;   // of this Forward call, through every layer
+  int64_t window_begin = 0;  // the current window, as offsets in the call
+  int64_t window_tokens = 0;
+  int64_t layer = 0;   // the layer about to run, or running (between experts)
+  int64_t layers = 0;  // layers in the stack
+  // Inside the layer's routed-expert pass: experts done of the pass's union
+  // (0 of 0 between layers).
+  int64_t experts_done = 0;
+  int64_t experts_total = 0;
+};
+
 // Router decisions of one MoE layer for one token (for tests and stats).
 struct RoutingRecord {
   int64_t layer = 0;
@@ -102,9 +154,24 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Feeds `ids` at positions position()..position()+T-1 in chunks of
-  // options.chunk and advances the state.
-  void Forward(std::span<const int32_t> ids, const ForwardOutputs& out);
+  // Feeds `ids` at positions position()..position()+T-1 in windows (see
+  // RunOptions::chunk) and advances the state.
+  //
+  // Checkpoints inside the call (issue 25): for every position in
+  // `checkpoint_at` (ascending, in (position(), position()+T]) the session
+  // captures each KDA layer's state and conv windows as that layer's scan
+  // passes the position (MLA rows are position-indexed), and hands the
+  // finished checkpoint to `on_checkpoint` once its window has run through the
+  // whole stack, before the next window starts. A window interrupted midway
+  // delivers none of its own.
+  using CheckpointSink = std::function<void(std::shared_ptr<const SessionCheckpoint>)>;
+  void Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
+               std::span<const int64_t> checkpoint_at = {},
+               const CheckpointSink& on_checkpoint = {});
+  // The window the last Forward call used (tokens; the largest of its windows)
+  // and how many windows it ran.
+  int64_t last_window() const { return last_window_; }
+  int64_t last_windows() const { return last_windows_; }
   // Forgets everything (position 0).
   void Reset();
   int64_t position() const { return pos_; }
@@ -115,14 +182,15 @@ class Session {
   const std::vector<int32_t>& history() const { return history_; }
   const RunOptions& options() const { return options_; }
 
-  // Cancellation: `poll(tokens_done, layer)` is called before every layer of
-  // every chunk (tokens_done counts this Forward call's tokens before the
-  // chunk). When it returns true, Forward stops and interrupted() is true. A
-  // stop before a chunk's first layer keeps the chunks already fed (position()
-  // and history() say how far); a stop inside a chunk Reset()s the session,
-  // since KDA state cannot be rolled back. Either way no state is half-fed.
-  // Outputs of an interrupted call are incomplete. Empty function: never.
-  using InterruptPoll = std::function<bool(int64_t tokens_done, int64_t layer)>;
+  // Cancellation and progress: `poll(point)` is called before every layer of
+  // every window and between the experts of a layer's routed-expert pass
+  // (PrefillPoint says where). When it returns true, Forward stops and
+  // interrupted() is true. A stop before a window's first layer keeps the
+  // windows already fed (position() and history() say how far); a stop inside
+  // a window Reset()s the session, since KDA state cannot be rolled back.
+  // Either way no state is half-fed. Outputs of an interrupted call are
+  // incomplete. Empty function: never.
+  using InterruptPoll = std::function<bool(const PrefillPoint& point)>;
   void SetInterrupt(InterruptPoll poll) { interrupt_ = std::move(poll); }
   bool interrupted() const { return interrupted_; }
 
@@ -152,7 +220,13 @@ class Session {
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
   void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
   // True (and interrupted_ set) when the poll asks to stop; see SetInterrupt.
-  bool PollInterrupt(int64_t tokens_done, int64_t layer);
+  bool PollInterrupt(int64_t layer, int64_t experts_done = 0, int64_t experts_total = 0);
+  // Whether the combine may need to hold outputs (WindowShape::combine_buffer).
+  bool CombineMayHold();
+  // A checkpoint at `position` <= pos_ with these KDA floats (layer order);
+  // shares the MLA segments of the last one saved or restored.
+  std::shared_ptr<const SessionCheckpoint> BuildCheckpoint(int64_t position,
+                                                           DefaultInitVector<float> kda);
 
   Model& model_;
   RunOptions options_;
@@ -167,6 +241,10 @@ class Session {
   // (valid while they cover a prefix of history_), and the model identity.
   std::vector<std::shared_ptr<const MlaSegment>> ckpt_mla_;
   mutable std::string ckpt_model_id_;
+  // The current Forward call's window (for polls) and what the last call used.
+  PrefillPoint point_;
+  int64_t last_window_ = 0;
+  int64_t last_windows_ = 0;
 };
 
 // Sampling (§5.8). temperature <= 0: greedy argmax, first maximum wins.

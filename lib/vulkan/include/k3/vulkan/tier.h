@@ -83,6 +83,8 @@ class VulkanTier final : public model::ExpertExecutor {
   ~VulkanTier() override;  // saves the history (a failure only warns)
 
   void Run(const model::ExpertBatch& batch, model::ExpertStore& store) override;
+  // The CPU's experts first, then the device's (its batch buffer is its own).
+  model::PairOrder pair_order() const override { return model::PairOrder::kAnyOrder; }
 
   // Blocks until every queued upload is done (tests, benchmarks).
   void WaitUploads();
