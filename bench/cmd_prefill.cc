@@ -188,6 +188,16 @@ void RunPrefillBench(const PrefillArgs& a) {
   const double disk_gbps = DiskReadGbps(a.model_dir, static_cast<uint64_t>(a.disk_gb * 1e9));
   const double roof = IdotRoofGmacs(threads);
   const double macs_tok = MacsPerToken(config);
+  // The facts every line ends with, then the line.
+  auto Finish = [&](JsonWriter& j) {
+    j.Field("threads", int64_t(threads))
+        .Field("cold", cold)
+        .Field("git", git)
+        .Field("cpu", cpu)
+        .EndObject();
+    std::printf("%s\n", j.str().c_str());
+    std::fflush(stdout);
+  };
   {
     JsonWriter j;
     j.BeginObject()
@@ -196,14 +206,8 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("disk_read_gbps", disk_gbps)
         .Field("idot_roof_gmacs", roof)
         .Field("macs_per_token", macs_tok)
-        .Field("threads", int64_t(threads))
-        .Field("isa", quant::IsaName(quant::ActiveIsa()))
-        .Field("cold", cold)
-        .Field("git", git)
-        .Field("cpu", cpu)
-        .EndObject();
-    std::printf("%s\n", j.str().c_str());
-    std::fflush(stdout);
+        .Field("isa", quant::IsaName(quant::ActiveIsa()));
+    Finish(j);
   }
   for (int len : a.lengths) {
     std::vector<int32_t> prompt;
@@ -264,13 +268,7 @@ void RunPrefillBench(const PrefillArgs& a) {
       PutSummary(j, "baseline_prefill_s", base_secs);
       PutSummary(j, "speedup", speedup);
     }
-    j.Field("threads", int64_t(threads))
-        .Field("cold", cold)
-        .Field("git", git)
-        .Field("cpu", cpu)
-        .EndObject();
-    std::printf("%s\n", j.str().c_str());
-    std::fflush(stdout);
+    Finish(j);
   }
 }
 
