@@ -1,5 +1,8 @@
 // `k3-bench kernels`: lib/quant matrix kernels against memory bandwidth measured
-// in the same run (decode) and OpenBLAS sgemm (batched prefill).
+// in the same run (decode), OpenBLAS sgemm (batched prefill) and the compute
+// roof: the peak of the instruction each path is bound by (quant::RoofLoop:
+// vpdpbusd for IDOT, FMA for the f32 path), measured between the kernel passes
+// on the same ISA and thread count.
 //
 // Decode ratios are against plain streaming reads interleaved with the kernel
 // passes (R K R K ... K R): each pass against the mean of its two neighbours,
@@ -18,7 +21,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,6 +28,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -35,6 +38,7 @@
 #include "k3/core/sys.h"
 #include "k3/quant/isa.h"
 #include "k3/quant/quant.h"
+#include "k3/quant/roof.h"
 
 #ifdef K3_HAVE_OPENBLAS
 #include <cblas.h>
@@ -58,7 +62,8 @@ struct Options {
   double batch_ws_mib = 96;    // batched working set (compute-bound; caches matter little)
   std::string isas = "avx512,avx2vnni,avx2";
   std::vector<int> threads = {1, 2};
-  std::vector<int> batches = {1, 32};
+  std::vector<int> batches = {1, 64, 256};
+  bool roof = true;
   std::string filter;
   bool quick = false;
   bool sgemm = true;
@@ -128,6 +133,42 @@ double ProcessCpuSeconds() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
+
+// The compute roof: GMAC/s of the active ISA's peak loop for `op` on `threads`
+// threads (int8 products for IDOT, f32 lanes for FMA). Each thread runs slices
+// of the loop until it has had 20 ms of CPU time, so a pass is never too short
+// to time on a machine whose cores are shared.
+struct Roof {
+  quant::RoofOp op;
+  int threads;
+  double last_cpu_gmacs = 0;  // GMAC/s per `threads` CPU-seconds of the last Pass()
+
+  // Wall-clock GMAC/s; last_cpu_gmacs the rate per CPU-second of the threads
+  // (times threads), which depends much less on the share of the cores a pass
+  // got on a shared machine.
+  double Pass() {
+    constexpr uint64_t kSlice = 1 << 13;
+    uint64_t macs = 0;
+    double cpu = 0;
+    const quant::RoofOp o = op;
+    const double t0 = NowSeconds();
+#pragma omp parallel num_threads(threads) reduction(+ : macs, cpu)
+    {
+      const double c0 = ThreadCpuSeconds();
+      double c = 0;
+      do {
+        macs += quant::RoofLoop(o, kSlice);
+        c = ThreadCpuSeconds() - c0;
+      } while (c < 0.02);
+      cpu += c;
+    }
+    const double wall = NowSeconds() - t0;
+    last_cpu_gmacs = double(macs) / cpu / 1e9 * threads;
+    return double(macs) / wall / 1e9;
+  }
+};
+
+const char* RoofName(quant::RoofOp op) { return op == quant::RoofOp::kIdot ? "idot" : "fma"; }
 
 // One matrix's storage, filled with realistic bytes (MXFP4 scale bytes 112..122
 // as real checkpoints hold).
@@ -208,6 +249,14 @@ struct Timing {
   double vs_base = 0;         // median of per-repetition baseline_time / kernel_time
   double base_cpu_util = 0;
   int reads = 0;              // interleaved plain reads
+  double roof_gmacs = 0;      // median of the interleaved roof passes
+  double roof_min = 0, roof_max = 0;
+  double roof_frac = 0;  // median of per-pass kernel GMAC/s / mean of the adjacent roofs
+  double roof_frac_min = 0, roof_frac_max = 0;
+  const char* roof_op = nullptr;
+  double roof_cpu_gmacs = 0;  // the roof per CPU-second (x threads), median
+  double roof_cpu_frac = 0;   // kernel GMAC per CPU-second / roof per CPU-second, median
+  double roof_cpu_frac_min = 0, roof_cpu_frac_max = 0;
 };
 
 // A baseline pass run before every kernel pass of a batched configuration.
@@ -250,8 +299,21 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
         .Field("ratio_pf_min", tm.ratio_pf_min)
         .Field("ratio_pf_max", tm.ratio_pf_max);
   }
-  j.Field("gmacs", gmacs)
-      .Field("cpu_util", tm.cpu_util)
+  j.Field("gmacs", gmacs).Field("gops", 2 * gmacs);
+  if (tm.roof_op) {
+    j.Field("roof_op", tm.roof_op)
+        .Field("roof_gmacs", tm.roof_gmacs)
+        .Field("roof_gmacs_min", tm.roof_min)
+        .Field("roof_gmacs_max", tm.roof_max)
+        .Field("roof_fraction", tm.roof_frac)
+        .Field("roof_fraction_min", tm.roof_frac_min)
+        .Field("roof_fraction_max", tm.roof_frac_max)
+        .Field("roof_cpu_gmacs", tm.roof_cpu_gmacs)
+        .Field("roof_fraction_cpu", tm.roof_cpu_frac)
+        .Field("roof_fraction_cpu_min", tm.roof_cpu_frac_min)
+        .Field("roof_fraction_cpu_max", tm.roof_cpu_frac_max);
+  }
+  j.Field("cpu_util", tm.cpu_util)
       .Field("ms_per_matrix", secs_per_matrix * 1e3)
       .Field("copies", int64_t(copies))
       .Field("reps", int64_t(opt.reps));
@@ -272,6 +334,10 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
     if (tm.reads > 0) std::printf(" [%.2f, %.2f]", tm.ratio_min, tm.ratio_max);
     if (tm.mem_pf_gbps > 0)
       std::printf("  (pf read %.2f, ratio %.2f)", tm.mem_pf_gbps, tm.ratio_pf);
+    if (tm.roof_op)
+      std::printf("  roof(%s) %.1f GMAC/s: %.2f [%.2f, %.2f]; per cpu-s %.1f: %.2f [%.2f, %.2f]",
+                  tm.roof_op, tm.roof_gmacs, tm.roof_frac, tm.roof_frac_min, tm.roof_frac_max,
+                  tm.roof_cpu_gmacs, tm.roof_cpu_frac, tm.roof_cpu_frac_min, tm.roof_cpu_frac_max);
     if (tm.vs_base > 0) std::printf("  vs sgemm %.2fx", tm.vs_base);
     if (std::strcmp(isa, ran) != 0) std::printf("  (kernel %s)", ran);
     std::printf("\n");
@@ -285,13 +351,19 @@ void Emit(const Options& opt, const Context& ctx, const std::string& kernel, con
 template <typename Fn>
 Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
                   const std::vector<uint64_t>* mem, Fn&& run_copy,
-                  const BaselineFn& baseline = nullptr) {
+                  const BaselineFn& baseline = nullptr, Roof* roof = nullptr,
+                  double macs_per_matrix = 0) {
   for (int c = 0; c < copies; ++c) run_copy(c);  // warm: page-ins, code, scratch
   if (baseline) baseline();
   std::vector<double> secs, util, base_secs, vs_base, base_util;
   std::vector<double> read_gbps, pf_gbps;  // reps + 1 of each when mem is given
   const double mem_bytes = mem ? double(mem->size() * 8) : 0.0;
+  std::vector<double> roofs, roofs_cpu;  // reps + 1 when roof is given
   auto reads = [&] {
+    if (roof) {
+      roofs.push_back(roof->Pass());
+      roofs_cpu.push_back(roof->last_cpu_gmacs);
+    }
     if (!mem) return;
     read_gbps.push_back(mem_bytes / StreamReadPass(*mem, threads) / 1e9);
     pf_gbps.push_back(mem_bytes / StreamReadPass(*mem, threads, kStreamPrefetchBytes) / 1e9);
@@ -325,6 +397,28 @@ Timing TimeConfig(int reps, int copies, int threads, size_t pass_bytes,
     t.base_secs = Median(base_secs);
     t.vs_base = Median(vs_base);
     t.base_cpu_util = Median(base_util);
+  }
+  if (roof) {
+    std::vector<double> fracs;
+    for (int r = 0; r < reps; ++r) {
+      fracs.push_back(macs_per_matrix / secs[r] / 1e9 / (0.5 * (roofs[r] + roofs[r + 1])));
+    }
+    t.roof_op = RoofName(roof->op);
+    t.roof_gmacs = Median(roofs);
+    t.roof_min = *std::min_element(roofs.begin(), roofs.end());
+    t.roof_max = *std::max_element(roofs.begin(), roofs.end());
+    t.roof_frac = Median(fracs);
+    t.roof_frac_min = *std::min_element(fracs.begin(), fracs.end());
+    t.roof_frac_max = *std::max_element(fracs.begin(), fracs.end());
+    std::vector<double> cfracs;
+    for (int r = 0; r < reps; ++r) {
+      const double kernel_cpu = macs_per_matrix / (secs[r] * util[r]) / 1e9;
+      cfracs.push_back(kernel_cpu / (0.5 * (roofs_cpu[r] + roofs_cpu[r + 1])));
+    }
+    t.roof_cpu_gmacs = Median(roofs_cpu);
+    t.roof_cpu_frac = Median(cfracs);
+    t.roof_cpu_frac_min = *std::min_element(cfracs.begin(), cfracs.end());
+    t.roof_cpu_frac_max = *std::max_element(cfracs.begin(), cfracs.end());
   }
   if (mem) {
     std::vector<double> ratios, pf_ratios;
@@ -493,12 +587,14 @@ void RunKernels(const Options& opt) {
           // runs are compute-bound and compare with sgemm instead.
           const std::vector<uint64_t>* mem = batch == 1 ? &buf : nullptr;
           const size_t pass_bytes = bytes * size_t(copies);
+          const double macs = double(s.rows) * double(s.cols) * double(batch);
           for (int rows : batch == 1 ? opt.f32_rows : std::vector<int>{0}) {
             quant::SetDecodeRowsForTesting(rows);
+            Roof fma{quant::RoofOp::kFma, t};
             Timing tm = TimeConfig(
                 opt.reps, copies, t, pass_bytes, mem,
-                [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); },
-                baseline);
+                [&](int c) { quant::MatMul(mats[c].View(), x.data(), batch, y.data()); }, baseline,
+                opt.roof ? &fma : nullptr, macs);
             quant::SetDecodeRowsForTesting(0);
             if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
             if (baseline && !sgemm_reported) {
@@ -514,9 +610,11 @@ void RunKernels(const Options& opt) {
             Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt) + suffix, s, batch, t,
                  label.c_str(), quant::IsaName(isa), tm, bytes, copies);
           }
+          Roof idot{quant::RoofOp::kIdot, t};
           Timing tm = TimeConfig(
               opt.reps, copies, t, pass_bytes, mem,
-              [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline);
+              [&](int c) { quant::MatMulQ8(mats[c].View(), xq, y.data()); }, baseline,
+              opt.roof ? &idot : nullptr, macs);
           if (!mem) tm.mem_gbps = ctx.mem_gbps[t];
           Emit(opt, ctx, std::string("matmulq8_") + FmtName(s.fmt), s, batch, t, label.c_str(),
                quant::IsaName(quant::Q8Isa(s.fmt, batch)), tm, bytes, copies);
@@ -545,6 +643,8 @@ void Setup(CLI::App& root) {
   cmd->add_option("--filter", opt->filter, "only shapes whose fmt/name contains this");
   cmd->add_flag("--quick", opt->quick, "1/8 of the rows (smoke test)");
   cmd->add_flag("!--no-sgemm", opt->sgemm, "skip the OpenBLAS baseline");
+  cmd->add_flag("!--no-roof", opt->roof,
+                "skip the compute roof (peak vpdpbusd / FMA loop between the kernel passes)");
   cmd->add_option("--f32-rows", opt->f32_rows,
                   "decode rows per activation load of the f32 path to compare (0 = built-in; "
                   "1,2,4 force it; lines get a _rN suffix)")

@@ -16,6 +16,7 @@
 
 #include "k3/quant/isa.h"
 #include "k3/quant/quant.h"
+#include "k3/quant/roof.h"
 
 namespace k3::quant::internal {
 
@@ -71,6 +72,9 @@ struct KernelTable {
   // QuantizeActs for `rows` activation rows into q [rows*cols] / scales [rows*cols/32].
   void (*quantize_acts)(const float* x, size_t rows, size_t cols, int8_t* q,
                         float* scales) noexcept;
+  // RoofLoop (roof.h): the peak loop of the instruction this table's kernels
+  // are bound by; returns the multiply-adds done.
+  uint64_t (*roof)(RoofOp op, uint64_t iters) noexcept;
 };
 
 // The scalar quantizers (quant.cc): the reference every ISA's bytes must equal.

@@ -924,6 +924,58 @@ void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
   }
 }
 
+// Roof loops (roof.h): 12 independent ymm chains (16 registers in all with
+// the two operands), enough for a 4-5 cycle latency at two per cycle. Without
+// AVX-VNNI the IDOT dot is the kernels' maddubs + madd + add sequence.
+uint64_t RoofAvx2(RoofOp op, uint64_t iters) noexcept {
+  constexpr int kChains = 12;
+  if (op == RoofOp::kIdot) {
+    __m256i a[kChains];
+#pragma GCC unroll 12
+    for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_epi32(j);
+    const __m256i u = InReg(_mm256_set1_epi8(3));
+    const __m256i v = InReg(_mm256_set1_epi8(-5));
+#ifndef K3_AVXVNNI
+    const __m256i ones = InReg(_mm256_set1_epi16(1));
+#endif
+    for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+      for (int j = 0; j < kChains; ++j) {
+#ifdef K3_AVXVNNI
+        a[j] = _mm256_dpbusd_avx_epi32(a[j], u, v);
+#else
+        a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+#endif
+      }
+    }
+    __m256i t = a[0];
+#pragma GCC unroll 12
+    for (int j = 1; j < kChains; ++j) t = _mm256_add_epi32(t, a[j]);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
+    volatile int32_t sink = lanes[0] + lanes[7];
+    (void)sink;
+    return iters * kChains * 32;
+  }
+  __m256 a[kChains];
+#pragma GCC unroll 12
+  for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_ps(float(j));
+  const __m256 m = InReg(_mm256_set1_ps(0.999f));
+  const __m256 c = InReg(_mm256_set1_ps(1e-3f));
+  for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < kChains; ++j) a[j] = _mm256_fmadd_ps(a[j], m, c);
+  }
+  __m256 t = a[0];
+#pragma GCC unroll 12
+  for (int j = 1; j < kChains; ++j) t = _mm256_add_ps(t, a[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, t);
+  volatile float sink = lanes[0] + lanes[7];
+  (void)sink;
+  return iters * kChains * 8;
+}
+
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -931,9 +983,9 @@ constexpr KernelTable kAvx2Table = {
 #else
     Isa::kAvx2,
 #endif
-    MatMulAvx2,  MatMulQ8Avx2,           RowDotAvx2,
-    AddRowAvx2,  QuantizeInt8RowsScalar, QuantizeInt4RowsScalar, DowncastScalar,
-    QuantizeActsScalar};
+    MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
+    AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
+    DowncastScalar, QuantizeActsScalar,     RoofAvx2};
 
 }  // namespace
 

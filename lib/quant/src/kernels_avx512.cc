@@ -40,10 +40,13 @@ namespace {
 struct NibActsCache {
   const int8_t* xq = nullptr;     // [batch][steps*128], zero padded
   const int32_t* corr = nullptr;  // [batch][steps*16]
-  const float* xse = nullptr;     // [batch][steps*16]: xs_g (x0.5 for MXFP4's doubled codes) x4
-  const float* xsg = nullptr;     // [batch][xsg_stride]: the same factors once per group
+  const float* xsg = nullptr;     // [batch][xsg_stride]: xs_g (x0.5 for MXFP4's doubled codes)
   size_t steps = 0;
-  size_t xsg_stride = 0;          // steps*4 rounded up to 16
+  size_t xsg_stride = 0;  // steps*4 rounded up to 16 (= blocks*16)
+  // The GEMM layout (batch > 1 only), per 16-group block (NibGemm below):
+  const int8_t* xb = nullptr;   // [batch][blocks][8][64]: the 8 chunk vectors X_j
+  const int32_t* cb = nullptr;  // [batch][blocks][16]: -B*Σq per group, block lane order
+  const float* fb = nullptr;    // [batch][blocks][16]: xs_g, block lane order
 };
 
 struct Scratch {
@@ -53,9 +56,11 @@ struct Scratch {
   AlignedVec<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
   AlignedVec<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
   AlignedVec<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
-  AlignedVec<float> xse;      // nibble IDOT: activation factors, 4 lanes per group
   AlignedVec<float> wgs;      // nibble IDOT: decoded weight factors of R rows
   AlignedVec<float> xsg;      // nibble IDOT: activation factors, once per group
+  AlignedVec<int8_t> xgb;     // nibble GEMM: activation chunk vectors per block
+  AlignedVec<int32_t> cgb;    // nibble GEMM: corrections per group, block lane order
+  AlignedVec<float> fgb;      // nibble GEMM: activation factors, block lane order
   AlignedVec<float> acc;      // batched f32 path: tile accumulators between column blocks
   // t_call_id (kernels.h) of the call whose activations xp / the nibble IDOT
   // buffers hold (0: none): its later chunks on this thread reuse them.
@@ -700,8 +705,6 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
 // Rows decoded once per chunk are reused by every activation row; kRowBlock rows
 // at a time share each activation load.
 constexpr int kRowBlock = 4;
-// Decode (batch 1) rows sharing each activation load, nibble IDOT.
-constexpr int kDecodeRowsNib = 1;
 
 template <WeightFormat F, int R>
 void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
@@ -774,16 +777,55 @@ void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 // 128-bit lane L of each holds group L of the step. The activations are stored
 // in that layout once per call (NibActs: per group its 16 even-column bytes, and
 // in the second vector its 16 odd-column bytes), so the weights need no shuffle
-// of positions at all; both dpbusd's accumulate into one int32
-// vector whose lane L holds only activation group L of the step (exact, as the
-// bias correction is its start value), and one factor vector f = gs*xs (each
-// group's factor in its 4 lanes) scales it. Per element the operations are fixed:
-// a = fma(cvt(d_t), f_t, a) over the steps in column order, then one reduction,
-// whether the row is decoded on the fly (batch 1) or from a buffer (batched).
+// of positions at all; both dpbusd's accumulate into one int32 vector whose
+// lane (L, m) holds 8 columns of group L of the step (exact, as the bias
+// correction is its start value).
+//
+// The float part works on blocks of 16 groups (4 steps, 512 columns): the
+// block's four step vectors are summed into one vector G of whole-group int32
+// sums (SumLanes4, exact), lane 4L+m holding group 4m+L of the block (the
+// "block lane order"), and one factor vector f = gs*xs in the same order scales
+// it: a = fma(cvt(G_s), f_s, a) over the blocks in column order, then one
+// reduction. Batch 1 (DotNib1) forms G from the step vectors; the GEMM
+// (NibGemm) forms the same exact G directly, from weights and activations laid
+// out per block as 8 chunk vectors whose lane 4L+m holds 4 bytes of that
+// group, so that 8 dpbusd's give G with no shuffle and one cvt + mul + fma per
+// 16 groups (instead of per 4). Per element the floating-point operations are
+// the same either way, so batch 1 and the GEMM agree bit for bit.
 
 constexpr size_t kStep = 128;
+constexpr size_t kBlockSteps = 4;  // 16 groups
 
 using NibActs = NibActsCache;
+
+// Lane 4L+m of the result = the sum of the four int32 lanes of 128-bit lane L of
+// d_m (the whole group 4m+L of a block when d_m is step m's dot vector).
+inline __m512i SumLanes4(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+  const __m512i e01 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+  const __m512i e23 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(e01, e23), _mm512_unpackhi_epi64(e01, e23));
+}
+
+// 4 x 4 transpose of int32 lanes within each 128-bit lane: out_j lane (L, m) =
+// in_m lane (L, j). Step m's vector with chunk j of group L in lane (L, j)
+// becomes chunk vector j with group 4m+L's chunk in lane 4L+m.
+inline void Transpose4(const __m512i in[4], __m512i out[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(in[0], in[1]);
+  const __m512i t1 = _mm512_unpackhi_epi32(in[0], in[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(in[2], in[3]);
+  const __m512i t3 = _mm512_unpackhi_epi32(in[2], in[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2);
+  out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3);
+  out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// Natural group order (16 groups of a block) -> block lane order.
+inline __m512i BlockLaneOrder() {
+  return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
 
 template <WeightFormat F>
 NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
@@ -794,17 +836,26 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
   const size_t n = x.cols;
   const size_t groups = n / kActGroup;
   const size_t steps = (n + kStep - 1) / kStep;
-  int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
-  int32_t* corr = Grow(s.corr, x.batch * steps * 16);
-  float* xse = Grow(s.xse, x.batch * steps * 16);
-  const size_t xsg_stride = (steps * 4 + 15) / 16 * 16;
+  const size_t blocks = (steps + kBlockSteps - 1) / kBlockSteps;
+  const bool gemm = x.batch > 1;
+  // Whole blocks, zero padded: the GEMM layout is built from them.
+  const size_t psteps = blocks * kBlockSteps;
+  int8_t* xq = Grow(s.xn, x.batch * psteps * kStep);
+  int32_t* corr = Grow(s.corr, x.batch * psteps * 16);
+  const size_t xsg_stride = blocks * 16;
   float* xsg = Grow(s.xsg, x.batch * xsg_stride);
+  int8_t* xb = gemm ? Grow(s.xgb, x.batch * blocks * 8 * 64) : nullptr;
+  int32_t* cb = gemm ? Grow(s.cgb, x.batch * blocks * 16) : nullptr;
+  float* fb = gemm ? Grow(s.fgb, x.batch * blocks * 16) : nullptr;
   const __m512i b = _mm512_set1_epi8(static_cast<char>(kB));
+  const __m512i order = BlockLaneOrder();
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
     const float* xs = x.scales.data() + r * groups;
-    int8_t* dq = xq + r * steps * kStep;
-    for (size_t t = 0; t < steps; ++t) {
+    int8_t* dq = xq + r * psteps * kStep;
+    int32_t* dc = corr + r * psteps * 16;
+    float* dx = xsg + r * xsg_stride;
+    for (size_t t = 0; t < psteps; ++t) {
       int8_t* d = dq + t * kStep;
       for (size_t l = 0; l < 4; ++l) {
         const size_t g = t * 4 + l;
@@ -814,20 +865,38 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
           std::memset(d + 16 * l, 0, 16);
           std::memset(d + 64 + 16 * l, 0, 16);
         }
-        const float f = g < groups ? xs[g] * mult : 0.0f;
-        for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 16 + 4 * l + m] = f;
-        xsg[r * xsg_stride + g] = f;
+        dx[g] = g < groups ? xs[g] * mult : 0.0f;
       }
-      const __m512i xa = _mm512_loadu_si512(d);
-      const __m512i xb = _mm512_loadu_si512(d + 64);
+      const __m512i xa = _mm512_load_si512(d);
+      const __m512i xo = _mm512_load_si512(d + 64);
       const __m512i sum =
-          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), b, xa), b, xb);
-      _mm512_storeu_si512(corr + (r * steps + t) * 16,
-                          _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+          _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), b, xa), b, xo);
+      _mm512_store_si512(dc + t * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
     }
-    for (size_t g = steps * 4; g < xsg_stride; ++g) xsg[r * xsg_stride + g] = 0.0f;
+    if (!gemm) continue;
+    for (size_t k = 0; k < blocks; ++k) {
+      const int8_t* d = dq + k * kBlockSteps * kStep;
+      const int32_t* c = dc + k * kBlockSteps * 16;
+      __m512i ev[4], od[4], cv[4];
+      for (int m = 0; m < 4; ++m) {
+        ev[m] = _mm512_load_si512(d + m * kStep);
+        od[m] = _mm512_load_si512(d + m * kStep + 64);
+        cv[m] = _mm512_load_si512(c + m * 16);
+      }
+      __m512i xe[4], xo[4];
+      Transpose4(ev, xe);
+      Transpose4(od, xo);
+      int8_t* out = xb + (r * blocks + k) * 8 * 64;
+      for (int j = 0; j < 4; ++j) {
+        _mm512_store_si512(out + j * 64, xe[j]);
+        _mm512_store_si512(out + (4 + j) * 64, xo[j]);
+      }
+      _mm512_store_si512(cb + (r * blocks + k) * 16, SumLanes4(cv[0], cv[1], cv[2], cv[3]));
+      _mm512_store_ps(fb + (r * blocks + k) * 16,
+                      _mm512_permutexvar_ps(order, _mm512_load_ps(dx + k * 16)));
+    }
   }
-  s.nib = NibActs{xq, corr, xse, xsg, steps, xsg_stride};
+  s.nib = NibActs{xq, corr, xsg, steps, xsg_stride, xb, cb, fb};
   s.nib_call = t_call_id;
   return s.nib;
 }
@@ -840,11 +909,6 @@ struct NibDirect {
   size_t bytes;          // cols/2
   size_t groups;         // factor count
   size_t pf;             // PrefetchBytes()
-
-  void Step(size_t t, __m512i* wa, __m512i* wb, __m512* gs) const {
-    Weights(t, wa, wb);
-    *gs = Factors(t);
-  }
 
   // Biased weight bytes: even columns (low nibbles) and odd columns (high).
   void Weights(size_t t, __m512i* wa, __m512i* wb) const {
@@ -867,32 +931,23 @@ struct NibDirect {
     *wb = hi;
   }
 
-  __m512 Factors(size_t t) const {
-    const bool full = t * 64 + 64 <= bytes;
+  // The weight factors of the 16 groups of block k (natural order; 0 past the
+  // row's end).
+  __m512 BlockFactors(size_t k) const {
+    const size_t g0 = k * 16;  // activation (32-column) groups
     if constexpr (F == WeightFormat::kMxfp4) {
-      const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 4;
-      uint32_t e4 = 0;
-      if (full) {
-        std::memcpy(&e4, e, 4);
-      } else {
-        std::memcpy(&e4, e, groups - t * 4);
-      }
-      // Lane 4L+m <- E8M0 byte L, as the f32 bit pattern s<<23.
-      const __m512i sel = _mm512_setr_epi32(
-          int(0x80808000), int(0x80808000), int(0x80808000), int(0x80808000),
-          int(0x80808001), int(0x80808001), int(0x80808001), int(0x80808001),
-          int(0x80808002), int(0x80808002), int(0x80808002), int(0x80808002),
-          int(0x80808003), int(0x80808003), int(0x80808003), int(0x80808003));
-      const __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(e4)), sel);
-      return _mm512_castsi512_ps(_mm512_slli_epi32(v, 23));
+      const uint8_t* e = static_cast<const uint8_t*>(factors);
+      const size_t ng = groups - g0 >= 16 ? 16 : groups - g0;
+      if (pf != 0) PrefetchLine(e + g0, pf / 16);  // 1 E8M0 byte per 16 weight bytes
+      const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(eb, 23));
     } else {
-      const float* sc = static_cast<const float*>(factors) + t * 2;
-      float s2[2] = {sc[0], 0.0f};
-      if (full) s2[1] = sc[1];
-      double d2;
-      std::memcpy(&d2, s2, 8);
-      const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-      return _mm512_permutevar_ps(_mm512_castpd_ps(_mm512_set1_pd(d2)), sel);
+      const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+      const float* sc = static_cast<const float*>(factors);
+      const size_t s0 = g0 / 2;  // int4 groups: one per two activation groups
+      const size_t ns = groups - s0 >= 8 ? 8 : groups - s0;
+      if (pf != 0) PrefetchLine(sc + s0, pf / 8);  // 4 scale bytes per 32 weight bytes
+      return _mm512_permutexvar_ps(halves, _mm512_maskz_loadu_ps(TailMask16(ns), sc + s0));
     }
   }
 };
@@ -909,111 +964,150 @@ NibDirect<F> NibRow(const WeightView& w, size_t o) {
   }
 }
 
-// A row decoded once (lo|hi bytes per step, factor vector per step).
-struct NibBuffered {
-  const uint8_t* wb;
-  const float* gs;
-  void Step(size_t t, __m512i* a, __m512i* b, __m512* g) const {
-    *a = _mm512_loadu_si512(wb + t * kStep);
-    *b = _mm512_loadu_si512(wb + t * kStep + 64);
-    *g = _mm512_loadu_ps(gs + t * 16);
-  }
-};
-
-template <int R, typename Src>
-void DotNibRows(const Src* w, const NibActs& x, size_t b, float* out) noexcept {
-  __m512 a[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
-  const int8_t* xq = x.xq + b * x.steps * kStep;
-  const int32_t* corr = x.corr + b * x.steps * 16;
-  const float* xse = x.xse + b * x.steps * 16;
-  for (size_t t = 0; t < x.steps; ++t) {
-    const __m512i xa = _mm512_loadu_si512(xq + t * kStep);
-    const __m512i xb = _mm512_loadu_si512(xq + t * kStep + 64);
-    const __m512i cv = _mm512_loadu_si512(corr + t * 16);
-    const __m512 xs = _mm512_loadu_ps(xse + t * 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m512i wa, wb;
-      __m512 gs;
-      w[r].Step(t, &wa, &wb, &gs);
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, wa, xa), wb, xb);
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(gs, xs), a[r]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
-}
-
-// Batch 1: the factors of 16 groups come from one multiply (MXFP4: one
-// vpmovzxbd of their E8M0 bytes; int4: their 8 g64 scales spread to the 16
-// groups by one permute), and each step's f is a lane permute of that. The
-// values are those of DotNibRows (gs bits times xs, IEEE multiply is lane-wise),
-// so batch 1 and batched still agree bit for bit; per step it loads 192 bytes
-// of activations instead of 256, and no scalar scale loads.
+// Batch 1: per block, the four steps' dpbusd pairs, SumLanes4 into whole-group
+// sums, one cvt and one FMA with f = gs*xs (the block's factors from one
+// multiply, permuted into block lane order; IEEE multiply is lane-wise, so this
+// is the GEMM's f). Steps past the row's end contribute 0 (as the GEMM's zero
+// padded activations do).
 template <WeightFormat F>
 float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
   __m512 a = _mm512_setzero_ps();
-  const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  for (size_t t0 = 0; t0 < x.steps; t0 += 4) {
-    const size_t g0 = t0 * 4;  // activation (32-column) groups
-    __m512 gs16;
-    if constexpr (F == WeightFormat::kMxfp4) {
-      const uint8_t* e = static_cast<const uint8_t*>(w.factors);
-      const size_t ng = w.groups - g0 >= 16 ? 16 : w.groups - g0;
-      if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
-      const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(TailMask16(ng), e + g0));
-      gs16 = _mm512_castsi512_ps(_mm512_slli_epi32(eb, 23));
-    } else {
-      const float* sc = static_cast<const float*>(w.factors);
-      const size_t s0 = g0 / 2;  // int4 groups: one per two activation groups
-      const size_t ns = w.groups - s0 >= 8 ? 8 : w.groups - s0;
-      if (w.pf != 0) PrefetchLine(sc + s0, w.pf / 8);  // 4 scale bytes per 32 weight bytes
-      gs16 = _mm512_permutexvar_ps(halves, _mm512_maskz_loadu_ps(TailMask16(ns), sc + s0));
+  const __m512i order = BlockLaneOrder();
+  const size_t blocks = x.xsg_stride / 16;
+  for (size_t k = 0; k < blocks; ++k) {
+    const __m512 f16 = _mm512_mul_ps(w.BlockFactors(k), _mm512_loadu_ps(x.xsg + k * 16));
+    __m512i d[4];
+#pragma GCC unroll 4
+    for (size_t m = 0; m < 4; ++m) {
+      const size_t t = k * kBlockSteps + m;
+      if (t < x.steps) {
+        __m512i wa, wb;
+        w.Weights(t, &wa, &wb);
+        const __m512i xa = _mm512_load_si512(x.xq + t * kStep);
+        const __m512i xb = _mm512_load_si512(x.xq + t * kStep + 64);
+        const __m512i cv = _mm512_load_si512(x.corr + t * 16);
+        d[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, wa, xa), wb, xb);
+      } else {
+        d[m] = _mm512_setzero_si512();
+      }
     }
-    const __m512 f16 = _mm512_mul_ps(gs16, _mm512_loadu_ps(x.xsg + g0));
-    const size_t t1 = t0 + 4 < x.steps ? t0 + 4 : x.steps;
-    for (size_t t = t0; t < t1; ++t) {
-      __m512i wa, wb;
-      w.Weights(t, &wa, &wb);
-      const __m512i xa = _mm512_loadu_si512(x.xq + t * kStep);
-      const __m512i xb = _mm512_loadu_si512(x.xq + t * kStep + 64);
-      const __m512i cv = _mm512_loadu_si512(x.corr + t * 16);
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, wa, xa), wb, xb);
-      const __m512 f = _mm512_permutexvar_ps(
-          _mm512_add_epi32(base, _mm512_set1_epi32(static_cast<int>(4 * (t - t0)))), f16);
-      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), f, a);
-    }
+    const __m512i g = SumLanes4(d[0], d[1], d[2], d[3]);
+    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), _mm512_permutexvar_ps(order, f16), a);
   }
   return _mm512_reduce_add_ps(a);
+}
+
+// The GEMM: R weight rows decoded once into the block layout (8 chunk vectors
+// and 16 factors, block lane order, per block), then tiles of R rows x B
+// activation rows. Per block and (row, activation) pair: G from the correction,
+// 8 dpbusd's, then a = fma(cvt(G), gs*xs, a) -- DotNib1's operations; each chunk
+// load feeds B (weights) or R (activations) dpbusd's, and the float work is 3
+// instructions per 16 dpbusd's of a pair's 8.
+constexpr int kNibGemmRows = 4;
+constexpr int kNibGemmActs = 2;
+
+template <int R, int B>
+void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
+                 size_t blocks, float* out) noexcept {
+  __m512 a[R][B];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < B; ++c) a[r][c] = _mm512_setzero_ps();
+  }
+  const int8_t* xb[B];
+  const int32_t* cb[B];
+  const float* fb[B];
+#pragma GCC unroll 4
+  for (int c = 0; c < B; ++c) {
+    xb[c] = x.xb + (b0 + c) * blocks * 8 * 64;
+    cb[c] = x.cb + (b0 + c) * blocks * 16;
+    fb[c] = x.fb + (b0 + c) * blocks * 16;
+  }
+  for (size_t k = 0; k < blocks; ++k) {
+    __m512i g[R][B];
+#pragma GCC unroll 4
+    for (int c = 0; c < B; ++c) {
+      const __m512i cv = InReg(_mm512_load_si512(cb[c] + k * 16));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) g[r][c] = cv;
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512i wv[R], xv[B];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) wv[r] = InReg(_mm512_load_si512(wr[r] + (k * 8 + j) * 64));
+#pragma GCC unroll 4
+      for (int c = 0; c < B; ++c) xv[c] = InReg(_mm512_load_si512(xb[c] + (k * 8 + j) * 64));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < B; ++c) g[r][c] = _mm512_dpbusd_epi32(g[r][c], wv[r], xv[c]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 gs = InReg(_mm512_load_ps(gr[r] + k * 16));
+#pragma GCC unroll 4
+      for (int c = 0; c < B; ++c) {
+        a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g[r][c]),
+                                  _mm512_mul_ps(gs, _mm512_load_ps(fb[c] + k * 16)), a[r][c]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < B; ++c) out[c * kNibGemmRows + r] = _mm512_reduce_add_ps(a[r][c]);
+  }
 }
 
 template <WeightFormat F, int R>
 void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
                  Scratch& s) noexcept {
-  const size_t steps = x.steps;
-  uint8_t* wbuf = Grow(s.wu, R * steps * kStep);
-  float* gbuf = Grow(s.wgs, R * steps * 16);
-  NibBuffered src[R];
+  const size_t blocks = x.xsg_stride / 16;
+  uint8_t* wbuf = Grow(s.wu, R * blocks * 8 * 64);
+  float* gbuf = Grow(s.wgs, R * blocks * 16);
+  const __m512i order = BlockLaneOrder();
+  const uint8_t* wr[R];
+  const float* gr[R];
   for (int r = 0; r < R; ++r) {
     const NibDirect<F> d = NibRow<F>(w, o + r);
-    uint8_t* wr = wbuf + r * steps * kStep;
-    float* gr = gbuf + r * steps * 16;
-    for (size_t t = 0; t < steps; ++t) {
-      __m512i a, b;
-      __m512 g;
-      d.Step(t, &a, &b, &g);
-      _mm512_storeu_si512(wr + t * kStep, a);
-      _mm512_storeu_si512(wr + t * kStep + 64, b);
-      _mm512_storeu_ps(gr + t * 16, g);
+    uint8_t* wo = wbuf + r * blocks * 8 * 64;
+    float* go = gbuf + r * blocks * 16;
+    for (size_t k = 0; k < blocks; ++k) {
+      __m512i lo[4], hi[4];
+      for (size_t m = 0; m < 4; ++m) {
+        const size_t t = k * kBlockSteps + m;
+        if (t < x.steps) {
+          d.Weights(t, &lo[m], &hi[m]);
+        } else {  // multiplies zero activations
+          lo[m] = hi[m] = _mm512_setzero_si512();
+        }
+      }
+      __m512i we[4], wod[4];
+      Transpose4(lo, we);
+      Transpose4(hi, wod);
+      uint8_t* out = wo + k * 8 * 64;
+      for (int j = 0; j < 4; ++j) {
+        _mm512_store_si512(out + j * 64, we[j]);
+        _mm512_store_si512(out + (4 + j) * 64, wod[j]);
+      }
+      _mm512_store_ps(go + k * 16, _mm512_permutexvar_ps(order, d.BlockFactors(k)));
     }
-    src[r] = NibBuffered{wr, gr};
+    wr[r] = wo;
+    gr[r] = go;
   }
-  for (size_t b = 0; b < batch; ++b) {
-    float d[R];
-    DotNibRows<R>(src, x, b, d);
+  float d[kNibGemmActs * kNibGemmRows];
+  size_t b = 0;
+  for (; b + kNibGemmActs <= batch; b += kNibGemmActs) {
+    NibGemmTile<R, kNibGemmActs>(wr, gr, x, b, blocks, d);
+    for (int c = 0; c < kNibGemmActs; ++c) {
+      for (int r = 0; r < R; ++r) y[(b + c) * w.rows + o + r] = d[c * kNibGemmRows + r];
+    }
+  }
+  for (; b < batch; ++b) {
+    NibGemmTile<R, 1>(wr, gr, x, b, blocks, d);
     for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
   }
 }
@@ -1023,19 +1117,11 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
                    Scratch& s) noexcept {
   const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
-    ForRowBlocks<kDecodeRowsNib>(r0, r1, [&]<int N>(size_t o) {
-      NibDirect<F> src[N];
-      for (int r = 0; r < N; ++r) src[r] = NibRow<F>(w, o + r);
-      if constexpr (N == 1) {
-        y[o] = DotNib1<F>(src[0], acts);
-      } else {
-        DotNibRows<N>(src, acts, 0, y + o);
-      }
-    });
+    for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
     return;
   }
-  ForRowBlocks<kRowBlock>(r0, r1,
-                          [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
+  ForRowBlocks<kNibGemmRows>(
+      r0, r1, [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
 }
 
 // K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
@@ -1264,10 +1350,50 @@ void QuantizeActsAvx512(const float* x, size_t rows, size_t cols, int8_t* q,
   }
 }
 
-constexpr KernelTable kAvx512Table = {
-    Isa::kAvx512, MatMulAvx512,           MatMulQ8Avx512,         RowDotAvx512,
-    AddRowAvx512, QuantizeInt8RowsAvx512, QuantizeInt4RowsAvx512, DowncastAvx512,
-    QuantizeActsAvx512};
+// ---------------------------------------------------------------------------
+// Roof loops (roof.h): 16 independent zmm chains (latency 4-5 cycles at up to
+// two per cycle needs at least 10), operands in registers.
+uint64_t RoofAvx512(RoofOp op, uint64_t iters) noexcept {
+  constexpr int kChains = 16;
+  if (op == RoofOp::kIdot) {
+    __m512i a[kChains];
+#pragma GCC unroll 16
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_epi32(j);
+    const __m512i u = InReg(_mm512_set1_epi8(3));
+    const __m512i v = InReg(_mm512_set1_epi8(-5));
+    for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kChains; ++j) a[j] = _mm512_dpbusd_epi32(a[j], u, v);
+    }
+    __m512i t = a[0];
+#pragma GCC unroll 16
+    for (int j = 1; j < kChains; ++j) t = _mm512_add_epi32(t, a[j]);
+    volatile int sink = _mm512_reduce_add_epi32(t);
+    (void)sink;
+    return iters * kChains * 64;
+  }
+  __m512 a[kChains];
+#pragma GCC unroll 16
+  for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_ps(float(j));
+  const __m512 m = InReg(_mm512_set1_ps(0.999f));
+  const __m512 c = InReg(_mm512_set1_ps(1e-3f));
+  for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_fmadd_ps(a[j], m, c);
+  }
+  __m512 t = a[0];
+#pragma GCC unroll 16
+  for (int j = 1; j < kChains; ++j) t = _mm512_add_ps(t, a[j]);
+  volatile float sink = _mm512_reduce_add_ps(t);
+  (void)sink;
+  return iters * kChains * 16;
+}
+
+constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
+                                      MatMulQ8Avx512,         RowDotAvx512,
+                                      AddRowAvx512,           QuantizeInt8RowsAvx512,
+                                      QuantizeInt4RowsAvx512, DowncastAvx512,
+                                      QuantizeActsAvx512,     RoofAvx512};
 
 }  // namespace
 

@@ -526,6 +526,51 @@ void QuantizeActsNeon(const float* x, size_t rows, size_t cols, int8_t* q, float
   }
 }
 
+// Roof loops (roof.h): 8 independent q-register chains (16 for the dot, two
+// of them per pipe-latency), operands in registers. Without the dot product
+// the IDOT dot is the kernels' smull + sadalp (8 products per pair).
+uint64_t RoofNeon(RoofOp op, uint64_t iters) noexcept {
+  constexpr int kChains = 8;
+  if (op == RoofOp::kIdot) {
+    int32x4_t a[kChains];
+    for (int j = 0; j < kChains; ++j) a[j] = vdupq_n_s32(j);
+    const int8x16_t u = vdupq_n_s8(3);
+    const int8x16_t v = vdupq_n_s8(-5);
+    for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kChains; ++j) {
+#ifdef K3_NEON_DOT
+        a[j] = vdotq_s32(a[j], u, v);
+#else
+        a[j] = vpadalq_s16(a[j], vmull_s8(vget_low_s8(u), vget_low_s8(v)));
+#endif
+      }
+    }
+    int32x4_t t = a[0];
+    for (int j = 1; j < kChains; ++j) t = vaddq_s32(t, a[j]);
+    volatile int32_t sink = vaddvq_s32(t);
+    (void)sink;
+#ifdef K3_NEON_DOT
+    return iters * kChains * 16;
+#else
+    return iters * kChains * 8;
+#endif
+  }
+  float32x4_t a[kChains];
+  for (int j = 0; j < kChains; ++j) a[j] = vdupq_n_f32(float(j));
+  const float32x4_t m = vdupq_n_f32(0.999f);
+  const float32x4_t c = vdupq_n_f32(1e-3f);
+  for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kChains; ++j) a[j] = vfmaq_f32(c, a[j], m);
+  }
+  float32x4_t t = a[0];
+  for (int j = 1; j < kChains; ++j) t = vaddq_f32(t, a[j]);
+  volatile float sink = vaddvq_f32(t);
+  (void)sink;
+  return iters * kChains * 4;
+}
+
 KernelTable MakeTable() {
   KernelTable t = ScalarKernels();
 #ifdef K3_NEON_DOT
@@ -541,6 +586,7 @@ KernelTable MakeTable() {
   t.quantize_int4_rows = QuantizeInt4RowsNeon;
   t.downcast_int8_to_int4 = DowncastNeon;
   t.quantize_acts = QuantizeActsNeon;
+  t.roof = RoofNeon;
   return t;
 }
 

@@ -166,10 +166,46 @@ void AddRowScalar(const WeightView& w, size_t row, float c, float* acc) noexcept
   }
 }
 
-constexpr KernelTable kScalarTable = {
-    Isa::kScalar,           MatMulScalar,  MatMulQ8Scalar,    RowDotScalar,
-    AddRowScalar,           QuantizeInt8RowsScalar, QuantizeInt4RowsScalar, DowncastScalar,
-    QuantizeActsScalar};
+// Roof loops (roof.h): 8 independent chains of one multiply and one add (the
+// reference's operations). Not vectorised, so it is the scalar units' peak.
+__attribute__((optimize("no-tree-vectorize"))) uint64_t RoofScalar(RoofOp op,
+                                                                   uint64_t iters) noexcept {
+  constexpr int kChains = 8;
+  if (op == RoofOp::kIdot) {
+    uint32_t a[kChains];  // unsigned: wraps without undefined behaviour
+    for (int j = 0; j < kChains; ++j) a[j] = uint32_t(j);
+    volatile uint32_t mv = 3, cv = 5;
+    const uint32_t m = mv, c = cv;
+    for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kChains; ++j) a[j] = a[j] * m + c;
+    }
+    uint32_t t = 0;
+    for (int j = 0; j < kChains; ++j) t += a[j];
+    volatile uint32_t sink = t;
+    (void)sink;
+    return iters * kChains;
+  }
+  float a[kChains];
+  for (int j = 0; j < kChains; ++j) a[j] = float(j);
+  volatile float mv = 0.999f, cv = 1e-3f;
+  const float m = mv, c = cv;
+  for (uint64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kChains; ++j) a[j] = a[j] * m + c;
+  }
+  float t = 0;
+  for (int j = 0; j < kChains; ++j) t += a[j];
+  volatile float sink = t;
+  (void)sink;
+  return iters * kChains;
+}
+
+constexpr KernelTable kScalarTable = {Isa::kScalar,           MatMulScalar,
+                                      MatMulQ8Scalar,         RowDotScalar,
+                                      AddRowScalar,           QuantizeInt8RowsScalar,
+                                      QuantizeInt4RowsScalar, DowncastScalar,
+                                      QuantizeActsScalar,     RoofScalar};
 
 }  // namespace
 

@@ -255,6 +255,10 @@ void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept {
   });
 }
 
+uint64_t RoofLoop(RoofOp op, uint64_t iters) noexcept {
+  return internal::ActiveKernels().roof(op, iters);
+}
+
 float RowDot(const WeightView& w, size_t row, const float* x) noexcept {
   return internal::ActiveKernels().row_dot(w, row, x);
 }

@@ -1,6 +1,8 @@
 // lib/quant tests: known answers for the quantizers, the kernels against a
 // double-precision reference built from dequantised weights, parity of every ISA
 // this machine runs against the scalar reference, and batch/thread invariance.
+#include "k3/quant/quant.h"
+
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -16,7 +18,7 @@
 
 #include "k3/quant/isa.h"
 #include "k3/quant/ops.h"
-#include "k3/quant/quant.h"
+#include "k3/quant/roof.h"
 #include "k3_isa_test_support.h"
 
 using namespace k3::quant;
@@ -420,6 +422,8 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
                   Case{WeightFormat::kInt4G64, 448}, Case{WeightFormat::kMxfp4, 448},
                   Case{WeightFormat::kMxfp4, 96}, Case{WeightFormat::kInt8, 160},
                   Case{WeightFormat::kMxfp4, 608}, Case{WeightFormat::kInt4G64, 704},
+                  // 34 groups: two whole 16-group GEMM blocks and a 2-group tail.
+                  Case{WeightFormat::kMxfp4, 1088}, Case{WeightFormat::kInt4G64, 1088},
                   Case{WeightFormat::kF32, 101}}) {
     const WeightFormat fmt = cs.fmt;
     const size_t rows = 70, cols = cs.cols, batch = 37;
@@ -716,6 +720,22 @@ TEST_CASE("zeros and extremes") {
     MatMulQ8(m.View(), a, y.data());
     for (float v : y) CHECK(std::isfinite(v));
     CheckAgainst(ref, y, std::string("extreme acts ") + IsaStr(isa));
+  }
+}
+
+// The benchmarks divide the multiply-adds RoofLoop reports by its time: the
+// count must be per iteration, the same every iteration, and the ISA's width.
+TEST_CASE("RoofLoop counts its multiply-adds on every ISA") {
+  IsaGuard guard;
+  for (Isa isa : IsasToTest("roof loops")) {
+    SetIsaForTesting(isa);
+    for (RoofOp op : {RoofOp::kIdot, RoofOp::kFma}) {
+      const uint64_t one = RoofLoop(op, 1);
+      CHECK(RoofLoop(op, 0) == 0);
+      CHECK(RoofLoop(op, 1000) == 1000 * one);
+      // Lanes x chains: a vector ISA does at least 4 lanes per chain.
+      CHECK(one >= (isa == Isa::kScalar ? 8u : 32u));
+    }
   }
 }
 

@@ -1,0 +1,301 @@
+// k3-bench prefill (issue 25 §3): cold-cache prefill of long prompts against
+// the two floors measured in the same run -- the I/O floor (expert bytes read /
+// the disk's sequential O_DIRECT rate, read by this bench from the model's own
+// shards) and the compute floor (the prompt's multiply-adds / the IDOT roof,
+// quant::RoofLoop on every thread) -- alternating with the old default chunk
+// (K3_CHUNK=32) in the same run. The old default at long prompts would run for
+// hours, so it is measured on a prefix (--baseline-prefix tokens; its cost per
+// chunk is flat) and extrapolated linearly to the prompt; the line says so.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "command.h"
+#include "k3/core/error.h"
+#include "k3/core/json_writer.h"
+#include "k3/core/sys.h"
+#include "k3/engine/engine.h"
+#include "k3/model/config.h"
+#include "k3/quant/isa.h"
+#include "k3/quant/roof.h"
+
+namespace k3::bench {
+namespace {
+
+struct PrefillArgs {
+  std::string model_dir;
+  std::vector<int> lengths = {512, 2048, 8192};
+  int runs = 1;
+  int chunk = 512;            // the "one pass" setting (K3_CHUNK's cap before windows)
+  int baseline_chunk = 32;    // the old default
+  int baseline_prefix = 512;  // tokens the old default is timed on (0: the whole prompt)
+  double disk_gb = 4;         // sequential O_DIRECT read for the disk rate
+  int threads = 0;            // 0: every CPU
+  bool no_drop = false;
+  bool no_baseline = false;
+};
+
+// Empties the page cache (needs root; false otherwise, reported as cold=false).
+bool DropPageCache() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "3\n", 2) == 2;
+  ::close(fd);
+  return ok;
+}
+
+// The process's peak RSS since the last ResetPeakRss (VmHWM), bytes.
+uint64_t PeakRssBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+void ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+
+// Sequential O_DIRECT read of the model directory's largest files, 8 MiB per
+// pread, up to `limit` bytes: the disk rate the I/O floor divides by (GB/s).
+double DiskReadGbps(const std::string& dir, uint64_t limit) {
+  std::vector<std::pair<uint64_t, std::string>> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_regular_file()) files.emplace_back(e.file_size(), e.path().string());
+  }
+  std::sort(files.rbegin(), files.rend());
+  constexpr size_t kBlock = size_t{8} << 20;
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, kBlock) != 0) throw Error(ErrorCode::kIo, "posix_memalign");
+  std::unique_ptr<void, decltype(&std::free)> owner(buf, &std::free);
+  uint64_t done = 0;
+  const double t0 = NowSeconds();
+  for (const auto& [size, path] : files) {
+    if (done >= limit) break;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      throw Error(ErrorCode::kIo, "open O_DIRECT: " + std::string(strerror(errno)), path);
+    }
+    for (uint64_t off = 0; off < size && done < limit;) {
+      const ssize_t n = ::pread(fd, buf, kBlock, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      off += static_cast<uint64_t>(n);
+      done += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+  }
+  const double secs = NowSeconds() - t0;
+  if (done == 0) throw Error(ErrorCode::kIo, "nothing to read for the disk rate", dir);
+  return static_cast<double>(done) / secs / 1e9;
+}
+
+// All-thread IDOT roof (wall-clock GMAC/s), each thread ~0.3 s of CPU.
+double IdotRoofGmacs(int threads) {
+  uint64_t macs = 0;
+  const double t0 = NowSeconds();
+#pragma omp parallel num_threads(threads) reduction(+ : macs)
+  {
+    const double c0 = ThreadCpuSeconds();
+    do {
+      macs += quant::RoofLoop(quant::RoofOp::kIdot, 1 << 13);
+    } while (ThreadCpuSeconds() - c0 < 0.3);
+  }
+  return static_cast<double>(macs) / (NowSeconds() - t0) / 1e9;
+}
+
+// Multiply-adds of the quantized matmuls per prompt token, spec shapes
+// (../shared/spec/k3-reference.md §2): KDA q/k/v/g/o, MLA q_a/q_b/kv_a/o/g,
+// MoE routed (K experts x gate, up, down), latent down/up, shared experts,
+// router; dense MLP. Attention's O(T^2) part and the KDA scan are not in it.
+double MacsPerToken(const ModelConfig& c) {
+  const double d = double(c.hidden_size);
+  const double kda = 5.0 * double(c.kda_proj()) * d;
+  const double heads = double(c.num_attention_heads);
+  const double mla =
+      double(c.q_lora_rank) * d + heads * double(c.qk_head_dim()) * double(c.q_lora_rank) +
+      double(c.kv_lora_rank + c.qk_rope_head_dim) * d + 2.0 * heads * double(c.v_head_dim) * d;
+  const double lt = double(c.routed_expert_hidden_size), mi = double(c.moe_intermediate_size);
+  const double moe = double(c.num_experts_per_token) * 3.0 * lt * mi + 2.0 * lt * d +
+                     3.0 * double(c.shared_intermediate()) * d + double(c.num_experts) * d;
+  const double dense = 3.0 * double(c.intermediate_size) * d;
+  const int64_t layers = c.num_hidden_layers, mla_layers = c.num_mla_layers();
+  const int64_t moe_layers = c.num_moe_layers();
+  return double(layers - mla_layers) * kda + double(mla_layers) * mla + double(moe_layers) * moe +
+         double(layers - moe_layers) * dense;
+}
+
+struct Run {
+  double prefill_s = 0;
+  uint64_t bytes = 0, loads = 0;
+  uint64_t peak_rss = 0;
+};
+
+// One cold prefill of `prompt` (one generated token) on a fresh engine.
+Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt, bool drop) {
+  engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
+  eo.progress = false;
+  eo.threads = a.threads;
+  eo.run.chunk = chunk;
+  auto e = engine::Engine::LoadOrThrow(eo);
+  if (drop) DropPageCache();
+  ResetPeakRss();
+  engine::GenerateRequest req;
+  req.prompt_ids = prompt;
+  req.max_tokens = 1;
+  req.sampling.temperature = 0;
+  const engine::GenerateResult g = e->Generate(req);
+  Run r;
+  r.prefill_s = g.timings.prefill_s;
+  r.bytes = g.experts.bytes_read;
+  r.loads = g.experts.misses;
+  r.peak_rss = PeakRssBytes();
+  return r;
+}
+
+void RunPrefillBench(const PrefillArgs& a) {
+  if (a.runs < 1 || a.lengths.empty() || a.chunk < 1 || a.baseline_chunk < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "need --runs >= 1, --lengths, --chunk >= 1");
+  }
+  const int threads = a.threads > 0 ? a.threads : NumOnlineCpus();
+  const std::string git = SourceRevision(), cpu = CpuModel();
+  // The config and the tokenizer's ordinary ids, from one load (not timed).
+  ModelConfig config;
+  uint32_t ordinary = 0;
+  {
+    engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
+    eo.progress = false;
+    auto e = engine::Engine::LoadOrThrow(eo);
+    config = e->config();
+    ordinary =
+        e->tokenizer() ? e->tokenizer()->num_ranks() : static_cast<uint32_t>(config.vocab_size);
+  }
+  const bool cold = a.no_drop ? false : DropPageCache();
+  const double disk_gbps = DiskReadGbps(a.model_dir, static_cast<uint64_t>(a.disk_gb * 1e9));
+  const double roof = IdotRoofGmacs(threads);
+  const double macs_tok = MacsPerToken(config);
+  // The facts every line ends with, then the line.
+  auto Finish = [&](JsonWriter& j) {
+    j.Field("threads", int64_t(threads))
+        .Field("cold", cold)
+        .Field("git", git)
+        .Field("cpu", cpu)
+        .EndObject();
+    std::printf("%s\n", j.str().c_str());
+    std::fflush(stdout);
+  };
+  {
+    JsonWriter j;
+    j.BeginObject()
+        .Field("bench", "prefill")
+        .Field("what", "floors")
+        .Field("disk_read_gbps", disk_gbps)
+        .Field("idot_roof_gmacs", roof)
+        .Field("macs_per_token", macs_tok)
+        .Field("isa", quant::IsaName(quant::ActiveIsa()));
+    Finish(j);
+  }
+  for (int len : a.lengths) {
+    std::vector<int32_t> prompt;
+    uint32_t state = 12345;
+    while (static_cast<int>(prompt.size()) < len) {
+      state = state * 1103515245u + 12345u;
+      prompt.push_back(static_cast<int32_t>((state >> 8) % ordinary));
+    }
+    const int prefix = a.baseline_prefix > 0 ? std::min(a.baseline_prefix, len) : len;
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + prefix);
+    const double scale = double(len) / double(prefix);
+    std::vector<double> secs, base_secs, ratio_io, ratio_floor, speedup;
+    Run last, base_last;
+    for (int r = 0; r < a.runs; ++r) {
+      // Alternate which setting goes first.
+      Run one, base;
+      const bool base_first = r % 2 == 1 && !a.no_baseline;
+      if (base_first) base = Prefill(a, a.baseline_chunk, head, cold);
+      one = Prefill(a, a.chunk, prompt, cold);
+      if (!base_first && !a.no_baseline) base = Prefill(a, a.baseline_chunk, head, cold);
+      secs.push_back(one.prefill_s);
+      const double io_floor = double(one.bytes) / (disk_gbps * 1e9);
+      const double compute_floor = macs_tok * len / (roof * 1e9);
+      ratio_floor.push_back(one.prefill_s / std::max(io_floor, compute_floor));
+      if (!a.no_baseline) {
+        base_secs.push_back(base.prefill_s * scale);
+        speedup.push_back(base.prefill_s * scale / one.prefill_s);
+      }
+      last = one;
+      base_last = base;
+    }
+    const double io_floor = double(last.bytes) / (disk_gbps * 1e9);
+    const double compute_floor = macs_tok * len / (roof * 1e9);
+    JsonWriter j;
+    j.BeginObject()
+        .Field("bench", "prefill")
+        .Field("tokens", int64_t(len))
+        .Field("chunk", int64_t(a.chunk))
+        // One window (chunk >= prompt): each routed expert is acquired once per
+        // MoE layer, so on a fresh engine expert_loads is the number of distinct
+        // (layer, expert) the prompt routes to and expert_bytes one pass over them.
+        .Field("one_window", a.chunk >= len)
+        .Field("runs", int64_t(a.runs))
+        .Field("expert_bytes", last.bytes)
+        .Field("expert_loads", last.loads)
+        .Field("io_floor_s", io_floor)
+        .Field("compute_floor_s", compute_floor);
+    PutSummary(j, "prefill_s", secs);
+    PutSummary(j, "vs_floor", ratio_floor);
+    j.Field("peak_rss_bytes", last.peak_rss);
+    if (!a.no_baseline) {
+      j.Field("baseline_chunk", int64_t(a.baseline_chunk))
+          .Field("baseline_tokens_timed", int64_t(prefix))
+          .Field("baseline_extrapolated", prefix < len)
+          .Field("baseline_expert_bytes", uint64_t(double(base_last.bytes) * scale))
+          .Field("baseline_expert_loads", uint64_t(double(base_last.loads) * scale))
+          .Field("baseline_peak_rss_bytes", base_last.peak_rss);
+      PutSummary(j, "baseline_prefill_s", base_secs);
+      PutSummary(j, "speedup", speedup);
+    }
+    Finish(j);
+  }
+}
+
+void SetupPrefillBench(CLI::App& root) {
+  auto args = std::make_shared<PrefillArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "prefill",
+      "cold long-prompt prefill vs max(I/O floor, compute floor) and vs the old K3_CHUNK=32");
+  cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container directory")->required();
+  cmd->add_option("--lengths", args->lengths, "prompt lengths (default 512,2048,8192)")
+      ->delimiter(',');
+  cmd->add_option("--runs", args->runs, "runs per length and setting (median reported)");
+  cmd->add_option("--chunk", args->chunk, "prefill chunk of the measured setting (default 512)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--baseline-chunk", args->baseline_chunk, "the old default chunk (32)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--baseline-prefix", args->baseline_prefix,
+                  "tokens the baseline is timed on, extrapolated to the prompt (0: all)");
+  cmd->add_flag("--no-baseline", args->no_baseline, "skip the old-default runs");
+  cmd->add_option("--disk-gb", args->disk_gb, "GB of the sequential O_DIRECT disk read");
+  cmd->add_option("--threads", args->threads, "compute threads (default: every CPU)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--no-drop", args->no_drop, "do not drop the page cache (warm runs)");
+  cmd->callback([args] { RunPrefillBench(*args); });
+}
+
+K3_REGISTER_BENCH(SetupPrefillBench);
+
+}  // namespace
+}  // namespace k3::bench
