@@ -29,7 +29,8 @@ SPECS=(safetensors_header_fuzz:4096:fuzz/safetensors.dict
        index_json_fuzz:4096
        constrain_schema_fuzz:4096:fuzz/constrain_schema.dict
        server_request_fuzz:4096:fuzz/server_request.dict
-       messages_request_fuzz:4096:fuzz/messages_request.dict)
+       messages_request_fuzz:4096:fuzz/messages_request.dict
+       http_head_fuzz:4096:fuzz/http_head.dict)
 TARGETS=()
 for s in "${SPECS[@]}"; do TARGETS+=("${s%%:*}"); done
 cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"

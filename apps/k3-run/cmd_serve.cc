@@ -4,7 +4,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,6 +47,19 @@ void RunServe(ServeArgs args) {
   }
   o.api.max_body_bytes = size_t(args.max_body_mb) << 20;
   if (o.queue < 0) throw Error(ErrorCode::kInvalidArgument, "--queue must be >= 0");
+  for (const auto& [value, name, lo, hi] : {std::tuple{o.max_connections, "--max-connections", 2, 1 << 20},
+                                            {o.max_connections_per_client, "--max-connections-per-client", 1, 1 << 20},
+                                            {o.head_timeout_s, "--head-timeout", 1, 3600},
+                                            {o.read_timeout_s, "--read-timeout", 1, 3600},
+                                            {o.write_timeout_s, "--write-timeout", 1, 3600},
+                                            {o.idle_timeout_s, "--idle-timeout", 1, 3600},
+                                            {o.shutdown_timeout_s, "--shutdown-timeout", 0, 3600},
+                                            {o.prepare_concurrency, "--prepare-concurrency", 1, 256}}) {
+    if (value < lo || value > hi) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(name) + " must be " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
+  }
   if (o.api.default_max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
   if (o.model_id.empty()) {
     std::string dir = args.model_dir;
@@ -92,9 +108,22 @@ void RunServe(ServeArgs args) {
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  // Bounded whatever the clients do: no new connections; queued requests
+  // answered 503 within a heartbeat; the running one cancelled at its next
+  // token or prefill step; sockets still being read closed at once; handlers
+  // get --shutdown-timeout, then their sockets are cut (docs/server.md).
   std::fprintf(stderr, "k3-run serve: stopping (signal %d)\n", sig);
+  std::fflush(stderr);
+  const auto stop_start = std::chrono::steady_clock::now();
+  service.BeginShutdown();
   http.Stop();
   serving.join();
+  if (int left = http.handlers_running(); left > 0) {
+    // A handler still inside the engine: parking now would race it.
+    std::fprintf(stderr, "k3-run serve: %d requests did not stop in time; exiting without parking\n", left);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   service.SetBackend(nullptr);
   // Nothing runs on the engine any more: park its RAM checkpoints so that the
   // next start resumes these conversations (docs/checkpoints.md).
@@ -102,6 +131,8 @@ void RunServe(ServeArgs args) {
     std::fprintf(stderr, "k3-run serve: parked %lld checkpoints in %s\n",
                  static_cast<long long>(parked), eo.checkpoints.disk_dir.c_str());
   }
+  std::fprintf(stderr, "k3-run serve: stopped in %.2f s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_start).count());
 }
 
 void SetupServe(CLI::App& root) {
@@ -121,7 +152,29 @@ void SetupServe(CLI::App& root) {
                   "completion cap for requests that set no max_tokens (default 512)");
   cmd->add_option("--max-body-mb", args->max_body_mb, "request body cap in MiB; larger is 413 (default 16)");
   cmd->add_option("--read-timeout", args->server.read_timeout_s,
-                  "seconds a client may stall while sending a request (default 10)");
+                  "seconds a client may stall while sending a request body (default 10)");
+  cmd->add_option("--head-timeout", args->server.head_timeout_s,
+                  "seconds for a whole request head, from its first byte; then 408 (default 10)");
+  cmd->add_option("--idle-timeout", args->server.idle_timeout_s,
+                  "seconds a kept-alive connection may idle between requests (default 30)");
+  cmd->add_option("--write-timeout", args->server.write_timeout_s,
+                  "seconds a client may stop reading before it is dropped (default 30)");
+  cmd->add_option("--max-connections", args->server.max_connections,
+                  "open connections at once; past it the longest-idle one is closed, else 503 (default 1024)");
+  cmd->add_option("--max-connections-per-client", args->server.max_connections_per_client,
+                  "open connections per client address, the same way (default 128)");
+  cmd->add_option("--prepare-concurrency", args->server.prepare_concurrency,
+                  "requests parsed/rendered/schema-compiled at once, before the queue (default 2)");
+  cmd->add_option("--shutdown-timeout", args->server.shutdown_timeout_s,
+                  "SIGTERM: seconds running requests get before their sockets are cut (default 10)");
+  cmd->add_option("--allowed-hosts", args->server.allowed_hosts,
+                  "without --api-key: Host names accepted besides the bound address and localhost "
+                  "(comma-separated; * for any)")
+      ->delimiter(',');
+  cmd->add_option("--cors-origin", args->server.cors_origins,
+                  "a web origin (https://app.example) allowed to call the API from a browser, with CORS "
+                  "headers; repeatable (default: none, only the server's own page)")
+      ->delimiter(',');
   cmd->add_option("--threads", args->runtime.threads, "compute threads (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   AddCheckpointFlags(cmd, args->runtime);

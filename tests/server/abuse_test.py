@@ -112,7 +112,7 @@ def main() -> int:
         # A 64 MiB body: refused with 413 (the cap is 16 MiB) without being buffered.
         sock = raw_socket(srv.port)
         size = 64 << 20
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(size).encode() + b"\r\n\r\n")
         send_all_ignoring_reset(sock, b'{"messages":"' + b"x" * (size - 16) + b'"}')
         status = read_status(sock)
@@ -135,7 +135,7 @@ def main() -> int:
         slow = []
         for _ in range(4):
             sock = raw_socket(srv.port)
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{")
             slow.append(sock)
         s, _, _ = chat(srv.port, NORMAL)
         check(s == 200, "a normal request is answered while slow senders trickle")
@@ -163,7 +163,7 @@ def main() -> int:
                    body: dict = dict(NORMAL, max_tokens=64, stream=True, thinking={"type": "disabled"})):
             sock = raw_socket(srv.port)
             data = json.dumps(body).encode()
-            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+            sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
                          str(len(data)).encode() + b"\r\n\r\n" + data)
             sock.recv(200)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")

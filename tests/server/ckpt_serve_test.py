@@ -175,7 +175,7 @@ def test_cancel_in_prefill(tmp: str):
             done0 = finished(on)
             data = json.dumps(body).encode()
             s = raw_socket(on.port)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
             # Leave once the first K-token checkpoint of this prefill exists
             # (read from /metrics while the prefill runs).

@@ -230,7 +230,7 @@ def long_seed(srv, max_tokens: int) -> int:
 def stream_until_first_token(port: int, b: dict) -> socket.socket:
     s = raw_socket(port)
     data = json.dumps(b).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
     buf = b""
     while b"data: {" not in buf:
@@ -255,7 +255,7 @@ def test_cancel(srv):
     long_text = " ".join(f"word{i}" for i in range(6000))
     data = json.dumps(body(messages=user(long_text), stream=True, max_tokens=8)).encode()
     s = raw_socket(srv.port)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode() +
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + str(len(data)).encode() +
               b"\r\n\r\n" + data)
     s.close()
     srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="prefill"}', before + 1)

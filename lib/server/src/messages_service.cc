@@ -13,7 +13,6 @@ HttpReply Service::MessagesErrorReply(const ApiError& e) const {
   // A full queue is the server's capacity, not the client's rate: Anthropic's
   // 529 overloaded_error, which its SDKs retry (docs/server.md).
   if (e.code == "queue_full") shaped.status = 529;
-  metrics_.CountRejected(shaped.status);
   HttpReply r;
   r.status = shaped.status;
   r.body = AnthropicErrorJson(shaped);

@@ -65,9 +65,27 @@ void Metrics::CountRejected(int status) {
   rejected_by_status_.emplace_back(status, 1);
 }
 
+void Metrics::CountHttp(const std::string& route, const char* outcome, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  for (HttpKey& k : http_) {
+    if (k.route == route && k.outcome == outcome && k.reason == reason) {
+      ++k.n;
+      return;
+    }
+  }
+  http_.push_back({route, outcome, reason, 1});
+}
+
 void Metrics::CountFinished(const RequestOutcome& o) {
   std::lock_guard lock(mu_);
-  if (o.cancelled) {
+  if (o.error_status) {  // failed after the 200: a rejection with the error's status
+    ++rejected_;
+    bool found = false;
+    for (auto& [s, n] : rejected_by_status_) {
+      if (s == o.error_status) found = (++n, true);
+    }
+    if (!found) rejected_by_status_.emplace_back(o.error_status, 1);
+  } else if (o.cancelled) {
     ++cancelled_;
     ++cancelled_by_phase_[o.cancel_phase];
   } else {
@@ -95,7 +113,28 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
                             const engine::CheckpointCacheStats& ck) const {
   std::lock_guard lock(mu_);
   std::string out;
-  Counter(out, "k3_requests_total", "Chat completion requests received.", requests_);
+  // Every HTTP request once (issue 28): total = served + rejected + cancelled.
+  uint64_t by_outcome[3] = {0, 0, 0};
+  const char* outcomes[] = {"served", "rejected", "cancelled"};
+  for (const HttpKey& k : http_) {
+    for (int i = 0; i < 3; ++i) {
+      if (k.outcome == outcomes[i]) by_outcome[i] += k.n;
+    }
+  }
+  Counter(out, "k3_http_requests_total", "HTTP requests answered or cut, every route (served + rejected + cancelled).",
+          by_outcome[0] + by_outcome[1] + by_outcome[2]);
+  Counter(out, "k3_http_requests_served_total", "HTTP requests answered with 1xx-3xx to the end.", by_outcome[0]);
+  Counter(out, "k3_http_requests_rejected_total", "HTTP requests answered with an error status.", by_outcome[1]);
+  Counter(out, "k3_http_requests_cancelled_total", "HTTP requests cut by the client leaving or by shutdown.",
+          by_outcome[2]);
+  out += "# HELP k3_http_requests_by_route_total HTTP requests by route, outcome and reason (status or cause).\n"
+         "# TYPE k3_http_requests_by_route_total counter\n";
+  for (const HttpKey& k : http_) {
+    out += "k3_http_requests_by_route_total{route=\"" + k.route + "\",outcome=\"" + k.outcome + "\",reason=\"" +
+           k.reason + "\"} " + std::to_string(k.n) + "\n";
+  }
+  Counter(out, "k3_requests_total",
+          "Generation requests received (chat completions, messages): completed + cancelled + rejected.", requests_);
   Counter(out, "k3_requests_completed_total", "Requests answered to the end.", completed_);
   Counter(out, "k3_requests_cancelled_total", "Requests whose client left (queued, prefill or decode).",
           cancelled_);
@@ -104,7 +143,7 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
     out += std::string("k3_requests_cancelled_by_phase_total{phase=\"") + phases[i] + "\"} " +
            std::to_string(cancelled_by_phase_[i]) + "\n";
   }
-  out += "# HELP k3_requests_rejected_total Requests refused before generation, by HTTP status.\n"
+  out += "# HELP k3_requests_rejected_total Generation requests refused (admission, or an error after the 200), by HTTP status.\n"
          "# TYPE k3_requests_rejected_total counter\n";
   out += "k3_requests_rejected_total " + std::to_string(rejected_) + "\n";
   for (auto& [s, n] : rejected_by_status_) {

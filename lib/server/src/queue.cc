@@ -27,8 +27,10 @@ bool RequestQueue::Ticket::WaitTurn(const std::function<bool()>& still_wanted, s
       start_index_ = ++q.started_;
       return true;
     }
+    const uint64_t generation = q.wake_generation_;
     q.cv_.wait_for(lock, poll);
-    if (!q.running_ && !q.waiting_.empty() && q.waiting_.front() == number_) continue;
+    const bool woken = q.wake_generation_ != generation;
+    if (!woken && !q.running_ && !q.waiting_.empty() && q.waiting_.front() == number_) continue;
     lock.unlock();
     bool wanted = still_wanted ? still_wanted() : true;
     lock.lock();
@@ -53,6 +55,12 @@ void RequestQueue::Leave(Ticket& t) {
     auto it = std::find(waiting_.begin(), waiting_.end(), t.number_);
     if (it != waiting_.end()) waiting_.erase(it);
   }
+  cv_.notify_all();
+}
+
+void RequestQueue::WakeAll() {
+  std::lock_guard lock(mu_);
+  ++wake_generation_;
   cv_.notify_all();
 }
 

@@ -376,6 +376,35 @@ element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy, simdjso
   return root;
 }
 
+// OpenAI fields that would change the answer and that k3 does not implement:
+// a 400 naming the field rather than an answer that silently ignores it
+// (issue 28; docs/server.md lists them). n and logprobs are checked with the
+// sampling fields below. An empty/null/false/zero value asks for nothing.
+static void RefuseUnimplementedFields(element root) {
+  auto asks = [](element v) {
+    if (v.is_null()) return false;
+    if (v.is_bool()) return v.get_bool().value_unsafe();
+    if (v.is_object()) return v.get_object().value_unsafe().size() > 0;
+    if (v.is_array()) return v.get_array().value_unsafe().size() > 0;
+    if (IsNumber(v)) return NumberOf(v) != 0;
+    return true;
+  };
+  for (const char* key : {"logit_bias", "top_logprobs", "prediction", "audio", "web_search_options"}) {
+    if (auto v = Get(root, key); v && asks(*v)) {
+      throw Error(ErrorCode::kUnsupported, std::string(key) + " is not supported by k3 (it would change the answer)",
+                  {}, Error::kNoOffset, key);
+    }
+  }
+  if (auto m = Get(root, "modalities"); m && m->is_array()) {
+    for (element v : m->get_array().value_unsafe()) {
+      if (!v.is_string() || v.get_string().value_unsafe() != "text") {
+        throw Error(ErrorCode::kUnsupported, "modalities other than \"text\" are not supported by k3", {},
+                    Error::kNoOffset, "modalities");
+      }
+    }
+  }
+}
+
 ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& policy) {
   simdjson::dom::parser parser;
   simdjson::padded_string padded;
@@ -451,6 +480,7 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
       }
     }
   }
+  RefuseUnimplementedFields(root);
   if (auto lp = GetSet(root, "logprobs"); lp && !(lp->is_bool() && !lp->get_bool().value_unsafe())) {
     throw Error(ErrorCode::kUnsupported, "logprobs are not supported by k3", {}, Error::kNoOffset, "logprobs");
   }

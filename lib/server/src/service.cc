@@ -101,7 +101,6 @@ HttpReply Service::NotFound(std::string_view path) const {
 }
 
 HttpReply Service::ErrorReply(const ApiError& e) const {
-  metrics_.CountRejected(e.status);
   HttpReply r = Json(e.status, e.Json());
   if (e.status == 429) r.headers.push_back({"Retry-After", std::to_string(options_.retry_after_s)});
   if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
@@ -152,7 +151,15 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Admit(
     std::string_view body, const std::function<ChatRequest(std::string_view)>& parse,
     HttpReply (Service::*reply)(const ApiError&) const, const char* id_prefix) {
   metrics_.CountRequest();
-  auto ErrorReply = [&](const ApiError& e) { return (this->*reply)(e); };
+  // Counted here, once: total = completed + cancelled + rejected.
+  auto ErrorReply = [&](const ApiError& e) {
+    HttpReply r = (this->*reply)(e);
+    metrics_.CountRejected(r.status);
+    return r;
+  };
+  if (stopping_.load()) {
+    return ErrorReply(MakeApiError(503, "server_error", "the server is shutting down", "shutting_down"));
+  }
   Backend* backend = backend_.load();
   if (!backend) {
     return ErrorReply(MakeApiError(503, "server_error", "the model is still loading", "loading"));
@@ -189,7 +196,12 @@ std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Admit(
   return job;
 }
 
-void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& write) {
+void Service::BeginShutdown() {
+  stopping_.store(true);
+  queue_.WakeAll();
+}
+
+RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_view)>& write) {
   ResponseWriter& out = *job.writer;
   // A heartbeat is traffic the client ignores (an SSE comment or ping, JSON
   // whitespace); a failed write shows the client left.
@@ -198,15 +210,27 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
   if (std::string begin = out.Begin(); !begin.empty()) write(begin);
   RequestOutcome outcome;
   outcome.prompt_tokens = int64_t(job.prompt_ids.size());
-  bool waited = job.ticket->WaitTurn([&] { return heartbeat("queued"); },
+  // SIGTERM (BeginShutdown) takes a queued request out with a 503 error; the
+  // 200 went out with the first heartbeat, so the error is in the body.
+  const ApiError shutting_down =
+      MakeApiError(503, "server_error", "the server is shutting down; retry later", "shutting_down");
+  bool waited = job.ticket->WaitTurn([&] { return !stopping_.load() && heartbeat("queued"); },
                                      std::chrono::milliseconds(options_.heartbeat_ms));
   outcome.queue_wait_s = Seconds(Clock::now() - job.arrived);
+  if (waited && stopping_.load()) {
+    job.ticket.reset();
+    waited = false;
+  }
   if (!waited) {
     outcome.cancelled = true;
     outcome.cancel_phase = RequestOutcome::kQueued;
     outcome.prompt_tokens = 0;
+    if (stopping_.load()) {
+      outcome.shutdown = true;
+      write(out.Error(shutting_down));
+    }
     metrics_.CountFinished(outcome);
-    return;
+    return outcome;
   }
   Backend* backend = backend_.load();
 
@@ -227,6 +251,7 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
 
   engine::Callbacks cb;
   cb.on_delta = [&](const engine::Delta& d) {
+    if (stopping_.load()) return false;
     std::string bytes = out.OnDelta(d);
     // Nothing to send (a whole answer, held-back UTF-8): a heartbeat per period.
     if (bytes.empty() && Clock::now() - last_write >= beat) bytes = out.Heartbeat("decode");
@@ -242,6 +267,10 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
   const auto prefill_start = Clock::now();
   bool full_reports = false;
   auto progress = [&](const engine::PrefillProgress& p) {
+    if (stopping_.load()) {
+      outcome.cancel_phase = RequestOutcome::kPrefill;
+      return false;
+    }
     // The first two calls always write (a client that left before prefill
     // is seen at once: the first write after its FIN draws the RST the second
     // one fails on); later ones once per heartbeat period.
@@ -289,7 +318,10 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     if (result.usage.completion_tokens > 1 && result.timings.decode_tok_per_s > 0) {
       outcome.decode_s_per_token = 1.0 / result.timings.decode_tok_per_s;
     }
-    if (client_gone || result.finish == engine::FinishReason::kCancelled) {
+    if (!client_gone && stopping_.load() && result.finish == engine::FinishReason::kCancelled) {
+      outcome.cancelled = outcome.shutdown = true;
+      write(out.Error(shutting_down));
+    } else if (client_gone || result.finish == engine::FinishReason::kCancelled) {
       outcome.cancelled = true;
     } else if (!write(out.Finish(result, stats))) {
       outcome.cancelled = true;
@@ -300,11 +332,12 @@ void Service::RunChat(Job& job, const std::function<bool(std::string_view)>& wri
     Error e = k3e ? *k3e : Error(ErrorCode::kInternal, ex.what());
     K3_LOG_WARN("serve: request %s failed during generation: %s", job.meta.id.c_str(), e.what());
     ApiError err = ApiErrorFor(e);
-    metrics_.CountRejected(err.status);
+    outcome.error_status = err.status;
     // The 200 status is already sent: the error goes in the body (docs/server.md).
     write(out.Error(err));
   }
   metrics_.CountFinished(outcome);
+  return outcome;
 }
 
 }  // namespace k3::server

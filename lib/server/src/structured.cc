@@ -1,18 +1,76 @@
 // Request schemas -> the engine's structured-output spec (issue 16).
 #include <simdjson.h>
 
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
 #include "k3/engine/engine.h"
 #include "k3/server/api.h"
 
 namespace k3::server {
 namespace {
 
+// Compiled schemas by their text (issue 28): agents send the same tools on
+// every turn, so the second turn compiles nothing. Compiled schemas are
+// immutable and shared (constrain.h); a bounded LRU, thread-safe.
+class SchemaCache {
+ public:
+  static SchemaCache& Get() {
+    static SchemaCache cache;
+    return cache;
+  }
+  std::optional<constrain::CompiledSchema> Find(const std::string& text) {
+    std::lock_guard lock(mu_);
+    auto it = index_.find(text);
+    if (it == index_.end()) return std::nullopt;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+  void Put(const std::string& text, const constrain::CompiledSchema& schema) {
+    if (text.size() > kMaxEntryBytes) return;
+    std::lock_guard lock(mu_);
+    if (index_.count(text)) return;
+    lru_.emplace_front(text, schema);
+    index_.emplace(lru_.front().first, lru_.begin());
+    bytes_ += text.size();
+    while (lru_.size() > kMaxEntries || bytes_ > kMaxTextBytes) {
+      bytes_ -= lru_.back().first.size();
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 512;
+  static constexpr size_t kMaxEntryBytes = 256u << 10;
+  static constexpr size_t kMaxTextBytes = 16u << 20;
+  std::mutex mu_;
+  std::list<std::pair<std::string, constrain::CompiledSchema>> lru_;
+  std::unordered_map<std::string_view,
+                     std::list<std::pair<std::string, constrain::CompiledSchema>>::iterator>
+      index_;
+  size_t bytes_ = 0;
+};
+
+// Per request, over all of its schemas together (issue 28: bounded work before
+// the queue): schema text and compile time. Past either, a 400 naming the cap.
+constexpr size_t kMaxRequestSchemaBytes = 2u << 20;
+constexpr double kMaxRequestCompileSeconds = 10.0;
+
 // strict (a strict tool, json_schema with strict true): what k3 cannot
 // enforce is a 400. Otherwise it is relaxed to a superset (docs/constrain.md
-// "Relaxed keywords"), so a client's schema is never refused.
+// "Relaxed keywords"), so a client's schema is never refused. The cache is
+// keyed by the policy too: the same text compiles differently strict or not.
 constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param, bool strict) {
+  const std::string key = (strict ? "s:" : "r:") + schema_json;
+  if (auto cached = SchemaCache::Get().Find(key)) return *cached;
   try {
-    return constrain::Schema::CompileOrThrow(schema_json, {.strict = strict});
+    constrain::CompiledSchema compiled = constrain::Schema::CompileOrThrow(schema_json, {.strict = strict});
+    SchemaCache::Get().Put(key, compiled);
+    return compiled;
   } catch (const Error& e) {
     // kUnsupported stays (the error's code "unsupported"); a schema that is not
     // JSON or cannot be satisfied is the client's invalid value. Both are 400s.
@@ -50,7 +108,24 @@ void RequireObjectSchema(const std::string& schema_json, std::string_view param)
 
 void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, std::string_view tool_choice_param) {
   auto spec = std::make_shared<engine::StructuredOutput>();
+  size_t schema_bytes = r.response_schema_json.size();
+  for (const ToolSpec& t : r.tools) schema_bytes += t.parameters_json.size();
+  if (schema_bytes > kMaxRequestSchemaBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "the request's schemas total " + std::to_string(schema_bytes) +
+                    " bytes, over the cap of " + std::to_string(kMaxRequestSchemaBytes) +
+                    " bytes per request (tools and response_format together)",
+                {}, Error::kNoOffset, "tools");
+  }
+  const auto start = std::chrono::steady_clock::now();
   for (const ToolSpec& t : r.tools) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kMaxRequestCompileSeconds) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "compiling the request's tool schemas took over the cap of " +
+                      std::to_string(int(kMaxRequestCompileSeconds)) + " s per request",
+                  {}, Error::kNoOffset, t.param);
+    }
     engine::ToolConstraint c;
     c.name = t.name;
     if (!t.parameters_json.empty()) {

@@ -28,6 +28,8 @@ class Histogram {
 
 struct RequestOutcome {
   bool cancelled = false;
+  bool shutdown = false;     // cancelled (or refused from the queue) by SIGTERM
+  int error_status = 0;      // failed after the 200 went out: the error's status
   enum Phase { kQueued, kPrefill, kDecode } cancel_phase = kDecode;  // where the client left
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double ttft_s = -1;         // < 0: no token was generated
@@ -41,9 +43,15 @@ struct RequestOutcome {
 class Metrics {
  public:
   Metrics();
-  void CountRequest();                      // every chat request received
-  void CountRejected(int status);           // 400 / 401 / 413 / 429 / 503 answers
+  // Generation routes (k3_requests_*): every request received is counted
+  // once as completed, cancelled or rejected (total = the sum).
+  void CountRequest();                      // every generation request received
+  void CountRejected(int status);           // refused in admission (400 / 413 / 429 / 503)
   void CountFinished(const RequestOutcome& o);
+  // Every HTTP request, whatever its route, once when its answer ends
+  // (k3_http_requests_*): `outcome` served / rejected / cancelled, `reason` the
+  // status or why it was cut ("client_gone", "shutdown").
+  void CountHttp(const std::string& route, const char* outcome, const std::string& reason);
   // `queue_depth`, the store's and the checkpoint cache's cumulative stats are
   // sampled at render time.
   std::string Render(int queue_depth, bool busy, const model::ExpertStoreStats& experts,
@@ -56,6 +64,11 @@ class Metrics {
   uint64_t requests_ = 0, cancelled_ = 0, rejected_ = 0, completed_ = 0;
   uint64_t cancelled_by_phase_[3] = {0, 0, 0};
   std::vector<std::pair<int, uint64_t>> rejected_by_status_;
+  struct HttpKey {
+    std::string route, outcome, reason;
+    uint64_t n = 0;
+  };
+  std::vector<HttpKey> http_;  // few distinct keys: routes are a fixed table
   uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   uint64_t prefill_tokens_ = 0;
   double prefill_s_ = 0;

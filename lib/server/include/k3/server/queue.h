@@ -45,6 +45,8 @@ class RequestQueue {
   // A ticket in the queue, or null when `capacity` requests already wait.
   std::unique_ptr<Ticket> TryEnqueue();
 
+  // Wakes every waiter now, so each asks its still_wanted at once (shutdown).
+  void WakeAll();
   int waiting() const;  // requests queued, not counting the one running
   bool busy() const;    // a request holds the model
   int capacity() const { return capacity_; }
@@ -58,6 +60,7 @@ class RequestQueue {
   bool running_ = false;
   int64_t next_number_ = 1;
   int64_t started_ = 0;
+  uint64_t wake_generation_ = 0;  // WakeAll calls
 };
 
 }  // namespace k3::server

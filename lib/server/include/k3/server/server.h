@@ -1,12 +1,13 @@
 // The OpenAI-compatible server: Service is every route's logic without
 // sockets (unit-testable with a scripted Backend), HttpServer puts it on
-// cpp-httplib (Debian's libcpp-httplib-dev 0.11.4). docs/server.md documents
-// the routes, fields, errors and limits.
+// k3's own event-driven HTTP/1.1 layer (http_server.cc, http_parser.h).
+// docs/server.md documents the routes, fields, errors and limits.
 //
-// Threads: HttpServer runs handlers on a pool of ServerOptions::threads
-// threads; Service is thread-safe; the Backend is only ever asked to Generate
-// by the request holding the queue's turn (one at a time), while PromptIds and
-// the const getters may be called from any handler thread concurrently.
+// Threads: HttpServer reads and parses every connection on one epoll thread
+// and runs the POST routes on a pool of workers; Service is thread-safe; the
+// Backend is only ever asked to Generate by the request holding the queue's
+// turn (one at a time), while PromptIds and the const getters may be called
+// from any worker concurrently.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,7 @@
 
 #include "k3/engine/engine.h"
 #include "k3/server/api.h"
+#include "k3/server/http_parser.h"
 #include "k3/server/metrics.h"
 #include "k3/server/queue.h"
 #include "k3/server/response_writer.h"
@@ -58,11 +60,26 @@ struct ServerOptions {
   std::string model_id = "k3";
   bool webui = true;
   ApiPolicy api;
-  int threads = 0;            // 0: queue + 8
-  int read_timeout_s = 10;    // per read while receiving a request
+  int threads = 0;            // HTTP workers; 0: queue + 1 + prepare_concurrency
+  int read_timeout_s = 10;    // per read while receiving a request body
   int write_timeout_s = 30;   // per write; a client that stops reading is dropped
   int heartbeat_ms = 1000;    // SSE comment / JSON whitespace while queued or prefilling
   int retry_after_s = 1;      // Retry-After on 429
+
+  // The HTTP layer's limits (docs/server.md "Limits"). http.max_body_bytes
+  // follows api.max_body_bytes.
+  HttpLimits http;
+  int max_connections = 1024;           // open at once; beyond, the longest idle is closed or 503
+  int max_connections_per_client = 128; // per client address, the same way
+  int head_timeout_s = 10;              // the whole request head, from its first byte
+  int idle_timeout_s = 30;              // a kept-alive connection between requests
+  int prepare_concurrency = 2;          // requests validated/compiled/counted at once
+  int shutdown_timeout_s = 10;          // SIGTERM: how long running handlers get to finish
+  // Without an API key, Host must name this server (the bound address,
+  // localhost, or one of these; "*": any), and a request carrying Origin must
+  // come from the server's own page or one of cors_origins.
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> cors_origins;  // also answered with CORS headers
 };
 
 struct HttpReply {
@@ -86,14 +103,14 @@ class Service {
   HttpReply MetricsText() const;
   HttpReply Page() const;
   HttpReply NotFound(std::string_view path) const;
-  HttpReply ErrorReply(const ApiError& e) const;  // counts a rejection
+  HttpReply ErrorReply(const ApiError& e) const;
 
   // Constant-time compare of "Bearer <key>" (or of x_api_key, Anthropic's
   // header, with the key itself); always true without a key.
   bool Authorized(std::string_view authorization, std::string_view x_api_key = {}) const;
   HttpReply Unauthorized() const;
   // The Messages API's error replies: Anthropic's error shape (messages.h).
-  HttpReply MessagesErrorReply(const ApiError& e) const;  // counts a rejection
+  HttpReply MessagesErrorReply(const ApiError& e) const;
   HttpReply MessagesUnauthorized() const;
 
   // A validated, admitted chat request waiting to run.
@@ -116,8 +133,14 @@ class Service {
   HttpReply CountTokens(std::string_view body);
   static bool IsStream(const Job& job);
   // In the response writer: wait for the model, generate, write. `write`
-  // returns false when the client is gone; that cancels the request.
-  void RunChat(Job& job, const std::function<bool(std::string_view)>& write);
+  // returns false when the client is gone; that cancels the request. The
+  // outcome is what the access log and /metrics record.
+  RequestOutcome RunChat(Job& job, const std::function<bool(std::string_view)>& write);
+
+  // SIGTERM: new requests get 503, queued ones leave the queue with a 503
+  // error, the running one is cancelled at its next token or prefill step.
+  void BeginShutdown();
+  bool stopping() const { return stopping_.load(); }
 
   Metrics& metrics() { return metrics_; }
   RequestQueue& queue() { return queue_; }
@@ -134,9 +157,14 @@ class Service {
   RequestQueue queue_;
   mutable Metrics metrics_;
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> stopping_{false};
 };
 
-// cpp-httplib around a Service.
+// The HTTP/1.1 layer around a Service: one epoll thread owns every socket
+// while it is read (caps and deadlines, http_parser.h) and answers the cheap
+// GET routes itself; the POST routes run on workers, which write their
+// response (streamed or whole) straight to the socket and hand the connection
+// back. Thread-safe: Stop() may be called from any thread.
 class HttpServer {
  public:
   explicit HttpServer(Service& service);
@@ -144,9 +172,14 @@ class HttpServer {
   // Binds host:port (throws k3::Error kIo naming the address on failure).
   void BindOrThrow();
   int port() const { return port_; }
-  // Serves until Stop(); call from one thread.
+  // Serves until Stop(); call from one thread. Returns once every handler
+  // has finished, or shutdown_timeout_s (+ 2 s after their sockets are shut)
+  // after Stop(), whichever comes first.
   void Serve();
+  // Stops accepting and closes every connection not inside a handler.
   void Stop();
+  // Handlers still running after Serve() returned (0 after a clean stop).
+  int handlers_running() const;
 
  private:
   struct Impl;
