@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@ struct ServeArgs {
   bool no_webui = false;
   int64_t max_body_mb = 16;
   RuntimeFlags runtime;  // --threads and the --ckpt-* flags
+  ClusterFlags cluster;
 };
 
 void RunServe(ServeArgs args) {
@@ -55,6 +57,13 @@ void RunServe(ServeArgs args) {
   // follow-up whose re-rendered history differs from the generated ids still
   // resumes from the end of its last prompt, and the Vulkan tier when K3_VK=1.
   engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.runtime);
+  if (RunClusterRole(args.cluster, eo, /*stop_handler=*/false)) return;  // a worker rank
+  // /metrics shows the cluster's placement and traffic once it is up.
+  std::atomic<cluster::ClusterExecutor*> cl{nullptr};
+  o.extra_metrics = [&cl] {
+    cluster::ClusterExecutor* c = cl.load();
+    return c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
+  };
 
   // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
   // below inherits the blocked mask.
@@ -82,6 +91,7 @@ void RunServe(ServeArgs args) {
     }
     backend = server::MakeEngineBackend(*engine);
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
+    cl.store(ClusterOf(*engine));
     service.SetBackend(backend.get());
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
@@ -91,8 +101,22 @@ void RunServe(ServeArgs args) {
     throw;
   }
   int sig = 0;
-  sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "k3-run serve: stopping (signal %d)\n", sig);
+  if (cl.load() == nullptr) {
+    sigwait(&stop_signals, &sig);
+  } else {
+    // A lost worker ends the server too (exit 75), after the in-flight
+    // request got its 503; a SIGTERM (mpirun's answer to a dead rank) fails
+    // the exchange in flight at once, so its client still hears 503.
+    const timespec step{0, 100000000};
+    while ((sig = sigtimedwait(&stop_signals, nullptr, &step)) < 0 && !cl.load()->failed()) {
+    }
+    if (sig == SIGTERM) {
+      cluster::RequestStop();
+      AbandonCluster();  // MPI_Finalize would wait for the dead rank
+    }
+  }
+  std::fprintf(stderr, "k3-run serve: stopping (%s)\n",
+               sig > 0 ? ("signal " + std::to_string(sig)).c_str() : "a cluster worker was lost");
   http.Stop();
   serving.join();
   service.SetBackend(nullptr);
@@ -101,6 +125,10 @@ void RunServe(ServeArgs args) {
   if (const int64_t parked = engine->ParkCheckpoints(); parked > 0) {
     std::fprintf(stderr, "k3-run serve: parked %lld checkpoints in %s\n",
                  static_cast<long long>(parked), eo.checkpoints.disk_dir.c_str());
+  }
+  if (cl.load() && cl.load()->failed()) {
+    throw Error(ErrorCode::kUnavailable,
+                "a cluster worker was lost: restart the job (docs/cluster.md)");
   }
 }
 
@@ -125,6 +153,7 @@ void SetupServe(CLI::App& root) {
   cmd->add_option("--threads", args->runtime.threads, "compute threads (default: every CPU)")
       ->check(CLI::Range(1, 1024));
   AddCheckpointFlags(cmd, args->runtime);
+  AddClusterFlags(cmd, args->cluster);
   cmd->callback([args] { RunServe(*args); });
 }
 

@@ -63,6 +63,9 @@ struct ServerOptions {
   int write_timeout_s = 30;   // per write; a client that stops reading is dropped
   int heartbeat_ms = 1000;    // SSE comment / JSON whitespace while queued or prefilling
   int retry_after_s = 1;      // Retry-After on 429
+  // More Prometheus text appended to /metrics (k3-run serve --cluster: the
+  // placement, per-worker bytes read, hit rates, exchange time). Thread-safe.
+  std::function<std::string()> extra_metrics;
 };
 
 struct HttpReply {
