@@ -190,7 +190,10 @@ check("[io]" in err or "Input/output error" in err, f"disk error: typed io error
 ck = os.path.join(tmp, "ckpt")
 ck_args = ("--ckpt-slots", "8", "--ckpt-dir", ck, "--ckpt-every", "32")
 args = [K3_RUN, "generate", ORACLE, "--ids", IDS, "--ngen", "12", "--json", "--threads", "1", *ck_args, "--cluster"]
-rc, out, err, _ = run([*MPIRUN, "-np", "3", *args, "--cluster-fault", "1:kill@60", "--cluster-deadline", "20"])
+# mpirun SIGKILLs the survivors 1 s after its SIGTERM by default; parking on
+# this shared 2-core machine can take longer, so the job grants it 30 s.
+rc, out, err, _ = run([*MPIRUN, "--mca", "odls_base_sigkill_timeout", "30", "-np", "3", *args,
+                       "--cluster-fault", "1:kill@60", "--cluster-deadline", "20"])
 m = re.search(r"parked (\d+) checkpoints", err)
 check(m is not None and int(m.group(1)) > 0, f"the lost run parked its checkpoints: {err[-400:]}")
 rc, out, err, _ = run([*MPIRUN, "-np", "3", *args])
@@ -228,9 +231,12 @@ if check(ready, "serve --cluster became ready: " + open(log_path, "rb").read().d
     check(st == 200, f"a first request is answered ({st})")
     body["max_tokens"] = 40
     st, _, data = serve_lib.chat(port, body)
+    # The server commits 200 at the request's first prefill heartbeat (docs/server.md: a late
+    # error is the error object in the 200 body), so the in-flight request sees the error
+    # object; 503 is the status of an answer that had not started.
     err_obj = data.get("error", {}) if isinstance(data, dict) else {}
-    check(st == 503 and err_obj.get("code") == "unavailable" and "rank 1" in err_obj.get("message", ""),
-          f"the in-flight request gets 503 naming rank 1: {st} {str(data)[:300]}")
+    check(st in (200, 503) and err_obj.get("code") == "unavailable" and "rank 1" in err_obj.get("message", ""),
+          f"the in-flight request gets the unavailable error naming rank 1: {st} {str(data)[:300]}")
 try:
     rc = proc.wait(timeout=60)
 except subprocess.TimeoutExpired:
