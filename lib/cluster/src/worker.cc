@@ -119,12 +119,20 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
   std::unique_ptr<stream::StreamingExpertStore> store;
   std::optional<Error> start_error;
   try {
-    std::vector<int> owners = OwnerRanks(comm.size(), options.symmetric);
+    const std::vector<int> owners = OwnerRanks(comm.size(), options.symmetric);
     if (owners != plan.owners) {
-      ready.placement_fp = 0;  // shows as a placement mismatch
+      // Another view of who owns experts (--cluster-symmetric on some ranks
+      // only): fingerprint 0, which the coordinator reports naming this rank.
+      ready.placement_fp = 0;
+      start_error.emplace(ErrorCode::kExists, "cluster: rank " + std::to_string(me) +
+                                                  ": the owner ranks differ from the coordinator's "
+                                                  "(--cluster-symmetric on some ranks only)");
+      SendAndWait(comm, wire::kReady, wire::EncodeReady(ready));
+      NextMessage(comm, buf, &n);  // the coordinator's BYE, after its error
+      throw *start_error;
     }
     placement = Placement::Compute(config, owners, plan.capacity);
-    ready.placement_fp = owners == plan.owners ? placement->fingerprint() : 0;
+    ready.placement_fp = placement->fingerprint();
     store = std::make_unique<stream::StreamingExpertStore>(snapshot, config, so);
     ready.owned_bytes =
         static_cast<uint64_t>(placement->CountOwned(me)) * store->table().slot_bytes();
