@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -110,6 +111,9 @@ void RunServe(ServeArgs args) {
     const timespec step{0, 100000000};
     while ((sig = sigtimedwait(&stop_signals, nullptr, &step)) < 0 && !cl.load()->failed()) {
     }
+    // The executor marks itself failed before its error reaches the request
+    // being answered: give that answer a moment to be written.
+    if (sig < 0) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (sig == SIGTERM) {
       cluster::RequestStop();
       AbandonCluster();  // MPI_Finalize would wait for the dead rank

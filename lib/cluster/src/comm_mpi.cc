@@ -17,6 +17,13 @@ std::string MpiErrorText(int rc) {
   return std::string(buf, static_cast<size_t>(len));
 }
 
+// A failed call towards `peer`: kUnavailable naming the rank.
+Error PeerError(const std::string& call, int peer, int rc) {
+  const std::string rank = "rank " + std::to_string(peer);
+  return Error(ErrorCode::kUnavailable, call + rank + ": " + MpiErrorText(rc), {}, Error::kNoOffset,
+               rank);
+}
+
 }  // namespace
 
 struct Comm::Request::Impl {
@@ -87,9 +94,7 @@ Comm::Request Comm::Isend(int peer, int tag, const void* data, size_t bytes) {
       MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r.impl_->req);
   if (rc != MPI_SUCCESS) {
     r.impl_->req = MPI_REQUEST_NULL;
-    throw Error(ErrorCode::kUnavailable,
-                "MPI_Isend to rank " + std::to_string(peer) + ": " + MpiErrorText(rc), {},
-                Error::kNoOffset, "rank " + std::to_string(peer));
+    throw PeerError("MPI_Isend to ", peer, rc);
   }
   return r;
 }
@@ -102,9 +107,7 @@ Comm::Request Comm::Irecv(int peer, int tag, void* data, size_t capacity) {
   const int rc = MPI_Irecv(data, count, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r.impl_->req);
   if (rc != MPI_SUCCESS) {
     r.impl_->req = MPI_REQUEST_NULL;
-    throw Error(ErrorCode::kUnavailable,
-                "MPI_Irecv from rank " + std::to_string(peer) + ": " + MpiErrorText(rc), {},
-                Error::kNoOffset, "rank " + std::to_string(peer));
+    throw PeerError("MPI_Irecv from ", peer, rc);
   }
   return r;
 }
@@ -116,8 +119,7 @@ bool Comm::Test(Request& r, size_t* bytes) {
   const int rc = MPI_Test(&r.impl_->req, &done, &st);
   if (rc != MPI_SUCCESS) {
     const int peer = r.impl_->peer;
-    throw Error(ErrorCode::kUnavailable, "rank " + std::to_string(peer) + ": " + MpiErrorText(rc),
-                {}, Error::kNoOffset, "rank " + std::to_string(peer));
+    throw PeerError("", peer, rc);
   }
   if (done && bytes) {
     int count = 0;
@@ -132,8 +134,7 @@ bool Comm::Probe(int peer, int* tag, size_t* bytes) {
   MPI_Status st;
   const int rc = MPI_Iprobe(peer, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st);
   if (rc != MPI_SUCCESS) {
-    throw Error(ErrorCode::kUnavailable, "rank " + std::to_string(peer) + ": " + MpiErrorText(rc),
-                {}, Error::kNoOffset, "rank " + std::to_string(peer));
+    throw PeerError("", peer, rc);
   }
   if (!flag) return false;
   int count = 0;
