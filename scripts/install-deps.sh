@@ -11,6 +11,7 @@ PACKAGES=(
   clang libclang-rt-14-dev libomp-dev fio
   python3-jsonschema
   libcpp-httplib-dev chromium nodejs
+  libopenmpi-dev openmpi-bin
 )
 if [ "$(dpkg --print-architecture)" = amd64 ]; then
   # aarch64 cross build + qemu-user run (scripts/test-arm64.sh): the arm64

@@ -197,4 +197,87 @@ void PrefillProgressLine::Clear() {
   shown_ = false;
 }
 
+namespace {
+// The process's MPI world: made by RunClusterRole, finalized at exit.
+std::unique_ptr<cluster::Comm>& TheComm() {
+  static std::unique_ptr<cluster::Comm> comm;
+  return comm;
+}
+}  // namespace
+
+void AddClusterFlags(CLI::App* cmd, ClusterFlags& flags) {
+  cmd->add_flag(
+      "--cluster", flags.on,
+      "expert-parallel run over MPI: start with mpirun/srun, rank 0 coordinates, the other "
+      "ranks compute the experts they own (docs/cluster.md)");
+  cmd->add_flag("--cluster-symmetric", flags.options.symmetric, "rank 0 owns experts too");
+  cmd->add_option(
+         "--cluster-deadline", flags.options.deadline_s,
+         "seconds one expert exchange may take before the worker counts as lost (default 60)")
+      ->check(CLI::Range(0.01, 86400.0));
+  cmd->add_flag("--cluster-reduced", flags.options.reduced,
+                "workers answer in bf16 (half the bytes; not bit-exact, docs/cluster.md)");
+  cmd->add_option("--cluster-ram-gb", flags.ram_gb,
+                  "this rank's expert RAM for the placement, GB (default 0: equal shares)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--cluster-disk-gbps", flags.disk_gbps,
+                  "this rank's disk read rate for the placement, GB/s (default 0)")
+      ->check(CLI::Range(0.0, 1e4));
+  cmd->add_option(
+      "--cluster-fault", flags.options.fault,
+      "test hook: RANK:KIND@N, KIND kill|stop|exit|disk at that worker's N-th exchange");
+}
+
+bool RunClusterRole(const ClusterFlags& flags, engine::EngineOptions& eo, bool stop_handler) {
+  if (!flags.on) return false;
+  auto& comm = TheComm();
+  comm = cluster::Comm::InitOrThrow(nullptr, nullptr);
+  cluster::ClusterOptions co = flags.options;
+  co.capacity.ram_bytes = static_cast<uint64_t>(flags.ram_gb * 1e9);
+  co.capacity.disk_bytes_per_s = static_cast<uint64_t>(flags.disk_gbps * 1e9);
+  if (comm->rank() != 0) {
+    cluster::WorkerSetup ws;
+    ws.model_dir = eo.model_dir;
+    ws.snapshot = eo.snapshot;
+    ws.stream = eo.stream;
+    ws.progress = eo.progress;
+    try {
+      cluster::RunWorkerOrThrow(*comm, ws, co);
+    } catch (...) {
+      comm->Abandon();
+      throw;
+    }
+    return true;
+  }
+  if (stop_handler) cluster::InstallStopHandler();
+  auto prev = eo.on_model_loaded;
+  cluster::Comm* c = comm.get();
+  eo.on_model_loaded = [prev, c, co](model::Model& m) {
+    if (prev) prev(m);
+    try {
+      cluster::InstallCoordinator(m, *c, co);
+    } catch (...) {
+      c->Abandon();
+      throw;
+    }
+  };
+  return false;
+}
+
+cluster::ClusterExecutor* ClusterOf(engine::Engine& engine) {
+  return cluster::InstalledCoordinator(engine.model());
+}
+
+void OnClusterLoss(engine::Engine& engine, const Error& e) {
+  if (e.code() != ErrorCode::kUnavailable || !ClusterOf(engine)) return;
+  const int64_t parked = engine.ParkCheckpoints();
+  std::fprintf(stderr, "k3-run: %s; parked %lld checkpoints; exit %d (restart the job)\n",
+               e.detail().c_str(), static_cast<long long>(parked), ExitCodeFor(e.code()));
+  std::fflush(stderr);
+}
+
+void AbandonCluster() {
+  if (TheComm()) TheComm()->Abandon();
+}
+
 }  // namespace k3::run

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "k3/cluster/cluster.h"
+#include "k3/core/error.h"
 #include "k3/engine/engine.h"
 
 namespace k3::run {
@@ -66,5 +68,26 @@ class PrefillProgressLine {
   double last_draw_ = -1;
   size_t last_len_ = 0;
 };
+// --cluster and its options (docs/cluster.md): generate, chat and serve.
+struct ClusterFlags {
+  bool on = false;
+  cluster::ClusterOptions options;
+  double ram_gb = 0;  // this rank's capacity; 0 on every rank: equal shares
+  double disk_gbps = 0;
+};
+void AddClusterFlags(CLI::App* cmd, ClusterFlags& flags);
+// With --cluster: starts MPI. A worker rank serves the coordinator until its
+// BYE and returns true (the command is done). Rank 0 returns false with the
+// coordinator's install chained into eo.on_model_loaded. Without --cluster:
+// false, nothing changed.
+bool RunClusterRole(const ClusterFlags& flags, engine::EngineOptions& eo, bool stop_handler);
+// The coordinator installed in the engine's model, or null.
+cluster::ClusterExecutor* ClusterOf(engine::Engine& engine);
+// A request failed because a cluster worker was lost (kUnavailable): park the
+// checkpoints (a restarted job resumes from them) and say so; the caller
+// rethrows, which ends the process with exit 75 (docs/cluster.md).
+void OnClusterLoss(engine::Engine& engine, const Error& e);
+// After a lost worker: the process must not wait in MPI_Finalize.
+void AbandonCluster();
 
 }  // namespace k3::run

@@ -79,6 +79,7 @@ struct ChatArgs {
   int max_tokens = 2048;
   RuntimeFlags flags;
   bool temp_given = false, top_p_given = false;
+  ClusterFlags cluster;
 };
 
 // Shows one turn as it streams: reasoning dimmed on a colour terminal (or
@@ -135,8 +136,9 @@ void RunChat(const ChatArgs& args) {
   if (!args.effort.empty()) options.thinking_effort = args.effort;
   // Refuse a bad effort before the (slow) model load.
   tok::RenderChatOrThrow({{"user", "x", ""}}, options);
-  std::unique_ptr<engine::Engine> eng =
-      engine::Engine::LoadOrThrow(EngineOptionsFor(args.model_dir, args.flags));
+  engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.flags);
+  if (RunClusterRole(args.cluster, eo, /*stop_handler=*/true)) return;  // a worker rank
+  std::unique_ptr<engine::Engine> eng = engine::Engine::LoadOrThrow(eo);
   if (!eng->model().weights().has_head) {
     throw Error(ErrorCode::kUnsupported, "model has no head (model.norm.weight missing): cannot chat");
   }
@@ -178,7 +180,14 @@ void RunChat(const ChatArgs& args) {
     };
     cb.cancel = &g_interrupted;  // Ctrl-C, during prefill too
     InterruptScope interrupt;
-    engine::GenerateResult r = run(cb);
+    engine::GenerateResult r = [&] {
+      try {
+        return run(cb);
+      } catch (const Error& e) {
+        OnClusterLoss(*eng, e);
+        throw;
+      }
+    }();
     progress.Clear();
     printer.End(r);
     show_usage(r);
@@ -264,6 +273,7 @@ void SetupChat(CLI::App& root) {
   cmd->add_option("--max-tokens", args->max_tokens, "generation limit per turn (default 2048)")
       ->check(CLI::PositiveNumber);
   AddRuntimeFlags(cmd, args->flags, "the model's generation_config.json", "generation_config.json");
+  AddClusterFlags(cmd, args->cluster);
   cmd->callback([args, cmd] {
     args->temp_given = cmd->count("--temp") > 0;
     args->top_p_given = cmd->count("--top-p") > 0;

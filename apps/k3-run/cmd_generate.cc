@@ -35,6 +35,7 @@ struct GenerateArgs {
   std::string trace_path;
   bool json = false;
   bool no_bos = false;
+  ClusterFlags cluster;
 };
 
 void WriteFloats(const std::string& path, const std::vector<float>& v) {
@@ -52,8 +53,10 @@ void RunGenerate(const GenerateArgs& args) {
     }
     ids = ParseIdList(args.ids_csv);
   }
-  const engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.flags);
+  engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.flags);
+  if (RunClusterRole(args.cluster, eo, /*stop_handler=*/true)) return;  // a worker rank
   std::unique_ptr<engine::Engine> eng = engine::Engine::LoadOrThrow(eo);
+  cluster::ClusterExecutor* cl = ClusterOf(*eng);
   const ModelConfig& c = eng->config();
 #if K3_HAVE_VULKAN
   // The tier EngineOptionsFor's hook installed when K3_VK=1 (docs/vulkan.md).
@@ -120,7 +123,14 @@ void RunGenerate(const GenerateArgs& args) {
     }
     return true;
   };
-  const engine::GenerateResult r = eng->Generate(req, cb);
+  const engine::GenerateResult r = [&] {
+    try {
+      return eng->Generate(req, cb);
+    } catch (const Error& e) {
+      OnClusterLoss(*eng, e);
+      throw;
+    }
+  }();
   progress.Clear();
   if (!args.logits_path.empty()) WriteFloats(args.logits_path, logits_all);
   if (!args.trace_path.empty()) WriteFloats(args.trace_path, trace);
@@ -155,6 +165,7 @@ void RunGenerate(const GenerateArgs& args) {
     j.Field("prefill_tok_per_s", r.timings.prefill_tok_per_s);
     j.Field("decode_steps", decode_steps);
     j.Field("decode_s_per_token", decode_spt);
+    j.Field("cached_tokens", r.usage.cached_tokens);
     j.Field("expert_bytes_read", es.bytes_read);
     j.Field("expert_hits", es.hits);
     j.Field("expert_misses", es.misses);
@@ -174,6 +185,7 @@ void RunGenerate(const GenerateArgs& args) {
 #if K3_HAVE_VULKAN
     vulkan::WriteTierStatsJson(vk, j);
 #endif
+    if (cl) cluster::WriteClusterStatsJson(cl->stats(), j);
     j.EndObject();
     j.EndObject();
     std::printf("%s\n", j.str().c_str());
@@ -194,6 +206,7 @@ void RunGenerate(const GenerateArgs& args) {
 #if K3_HAVE_VULKAN
   vulkan::LogTierSummary(vk);
 #endif
+  if (cl) std::fprintf(stderr, "k3-run: %s\n", cluster::DescribeClusterStats(cl->stats()).c_str());
 }
 
 void SetupGenerate(CLI::App& root) {
@@ -212,6 +225,7 @@ void SetupGenerate(CLI::App& root) {
                   "write f32 LE [T][layers][hidden] layer outputs here");
   cmd->add_flag("--json", args->json, "print one JSON object with ids and stats at the end");
   cmd->add_flag("--no-bos", args->no_bos, "do not prepend BOS to a text PROMPT");
+  AddClusterFlags(cmd, args->cluster);
   cmd->callback([args] { RunGenerate(*args); });
 }
 

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,7 @@ struct ServeArgs {
   bool no_webui = false;
   int64_t max_body_mb = 16;
   RuntimeFlags runtime;  // --threads and the --ckpt-* flags
+  ClusterFlags cluster;
 };
 
 void RunServe(ServeArgs args) {
@@ -71,6 +73,13 @@ void RunServe(ServeArgs args) {
   // follow-up whose re-rendered history differs from the generated ids still
   // resumes from the end of its last prompt, and the Vulkan tier when K3_VK=1.
   engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.runtime);
+  if (RunClusterRole(args.cluster, eo, /*stop_handler=*/false)) return;  // a worker rank
+  // /metrics shows the cluster's placement and traffic once it is up.
+  std::atomic<cluster::ClusterExecutor*> cl{nullptr};
+  o.extra_metrics = [&cl] {
+    cluster::ClusterExecutor* c = cl.load();
+    return c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
+  };
 
   // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
   // below inherits the blocked mask.
@@ -98,6 +107,7 @@ void RunServe(ServeArgs args) {
     }
     backend = server::MakeEngineBackend(*engine);
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
+    cl.store(ClusterOf(*engine));
     service.SetBackend(backend.get());
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
@@ -107,12 +117,29 @@ void RunServe(ServeArgs args) {
     throw;
   }
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  if (cl.load() == nullptr) {
+    sigwait(&stop_signals, &sig);
+  } else {
+    // A lost worker ends the server too (exit 75), after the in-flight
+    // request got its 503; a SIGTERM (mpirun's answer to a dead rank) fails
+    // the exchange in flight at once, so its client still hears 503.
+    const timespec step{0, 100000000};
+    while ((sig = sigtimedwait(&stop_signals, nullptr, &step)) < 0 && !cl.load()->failed()) {
+    }
+    // The executor marks itself failed before its error reaches the request
+    // being answered: give that answer a moment to be written.
+    if (sig < 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (sig == SIGTERM) {
+      cluster::RequestStop();
+      AbandonCluster();  // MPI_Finalize would wait for the dead rank
+    }
+  }
   // Bounded whatever the clients do: no new connections; queued requests
   // answered 503 within a heartbeat; the running one cancelled at its next
   // token or prefill step; sockets still being read closed at once; handlers
   // get --shutdown-timeout, then their sockets are cut (docs/server.md).
-  std::fprintf(stderr, "k3-run serve: stopping (signal %d)\n", sig);
+  std::fprintf(stderr, "k3-run serve: stopping (%s)\n",
+               sig > 0 ? ("signal " + std::to_string(sig)).c_str() : "a cluster worker was lost");
   std::fflush(stderr);
   const auto stop_start = std::chrono::steady_clock::now();
   service.BeginShutdown();
@@ -133,6 +160,10 @@ void RunServe(ServeArgs args) {
   }
   std::fprintf(stderr, "k3-run serve: stopped in %.2f s\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_start).count());
+  if (cl.load() && cl.load()->failed()) {
+    throw Error(ErrorCode::kUnavailable,
+                "a cluster worker was lost: restart the job (docs/cluster.md)");
+  }
 }
 
 void SetupServe(CLI::App& root) {
@@ -179,6 +210,7 @@ void SetupServe(CLI::App& root) {
       ->check(CLI::Range(1, 1024));
   AddCheckpointFlags(cmd, args->runtime);
   AddPrefillFlags(cmd, args->runtime);
+  AddClusterFlags(cmd, args->cluster);
   cmd->callback([args] { RunServe(*args); });
 }
 

@@ -22,6 +22,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kBusy: return "busy";
     case ErrorCode::kCancelled: return "cancelled";
     case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kUnavailable: return "unavailable";
   }
   return "unknown";
 }
@@ -41,6 +42,7 @@ int ExitCodeFor(ErrorCode code) {
     case ErrorCode::kIo: return 10;
     case ErrorCode::kCancelled: return 130;
     case ErrorCode::kInternal: return 70;
+    case ErrorCode::kUnavailable: return 75;  // EX_TEMPFAIL: a supervisor restarts the job
   }
   return 1;
 }

@@ -601,6 +601,8 @@ ApiError ApiErrorFor(const Error& e) {
       return MakeApiError(413, "invalid_request_error", e.detail(), "request_too_large", e.object());
     case ErrorCode::kBusy:
       return MakeApiError(429, "rate_limit_error", e.detail(), "queue_full", e.object());
+    case ErrorCode::kUnavailable:  // a cluster worker died or is late (docs/cluster.md)
+      return MakeApiError(503, "server_error", e.detail(), "unavailable", e.object());
     case ErrorCode::kCancelled:
       return MakeApiError(499, "cancelled", e.detail(), "cancelled", e.object());
     default:

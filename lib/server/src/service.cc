@@ -79,6 +79,7 @@ HttpReply Service::MetricsText() const {
   Backend* b = backend_.load();
   r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{},
                            b ? b->checkpoint_stats() : engine::CheckpointCacheStats{});
+  if (options_.extra_metrics) r.body += options_.extra_metrics();
   return r;
 }
 

@@ -28,6 +28,7 @@ enum class ErrorCode : int {
   kBusy,              // a lock is held by someone else
   kCancelled,         // user interrupt
   kInternal,          // broken invariant that is not worth aborting for
+  kUnavailable,       // a peer the run depends on is gone or late (a cluster worker): restart
 };
 
 std::string_view ErrorCodeName(ErrorCode code);

@@ -80,6 +80,9 @@ struct ServerOptions {
   // come from the server's own page or one of cors_origins.
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> cors_origins;  // also answered with CORS headers
+  // More Prometheus text appended to /metrics (k3-run serve --cluster: the
+  // placement, per-worker bytes read, hit rates, exchange time). Thread-safe.
+  std::function<std::string()> extra_metrics;
 };
 
 struct HttpReply {
