@@ -227,6 +227,7 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
       batch.users = &users;
       batch.int8_acts = (v.h.flags & wire::kInt8Acts) != 0;
       batch.out = out.data();
+      batch.latent_dim = LT;  // the CPU executor Emit()s each pair into out
       cpu.Run(batch, *store);
       rh.num_pairs = v.h.num_pairs;
       rh.flags = v.h.flags & wire::kBf16Reply;
