@@ -10,7 +10,8 @@ namespace {
 // strict (a strict tool, json_schema with strict true): what k3 cannot
 // enforce is a 400. Otherwise it is relaxed to a superset (docs/constrain.md
 // "Relaxed keywords"), so a client's schema is never refused.
-constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param, bool strict) {
+constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param,
+                                    bool strict) {
   try {
     return constrain::Schema::CompileOrThrow(schema_json, {.strict = strict});
   } catch (const Error& e) {
@@ -27,7 +28,8 @@ constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_
 bool IsNotObjectSchema(const std::string& schema_json) {
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS) return false;  // CompileAt says why
+  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS)
+    return false;  // CompileAt says why
   simdjson::dom::element type;
   if (!root.is_object() || root["type"].get(type) != simdjson::SUCCESS) return false;
   return !(type.is_string() && type.get_string().value_unsafe() == "object");
