@@ -50,6 +50,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     schemas.push_back(k3::constrain::Schema::CompileOrThrow(schema_text));
   } catch (const k3::Error&) {
   }
+  // Non-strict (issue 26): refuses nothing but oversized text, and the relaxed
+  // automaton meets the same invariants.
+  try {
+    schemas.push_back(k3::constrain::Schema::CompileOrThrow(schema_text, {.strict = false}));
+  } catch (const k3::Error& e) {
+    if (schema_text.size() <= k3::constrain::kMaxSchemaBytes)
+      Fail("a non-strict compile refused", e.what());
+  }
   schemas.push_back(k3::constrain::Schema::JsonObject());
   const auto& vocab = ByteVocab();
   std::vector<uint64_t> mask;

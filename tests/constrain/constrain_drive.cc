@@ -7,9 +7,11 @@
 // or "ok":false with "error". The checker (check_outputs.py) parses and
 // validates every text with python3-jsonschema, an independent implementation.
 //
-//   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]
+//   constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python|relaxed]
 //   constrain_drive --match CASES_JSON   (pattern acceptance; regex_property.py)
-// (python: Format::python_separators, the spelling of XTML tool arguments)
+//   constrain_drive --accept CASES_JSON  (non-strict acceptance; corpus_test.py)
+// (python: Format::python_separators, the spelling of XTML tool arguments;
+// relaxed: compact, compiled non-strict, each line naming the relaxations)
 #include <simdjson.h>
 
 #include <cstdio>
@@ -55,8 +57,21 @@ std::string Drive(const constrain::CompiledSchema& schema, const constrain::Voca
       if (c.Accepting()) return c.text();
       throw Error(ErrorCode::kInternal, "dead end: no token allowed after '" + c.text() + "'");
     }
-    const auto& pool = steps >= kFreeSteps && !closers.empty() ? closers : allowed;
-    c.Advance(pool[rng() % pool.size()]);
+    // Inside a `pattern` string, later steps follow the shortest way to a
+    // match (closers alone can loop: ^[A-Z].*[0-9]$ never ends on '"').
+    if (steps >= kFreeSteps && c.PreferredByte() >= 0) {
+      const char want = char(c.PreferredByte());
+      for (uint32_t id : allowed)
+        if (vocab.TokenBytes(id) == std::string_view(&want, 1)) {
+          c.Advance(id);
+          goto next;
+        }
+    }
+    {
+      const auto& pool = steps >= kFreeSteps && !closers.empty() ? closers : allowed;
+      c.Advance(pool[rng() % pool.size()]);
+    }
+  next:;
   }
   throw Error(ErrorCode::kInternal, "no accepting output within " + std::to_string(kMaxSteps) + " tokens: '" +
                                         c.text().substr(0, 200) + "...'");
@@ -100,28 +115,80 @@ int MatchMode(const char* path) {
   return 0;
 }
 
+void AppendRelaxations(JsonWriter& j, const constrain::CompiledSchema& s) {
+  j.Key("relaxations");
+  j.BeginArray();
+  for (const constrain::Relaxation& r : s.relaxations()) {
+    j.BeginObject();
+    j.Field("keyword", r.keyword);
+    j.Field("pointer", r.pointer);
+    j.Field("what", r.what);
+    j.EndObject();
+  }
+  j.EndArray();
+}
+
+// --accept CASES_JSON: for each {"schema": S, "texts": [compact JSON texts]}
+// prints {"accepted": [...], "relaxations": [...]}: whether S compiled
+// non-strict accepts each text as a whole value, or {"error": ...}.
+int AcceptMode(const char* path) {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, char(b));
+  constrain::Vocabulary vocab(std::move(bytes), 256);
+  std::string text = ReadFileOrThrow(path, 64u << 20);
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(text);
+  simdjson::dom::element doc = parser.parse(padded);
+  for (simdjson::dom::element entry : doc.get_array()) {
+    JsonWriter j;
+    j.BeginObject();
+    try {
+      constrain::CompiledSchema s =
+          constrain::Schema::CompileOrThrow(simdjson::minify(entry["schema"]), {.strict = false});
+      j.Key("accepted");
+      j.BeginArray();
+      for (simdjson::dom::element t : entry["texts"].get_array()) {
+        constrain::TokenConstraint c(s, vocab);
+        j.Bool(c.AdvanceBytes(std::string_view(t)) && c.Accepting());
+      }
+      j.EndArray();
+      AppendRelaxations(j, s);
+    } catch (const Error& e) {
+      j.Field("error", std::string(e.what()));
+    }
+    j.EndObject();
+    std::printf("%s\n", j.str().c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (const int rc = k3::toolenv::ApplyFromEnvOrReport("constrain_drive")) return rc;
-  if (argc == 3 && std::string_view(argv[1]) == "--match") {
+  if (argc == 3 &&
+      (std::string_view(argv[1]) == "--match" || std::string_view(argv[1]) == "--accept")) {
     try {
-      return MatchMode(argv[2]);
+      return std::string_view(argv[1]) == "--match" ? MatchMode(argv[2]) : AcceptMode(argv[2]);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "constrain_drive: %s\n", e.what());
       return 1;
     }
   }
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python]\n");
+    std::fprintf(
+        stderr,
+        "usage: constrain_drive MODEL_DIR SCHEMAS_JSON RUNS SEED [compact|python|relaxed]\n");
     return 2;
   }
   constrain::Format format;
+  bool relaxed = false;
   if (argc == 6) {
     std::string mode = argv[5];
-    if (mode != "compact" && mode != "python") {
-      std::fprintf(stderr, "constrain_drive: mode must be compact or python\n");
+    if (mode != "compact" && mode != "python" && mode != "relaxed") {
+      std::fprintf(stderr, "constrain_drive: mode must be compact, python or relaxed\n");
       return 2;
     }
     format.python_separators = mode == "python";
+    relaxed = mode == "relaxed";
   }
   try {
     tok::Tokenizer tokenizer = tok::Tokenizer::LoadDirOrThrow(argv[1]);
@@ -142,8 +209,11 @@ int main(int argc, char** argv) {
         j.Field("name", name);
         j.Field("run", int64_t{r});
         try {
-          constrain::CompiledSchema schema = sch.is_null() ? constrain::Schema::JsonObject()
-                                                           : constrain::Schema::CompileOrThrow(simdjson::minify(sch));
+          constrain::CompiledSchema schema =
+              sch.is_null()
+                  ? constrain::Schema::JsonObject()
+                  : constrain::Schema::CompileOrThrow(simdjson::minify(sch), {.strict = !relaxed});
+          if (relaxed) AppendRelaxations(j, schema);
           std::mt19937_64 rng(seed * 1000003u + std::hash<std::string>{}(name) + uint64_t(r));
           int steps = 0;
           std::string out = Drive(schema, vocab, format, rng, steps);

@@ -4,6 +4,8 @@
 // on a byte vocabulary, a hand-made vocabulary whose tokens split JSON tokens,
 // and the k3-tiny tokenizer. (tests/constrain validates generated outputs with
 // an independent validator, python3-jsonschema.)
+#include "k3/constrain/constrain.h"
+
 #include <doctest/doctest.h>
 
 #include <cerrno>
@@ -13,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "k3/constrain/constrain.h"
 #include "k3/core/error.h"
 #include "k3/tokenizer/tokenizer.h"
 #include "schema_internal.h"  // kMaxRefRecursion
@@ -486,13 +487,16 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
   struct Case { const char* schema; const char* keyword; const char* pointer; };
   const Case cases[] = {
       {R"({"type":"string","pattern":"a\\b"})", "pattern", "/"},
-      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":0.5}}})", "multipleOf", "/properties/a"},
+      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":0.5}}})", "multipleOf",
+       "/properties/a"},
       {R"({"type":"array","items":{"not":{"type":"null"}}})", "not", "/items"},
       {R"({"type":"array","uniqueItems":true})", "uniqueItems", "/"},  // items not an enum
       {R"({"if":{},"then":{}})", "if", "/"},
       {R"({"type":"array","contains":{}})", "contains", "/"},
-      {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties", "/properties/a~1b"},
-      {R"({"allOf":[{"properties":{"a":{}},"patternProperties":{"x":{}}},{"properties":{"b":{}}}]})", "allOf", "/"},
+      {R"({"type":"object","properties":{"a/b":{"minProperties":2}}})", "minProperties",
+       "/properties/a~1b"},
+      {R"({"allOf":[{"properties":{"a":{}},"patternProperties":{"x":{}}},{"properties":{"b":{}}}]})",
+       "allOf", "/"},
       {R"({"$ref":"https://example.com/s.json"})", "$ref", "/"},
       {R"({"type":"integer","exclusiveMinimum":true})", "exclusiveMinimum", "/"},
       {R"({"frobnicate":1})", "frobnicate", "/"},
@@ -530,7 +534,9 @@ TEST_CASE("unsupported keywords are refused with the keyword and its JSON pointe
   CHECK(CompileError(R"({"enum":[]})").code() == k3::ErrorCode::kInvalidArgument);
   CHECK(CompileError(R"({"type":"integer","minimum":1.5,"maximum":1.7})").code() == k3::ErrorCode::kInvalidArgument);
   // Annotations are accepted and ignored.
-  CHECK(Accepts(R"({"title":"t","description":"d","format":"color","default":"x","x-k":1,"type":"string"})", R"("x")"));
+  CHECK(Accepts(
+      R"({"title":"t","description":"d","format":"color","default":"x","x-k":1,"type":"string"})",
+      R"("x")"));
 }
 
 TEST_CASE("deep nesting") {
@@ -1283,7 +1289,9 @@ TEST_CASE("a vocabulary without most single bytes: the mask equals the direct ch
 
 namespace {
 
-CompiledSchema Relaxed(std::string_view schema) { return Schema::CompileOrThrow(schema, {.strict = false}); }
+CompiledSchema Relaxed(std::string_view schema) {
+  return Schema::CompileOrThrow(schema, {.strict = false});
+}
 
 // The first relaxation naming `keyword`, or null.
 const k3::constrain::Relaxation* Note(const CompiledSchema& s, std::string_view keyword) {
@@ -1299,9 +1307,12 @@ std::vector<std::string> NumbersIn(const std::string& text) {
   std::string cur;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') in_string = true;
@@ -1314,15 +1325,18 @@ std::vector<std::string> NumbersIn(const std::string& text) {
   }
   if (!cur.empty()) out.push_back(cur);
   // true/false/null letters never reach here as numbers: 'e' alone is dropped.
-  std::erase_if(out, [](const std::string& n) { return n.find_first_of("0123456789") == std::string::npos; });
+  std::erase_if(
+      out, [](const std::string& n) { return n.find_first_of("0123456789") == std::string::npos; });
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("every generated number parses to a finite double; unbounded integers are exact doubles") {
+TEST_CASE(
+    "every generated number parses to a finite double; unbounded integers are exact doubles") {
   CHECK_FALSE(Prefix(R"({"type":"number"})", "77998E556"));
-  CHECK_FALSE(Prefix(R"({"type":"number"})", "1e308"));  // 1 digit + 308 > 308: conservative (1e308 is finite)
+  CHECK_FALSE(Prefix(R"({"type":"number"})",
+                     "1e308"));  // 1 digit + 308 > 308: conservative (1e308 is finite)
   CHECK(Accepts(R"({"type":"number"})", "9.99e307"));
   CHECK(Accepts(R"({"type":"number"})", "123456789012345e293"));
   CHECK_FALSE(Prefix(R"({"type":"number"})", "123456789012345e294"));
@@ -1372,7 +1386,8 @@ TEST_CASE("every generated number parses to a finite double; unbounded integers 
 }
 
 TEST_CASE("oneOf: an enum beside a schema that refuses its values is exclusive (Qwen Code)") {
-  const char* s = R"({"oneOf":[{"type":"string","enum":["all"]},{"type":"string","pattern":"^[1-9][0-9]*$"}]})";
+  const char* s =
+      R"({"oneOf":[{"type":"string","enum":["all"]},{"type":"string","pattern":"^[1-9][0-9]*$"}]})";
   CHECK(Accepts(s, R"("all")"));
   CHECK(Accepts(s, R"("12")"));
   CHECK_FALSE(Accepts(s, R"("0")"));
@@ -1389,19 +1404,22 @@ TEST_CASE("oneOf: an enum beside a schema that refuses its values is exclusive (
 }
 
 TEST_CASE("allOf merges, and type beside allOf/anyOf/$ref (Claude Code, zod)") {
-  const char* both = R"({"type":"object","allOf":[{"properties":{"a":{"type":"string"}},"required":["a"]},
+  const char* both =
+      R"({"type":"object","allOf":[{"properties":{"a":{"type":"string"}},"required":["a"]},
                                                    {"properties":{"b":{"type":"integer","maximum":5}}}]})";
   CHECK(Accepts(both, R"({"a":"x","b":1})"));
   CHECK(Accepts(both, R"({"b":2,"a":"x"})"));
   CHECK_FALSE(Accepts(both, R"({"b":1})"));
   CHECK_FALSE(Prefix(both, R"({"a":"x","b":6)"));
   // additionalProperties false in one member refuses the other's keys (the allOf rule).
-  const char* closed = R"({"allOf":[{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":false},
+  const char* closed =
+      R"({"allOf":[{"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":false},
                                     {"properties":{"b":{"type":"integer"}}}]})";
   CHECK(Accepts(closed, R"({"a":"x"})"));
   CHECK_FALSE(Prefix(closed, R"({"b)"));
   // A property in both: its value meets both.
-  const char* narrow = R"({"allOf":[{"properties":{"n":{"type":"integer","minimum":0}}},{"properties":{"n":{"maximum":9}},"required":["n"]}]})";
+  const char* narrow =
+      R"({"allOf":[{"properties":{"n":{"type":"integer","minimum":0}}},{"properties":{"n":{"maximum":9}},"required":["n"]}]})";
   CHECK(Accepts(narrow, R"({"n":9})"));
   CHECK_FALSE(Prefix(narrow, R"({"n":10)"));
   CHECK_FALSE(Prefix(narrow, R"({"n":-1)"));
@@ -1410,6 +1428,13 @@ TEST_CASE("allOf merges, and type beside allOf/anyOf/$ref (Claude Code, zod)") {
   CHECK(Accepts(two, R"("abxc")"));
   CHECK_FALSE(Accepts(two, R"("abc")"));
   CHECK_FALSE(Prefix(two, R"("aX)"));
+  const char* four =
+      R"({"allOf":[{"pattern":"^a"},{"pattern":"b"},{"type":"string"},{"pattern":"c"},{"pattern":"d$"},{"maxLength":9}]})";
+  CHECK(Accepts(four, R"("abcd")"));
+  CHECK(Accepts(four, R"("acbd")"));
+  CHECK_FALSE(Accepts(four, R"("abd")"));
+  CHECK_FALSE(Accepts(four, R"("acd")"));
+  CHECK_FALSE(Accepts(four, R"("bcd")"));
   CHECK(Accepts(R"({"pattern":"^a","allOf":[{"pattern":"b$"}],"minLength":3})", R"("aab")"));
   CHECK_FALSE(Accepts(R"({"pattern":"^a","allOf":[{"pattern":"b$"}],"minLength":3})", R"("ab")"));
   // anyOf beside other keywords: each alternative gets them.
@@ -1426,31 +1451,38 @@ TEST_CASE("allOf merges, and type beside allOf/anyOf/$ref (Claude Code, zod)") {
   // Types intersect; an empty intersection can match nothing.
   CHECK(Accepts(R"({"allOf":[{"type":["integer","string"]},{"type":"number"}]})", "7"));
   CHECK_FALSE(Prefix(R"({"allOf":[{"type":["integer","string"]},{"type":"number"}]})", "\""));
-  CHECK(CompileError(R"({"allOf":[{"type":"string"},{"type":"number"}]})").code() == k3::ErrorCode::kInvalidArgument);
-  CHECK(CompileError(R"({"allOf":[{"const":1},{"const":2}]})").code() == k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"allOf":[{"type":"string"},{"type":"number"}]})").code() ==
+        k3::ErrorCode::kInvalidArgument);
+  CHECK(CompileError(R"({"allOf":[{"const":1},{"const":2}]})").code() ==
+        k3::ErrorCode::kInvalidArgument);
 }
 
 TEST_CASE("propertyNames, tuples, multipleOf, format") {
   // z.record(z.string().regex(...), z.number())
-  const char* rec = R"({"type":"object","propertyNames":{"pattern":"^[a-z]+$"},"additionalProperties":{"type":"number"}})";
+  const char* rec =
+      R"({"type":"object","propertyNames":{"pattern":"^[a-z]+$"},"additionalProperties":{"type":"number"}})";
   CHECK(Accepts(rec, R"({"ab":1,"c":2.5})"));
   CHECK_FALSE(Prefix(rec, R"({"aB)"));
   // z.record(z.enum([...]), ...): the values become optional declared keys.
-  const char* keys = R"({"type":"object","propertyNames":{"enum":["a","b"]},"additionalProperties":{"type":"boolean"}})";
+  const char* keys =
+      R"({"type":"object","propertyNames":{"enum":["a","b"]},"additionalProperties":{"type":"boolean"}})";
   CHECK(Accepts(keys, R"({"b":true,"a":false})"));
   CHECK_FALSE(Prefix(keys, R"({"c)"));
   CHECK_FALSE(Prefix(keys, R"({"a":true,"a)"));
   // Declared keys propertyNames refuses cannot appear (or, required, leave nothing).
   CHECK_FALSE(Prefix(R"({"properties":{"AB":{}},"propertyNames":{"maxLength":1}})", R"({"A)"));
-  CHECK(CompileError(R"({"properties":{"AB":{}},"required":["AB"],"propertyNames":{"maxLength":1}})").code() ==
-        k3::ErrorCode::kInvalidArgument);
+  CHECK(
+      CompileError(R"({"properties":{"AB":{}},"required":["AB"],"propertyNames":{"maxLength":1}})")
+          .code() == k3::ErrorCode::kInvalidArgument);
   // Tuples: prefixItems + items, and draft 7's array items + additionalItems.
-  const char* tup = R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false,"minItems":2})";
+  const char* tup =
+      R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false,"minItems":2})";
   CHECK(Accepts(tup, R"(["a",1])"));
   CHECK_FALSE(Prefix(tup, R"([1)"));
   CHECK_FALSE(Prefix(tup, R"(["a",1,)"));
   CHECK_FALSE(Accepts(tup, R"(["a"])"));
-  const char* d7 = R"({"type":"array","items":[{"type":"boolean"}],"additionalItems":{"type":"null"}})";
+  const char* d7 =
+      R"({"type":"array","items":[{"type":"boolean"}],"additionalItems":{"type":"null"}})";
   CHECK(Accepts(d7, "[true,null,null]"));
   CHECK(Accepts(d7, "[]"));
   CHECK_FALSE(Prefix(d7, "[true,1"));
@@ -1471,11 +1503,13 @@ TEST_CASE("propertyNames, tuples, multipleOf, format") {
   CHECK(Accepts(R"({"type":"string","format":"date"})", R"("2024-02-28")"));
   CHECK_FALSE(Accepts(R"({"type":"string","format":"date"})", R"("2024-13-01")"));
   CHECK(Accepts(R"({"type":"string","format":"date-time"})", R"("2024-02-28T12:30:00.5Z")"));
-  CHECK(Accepts(R"({"type":"string","format":"uuid"})", R"("123e4567-e89b-12d3-a456-426614174000")"));
+  CHECK(
+      Accepts(R"({"type":"string","format":"uuid"})", R"("123e4567-e89b-12d3-a456-426614174000")"));
   CHECK_FALSE(Prefix(R"({"type":"string","format":"ipv4"})", R"("256)"));
   CHECK(Accepts(R"({"type":"string","format":"email"})", R"("a.b@example.com")"));
   CHECK(Accepts(R"({"type":"string","format":"uri"})", R"("https://example.com/a?b=1")"));
-  CHECK(Accepts(R"({"type":"string","format":"hostname"})", R"("anything")"));  // unknown formats: annotations
+  CHECK(Accepts(R"({"type":"string","format":"hostname"})",
+                R"("anything")"));  // unknown formats: annotations
   // A format the pattern leaves no room for is not enforced (never a refusal).
   CHECK(Accepts(R"({"type":"string","format":"date","pattern":"^x$"})", R"("x")"));
 }
@@ -1485,21 +1519,39 @@ TEST_CASE("not strict: what cannot be enforced is relaxed to a superset, and not
     const char* schema;
     const char* keyword;
     const char* pointer;
-    std::vector<const char*> valid;  // valid under the original schema: the relaxed automaton accepts them
+    std::vector<const char*>
+        valid;  // valid under the original schema: the relaxed automaton accepts them
   };
   const std::vector<Case> cases = {
       {R"({"type":"string","pattern":"^(?!\\.)[a-z.]+$"})", "pattern", "/", {R"("a.b")"}},
-      {R"({"type":"string","pattern":"^(\\p{Extended_Pictographic}|\\p{Emoji_Component})+$"})", "pattern", "/",
+      {R"({"type":"string","pattern":"^(\\p{Extended_Pictographic}|\\p{Emoji_Component})+$"})",
+       "pattern",
+       "/",
        {"\"\xF0\x9F\x98\x80\""}},
-      {R"({"type":"object","properties":{"w":{"type":"string","pattern":"\\bx\\b"}}})", "pattern", "/properties/w", {R"({"w":"a x b"})"}},
+      {R"({"type":"object","properties":{"w":{"type":"string","pattern":"\\bx\\b"}}})",
+       "pattern",
+       "/properties/w",
+       {R"({"w":"a x b"})"}},
       {R"({"type":"string","pattern":"(?i)abc"})", "pattern", "/", {R"("ABC")"}},
-      {R"({"oneOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})", "oneOf", "/", {R"({"a":1})"}},
-      {R"({"type":"object","patternProperties":{"^x":{"type":"integer"}},"additionalProperties":false})", "patternProperties", "/", {R"({"x1":5})", "{}"}},
-      {R"({"type":"array","items":{"type":"object"},"uniqueItems":true})", "uniqueItems", "/", {R"([{},{"a":1}])"}},
+      {R"({"oneOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})",
+       "oneOf",
+       "/",
+       {R"({"a":1})"}},
+      {R"({"type":"object","patternProperties":{"^x":{"type":"integer"}},"additionalProperties":false})",
+       "patternProperties",
+       "/",
+       {R"({"x1":5})", "{}"}},
+      {R"({"type":"array","items":{"type":"object"},"uniqueItems":true})",
+       "uniqueItems",
+       "/",
+       {R"([{},{"a":1}])"}},
       {R"({"type":"number","multipleOf":0.01})", "multipleOf", "/", {"0.07", "3"}},
       {R"({"type":"integer","minimum":1e20})", "minimum", "/", {}},
       {R"({"type":"integer","exclusiveMinimum":true,"minimum":3})", "exclusiveMinimum", "/", {"4"}},
-      {R"({"if":{"type":"string"},"then":{"minLength":2},"not":{"type":"null"}})", "if", "/", {R"("ab")", "1"}},
+      {R"({"if":{"type":"string"},"then":{"minLength":2},"not":{"type":"null"}})",
+       "if",
+       "/",
+       {R"("ab")", "1"}},
       {R"({"$ref":"https://example.com/s.json"})", "$ref", "/", {"1", R"({"a":[]})"}},
       {R"({"type":"strin"})", "schema", "/", {"1"}},
       {R"({"type":"integer","minimum":3,"maximum":2})", "schema", "/", {}},
@@ -1515,7 +1567,8 @@ TEST_CASE("not strict: what cannot be enforced is relaxed to a superset, and not
     for (const char* v : c.valid) CHECK_MESSAGE(Accepts(r, v), c.schema << " " << v);
   }
   // What the subset enforces stays enforced beside a relaxed keyword.
-  CompiledSchema mixed = Relaxed(R"({"type":"object","properties":{"n":{"type":"integer","maximum":3},
+  CompiledSchema mixed =
+      Relaxed(R"({"type":"object","properties":{"n":{"type":"integer","maximum":3},
                                      "s":{"type":"string","pattern":"^(?=a)a+$"}},"required":["n"],"not":{}})");
   CHECK(Accepts(mixed, R"({"n":3,"s":"aa"})"));
   CHECK_FALSE(Prefix(mixed, R"({"n":4)"));
@@ -1523,7 +1576,8 @@ TEST_CASE("not strict: what cannot be enforced is relaxed to a superset, and not
   CHECK_FALSE(Accepts(mixed, R"({"s":"a"})"));
   // A strict compile notes nothing; a supported schema relaxes nothing.
   CHECK(Schema::CompileOrThrow(R"({"type":"string"})").relaxations().empty());
-  CHECK(Relaxed(R"({"type":"object","properties":{"a":{"anyOf":[{"type":"string"},{"type":"null"}]}}})")
+  CHECK(Relaxed(
+            R"({"type":"object","properties":{"a":{"anyOf":[{"type":"string"},{"type":"null"}]}}})")
             .relaxations()
             .empty());
 }

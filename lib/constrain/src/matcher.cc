@@ -436,10 +436,15 @@ bool Matcher::NextBytes(const State& s, uint64_t set[4]) const {
   }
   if (n.kind == NodeKind::kArray) {
     switch (f.phase) {
-      case kArrOpen: add(']'); add_first(ItemNode(n, 0)); return true;
+      case kArrOpen:
+        add(']');
+        add_first(ItemNode(n, 0));
+        return true;
       case kArrAfterValue: add(','); add(']'); return true;
       case kArrCommaSpace: add(' '); return true;
-      case kArrComma: add_first(ItemNode(n, f.count)); return true;
+      case kArrComma:
+        add_first(ItemNode(n, f.count));
+        return true;
     }
     return false;
   }
@@ -697,7 +702,11 @@ Matcher::R Matcher::StepNumber(State& s, uint8_t b) {
       consumed = false;
       break;
     case kNE:
-      if (b == '+' || b == '-') { g.lex = kNESign; g.pos = b == '-'; break; }
+      if (b == '+' || b == '-') {
+        g.lex = kNESign;
+        g.pos = b == '-';
+        break;
+      }
       [[fallthrough]];
     case kNESign:
     case kNExp:

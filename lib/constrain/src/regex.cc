@@ -341,7 +341,8 @@ class Parser {
             }
             return AnyText();
           } else if (k == '<' || k == 'P') {
-            if (!relax_) Refuse("named groups are spelled differently by ECMA-262 and Python (use (?:...))");
+            if (!relax_)
+              Refuse("named groups are spelled differently by ECMA-262 and Python (use (?:...))");
             if (k == 'P' && Take() != '<') Refuse("a named group (?P<name>...) needs its name");
             while (Take() != '>') {
             }
@@ -398,7 +399,8 @@ class Parser {
   // Notes a construct a relaxed parse left out; refuses it when strict.
   void LeaveOut(const std::string& what) {
     if (!relax_) Refuse(what + " is not supported");
-    if (left_out_.find(what) == std::string::npos) left_out_ += (left_out_.empty() ? "" : "; ") + what;
+    if (left_out_.find(what) == std::string::npos)
+      left_out_ += (left_out_.empty() ? "" : "; ") + what;
   }
   static Node Empty() {
     Node n;
@@ -528,12 +530,13 @@ class NfaBuilder {
 // intersection): edges only to states that can still accept (sorted by lo),
 // free states, and the length table for [min_len, max_len].
 std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
-                                            std::vector<std::vector<PatternDfa::Edge>> raw_edges, uint32_t min_len,
-                                            uint32_t max_len, uint64_t work) {
+                                            std::vector<std::vector<PatternDfa::Edge>> raw_edges,
+                                            uint32_t min_len, uint32_t max_len, uint64_t work) {
   constexpr uint64_t kMaxWork = uint64_t{1} << 26;
   auto charge = [&](uint64_t w) {
     work += w;
-    if (work > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
+    if (work > kMaxWork)
+      Refuse("the automaton would take too long to build (a simpler pattern is needed)");
   };
   auto dfa = std::make_shared<PatternDfa>();
   const size_t n = accept.size();
@@ -547,24 +550,32 @@ std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
   std::vector<uint8_t> live(n, 0);
   std::vector<uint32_t> stack;
   for (size_t d = 0; d < n; ++d)
-    if (dfa->accept[d]) { live[d] = 1; stack.push_back(uint32_t(d)); }
+    if (dfa->accept[d]) {
+      live[d] = 1;
+      stack.push_back(uint32_t(d));
+    }
   while (!stack.empty()) {
     uint32_t d = stack.back();
     stack.pop_back();
     for (uint32_t p : rev[d])
-      if (!live[p]) { live[p] = 1; stack.push_back(p); }
+      if (!live[p]) {
+        live[p] = 1;
+        stack.push_back(p);
+      }
   }
   for (size_t d = 0; d < n; ++d) {
     std::vector<PatternDfa::Edge>& out = dfa->edges[d];
     for (const PatternDfa::Edge& e : raw_edges[d]) {
       if (!live[e.to]) continue;
-      if (!out.empty() && out.back().to == e.to && out.back().hi + 1 == e.lo) out.back().hi = e.hi;
-      else out.push_back(e);
+      if (!out.empty() && out.back().to == e.to && out.back().hi + 1 == e.lo)
+        out.back().hi = e.hi;
+      else
+        out.push_back(e);
     }
     // Free: accepting, and all of [0, D7FF] and [E000, 10FFFF] loops here.
     const auto& e = out;
-    dfa->free[d] = dfa->accept[d] && e.size() == 2 && e[0].lo == 0 && e[0].hi == 0xD7FF && e[0].to == d &&
-                   e[1].lo == 0xE000 && e[1].hi == kMaxCp && e[1].to == d;
+    dfa->free[d] = dfa->accept[d] && e.size() == 2 && e[0].lo == 0 && e[0].hi == 0xD7FF &&
+                   e[0].to == d && e[1].lo == 0xE000 && e[1].hi == kMaxCp && e[1].to == d;
   }
 
   // Lengths reaching acceptance: table_len covers min_len + n (a longer
@@ -594,7 +605,10 @@ std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
     for (size_t d = 0; d < n; ++d) {
       uint8_t any = 0;
       for (const PatternDfa::Edge& e : dfa->edges[d])
-        if (cur[e.to]) { any = 1; break; }
+        if (cur[e.to]) {
+          any = 1;
+          break;
+        }
       next[d] = any;
     }
     cur.swap(next);
@@ -634,8 +648,9 @@ int64_t PatternDfa::BestLen(uint32_t s, uint32_t count) const {
   return -1;
 }
 
-std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len, uint32_t max_len,
-                                                 bool relax, std::string* left_out) {
+std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len,
+                                                 uint32_t max_len, bool relax,
+                                                 std::string* left_out) {
   if (pattern.size() > kMaxPatternBytes)
     Refuse("a pattern longer than " + std::to_string(kMaxPatternBytes) + " bytes");
   Parser parser(pattern, relax);
@@ -774,8 +789,8 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
   return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, work);
 }
 
-std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b, uint32_t min_len,
-                                                    uint32_t max_len) {
+std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b,
+                                                    uint32_t min_len, uint32_t max_len) {
   // The product automaton over the reachable pairs: on a code point both
   // move, and a pair accepts when both do.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> ids;
@@ -784,7 +799,8 @@ std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const P
     auto [it, fresh] = ids.emplace(std::make_pair(x, y), uint32_t(pairs.size()));
     if (fresh) {
       if (pairs.size() >= kMaxPatternDfaStates)
-        Refuse("the patterns together would exceed " + std::to_string(kMaxPatternDfaStates) + " DFA states");
+        Refuse("the patterns together would exceed " + std::to_string(kMaxPatternDfaStates) +
+               " DFA states");
       pairs.emplace_back(x, y);
     }
     return it->second;
@@ -801,8 +817,10 @@ std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const P
     for (size_t i = 0, j = 0; i < ea.size() && j < eb.size();) {
       const uint32_t lo = std::max(ea[i].lo, eb[j].lo), hi = std::min(ea[i].hi, eb[j].hi);
       if (lo <= hi) row.push_back({lo, hi, intern(ea[i].to, eb[j].to)});
-      if (ea[i].hi < eb[j].hi) ++i;
-      else ++j;
+      if (ea[i].hi < eb[j].hi)
+        ++i;
+      else
+        ++j;
       ++work;
     }
     edges.push_back(std::move(row));

@@ -61,12 +61,13 @@ struct PatternDfa {
 // superset of the pattern where it uses lookaround, \b/\B, misplaced anchors
 // (all left out: they only restrict), \p{..} (any code point), backreferences
 // (any text) or named groups (plain groups); *left_out then names them.
-std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len, uint32_t max_len,
-                                                 bool relax = false, std::string* left_out = nullptr);
+std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len,
+                                                 uint32_t max_len, bool relax = false,
+                                                 std::string* left_out = nullptr);
 
 // Strings both accept (an allOf of patterns, a pattern with a format), with
 // the length table for min_len..max_len. Throws PatternRefused past the caps.
-std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b, uint32_t min_len,
-                                                    uint32_t max_len);
+std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b,
+                                                    uint32_t min_len, uint32_t max_len);
 
 }  // namespace k3::constrain

@@ -31,10 +31,11 @@ const std::set<std::string_view> kAnnotations = {
     "$defs", "definitions", "nullable", "discriminator", "example",
 };
 // Keywords that constrain and are compiled here, grouped by the type they apply to.
-const std::set<std::string_view> kObjectWords = {"properties", "required", "additionalProperties",
-                                                 "minProperties", "maxProperties", "propertyNames"};
-const std::set<std::string_view> kArrayWords = {"items", "minItems", "maxItems", "uniqueItems", "prefixItems",
-                                                "additionalItems"};
+const std::set<std::string_view> kObjectWords = {"properties",           "required",
+                                                 "additionalProperties", "minProperties",
+                                                 "maxProperties",        "propertyNames"};
+const std::set<std::string_view> kArrayWords = {"items",       "minItems",    "maxItems",
+                                                "uniqueItems", "prefixItems", "additionalItems"};
 const std::set<std::string_view> kStringWords = {"minLength", "maxLength", "pattern"};
 const std::set<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
                                                  "exclusiveMaximum", "multipleOf"};
@@ -149,17 +150,26 @@ bool LiteralHasType(const std::string& lit, std::string_view type) {
 // default, so this narrows what k3 generates and never widens it.
 const char* FormatPattern(std::string_view format) {
   static const std::map<std::string_view, const char*> kFormats = {
-      {"date", "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|"
-               "02-(?:0[1-9]|1[0-9]|2[0-8]))$"},
-      {"time", "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"},
-      {"date-time", "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|"
-                    "02-(?:0[1-9]|1[0-9]|2[0-8]))T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
-                    "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"},
-      {"email", "^[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-                "(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,24}$"},
+      {"date",
+       "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-"
+       "9]|30)|"
+       "02-(?:0[1-9]|1[0-9]|2[0-8]))$"},
+      {"time",
+       "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):"
+       "[0-5][0-9])$"},
+      {"date-time",
+       "^[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-"
+       "9]|30)|"
+       "02-(?:0[1-9]|1[0-9]|2[0-8]))T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
+       "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"},
+      {"email",
+       "^[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+       "(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,24}$"},
       {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
       {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})+$"},
-      {"ipv4", "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$"},
+      {"ipv4",
+       "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-"
+       "9]|[1-9]?[0-9])$"},
       {"ipv6", "^(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}$"},
   };
   auto it = kFormats.find(format);
@@ -341,8 +351,10 @@ class Compiler {
     };
     auto discriminated_idx = [&](uint32_t ia, uint32_t ib) {
       const SchemaNode &a = nodes_[ia], &b = nodes_[ib];
-      if (a.kind == NodeKind::kLiterals && b.kind != NodeKind::kLiterals) return literals_refused(a, ib);
-      if (b.kind == NodeKind::kLiterals && a.kind != NodeKind::kLiterals) return literals_refused(b, ia);
+      if (a.kind == NodeKind::kLiterals && b.kind != NodeKind::kLiterals)
+        return literals_refused(a, ib);
+      if (b.kind == NodeKind::kLiterals && a.kind != NodeKind::kLiterals)
+        return literals_refused(b, ia);
       return false;
     };
     auto discriminated = [&](const SchemaNode& a, const SchemaNode& b) {
@@ -361,11 +373,13 @@ class Compiler {
       for (size_t j = i + 1; j < alts.size(); ++j) {
         const SchemaNode &a = nodes_[alts[i]], &b = nodes_[alts[j]];
         if (overlap(a, b) && !discriminated(a, b) && !discriminated_idx(alts[i], alts[j])) {
-          Relaxed("oneOf", ptr, "alternatives " + std::to_string(i) + " and " + std::to_string(j) +
-                                    " could both match (they start alike, no required key with distinct const/enum "
-                                    "values tells them apart, and they are not an enum beside a schema that refuses "
-                                    "its values); anyOf is supported",
-                  "read as anyOf");
+          Relaxed(
+              "oneOf", ptr,
+              "alternatives " + std::to_string(i) + " and " + std::to_string(j) +
+                  " could both match (they start alike, no required key with distinct const/enum "
+                  "values tells them apart, and they are not an enum beside a schema that refuses "
+                  "its values); anyOf is supported",
+              "read as anyOf");
           return;
         }
       }
@@ -393,7 +407,8 @@ class Compiler {
     }
     if (any_lits) alts.push_back(LiteralNode(lits, ptr, kw));
     if (alts.size() > size_t(kMaxAlternatives)) {
-      Relaxed(kw, ptr, "more than " + std::to_string(kMaxAlternatives) + " alternatives", "any value");
+      Relaxed(kw, ptr, "more than " + std::to_string(kMaxAlternatives) + " alternatives",
+              "any value");
       alts = nodes_[AnyNode()].alts;
     }
     SchemaNode& un = nodes_[u];
@@ -447,13 +462,15 @@ class Compiler {
           {"$recursiveRef", "recursive references are not supported"},
       };
       auto it = kWhy.find(k);
-      Relaxed(std::string(k), ptr, it != kWhy.end() ? std::string(it->second) : "unknown keyword", "dropped");
+      Relaxed(std::string(k), ptr, it != kWhy.end() ? std::string(it->second) : "unknown keyword",
+              "dropped");
     }
     // Without patternProperties, additionalProperties would apply to the keys
     // it matched too: a non-strict compile drops both (any extra key).
     const bool pattern_props = o["patternProperties"].error() == simdjson::SUCCESS;
     if (pattern_props && constraints.erase("additionalProperties"))
-      Relaxed("additionalProperties", ptr, "beside the dropped 'patternProperties' it would refuse the keys that matched",
+      Relaxed("additionalProperties", ptr,
+              "beside the dropped 'patternProperties' it would refuse the keys that matched",
               "dropped");
 
     if (constraints.count("uniqueItems")) {
@@ -517,8 +534,10 @@ class Compiler {
     {
       size_t combinators = 0, rest = 0;
       for (auto& c : constraints) {
-        if (c == "allOf" || c == "anyOf" || c == "oneOf" || c == "$ref") ++combinators;
-        else ++rest;
+        if (c == "allOf" || c == "anyOf" || c == "oneOf" || c == "$ref")
+          ++combinators;
+        else
+          ++rest;
       }
       if (constraints.count("allOf") || (combinators >= 1 && combinators + rest >= 2)) {
         element merged = MergeAllOf(o, ptr);
@@ -612,7 +631,10 @@ class Compiler {
   }
   static void Set(Keywords& k, const std::string& key, std::string text) {
     for (auto& [name, t] : k)
-      if (name == key) { t = std::move(text); return; }
+      if (name == key) {
+        t = std::move(text);
+        return;
+      }
     k.emplace_back(key, std::move(text));
   }
   static std::string TextOf(const Keywords& k) {
@@ -636,8 +658,9 @@ class Compiler {
   element Own(const std::string& text, const std::string& ptr) {
     merged_bytes_ += text.size();
     if (merged_bytes_ > kMaxSchemaBytes)
-      throw Error(ErrorCode::kUnsupported, "allOf at " + Where(ptr) + " merges into more than " +
-                                               std::to_string(kMaxSchemaBytes) + " bytes of schema",
+      throw Error(ErrorCode::kUnsupported,
+                  "allOf at " + Where(ptr) + " merges into more than " +
+                      std::to_string(kMaxSchemaBytes) + " bytes of schema",
                   {}, Error::kNoOffset, "schema");
     owned_.push_back(std::make_unique<simdjson::dom::parser>());
     element out;
@@ -657,8 +680,10 @@ class Compiler {
       if (x.type() != element_type::OBJECT) return false;
       bool has = false;
       for (auto f : object(x)) {
-        if (f.key == "pattern" && f.value.type() == element_type::STRING) has = true;
-        else if (!kAnnotations.count(f.key)) return false;
+        if (f.key == "pattern" && f.value.type() == element_type::STRING)
+          has = true;
+        else if (!kAnnotations.count(f.key))
+          return false;
       }
       if (!has) return false;
     }
@@ -700,10 +725,12 @@ class Compiler {
       if (const std::string* ref = Find(k, "$ref")) {
         element r = Own(*ref, ptr);
         const bool others = std::any_of(k.begin(), k.end(), [](const auto& kv) {
-          return kv.first != "$ref" && !kAnnotations.count(kv.first) && kv.first.substr(0, 2) != "x-";
+          return kv.first != "$ref" && !kAnnotations.count(kv.first) &&
+                 kv.first.substr(0, 2) != "x-";
         });
-        if (r.type() == element_type::STRING && !std::string_view(r).empty() && std::string_view(r)[0] == '#' &&
-            !Cyclic(std::string(std::string_view(r))) && (others || !parts.empty() || !todo.empty())) {
+        if (r.type() == element_type::STRING && !std::string_view(r).empty() &&
+            std::string_view(r)[0] == '#' && !Cyclic(std::string(std::string_view(r))) &&
+            (others || !parts.empty() || !todo.empty())) {
           element target = Resolve(std::string(std::string_view(r)), ptr);
           Erase(k, "$ref");
           if (target.type() == element_type::BOOL) {
@@ -723,7 +750,8 @@ class Compiler {
     if (Find(merged, "$ref")) {
       Keywords rest;
       for (auto& kv : merged)
-        if (kv.first != "$ref" && !kAnnotations.count(kv.first) && kv.first.substr(0, 2) != "x-") rest.push_back(kv);
+        if (kv.first != "$ref" && !kAnnotations.count(kv.first) && kv.first.substr(0, 2) != "x-")
+          rest.push_back(kv);
       if (!rest.empty()) {
         Relaxed("$ref", ptr, "a recursive reference beside other keywords is not merged with them",
                 "the other keywords dropped");
@@ -738,8 +766,10 @@ class Compiler {
       Keywords annotations;
       for (auto& kv : merged) {
         if (kv.first == kw) continue;
-        if (kAnnotations.count(kv.first) || kv.first.substr(0, 2) == "x-") annotations.push_back(kv);
-        else rest.push_back(kv);
+        if (kAnnotations.count(kv.first) || kv.first.substr(0, 2) == "x-")
+          annotations.push_back(kv);
+        else
+          rest.push_back(kv);
       }
       if (rest.empty()) break;
       element alts = Own(*alts_text, ptr);
@@ -771,7 +801,8 @@ class Compiler {
     };
     // Object keywords go together: a key's value meets both schemas' property
     // (or additionalProperties) schema.
-    const bool pa = Find(a, "patternProperties") != nullptr, pb = Find(b, "patternProperties") != nullptr;
+    const bool pa = Find(a, "patternProperties") != nullptr,
+               pb = Find(b, "patternProperties") != nullptr;
     const bool props_a = Find(a, "properties") || Find(a, "additionalProperties");
     const bool props_b = Find(b, "properties") || Find(b, "additionalProperties");
     if (props_a && props_b && (pa || pb)) {
@@ -790,7 +821,8 @@ class Compiler {
       for (auto& [key, sb] : pb_k)
         if (!Find(pa_k, key)) props.emplace_back(key, AllOfText(add_a ? *add_a : "true", sb));
       if (!props.empty()) Set(a, "properties", TextOf(props));
-      if (add_a || add_b) Set(a, "additionalProperties", AllOfText(add_a ? *add_a : "true", add_b ? *add_b : "true"));
+      if (add_a || add_b)
+        Set(a, "additionalProperties", AllOfText(add_a ? *add_a : "true", add_b ? *add_b : "true"));
       Erase(b, "properties");
       Erase(b, "additionalProperties");
     }
@@ -817,9 +849,12 @@ class Compiler {
           return std::find(v.begin(), v.end(), t) != v.end();
         };
         for (auto& t : xa) {
-          if (has(yb, t)) both.push_back(t);
-          else if (t == "integer" && has(yb, "number")) both.push_back(t);
-          else if (t == "number" && has(yb, "integer")) both.push_back("integer");
+          if (has(yb, t))
+            both.push_back(t);
+          else if (t == "integer" && has(yb, "number"))
+            both.push_back(t);
+          else if (t == "number" && has(yb, "integer"))
+            both.push_back("integer");
         }
         std::string text = "[";
         for (auto& t : both) {
@@ -833,7 +868,8 @@ class Compiler {
         for (element v : {x, y})
           if (v.type() == element_type::ARRAY)
             for (element r : simdjson::dom::array(v))
-              if (r.type() == element_type::STRING && std::find(all.begin(), all.end(), std::string_view(r)) == all.end())
+              if (r.type() == element_type::STRING &&
+                  std::find(all.begin(), all.end(), std::string_view(r)) == all.end())
                 all.emplace_back(std::string_view(r));
         std::string text = "[";
         for (auto& r : all) {
@@ -841,11 +877,11 @@ class Compiler {
           AppendJsonString(text, r, InvalidUtf8::kPassThrough);
         }
         Set(a, "required", text + "]");
-      } else if (key == "minimum" || key == "exclusiveMinimum" || key == "minLength" || key == "minItems" ||
-                 key == "minProperties") {
+      } else if (key == "minimum" || key == "exclusiveMinimum" || key == "minLength" ||
+                 key == "minItems" || key == "minProperties") {
         if (NumberOfText(tb) > NumberOfText(*ta)) Set(a, key, tb);
-      } else if (key == "maximum" || key == "exclusiveMaximum" || key == "maxLength" || key == "maxItems" ||
-                 key == "maxProperties") {
+      } else if (key == "maximum" || key == "exclusiveMaximum" || key == "maxLength" ||
+                 key == "maxItems" || key == "maxProperties") {
         if (NumberOfText(tb) < NumberOfText(*ta)) Set(a, key, tb);
       } else if (key == "uniqueItems") {
         Set(a, key, "true");
@@ -883,7 +919,10 @@ class Compiler {
       }
     }
     if (!patterns.empty()) {
-      std::string list = "[{\"pattern\":" + *Find(a, "pattern") + "}";
+      // a's allOf, if any, is the pattern list of an earlier merge (members are flattened).
+      const std::string* earlier = Find(a, "allOf");
+      std::string list = earlier ? earlier->substr(0, earlier->size() - 1) + "," : "[";
+      list += "{\"pattern\":" + *Find(a, "pattern") + "}";
       for (auto& p : patterns) list += ",{\"pattern\":" + p + "}";
       Erase(a, "pattern");
       Set(a, "allOf", list + "]");
@@ -936,8 +975,8 @@ class Compiler {
     else if (v.type() == element_type::BOOL) {
       Relaxed(key, ptr, "the draft-4 boolean form is not supported (use a number)", "dropped");
       return false;
-    }
-    else Corrupt(ptr + "/" + key, "must be a number");
+    } else
+      Corrupt(ptr + "/" + key, "must be a number");
     return true;
   }
 
@@ -966,7 +1005,8 @@ class Compiler {
       element fmt;
       size_t format_at = pats.size();
       if (o["format"].get(fmt) == simdjson::SUCCESS && fmt.type() == element_type::STRING)
-        if (const char* f = FormatPattern(std::string_view(fmt))) pats.emplace_back(f, ptr + "/format");
+        if (const char* f = FormatPattern(std::string_view(fmt)))
+          pats.emplace_back(f, ptr + "/format");
       std::shared_ptr<const PatternDfa> dfa;
       for (size_t i = 0; i < pats.size(); ++i) {
         const auto& [text, where] = pats[i];
@@ -974,7 +1014,8 @@ class Compiler {
         try {
           std::string left_out;
           one = CompilePattern(text, mn, mx, relax_, &left_out);
-          if (!left_out.empty()) Relaxed("pattern", where, left_out, "left out of the pattern (a superset)");
+          if (!left_out.empty())
+            Relaxed("pattern", where, left_out, "left out of the pattern (a superset)");
           if (dfa) one = IntersectPatterns(*dfa, *one, mn, mx);
         } catch (const PatternRefused& r) {
           // A format is k3's own narrowing (validators do not assert it): past
@@ -983,7 +1024,8 @@ class Compiler {
           continue;
         }
         if (!one->Viable(0, 0)) {
-          if (i < format_at) Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
+          if (i < format_at)
+            Unsatisfiable(ptr, "no string matches 'pattern' within minLength/maxLength");
           continue;  // a format that the patterns leave no room for: not enforced
         }
         dfa = std::move(one);
@@ -1007,15 +1049,23 @@ class Compiler {
       std::string tuple_ptr, rest_ptr;
       const bool has_items = o["items"].get(items) == simdjson::SUCCESS;
       if (o["prefixItems"].get(tuple) == simdjson::SUCCESS) {
-        if (tuple.type() != element_type::ARRAY) Corrupt(ptr + "/prefixItems", "must be an array of schemas");
+        if (tuple.type() != element_type::ARRAY)
+          Corrupt(ptr + "/prefixItems", "must be an array of schemas");
         has_tuple = true;
         tuple_ptr = ptr + "/prefixItems/";
-        if (has_items) { rest = items; has_rest = true; rest_ptr = ptr + "/items"; }
+        if (has_items) {
+          rest = items;
+          has_rest = true;
+          rest_ptr = ptr + "/items";
+        }
       } else if (has_items && items.type() == element_type::ARRAY) {
         tuple = items;
         has_tuple = true;
         tuple_ptr = ptr + "/items/";
-        if (o["additionalItems"].get(rest) == simdjson::SUCCESS) { has_rest = true; rest_ptr = ptr + "/additionalItems"; }
+        if (o["additionalItems"].get(rest) == simdjson::SUCCESS) {
+          has_rest = true;
+          rest_ptr = ptr + "/additionalItems";
+        }
       } else if (has_items) {
         rest = items;
         has_rest = true;
@@ -1027,12 +1077,16 @@ class Compiler {
       if (has_tuple) {
         for (element x : simdjson::dom::array(tuple)) {
           if (n.prefix.size() == size_t(kMaxProperties)) {
-            Relaxed("prefixItems", ptr, "more than " + std::to_string(kMaxProperties) + " tuple positions",
+            Relaxed("prefixItems", ptr,
+                    "more than " + std::to_string(kMaxProperties) + " tuple positions",
                     "later positions take any value");
             has_rest = false;
             break;
           }
-          if (x.type() == element_type::BOOL && !bool(x)) { reachable = uint32_t(n.prefix.size()); break; }
+          if (x.type() == element_type::BOOL && !bool(x)) {
+            reachable = uint32_t(n.prefix.size());
+            break;
+          }
           try {
             n.prefix.push_back(Compile(x, tuple_ptr + std::to_string(n.prefix.size()), depth + 1));
           } catch (const RecursionCut&) {
@@ -1054,7 +1108,8 @@ class Compiler {
         }
       }
       if (reachable < n.max_items) {
-        if (n.min_items > reachable) Unsatisfiable(ptr, "minItems needs more items than the schema allows");
+        if (n.min_items > reachable)
+          Unsatisfiable(ptr, "minItems needs more items than the schema allows");
         n.max_items = reachable;
       }
       element uniq;
@@ -1062,14 +1117,18 @@ class Compiler {
         // Enforced for enum/const items: the array remembers which values it
         // used. Object values are not: two key orders are one value.
         const SchemaNode& it = nodes_[n.items];
-        const bool objects = std::any_of(it.literals.begin(), it.literals.end(),
-                                         [](const std::string& l) { return l.find('{') != std::string::npos; });
+        const bool objects =
+            std::any_of(it.literals.begin(), it.literals.end(),
+                        [](const std::string& l) { return l.find('{') != std::string::npos; });
         if (it.kind != NodeKind::kLiterals || !n.prefix.empty()) {
-          Relaxed("uniqueItems", ptr, "enforced only when items is an enum or const (and no tuple)", "dropped");
+          Relaxed("uniqueItems", ptr, "enforced only when items is an enum or const (and no tuple)",
+                  "dropped");
         } else if (objects) {
-          Relaxed("uniqueItems", ptr, "enforced only for enum values that contain no objects", "dropped");
+          Relaxed("uniqueItems", ptr, "enforced only for enum values that contain no objects",
+                  "dropped");
         } else {
-          if (n.min_items > it.literals.size()) Unsatisfiable(ptr, "minItems exceeds the distinct values of items");
+          if (n.min_items > it.literals.size())
+            Unsatisfiable(ptr, "minItems exceeds the distinct values of items");
           n.unique = true;
         }
       }
@@ -1186,7 +1245,8 @@ class Compiler {
           if (AcceptsText(k, "\"" + pr.key + "\"")) {
             kept.push_back(std::move(pr));
           } else if (pr.required) {
-            Unsatisfiable(ptr, "the required key '" + pr.key + "' is not a name propertyNames allows");
+            Unsatisfiable(ptr,
+                          "the required key '" + pr.key + "' is not a name propertyNames allows");
           }
         }
         n.props = std::move(kept);
@@ -1197,8 +1257,11 @@ class Compiler {
           const std::vector<std::string> names = nodes_[k].literals_raw;
           for (const std::string& name : names) {
             const std::string key = KeyBytes(name);
-            if (std::any_of(n.props.begin(), n.props.end(), [&](const Property& p) { return p.key == key; })) continue;
-            if (std::find(reserved.begin(), reserved.end(), key) != reserved.end()) continue;  // declared false
+            if (std::any_of(n.props.begin(), n.props.end(),
+                            [&](const Property& p) { return p.key == key; }))
+              continue;
+            if (std::find(reserved.begin(), reserved.end(), key) != reserved.end())
+              continue;  // declared false
             const int32_t v = additional();
             if (v == kNoNode) break;
             Property pr;
@@ -1208,13 +1271,16 @@ class Compiler {
           }
           free_keys = false;
         } else if (free_keys) {
-          Relaxed("propertyNames", ptr, "on free keys only a string schema or an enum of strings is enforced",
+          Relaxed("propertyNames", ptr,
+                  "on free keys only a string schema or an enum of strings is enforced",
                   "not enforced on free keys");
         }
       }
     }
-    if (n.props.size() > size_t(kMaxProperties) || (free_keys && reserved.size() > size_t(kMaxProperties))) {
-      Relaxed("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties", "any object");
+    if (n.props.size() > size_t(kMaxProperties) ||
+        (free_keys && reserved.size() > size_t(kMaxProperties))) {
+      Relaxed("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties",
+              "any object");
       return AnyObject();
     }
     for (size_t i = 0; i < n.props.size(); ++i)
@@ -1248,8 +1314,10 @@ class Compiler {
     // keeps one of each: only one free key can be promised.
     if (n.min_props > n.props.size() + (n.map_value >= 0 ? 1 : 0)) {
       if (n.map_value >= 0) {
-        Relaxed("minProperties", ptr, "counts at most one free key (free keys may repeat): above the declared "
-                                      "properties + 1 it is not supported", "dropped");
+        Relaxed("minProperties", ptr,
+                "counts at most one free key (free keys may repeat): above the declared "
+                "properties + 1 it is not supported",
+                "dropped");
         n.min_props = 0;
       } else {
         if (add_cut) throw RecursionCut{};
@@ -1329,10 +1397,11 @@ class Compiler {
         integer = n.integer = true;
         if (mult > 1) n.multiple = int64_t(mult);
       } else {
-        Relaxed("multipleOf", ptr,
-                "a fraction (or beyond 2^53): validators divide in binary floating point (0.3 / 0.1 = "
-                "2.9999999999999996), so k3 enforces only integer multiples",
-                "dropped");
+        Relaxed(
+            "multipleOf", ptr,
+            "a fraction (or beyond 2^53): validators divide in binary floating point (0.3 / 0.1 = "
+            "2.9999999999999996), so k3 enforces only integer multiples",
+            "dropped");
       }
     }
     n.bounded = any || n.multiple > 1;
@@ -1345,7 +1414,8 @@ class Compiler {
     if (!integer && (n.lo > n.hi || (n.lo == n.hi && (n.lo_excl || n.hi_excl))))
       Unsatisfiable(ptr, "minimum above maximum");
     bool dropped = false;  // not strict: bounds beyond what is generated are left out
-    auto beyond = [&](const std::string& kw, const Bound& bound, const std::string& limit, const std::string& why) {
+    auto beyond = [&](const std::string& kw, const Bound& bound, const std::string& limit,
+                      const std::string& why) {
       if (dropped) return;
       Relaxed(kw, ptr, "the bound " + BoundText(bound) + " lies beyond " + limit + " (" + why + ")",
               "the bounds dropped");
@@ -1637,7 +1707,9 @@ CompiledSchema Finish(Compiler& c, uint32_t root) {
 
 }  // namespace
 
-CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) { return CompileOrThrow(schema_json, {}); }
+CompiledSchema Schema::CompileOrThrow(std::string_view schema_json) {
+  return CompileOrThrow(schema_json, {});
+}
 
 CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const CompileOptions& options) {
   if (schema_json.size() > kMaxSchemaBytes)
@@ -1648,7 +1720,9 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const Compil
   element doc;
   auto err = parser.parse(padded).get(doc);
   std::optional<Error> first;
-  if (err) first = Error(ErrorCode::kCorrupt, std::string("schema is not JSON: ") + simdjson::error_message(err));
+  if (err)
+    first = Error(ErrorCode::kCorrupt,
+                  std::string("schema is not JSON: ") + simdjson::error_message(err));
   // A recursive $ref unrolls kMaxRefRecursion levels; when that exceeds the
   // node cap (or the nesting cap), fewer levels are tried before giving up.
   for (int levels = kMaxRefRecursion; levels >= 0 && !err; --levels) {
@@ -1667,8 +1741,7 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const Compil
   // it, past a cap) is any value, a superset of every schema.
   CompiledSchema any = AnyJson();
   auto impl = std::make_shared<CompiledSchema::Impl>(any.impl());
-  impl->relaxations.push_back({"schema", "/",
-                               std::string("any value: ") + first->what()});
+  impl->relaxations.push_back({"schema", "/", std::string("any value: ") + first->what()});
   return CompiledSchema(std::move(impl));
 }
 

@@ -53,7 +53,7 @@ struct SchemaNode {
   std::vector<std::string> reserved;
   uint32_t min_props = 0, max_props = kUnbounded;  // minProperties / maxProperties
   // kArray
-  uint32_t items = 0;  // items after the tuple's
+  uint32_t items = 0;            // items after the tuple's
   std::vector<uint32_t> prefix;  // a tuple's positions (prefixItems / array-form items)
   uint32_t min_items = 0, max_items = kUnbounded;
   bool unique = false;  // uniqueItems over literal items: Frame::bits holds the values used

@@ -219,7 +219,9 @@ TEST_CASE("refusals name the Anthropic field; unsupported content is kUnsupporte
         P{bad, "tools[1].name"});
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"any"})")) == P{bad, "tool_choice.type"});
   // A schema the decoder cannot enforce is refused by the twin's parser, named as the Messages field.
-  auto unenforceable = Refusal(Msgs(user, R"("tools":[{"name":"f","strict":true,"input_schema":{"type":"object","patternProperties":{"^x":{}}}}])"));
+  auto unenforceable = Refusal(Msgs(
+      user,
+      R"("tools":[{"name":"f","strict":true,"input_schema":{"type":"object","patternProperties":{"^x":{}}}}])"));
   CHECK(unenforceable.second == "tools[0].input_schema");
   CHECK(unenforceable.first != ErrorCode::kOk);
   CHECK(Refusal(Msgs(user, R"("tool_choice":{"type":"sometimes"})")) == P{bad, "tool_choice.type"});

@@ -249,30 +249,38 @@ TEST_CASE("structured output: the request's tools, tool_choice and response_form
   CHECK(ParseChatRequestOrThrow(Body(""), {}).structured == nullptr);  // nothing to enforce
   CHECK(ParseChatRequestOrThrow(Body(R"("tool_choice":"required",)" + tools), {}).tool_choice == ToolChoice::kRequired);
   // Dynamic tools keep their own path.
-  std::string dyn = std::string(R"([{"role":"system","content":"","tools":[)") +
-                    R"({"type":"function","function":{"name":"z","strict":true,"parameters":{"type":"string","pattern":"a+"}}})" +
-                    R"(]},{"role":"user","content":"weather?"}])";
+  std::string dyn =
+      std::string(R"([{"role":"system","content":"","tools":[)") +
+      R"({"type":"function","function":{"name":"z","strict":true,"parameters":{"type":"string","pattern":"a+"}}})" +
+      R"(]},{"role":"user","content":"weather?"}])";
   CHECK(ParamOf(Body("", dyn)).rfind("messages[0].tools[0].function.parameters | ", 0) == 0);
 }
 
-TEST_CASE("structured output: a strict schema k3 cannot enforce is a 400 naming the parameter and the keyword") {
+TEST_CASE(
+    "structured output: a strict schema k3 cannot enforce is a 400 naming the parameter and the "
+    "keyword") {
   auto tool = [](const std::string& schema, bool strict = true) {
     return Body(std::string(R"("tools":[{"type":"function","function":{"name":"f",)") +
                 (strict ? R"("strict":true,)" : "") + R"("parameters":)" + schema + "}}]");
   };
   auto rf = [](const std::string& schema, bool strict = true) {
-    return Body(std::string(R"("response_format":{"type":"json_schema","json_schema":{"name":"x",)") +
-                (strict ? R"("strict":true,)" : "") + R"("schema":)" + schema + "}}");
+    return Body(
+        std::string(R"("response_format":{"type":"json_schema","json_schema":{"name":"x",)") +
+        (strict ? R"("strict":true,)" : "") + R"("schema":)" + schema + "}}");
   };
   struct Case {
     std::string body, param, keyword;
   } cases[] = {
       {tool(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^(?=[0-9])x$"}}})"),
        "tools[0].function.parameters", "'pattern'"},
-      {tool(R"({"type":"object","not":{"required":["a"]}})"), "tools[0].function.parameters", "'not'"},
-      {rf(R"({"type":"number","multipleOf":0.1})"), "response_format.json_schema.schema", "'multipleOf'"},
-      {rf(R"({"type":"array","contains":{"type":"string"}})"), "response_format.json_schema.schema", "'contains'"},
-      {rf(R"({"type":"string","minLength":5,"maxLength":2})"), "response_format.json_schema.schema", ""},
+      {tool(R"({"type":"object","not":{"required":["a"]}})"), "tools[0].function.parameters",
+       "'not'"},
+      {rf(R"({"type":"number","multipleOf":0.1})"), "response_format.json_schema.schema",
+       "'multipleOf'"},
+      {rf(R"({"type":"array","contains":{"type":"string"}})"), "response_format.json_schema.schema",
+       "'contains'"},
+      {rf(R"({"type":"string","minLength":5,"maxLength":2})"), "response_format.json_schema.schema",
+       ""},
   };
   for (const Case& c : cases) {
     CAPTURE(c.body);
@@ -283,21 +291,29 @@ TEST_CASE("structured output: a strict schema k3 cannot enforce is a 400 naming 
   }
   // Not strict (the default of both): never refused for the schema; what the
   // subset cannot enforce is relaxed to a superset (docs/constrain.md).
-  for (const std::string& body :
-       {tool(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^(?=[0-9])x$"}}})", false),
-        tool(R"({"type":"object","not":{"required":["a"]}})", false), tool(R"({"type":"string"})", false),
-        tool(R"({"type":"object","properties":{"a":{"type":"strin"}}})", false),
-        rf(R"({"type":"number","multipleOf":0.1})", false), rf(R"({"type":"string","minLength":5,"maxLength":2})", false),
-        Body(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":false,"schema":{"not":{}}}})")}) {
+  for (
+      const std::string& body :
+      {tool(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^(?=[0-9])x$"}}})",
+            false),
+       tool(R"({"type":"object","not":{"required":["a"]}})", false),
+       tool(R"({"type":"string"})", false),
+       tool(R"({"type":"object","properties":{"a":{"type":"strin"}}})", false),
+       rf(R"({"type":"number","multipleOf":0.1})", false),
+       rf(R"({"type":"string","minLength":5,"maxLength":2})", false),
+       Body(
+           R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":false,"schema":{"not":{}}}})")}) {
     CAPTURE(body);
     ChatRequest r = ParseChatRequestOrThrow(body, {});
     CHECK(r.structured != nullptr);
   }
   // Real schemas that were refused before issue 26 are enforced even when strict.
-  for (const std::string& body :
-       {tool(R"({"type":"object","properties":{"n":{"oneOf":[{"type":"string","enum":["all"]},{"type":"string","pattern":"^[1-9][0-9]*$"}]}}})"),
-        tool(R"({"type":"object","allOf":[{"properties":{"a":{"type":"string"}}}]})"),
-        rf(R"({"type":"array","prefixItems":[{"type":"string"}],"items":false})"), rf(R"({"type":"integer","multipleOf":3})")}) {
+  for (
+      const std::string& body :
+      {tool(
+           R"({"type":"object","properties":{"n":{"oneOf":[{"type":"string","enum":["all"]},{"type":"string","pattern":"^[1-9][0-9]*$"}]}}})"),
+       tool(R"({"type":"object","allOf":[{"properties":{"a":{"type":"string"}}}]})"),
+       rf(R"({"type":"array","prefixItems":[{"type":"string"}],"items":false})"),
+       rf(R"({"type":"integer","multipleOf":3})")}) {
     CAPTURE(body);
     CHECK(ParseChatRequestOrThrow(body, {}).structured != nullptr);
   }

@@ -85,7 +85,8 @@ constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_
 bool IsNotObjectSchema(const std::string& schema_json) {
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS) return false;  // CompileAt says why
+  if (parser.parse(simdjson::padded_string(schema_json)).get(root) != simdjson::SUCCESS)
+    return false;  // CompileAt says why
   simdjson::dom::element type;
   if (!root.is_object() || root["type"].get(type) != simdjson::SUCCESS) return false;
   return !(type.is_string() && type.get_string().value_unsafe() == "object");

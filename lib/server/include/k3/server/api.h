@@ -86,7 +86,7 @@ struct ChatRequest {
   std::string tool_choice_name;         // kNamed: the one function allowed
   ResponseFormat response_format = ResponseFormat::kText;
   std::string response_schema_json;     // kJsonSchema: json_schema.schema as sent
-  bool response_strict = false;         // kJsonSchema: json_schema.strict (false: relaxed, as for tools)
+  bool response_strict = false;  // kJsonSchema: json_schema.strict (false: relaxed, as for tools)
   // A hard cap on think tokens (the Messages API's thinking.budget_tokens);
   // -1: none. Compiled into structured->think_budget.
   int64_t think_budget = -1;
