@@ -39,6 +39,18 @@
 namespace k3::server {
 namespace {
 
+// Appends K3 chat-stream ids: text, specials, <|open|>HEADER<|sep|>, <|close|>TAG<|sep|>.
+struct IdWriter {
+  const tok::Tokenizer& tok;
+  std::vector<tok::TokenId> ids;
+  void T(std::string_view text) {
+    for (tok::TokenId id : tok.EncodeOrdinary(text)) ids.push_back(id);
+  }
+  void S(std::string_view special) { ids.push_back(*tok.SpecialId(special)); }
+  void Open(std::string_view header) { S("<|open|>"), T(header), S("<|sep|>"); }
+  void Close(std::string_view tag) { S("<|close|>"), T(tag), S("<|sep|>"); }
+};
+
 // One scripted turn: text for the think and response channels, then calls.
 struct Turn {
   std::string reasoning, content;
@@ -185,8 +197,9 @@ class ScriptBackend : public Backend {
     if (!transcript_.empty()) {
       if (FILE* f = std::fopen(transcript_.c_str(), "a")) {
         std::string tail = text.size() > 3000 ? text.substr(text.size() - 3000) : text;
-        std::fprintf(f, "=== request: %zu prompt tokens -> %s\n%s\n=== end\n", ids.size(),
-                     what.c_str(), tail.c_str());
+        std::fprintf(f, "=== request: %zu prompt tokens -> %s\n", ids.size(), what.c_str());
+        std::fwrite(tail.data(), 1, tail.size(), f);  // may hold NUL bytes: not through %s
+        std::fputs("\n=== end\n", f);
         std::fclose(f);
       }
     }
@@ -194,67 +207,54 @@ class ScriptBackend : public Backend {
   }
 
   std::vector<tok::TokenId> TurnIds(const Turn& turn, tok::ChatStreamParser::Start start) const {
-    std::vector<tok::TokenId> ids;
-    auto T = [&](std::string_view text) {
-      for (tok::TokenId id : tok_.EncodeOrdinary(text)) ids.push_back(id);
-    };
-    auto S = [&](std::string_view special) { ids.push_back(*tok_.SpecialId(special)); };
-    auto Open = [&](std::string_view header) { S("<|open|>"), T(header), S("<|sep|>"); };
-    auto Close = [&](std::string_view tag) { S("<|close|>"), T(tag), S("<|sep|>"); };
+    IdWriter w{tok_, {}};
     if (start == tok::ChatStreamParser::Start::kThink) {
-      T(turn.reasoning);
-      Close("think");
-      Open("response");
+      w.T(turn.reasoning);
+      w.Close("think");
+      w.Open("response");
     }
-    T(turn.content);
-    Close("response");
+    w.T(turn.content);
+    w.Close("response");
     if (!turn.calls.empty()) {
-      Open("tools");
+      w.Open("tools");
       for (size_t i = 0; i < turn.calls.size(); ++i) {
-        Open("call tool=\"" + turn.calls[i].name + "\" index=\"" + std::to_string(i + 1) + "\"");
-        Open("json type=\"object\"");
-        T(turn.calls[i].arguments);
-        Close("json");
-        Close("call");
+        w.Open("call tool=\"" + turn.calls[i].name + "\" index=\"" + std::to_string(i + 1) + "\"");
+        w.Open("json type=\"object\"");
+        w.T(turn.calls[i].arguments);
+        w.Close("json");
+        w.Close("call");
       }
-      Close("tools");
+      w.Close("tools");
     }
-    Close("message");
-    S("<|end_of_msg|>");
-    return ids;
+    w.Close("message");
+    w.S("<|end_of_msg|>");
+    return std::move(w.ids);
   }
 
   std::vector<tok::TokenId> FixedAnswer() const {
-    std::vector<tok::TokenId> script;
-    auto T = [&](std::string_view text) {
-      for (tok::TokenId id : tok_.EncodeOrdinary(text)) script.push_back(id);
-    };
-    auto S = [&](std::string_view special) { script.push_back(*tok_.SpecialId(special)); };
-    auto Open = [&](std::string_view header) { S("<|open|>"), T(header), S("<|sep|>"); };
-    auto Close = [&](std::string_view tag) { S("<|close|>"), T(tag), S("<|sep|>"); };
-    T("The user wants the weather in 北京 and the time.");
-    Close("think");
-    Open("response");
-    T("Checking both 🙂");
-    Close("response");
-    Open("tools");
-    Open("call tool=\"get_weather\" index=\"1\"");
-    Open("argument key=\"city\" type=\"string\"");
-    T("北京 (Beijing)");
-    Close("argument");
-    Close("call");
-    Open("call tool=\"get_time\" index=\"2\"");
-    Open("argument key=\"tz\" type=\"string\"");
-    T("Asia/Shanghai");
-    Close("argument");
-    Close("call");
-    Close("tools");
-    Close("message");
-    S("<|end_of_msg|>");
-    return script;
+    IdWriter w{tok_, {}};
+    w.T("The user wants the weather in 北京 and the time.");
+    w.Close("think");
+    w.Open("response");
+    w.T("Checking both 🙂");
+    w.Close("response");
+    w.Open("tools");
+    w.Open("call tool=\"get_weather\" index=\"1\"");
+    w.Open("argument key=\"city\" type=\"string\"");
+    w.T("北京 (Beijing)");
+    w.Close("argument");
+    w.Close("call");
+    w.Open("call tool=\"get_time\" index=\"2\"");
+    w.Open("argument key=\"tz\" type=\"string\"");
+    w.T("Asia/Shanghai");
+    w.Close("argument");
+    w.Close("call");
+    w.Close("tools");
+    w.Close("message");
+    w.S("<|end_of_msg|>");
+    return std::move(w.ids);
   }
 
- private:
   tok::Tokenizer tok_;
   double prefill_s_ = 0;
   std::string transcript_;

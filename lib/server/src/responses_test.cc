@@ -137,7 +137,7 @@ TEST_CASE("refusals name the Responses field") {
   std::string named =
       Refusal(
           R"({"input":"x","tools":[{"type":"web_search"},{"type":"function","name":"a","parameters":{"type":"object"}},)"
-          R"({"type":"function","name":"b","parameters":{"type":"string"}}]})")
+          R"({"type":"function","name":"b","strict":true,"parameters":{"type":"object","not":{}}}]})")
           .second;
   CHECK(named == "tools[2].parameters");
   CHECK(

@@ -107,7 +107,8 @@ ChatStream::ChatStream(ResponseMeta meta, bool include_usage)
 
 std::string ChatStream::Event(const std::string& json) { return "data: " + json + "\n\n"; }
 
-std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_reason) {
+std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_reason,
+                              const std::string& progress_json) {
   JsonWriter j;
   Envelope(j, meta_, "chat.completion.chunk")
       .Key("choices")
@@ -121,7 +122,9 @@ std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_
       .Key("finish_reason");
   if (finish_reason) j.String(finish_reason);
   else j.Null();
-  j.EndObject().EndArray().EndObject();
+  j.EndObject().EndArray();
+  if (!progress_json.empty()) j.Key("prompt_progress").Raw(progress_json);
+  j.EndObject();
   return Event(j.str());
 }
 
@@ -239,24 +242,7 @@ std::string ChatStream::KeepAlive() {
 std::string ChatStream::ProgressChunk(const engine::PrefillProgress& progress) {
   if (finished_) return {};
   std::string out = Opening();
-  JsonWriter j;
-  Envelope(j, meta_, "chat.completion.chunk")
-      .Key("choices")
-      .BeginArray()
-      .BeginObject()
-      .Field("index", 0)
-      .Key("delta")
-      .Raw("{}")
-      .Key("logprobs")
-      .Null()
-      .Key("finish_reason")
-      .Null()
-      .EndObject()
-      .EndArray()
-      .Key("prompt_progress")
-      .Raw(PromptProgressJson(progress))
-      .EndObject();
-  return out + Event(j.str());
+  return out + Chunk("{}", nullptr, PromptProgressJson(progress));
 }
 
 std::string PromptProgressJson(const engine::PrefillProgress& p) {

@@ -84,7 +84,9 @@ class ChatStream {
   bool finished() const { return finished_; }
 
  private:
-  std::string Chunk(const std::string& delta_json, const char* finish_reason);
+  // progress_json: llama-server's top-level prompt_progress, when not empty.
+  std::string Chunk(const std::string& delta_json, const char* finish_reason,
+                    const std::string& progress_json = {});
   std::string TextChunk(const char* field, const std::string& piece);  // role on the first
   std::string ArgumentsChunk(int position, const std::string& piece);
   std::string Event(const std::string& json);
