@@ -161,7 +161,11 @@ def finished(srv: Server) -> float:
 
 def test_cancel_in_prefill(tmp: str):
     K = 128
-    with Server(K3_RUN, MODEL, *COMMON, "--ckpt-slots", "4", "--ckpt-every", str(K)) as on:
+    # Windows of K tokens (K3_CHUNK): a checkpoint reaches the cache when its
+    # window ends, so with one automatic window for the whole prompt none would
+    # exist before the prefill is over (docs/engine.md).
+    with Server(K3_RUN, MODEL, *COMMON, "--ckpt-slots", "4", "--ckpt-every", str(K),
+                env={"K3_CHUNK": str(K)}) as on:
         # The server sees a client gone at its second heartbeat write after the
         # close (one per second): the prefill must outlast that. How fast it
         # runs depends on the machine's load, so a longer prompt is tried when
