@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -232,8 +233,10 @@ def stream_until_first_token(port: int, b: dict) -> socket.socket:
     data = json.dumps(b).encode()
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    # The role chunk goes out before the queue wait and prefill progress may
+    # follow: decode has begun only once a delta carries generated text.
     buf = b""
-    while b"data: {" not in buf:
+    while not re.search(rb'"(content|reasoning_content)":"[^"]', buf):
         got = s.recv(65536)
         if not got:
             break
