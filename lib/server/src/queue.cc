@@ -46,6 +46,12 @@ bool RequestQueue::Ticket::WaitTurn(const std::function<bool()>& still_wanted, s
 
 RequestQueue::Ticket::~Ticket() { queue_->Leave(*this); }
 
+int RequestQueue::Ticket::position() const {
+  std::lock_guard lock(queue_->mu_);
+  auto it = std::find(queue_->waiting_.begin(), queue_->waiting_.end(), number_);
+  return it == queue_->waiting_.end() ? 0 : int(it - queue_->waiting_.begin()) + 1;
+}
+
 void RequestQueue::Leave(Ticket& t) {
   std::lock_guard lock(mu_);
   if (t.running_) {

@@ -215,7 +215,12 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
   // 200 went out with the first heartbeat, so the error is in the body.
   const ApiError shutting_down =
       MakeApiError(503, "server_error", "the server is shutting down; retry later", "shutting_down");
-  bool waited = job.ticket->WaitTurn([&] { return !stopping_.load() && heartbeat("queued"); },
+  // The queued heartbeat names the request's place in line (the web page shows it).
+  auto queued = [&] {
+    return !stopping_.load() &&
+           heartbeat(("queued position " + std::to_string(job.ticket->position())).c_str());
+  };
+  bool waited = job.ticket->WaitTurn(queued,
                                      std::chrono::milliseconds(options_.heartbeat_ms));
   outcome.queue_wait_s = Seconds(Clock::now() - job.arrived);
   if (waited && stopping_.load()) {

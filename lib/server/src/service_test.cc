@@ -236,6 +236,50 @@ TEST_CASE("a client gone while queued leaves the queue and never reaches the mod
   CHECK(s.MetricsText().body.find("k3_requests_cancelled_by_phase_total{phase=\"queued\"} 1") != std::string::npos);
 }
 
+TEST_CASE("a queued stream's heartbeats name its place in line, which moves up") {
+  Service s(Options(3));
+  ScriptedBackend b;
+  b.hold = true;
+  s.SetBackend(&b);
+  auto first = Admit(s, Chat(R"("max_tokens":1)"));
+  std::thread t1([&] { Run(s, *first); });
+  b.WaitEntered(1);
+  auto second = Admit(s, Chat(R"("max_tokens":2,"stream":true)"));
+  auto third = Admit(s, Chat(R"("max_tokens":3,"stream":true)"));
+  std::mutex mu;
+  std::string out2, out3;
+  auto sink = [&](std::string& out) {
+    return [&](std::string_view bytes) {
+      std::lock_guard lock(mu);
+      out += bytes;
+      return true;
+    };
+  };
+  std::thread t2([&] { s.RunChat(*second, sink(out2)); });
+  // The third arrives once the second is in line.
+  while (s.queue().waiting() < 1) std::this_thread::yield();
+  std::thread t3([&] { s.RunChat(*third, sink(out3)); });
+  auto seen = [&](const std::string& out, const char* what) {
+    for (int i = 0; i < 2000; ++i) {
+      {
+        std::lock_guard lock(mu);
+        if (out.find(what) != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  };
+  CHECK(seen(out2, ": queued position 1\n"));
+  CHECK(seen(out3, ": queued position 2\n"));
+  CHECK(second->ticket->position() == 1);
+  CHECK(third->ticket->position() == 2);
+  b.Release();
+  t1.join();
+  t2.join();
+  t3.join();
+  CHECK(b.order == std::vector<int64_t>{1, 2, 3});
+}
+
 TEST_CASE("a client gone during prefill or decode cancels the generation") {
   Service s(Options(3));
   ScriptedBackend b;

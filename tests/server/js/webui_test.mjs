@@ -2,7 +2,8 @@
 // puppeteer-core) against `k3-run serve` on the tiny model, and against
 // k3-script-serve for tool calls:
 //   send, stream, Stop (button and Esc); the prefill progress bar during a
-//   long prompt and the scripted source's slow prefill, gone after; the system prompt reaching the server
+//   long prompt and the scripted source's slow prefill, gone after; the place
+//   in line while another client's answer runs; the system prompt reaching the server
 //   (prompt_tokens == `k3-run render` of the same conversation); edit a
 //   question -> branch 2/2 -> back to 1/2 shows the old answer; arrow keys;
 //   regenerate (cached_tokens > 0); an assistant edit with hostile Markdown
@@ -199,7 +200,7 @@ try {
   check.ok((await branchOf(page, lastAssistant)) === "2/2", "Esc stops the answer (the server cancels); regenerate made 2/2");
   page.pinLong = false;
   const seen = await page.evaluate(() => window.__progress);
-  check.ok(seen.some((s) => s.text === "queued behind other requests" || s.shown), "waiting / prefill state shown");
+  check.ok(seen.some((s) => /in the queue|queued behind/.test(s.text) || s.shown), "waiting / prefill state shown");
 
   // 2. The progress bar during a long prefill (about 1,000 prompt tokens,
   // a second or more on the loaded 2-core machine), gone when text arrives.
@@ -223,6 +224,35 @@ try {
            `role=progressbar shown with aria-valuenow rising in [0, 100] (${[...new Set(values)].join(" ")}) and ` +
            `tokens read (${shown.length ? shown[shown.length - 1].text : "-"})`);
   check.ok(await page.$eval("#progress", (e) => e.hidden), "the progress bar is gone once text arrives");
+  if ((await status(page)) === "generating") await page.click("#stop");
+  await waitStatus(page, "stopped", "done");
+
+  // 2b. Waiting behind another client's long answer: the place in line shows.
+  step("queue position");
+  await page.click("#new");
+  await watchProgress(page);
+  const blocker = { model: "k3-tiny", messages: [{ role: "user", content: "Tell me a long story" }], stream: true,
+                    max_tokens: 100000, thinking: { type: "disabled" } };
+  blocker.seed = await longSeed(server.port, blocker);
+  const abortBlocker = new AbortController();
+  const blockerRes = await fetch(`http://127.0.0.1:${server.port}/v1/chat/completions`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(blocker),
+    signal: abortBlocker.signal,
+  });
+  const blockerReader = blockerRes.body.getReader();
+  const decoder = new TextDecoder();
+  let blockerText = "";
+  while (!/"content":"[^"]/.test(blockerText)) blockerText += decoder.decode((await blockerReader.read()).value);
+  const drained = (async () => { try { for (;;) if ((await blockerReader.read()).done) break; } catch (e) { /* aborted */ } })();
+  await sendText(page, "Hi");
+  await page.waitForFunction(() => document.getElementById("progress-text").textContent === "position 1 in the queue" &&
+                             !document.getElementById("progress").hidden, { timeout: 30000 });
+  check.ok(await status(page) === "waiting in the queue" && await page.$eval("#progressbar", (e) => e.hidden),
+           'behind a running answer the page says "position 1 in the queue" (no bar while waiting)');
+  await page.screenshot({ path: join(outDir, "queued.png") });
+  abortBlocker.abort();
+  await drained;
+  await page.waitForFunction((sel) => document.querySelector(sel).textContent.length > 0, { timeout: 60000 }, lastAssistant);
   if ((await status(page)) === "generating") await page.click("#stop");
   await waitStatus(page, "stopped", "done");
 

@@ -32,6 +32,9 @@ class RequestQueue {
     bool WaitTurn(const std::function<bool()>& still_wanted, std::chrono::milliseconds poll);
     bool running() const { return running_; }
     int64_t start_index() const { return start_index_; }  // order of reaching the model, from 1
+    // Place among the waiting requests (1: next to reach the model); 0 once
+    // running or after leaving.
+    int position() const;
 
    private:
     friend class RequestQueue;
