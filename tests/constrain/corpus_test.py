@@ -13,7 +13,10 @@ tool declarations, and hand-made schemas that need relaxing).
    under the ORIGINAL schema (formats asserted as the patterns k3 enforces)
    are all accepted by the non-strict automaton.
 
-    corpus_test.py CONSTRAIN_DRIVE MODEL_DIR RUNS
+    corpus_test.py CONSTRAIN_DRIVE MODEL_DIR RUNS [CORPUS.json ...]
+
+Without corpus files: every corpus/*.json here. tests/agents/tool_schemas.sh
+passes the tools the agent CLIs send, captured at test time.
 """
 import copy
 import glob
@@ -178,14 +181,15 @@ def candidate(schema, root, rng, depth=0):
 def main():
     drive, model, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     corpus = []
-    for path in sorted(glob.glob(os.path.join(HERE, "corpus", "*.json"))):
+    files = sys.argv[4:] or sorted(glob.glob(os.path.join(HERE, "corpus", "*.json")))
+    for path in files:
         corpus.extend(json.load(open(path, encoding="utf-8")))
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         sp = os.path.join(tmp, "schemas.json")
         json.dump(corpus, open(sp, "w"))
         proc = subprocess.run([drive, model, sp, str(runs), "26", "relaxed"], capture_output=True, text=True)
-        lines = [json.loads(l) for l in proc.stdout.splitlines() if l.strip()]
+        lines = [json.loads(l) for l in proc.stdout.split("\n") if l.strip()]
         if len(lines) != len(corpus) * runs:
             failures.append("expected %d generations, got %d (rc %d): %s" %
                             (len(corpus) * runs, len(lines), proc.returncode, proc.stderr[-500:]))
@@ -225,7 +229,7 @@ def main():
         ap = os.path.join(tmp, "accept.json")
         json.dump(cases, open(ap, "w"))
         proc = subprocess.run([drive, "--accept", ap], capture_output=True, text=True)
-        results = [json.loads(l) for l in proc.stdout.splitlines() if l.strip()]
+        results = [json.loads(l) for l in proc.stdout.split("\n") if l.strip()]
         if len(results) != len(cases):
             failures.append("--accept answered %d of %d: %s" % (len(results), len(cases), proc.stderr[-500:]))
         with_valid = 0
