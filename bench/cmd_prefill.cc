@@ -37,7 +37,7 @@ struct PrefillArgs {
   std::string model_dir;
   std::vector<int> lengths = {512, 2048, 8192};
   int runs = 1;
-  int chunk = 512;            // the "one pass" setting (K3_CHUNK's cap before windows)
+  int chunk = 0;              // the measured setting: 0 = automatic windows (the budget's choice)
   int baseline_chunk = 32;    // the old default
   int baseline_prefix = 512;  // tokens the old default is timed on (0: the whole prompt)
   double disk_gb = 4;         // sequential O_DIRECT read for the disk rate
@@ -143,6 +143,8 @@ struct Run {
   double prefill_s = 0;
   uint64_t bytes = 0, loads = 0;
   uint64_t peak_rss = 0;
+  int64_t window = 0, windows = 0;  // the largest window and how many the prefill took
+  double budget_bytes = 0;          // the window budget the engine sized
 };
 
 // One cold prefill of `prompt` (one generated token) on a fresh engine.
@@ -164,12 +166,15 @@ Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt,
   r.bytes = g.experts.bytes_read;
   r.loads = g.experts.misses;
   r.peak_rss = PeakRssBytes();
+  r.window = g.timings.prefill_window;
+  r.windows = g.timings.prefill_windows;
+  r.budget_bytes = e->options().run.prefill_budget_bytes;
   return r;
 }
 
 void RunPrefillBench(const PrefillArgs& a) {
-  if (a.runs < 1 || a.lengths.empty() || a.chunk < 1 || a.baseline_chunk < 1) {
-    throw Error(ErrorCode::kInvalidArgument, "need --runs >= 1, --lengths, --chunk >= 1");
+  if (a.runs < 1 || a.lengths.empty() || a.chunk < 0 || a.baseline_chunk < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "need --runs >= 1, --lengths, --chunk >= 0, --baseline-chunk >= 1");
   }
   const int threads = a.threads > 0 ? a.threads : NumOnlineCpus();
   const std::string git = SourceRevision(), cpu = CpuModel();
@@ -246,10 +251,13 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("bench", "prefill")
         .Field("tokens", int64_t(len))
         .Field("chunk", int64_t(a.chunk))
-        // One window (chunk >= prompt): each routed expert is acquired once per
-        // MoE layer, so on a fresh engine expert_loads is the number of distinct
-        // (layer, expert) the prompt routes to and expert_bytes one pass over them.
-        .Field("one_window", a.chunk >= len)
+        // One window: each routed expert is acquired once per MoE layer, so on
+        // a fresh engine expert_loads is the number of distinct (layer, expert)
+        // the prompt routes to and expert_bytes one pass over them.
+        .Field("window", last.window)
+        .Field("windows", last.windows)
+        .Field("one_window", last.windows == 1)
+        .Field("window_budget_bytes", last.budget_bytes)
         .Field("runs", int64_t(a.runs))
         .Field("expert_bytes", last.bytes)
         .Field("expert_loads", last.loads)
@@ -281,8 +289,10 @@ void SetupPrefillBench(CLI::App& root) {
   cmd->add_option("--lengths", args->lengths, "prompt lengths (default 512,2048,8192)")
       ->delimiter(',');
   cmd->add_option("--runs", args->runs, "runs per length and setting (median reported)");
-  cmd->add_option("--chunk", args->chunk, "prefill chunk of the measured setting (default 512)")
-      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--chunk", args->chunk,
+                  "prefill chunk of the measured setting (default 0: automatic windows from the memory budget, "
+                  "K3_PREFILL_GB)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--baseline-chunk", args->baseline_chunk, "the old default chunk (32)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--baseline-prefix", args->baseline_prefix,
