@@ -119,7 +119,11 @@ inline void TextPart(JsonWriter& j, std::string_view text) {
 // so a 400 speaks the API the client used.
 inline Error Renamed(const Error& e,
                      const std::vector<std::pair<std::string, std::string>>& names) {
-  for (const auto& [from, to] : names) {
+  for (const auto& pair : names) {
+    // Named references, not a structured binding: clang 14 (the fuzz build)
+    // cannot capture a binding in the lambda below.
+    const std::string& from = pair.first;
+    const std::string& to = pair.second;
     if (e.object().find(from) == std::string::npos && e.detail().find(from) == std::string::npos)
       continue;
     auto rename = [&](std::string s) {
