@@ -10,7 +10,7 @@ PACKAGES=(
   doctest-dev libpcre2-dev libopenblas-dev
   clang libclang-rt-14-dev libomp-dev fio
   python3-jsonschema
-  libcpp-httplib-dev chromium nodejs
+  chromium nodejs
   libopenmpi-dev openmpi-bin
 )
 if [ "$(dpkg --print-architecture)" = amd64 ]; then

@@ -120,7 +120,7 @@ def main() -> int:
         check(status == 413, f"64 MiB body: 413, got {status}")
         still_serves(srv, "a 64 MiB body")
 
-        # Garbage instead of HTTP, and headers past httplib's cap.
+        # Garbage instead of HTTP, and headers past the server's cap.
         for name, data in {"garbage request line": b"\x16\x03\x01 hello\r\n\r\n",
                            "oversized header": b"GET /health HTTP/1.1\r\nX-A: " + b"a" * 100000 + b"\r\n\r\n"}.items():
             sock = raw_socket(srv.port)
