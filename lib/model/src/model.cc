@@ -919,39 +919,68 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::vector<float> ctx(C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
+  // The latent and rope caches as f32 matrices: a block of tokens' scores
+  // against every cached row is one MatMul per part (issue 25 §2: attention
+  // over a long window runs on the kernels, each cached row read once per
+  // block instead of once per token). MatMul computes each element with the
+  // same operations whatever the batch and the row count, and the weighted
+  // sum of latent rows goes over the rows in ascending order for every
+  // token, so any window gives the bits of token-at-a-time.
+  constexpr size_t kBlock = 64;
+  const size_t tb_max = std::min(C, kBlock);
+  const size_t rows_max = static_cast<size_t>(pos0) + C;
   const bool head_par =
-      H > 1 && H * C * (nope * kvl + (static_cast<size_t>(pos0) + C) * (kvl + rope)) >= (1u << 16);
+      H > 1 && H * C * (nope * kvl + rows_max * (kvl + rope)) >= (1u << 16);
 #pragma omp parallel for schedule(static) if (head_par)
   for (size_t hh = 0; hh < H; ++hh) {
-    std::vector<float> qabs(kvl), clat(kvl), score;
-    for (size_t t = 0; t < C; ++t) {
-      const size_t nt = static_cast<size_t>(pos0) + t + 1;
-      const float* qn = qv.data() + t * H * qh + hh * qh;
-      const float* qr = qn + nope;
-      std::fill(qabs.begin(), qabs.end(), 0.0f);
-      for (size_t d = 0; d < nope; ++d)
-        quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qabs.data());
-      score.resize(nt);
-      for (size_t j = 0; j < nt; ++j) {
-        const float* lc = mc.latent.data() + j * kvl;
-        const float* rc = mc.rope.data() + j * rope;
-        float s1 = 0.0f, s2 = 0.0f;
-        for (size_t i = 0; i < kvl; ++i) s1 += qabs[i] * lc[i];
-        for (size_t i = 0; i < rope; ++i) s2 += qr[i] * rc[i];
-        score[j] = (s1 + s2) * scale;
+    std::vector<float> qabs(tb_max * kvl), qr(tb_max * rope), s1(tb_max * rows_max),
+        s2(rope ? tb_max * rows_max : 0), clat(tb_max * kvl);
+    for (size_t t0 = 0; t0 < C; t0 += kBlock) {
+      const size_t tb = std::min(kBlock, C - t0);
+      const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
+      for (size_t t = 0; t < tb; ++t) {
+        const float* qn = qv.data() + (t0 + t) * H * qh + hh * qh;
+        float* qa_t = qabs.data() + t * kvl;
+        std::fill(qa_t, qa_t + kvl, 0.0f);
+        for (size_t d = 0; d < nope; ++d) quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qa_t);
+        if (rope) std::memcpy(qr.data() + t * rope, qn + nope, rope * sizeof(float));
       }
-      quant::Softmax(score.data(), nt);
-      std::fill(clat.begin(), clat.end(), 0.0f);
-      for (size_t j = 0; j < nt; ++j) {
-        const float pj = score[j];
-        const float* lc = mc.latent.data() + j * kvl;
-        for (size_t i = 0; i < kvl; ++i) clat[i] += pj * lc[i];
+      quant::WeightView lat;
+      lat.format = quant::WeightFormat::kF32;
+      lat.rows = nb;
+      lat.cols = kvl;
+      lat.data = mc.latent.data();
+      quant::MatMul(lat, qabs.data(), tb, s1.data());
+      if (rope) {
+        quant::WeightView rv = lat;
+        rv.cols = rope;
+        rv.data = mc.rope.data();
+        quant::MatMul(rv, qr.data(), tb, s2.data());
       }
-      float* ct = ctx.data() + t * H * vh + hh * vh;
-      const float* gt = gv.data() + t * H * vh + hh * vh;
-      for (size_t d = 0; d < vh; ++d) {
-        ct[d] =
-            quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data()) * quant::Sigmoid(gt[d]);
+      for (size_t t = 0; t < tb; ++t) {
+        const size_t nt = static_cast<size_t>(pos0) + t0 + t + 1;
+        float* sc = s1.data() + t * nb;
+        if (rope) {
+          const float* sr = s2.data() + t * nb;
+          for (size_t j = 0; j < nt; ++j) sc[j] = (sc[j] + sr[j]) * scale;
+        } else {
+          for (size_t j = 0; j < nt; ++j) sc[j] *= scale;
+        }
+        quant::Softmax(sc, nt);
+      }
+      // Each latent row goes to every token of the block that sees it.
+      std::fill(clat.begin(), clat.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
+      for (size_t j = 0; j < nb; ++j) {
+        const size_t first = j > static_cast<size_t>(pos0) + t0 ? j - static_cast<size_t>(pos0) - t0 : 0;
+        for (size_t t = first; t < tb; ++t) quant::AddRow(lat, j, s1[t * nb + j], clat.data() + t * kvl);
+      }
+      for (size_t t = 0; t < tb; ++t) {
+        float* ct = ctx.data() + (t0 + t) * H * vh + hh * vh;
+        const float* gt = gv.data() + (t0 + t) * H * vh + hh * vh;
+        for (size_t d = 0; d < vh; ++d) {
+          ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data() + t * kvl) *
+                  quant::Sigmoid(gt[d]);
+        }
       }
     }
   }
