@@ -66,7 +66,7 @@ def text_of_messages(status, data: bytes, stream: bool):
     if stream:
         out = ""
         for block in data.decode().split("\n\n"):
-            for line in block.splitlines():
+            for line in block.split("\n"):  # not splitlines(): U+2028 may be in the text
                 if line.startswith("data: "):
                     e = json.loads(line[6:])
                     if e.get("type") == "content_block_delta" and e["delta"].get("type") == "text_delta":
