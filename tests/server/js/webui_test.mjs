@@ -231,9 +231,13 @@ try {
   step("queue position");
   await page.click("#new");
   await watchProgress(page);
+  // An answer that cannot end soon: a JSON string of at least 60,000
+  // characters, enforced by the decoder, until the test aborts it.
   const blocker = { model: "k3-tiny", messages: [{ role: "user", content: "Tell me a long story" }], stream: true,
-                    max_tokens: 100000, thinking: { type: "disabled" } };
-  blocker.seed = await longSeed(server.port, blocker);
+                    max_tokens: 100000, thinking: { type: "disabled" }, seed: 1,
+                    response_format: { type: "json_schema", json_schema: { name: "story", strict: true, schema: {
+                      type: "object", properties: { story: { type: "string", minLength: 60000 } },
+                      required: ["story"], additionalProperties: false } } } };
   const abortBlocker = new AbortController();
   const blockerRes = await fetch(`http://127.0.0.1:${server.port}/v1/chat/completions`, {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(blocker),
@@ -245,8 +249,13 @@ try {
   while (!/"content":"[^"]/.test(blockerText)) blockerText += decoder.decode((await blockerReader.read()).value);
   const drained = (async () => { try { for (;;) if ((await blockerReader.read()).done) break; } catch (e) { /* aborted */ } })();
   await sendText(page, "Hi");
-  await page.waitForFunction(() => document.getElementById("progress-text").textContent === "position 1 in the queue" &&
-                             !document.getElementById("progress").hidden, { timeout: 30000 });
+  try {
+    await page.waitForFunction(() => document.getElementById("progress-text").textContent === "position 1 in the queue" &&
+                               !document.getElementById("progress").hidden, { timeout: 30000 });
+  } catch (e) {
+    const seen = await page.evaluate(() => JSON.stringify(window.__progress.slice(-5)));
+    throw new Error(`no "position 1 in the queue" (status "${await status(page)}", progress ${seen}): ${e.message}`);
+  }
   check.ok(await status(page) === "waiting in the queue" && await page.$eval("#progressbar", (e) => e.hidden),
            'behind a running answer the page says "position 1 in the queue" (no bar while waiting)');
   await page.screenshot({ path: join(outDir, "queued.png") });
