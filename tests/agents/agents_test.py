@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from clients import clients
+
 SCRIPT_SERVE, MODEL, MODULES = sys.argv[1:4]
 BIN = os.path.join(MODULES, ".bin")
 MARKER = "k3-agent-marker-42"
@@ -73,23 +75,6 @@ class ScriptServer:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-def offline_env(home: str, **extra: str) -> dict:
-    env = {
-        "PATH": BIN + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "LANG": "C.UTF-8",
-        "TERM": "dumb",
-        "CI": "1",
-        # Anything not on loopback goes to a closed port, never out.
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-    }
-    env.update(extra)
-    return env
 
 
 def run_cli(name: str, srv: ScriptServer, argv: list[str], env: dict, cwd: str, tool: str) -> None:
@@ -173,29 +158,10 @@ def main() -> int:
     base = f"http://127.0.0.1:{srv.port}"
     prompt = "What does hello.txt say?"
     try:
-        # Claude Code: only the base URL, a key and --model (no workaround).
-        run_cli("claude -p", srv, ["claude", "-p", prompt, "--model", "k3-script"],
-                offline_env(home, ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY="sk-k3-test", DISABLE_TELEMETRY="1",
-                            DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1",
-                            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1"), proj, "Read")
-        # Codex: a custom provider in a temporary CODEX_HOME.
-        codex_home = os.path.join(work, "codex")
-        os.makedirs(codex_home)
-        with open(os.path.join(codex_home, "config.toml"), "w") as f:
-            f.write(f'model = "k3-script"\nmodel_provider = "k3"\ncheck_for_update_on_startup = false\n\n'
-                    f'[model_providers.k3]\nname = "k3"\nbase_url = "{base}/v1"\nwire_api = "responses"\n'
-                    f'env_key = "K3_API_KEY"\n\n[analytics]\nenabled = false\n\n[otel]\nexporter = "none"\n')
-        run_cli("codex exec", srv, ["codex", "exec", "--skip-git-repo-check",
-                                    "--dangerously-bypass-approvals-and-sandbox", prompt],
-                offline_env(home, CODEX_HOME=codex_home, K3_API_KEY="sk-k3-test"), proj, "exec_command")
-        # Qwen Code: headless, OpenAI-compatible provider from the environment.
-        os.makedirs(os.path.join(home, ".qwen"), exist_ok=True)
-        with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
-            json.dump({"telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
-                       "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}, f)
-        run_cli("qwen -p", srv, ["qwen", "-p", prompt, "--auth-type", "openai"],
-                offline_env(home, OPENAI_BASE_URL=base + "/v1", OPENAI_API_KEY="sk-k3-test", OPENAI_MODEL="k3-script"),
-                proj, "read_file")
+        # Each CLI's tool for reading a file.
+        tools = {"claude -p": "Read", "codex exec": "exec_command", "qwen -p": "read_file"}
+        for name, argv, env in clients(BIN, base, work, home, prompt, "k3-script", "sk-k3-test"):
+            run_cli(name, srv, argv, env, proj, tools[name])
     finally:
         srv.stop()
 

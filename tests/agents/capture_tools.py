@@ -24,6 +24,8 @@ import sys
 import tempfile
 import threading
 
+from clients import clients
+
 BODIES = []
 
 
@@ -50,15 +52,6 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def env_for(home, modules, **extra):
-    env = {"PATH": os.path.join(modules, ".bin") + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"),
-           "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb", "CI": "1",
-           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-    env.update(extra)
-    return env
-
-
 def run(argv, env, cwd):
     try:
         subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
@@ -78,31 +71,11 @@ def main():
     os.makedirs(proj)
     prompt = "What does hello.txt say?"
     runs = []
-    start = len(BODIES)
-    run(["claude", "-p", prompt, "--model", "k3"],
-        env_for(home, modules, ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY="sk-capture", DISABLE_TELEMETRY="1",
-                DISABLE_ERROR_REPORTING="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1"),
-        proj)
-    runs.append(("claude", start, len(BODIES)))
-    start = len(BODIES)
-    codex_home = os.path.join(work, "codex")
-    os.makedirs(codex_home)
-    with open(os.path.join(codex_home, "config.toml"), "w") as f:
-        f.write('model = "k3"\nmodel_provider = "k3"\ncheck_for_update_on_startup = false\n\n'
-                '[model_providers.k3]\nname = "k3"\nbase_url = "%s/v1"\nwire_api = "responses"\n'
-                'env_key = "K3_API_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n\n'
-                '[analytics]\nenabled = false\n\n[otel]\nexporter = "none"\n' % base)
-    run(["codex", "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt],
-        env_for(home, modules, CODEX_HOME=codex_home, K3_API_KEY="sk-capture"), proj)
-    runs.append(("codex", start, len(BODIES)))
-    start = len(BODIES)
-    os.makedirs(os.path.join(home, ".qwen"), exist_ok=True)
-    with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
-        json.dump({"telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
-                   "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}, f)
-    run(["qwen", "-p", prompt, "--auth-type", "openai"],
-        env_for(home, modules, OPENAI_BASE_URL=base + "/v1", OPENAI_API_KEY="sk-capture", OPENAI_MODEL="k3"), proj)
-    runs.append(("qwen", start, len(BODIES)))
+    for name, argv, env in clients(os.path.join(modules, ".bin"), base, work, home, prompt, "k3", "sk-capture",
+                                   codex_retries=False):
+        start = len(BODIES)
+        run(argv, env, proj)
+        runs.append((argv[0], start, len(BODIES)))
     server.shutdown()
 
     corpus, seen, short = [], set(), False

@@ -79,14 +79,10 @@ std::string Drive(const constrain::CompiledSchema& schema, const constrain::Voca
 
 }  // namespace
 
-// --match CASES_JSON: for each {"pattern": P, "texts": [JSON string texts]}
-// prints {"accepted": [...]}: whether {"type":"string","pattern":P} accepts
-// each text as a whole value (the pattern side of regex_property.py), or
-// {"error": ...} when the schema does not compile.
-int MatchMode(const char* path) {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, char(b));
-  constrain::Vocabulary vocab(std::move(bytes), 256);
+// One JSON line per entry of the array in `path`: `fill` writes the entry's
+// fields; a refusal of its schema becomes {"error": ...}.
+template <typename Fill>
+int ForEachCase(const char* path, Fill fill) {
   std::string text = ReadFileOrThrow(path, 64u << 20);
   simdjson::dom::parser parser;
   simdjson::padded_string padded(text);
@@ -94,18 +90,8 @@ int MatchMode(const char* path) {
   for (simdjson::dom::element entry : doc.get_array()) {
     JsonWriter j;
     j.BeginObject();
-    std::string schema = "{\"type\":\"string\",\"pattern\":";
-    AppendJsonString(schema, std::string_view(entry["pattern"]), InvalidUtf8::kPassThrough);
-    schema += "}";
     try {
-      constrain::CompiledSchema s = constrain::Schema::CompileOrThrow(schema);
-      j.Key("accepted");
-      j.BeginArray();
-      for (simdjson::dom::element t : entry["texts"].get_array()) {
-        constrain::TokenConstraint c(s, vocab);
-        j.Bool(c.AdvanceBytes(std::string_view(t)) && c.Accepting());
-      }
-      j.EndArray();
+      fill(entry, j);
     } catch (const Error& e) {
       j.Field("error", std::string(e.what()));
     }
@@ -113,6 +99,36 @@ int MatchMode(const char* path) {
     std::printf("%s\n", j.str().c_str());
   }
   return 0;
+}
+
+// "accepted": whether `s` takes each of `texts` as a whole value, over a
+// vocabulary of the 256 single bytes.
+void AppendAccepted(JsonWriter& j, const constrain::CompiledSchema& s, simdjson::dom::array texts) {
+  static const constrain::Vocabulary vocab = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.emplace_back(1, char(b));
+    return constrain::Vocabulary(std::move(bytes), 256);
+  }();
+  j.Key("accepted");
+  j.BeginArray();
+  for (simdjson::dom::element t : texts) {
+    constrain::TokenConstraint c(s, vocab);
+    j.Bool(c.AdvanceBytes(std::string_view(t)) && c.Accepting());
+  }
+  j.EndArray();
+}
+
+// --match CASES_JSON: for each {"pattern": P, "texts": [JSON string texts]}
+// prints {"accepted": [...]}: whether {"type":"string","pattern":P} accepts
+// each text as a whole value (the pattern side of regex_property.py), or
+// {"error": ...} when the schema does not compile.
+int MatchMode(const char* path) {
+  return ForEachCase(path, [](simdjson::dom::element entry, JsonWriter& j) {
+    std::string schema = "{\"type\":\"string\",\"pattern\":";
+    AppendJsonString(schema, std::string_view(entry["pattern"]), InvalidUtf8::kPassThrough);
+    schema += "}";
+    AppendAccepted(j, constrain::Schema::CompileOrThrow(schema), entry["texts"].get_array());
+  });
 }
 
 void AppendRelaxations(JsonWriter& j, const constrain::CompiledSchema& s) {
@@ -132,34 +148,12 @@ void AppendRelaxations(JsonWriter& j, const constrain::CompiledSchema& s) {
 // prints {"accepted": [...], "relaxations": [...]}: whether S compiled
 // non-strict accepts each text as a whole value, or {"error": ...}.
 int AcceptMode(const char* path) {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, char(b));
-  constrain::Vocabulary vocab(std::move(bytes), 256);
-  std::string text = ReadFileOrThrow(path, 64u << 20);
-  simdjson::dom::parser parser;
-  simdjson::padded_string padded(text);
-  simdjson::dom::element doc = parser.parse(padded);
-  for (simdjson::dom::element entry : doc.get_array()) {
-    JsonWriter j;
-    j.BeginObject();
-    try {
-      constrain::CompiledSchema s =
-          constrain::Schema::CompileOrThrow(simdjson::minify(entry["schema"]), {.strict = false});
-      j.Key("accepted");
-      j.BeginArray();
-      for (simdjson::dom::element t : entry["texts"].get_array()) {
-        constrain::TokenConstraint c(s, vocab);
-        j.Bool(c.AdvanceBytes(std::string_view(t)) && c.Accepting());
-      }
-      j.EndArray();
-      AppendRelaxations(j, s);
-    } catch (const Error& e) {
-      j.Field("error", std::string(e.what()));
-    }
-    j.EndObject();
-    std::printf("%s\n", j.str().c_str());
-  }
-  return 0;
+  return ForEachCase(path, [](simdjson::dom::element entry, JsonWriter& j) {
+    constrain::CompiledSchema s =
+        constrain::Schema::CompileOrThrow(simdjson::minify(entry["schema"]), {.strict = false});
+    AppendAccepted(j, s, entry["texts"].get_array());
+    AppendRelaxations(j, s);
+  });
 }
 
 int main(int argc, char** argv) {

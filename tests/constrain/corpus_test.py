@@ -30,6 +30,8 @@ import tempfile
 
 import jsonschema
 
+from check_outputs import outside_strings
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # k3's format patterns (lib/constrain/src/schema.cc FormatPattern): validity
@@ -87,20 +89,7 @@ def relaxed_schema(schema, relaxations):
 
 
 def outside_ws(text):
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in " \t\r\n":
-            return True
-    return False
+    return any(ch in " \t\r\n" for _, ch in outside_strings(text))
 
 
 # ---- candidate instances for the superset check ----

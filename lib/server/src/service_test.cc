@@ -214,14 +214,33 @@ TEST_CASE("FIFO: requests reach the model in arrival order; beyond the queue 429
   CHECK(s.MetricsText().body.find("k3_requests_rejected_by_status_total{status=\"429\"} 1") != std::string::npos);
 }
 
-TEST_CASE("a client gone while queued leaves the queue and never reaches the model") {
-  Service s(Options(3));
+// A service whose model a first request (max_tokens 1) holds in prefill until
+// Release(), so that the next requests queue.
+struct HeldModel {
+  Service s{Options(3)};
   ScriptedBackend b;
-  b.hold = true;
-  s.SetBackend(&b);
-  auto first = Admit(s, Chat(R"("max_tokens":1)"));
-  std::thread t1([&] { Run(s, *first); });
-  b.WaitEntered(1);
+  std::unique_ptr<Service::Job> first;
+  std::thread t1;
+  HeldModel() {
+    b.hold = true;
+    s.SetBackend(&b);
+    first = Admit(s, Chat(R"("max_tokens":1)"));
+    t1 = std::thread([this] { Run(s, *first); });
+    b.WaitEntered(1);
+  }
+  void Release() {
+    b.Release();
+    t1.join();
+  }
+  ~HeldModel() {
+    if (t1.joinable()) Release();
+  }
+};
+
+TEST_CASE("a client gone while queued leaves the queue and never reaches the model") {
+  HeldModel held;
+  Service& s = held.s;
+  ScriptedBackend& b = held.b;
   auto gone = Admit(s, Chat(R"("max_tokens":2)"));
   std::atomic<int> writes{0};
   std::thread t2([&] {
@@ -229,21 +248,15 @@ TEST_CASE("a client gone while queued leaves the queue and never reaches the mod
   });
   t2.join();
   CHECK(s.queue().waiting() == 0);
-  b.Release();
-  t1.join();
+  held.Release();
   CHECK(b.order == std::vector<int64_t>{1});
   CHECK(s.metrics().cancelled() == 1);
   CHECK(s.MetricsText().body.find("k3_requests_cancelled_by_phase_total{phase=\"queued\"} 1") != std::string::npos);
 }
 
 TEST_CASE("a queued stream's heartbeats name its place in line, which moves up") {
-  Service s(Options(3));
-  ScriptedBackend b;
-  b.hold = true;
-  s.SetBackend(&b);
-  auto first = Admit(s, Chat(R"("max_tokens":1)"));
-  std::thread t1([&] { Run(s, *first); });
-  b.WaitEntered(1);
+  HeldModel held;
+  Service& s = held.s;
   auto second = Admit(s, Chat(R"("max_tokens":2,"stream":true)"));
   auto third = Admit(s, Chat(R"("max_tokens":3,"stream":true)"));
   std::mutex mu;
@@ -273,11 +286,10 @@ TEST_CASE("a queued stream's heartbeats name its place in line, which moves up")
   CHECK(seen(out3, ": queued position 2\n"));
   CHECK(second->ticket->position() == 1);
   CHECK(third->ticket->position() == 2);
-  b.Release();
-  t1.join();
+  held.Release();
   t2.join();
   t3.join();
-  CHECK(b.order == std::vector<int64_t>{1, 2, 3});
+  CHECK(held.b.order == std::vector<int64_t>{1, 2, 3});
 }
 
 TEST_CASE("a client gone during prefill or decode cancels the generation") {
