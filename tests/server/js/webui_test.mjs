@@ -96,6 +96,17 @@ async function longSeed(port, body) {
   throw new Error("no seed gives a long answer to " + key.slice(0, 200));
 }
 
+// Opens the narrow layout's sidebar and waits until its slide-in (a .15 s
+// transform) has brought Import on screen: a click on a control still
+// off-screen has no target.
+async function openSide(page) {
+  await page.click("#open-side");
+  await page.waitForFunction(() => {
+    const r = document.getElementById("import").getBoundingClientRect();
+    return r.width > 0 && r.left >= 0 && r.right <= window.innerWidth;
+  });
+}
+
 const status = (page) => page.$eval("#status", (e) => e.textContent);
 async function waitStatus(page, ...want) {
   try {
@@ -425,7 +436,7 @@ try {
   const errors2 = [];
   const page2 = await openPage(fresh, server.port, errors2, 390, 844);
   check.ok((await page2.$$("#convs li")).length === 0, "a fresh profile starts empty");
-  await page2.click("#open-side");
+  await openSide(page2);
   const [chooser] = await Promise.all([page2.waitForFileChooser(), page2.click("#import")]);
   await chooser.accept([file]);
   await page2.waitForFunction((n) => document.querySelectorAll("#convs li").length === n, {}, doc.conversations.length);
@@ -442,7 +453,7 @@ try {
   const bad = join(outDir, "bad-import.json");
   writeFileSync(bad, JSON.stringify({ format: "k3-chat-export", version: 1, conversations: [{ id: "x", messages: [
     { id: "a", parent: "nope", role: "user", content: "hi" }] }] }));
-  await page2.click("#open-side");
+  await openSide(page2);
   const [chooser2] = await Promise.all([page2.waitForFileChooser(), page2.click("#import")]);
   await chooser2.accept([bad]);
   await page2.waitForFunction(() => !document.getElementById("notice").hidden);
@@ -461,7 +472,7 @@ try {
   check.ok(narrow.width <= 390 && narrow.sendRight <= 390 && narrow.sendBottom <= 844,
            `usable at 390 px (page ${narrow.width} px wide, Send at ${narrow.sendRight},${narrow.sendBottom})`);
   await page2.screenshot({ path: join(outDir, "narrow-390.png") });
-  await page2.click("#open-side");
+  await openSide(page2);
   await page2.screenshot({ path: join(outDir, "narrow-390-list.png") });
   await page2.keyboard.press("Escape");
   await page2.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
