@@ -23,6 +23,11 @@ constexpr int kMaxCalls = 16;
 // The greedy completion is recomputed at least this often (in tokens) while
 // the budget is far from it, and at every token once it is near.
 constexpr int64_t kGreedyEvery = 32;
+// The greedy completion is walked at most this far; a longer one (a string with
+// a large minLength) is steered along its first kGreedyCap bytes.
+constexpr size_t kGreedyCap = size_t{1} << 16;
+// What a state with no completion at all counts as (never seen).
+constexpr int64_t kNoCompletion = int64_t{1} << 40;
 // Far from steering (see Prepare), a token that may lengthen the shortest
 // completion does not trigger a recompute on its own.
 constexpr int64_t kFar = 48;
@@ -119,10 +124,14 @@ void LexStep(LexState& s, char c) {
   }
 }
 
-std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes) {
+std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes,
+                                                   std::string* capped) {
   std::string out;
   while (!probe.Accepting()) {
-    if (out.size() >= max_bytes) return std::nullopt;
+    if (out.size() >= max_bytes) {
+      if (capped) *capped = std::move(out);
+      return std::nullopt;
+    }
     bool moved = false;
     // Inside a `pattern` string the constraint knows the byte toward acceptance
     // (a fixed order could loop: ^a*b$ would get 'a' forever); try it first.
@@ -194,8 +203,10 @@ StructuredDecoder::StructuredDecoder(const StructuredOutput& spec, const tok::To
   }
   auto min_json = [&](const constrain::CompiledSchema& s) {
     constrain::TokenConstraint c(s, vocab_);
-    auto g = GreedyCompletionInPlace(c, LexState{}, 1 << 16);
-    return g ? int64_t(g->size()) : int64_t{1} << 20;
+    std::string capped;
+    auto g = GreedyCompletionInPlace(c, LexState{}, kGreedyCap, &capped);
+    if (g) return int64_t(g->size());
+    return capped.empty() ? kNoCompletion : int64_t(capped.size()) + 1;
   };
   if (spec_.response) min_json_response_ = min_json(*spec_.response);
   min_json_tool_.assign(spec_.tools.size(), 0);
@@ -316,15 +327,17 @@ int64_t StructuredDecoder::MinAfter(Next next, int tool) const {
 
 void StructuredDecoder::RefreshGreedy() {
   constrain::TokenConstraint probe = json_->Clone();
-  std::optional<std::string> g = GreedyCompletionInPlace(probe, lex_, 1 << 16);
+  std::string capped;
+  std::optional<std::string> g = GreedyCompletionInPlace(probe, lex_, kGreedyCap, &capped);
   greedy_ok_ = g.has_value();
-  greedy_ = g ? std::move(*g) : std::string();
+  greedy_capped_ = !g && !capped.empty();
+  greedy_ = g ? std::move(*g) : std::move(capped);
   greedy_fresh_ = true;
 }
 
 int64_t StructuredDecoder::GreedyLen() {
   if (!greedy_fresh_) RefreshGreedy();
-  greedy_len_ = greedy_ok_ ? int64_t(greedy_.size()) : int64_t{1} << 20;
+  greedy_len_ = greedy_ok_ ? int64_t(greedy_.size()) : greedy_capped_ ? int64_t(greedy_.size()) + 1 : kNoCompletion;
   greedy_age_ = 0;
   greedy_dirty_ = false;
   return greedy_len_;
@@ -337,7 +350,7 @@ std::optional<std::string> StructuredDecoder::CachedCompletion() const {
 
 std::optional<std::string> StructuredDecoder::FreshCompletion() const {
   if (phase_ != Phase::kJson) return std::nullopt;
-  return GreedyCompletion(*json_, 1 << 16);
+  return GreedyCompletion(*json_, kGreedyCap);
 }
 
 int64_t StructuredDecoder::MinRemaining() {
@@ -371,7 +384,7 @@ void StructuredDecoder::MaskSpecials(std::span<float> logits, std::initializer_l
 int32_t StructuredDecoder::SteerToken() {
   if (json_->Accepting()) return x_.close;
   if (!greedy_fresh_) RefreshGreedy();
-  if (!greedy_ok_ || greedy_.empty()) return -1;
+  if (!(greedy_ok_ || greedy_capped_) || greedy_.empty()) return -1;
   const std::string* g = &greedy_;
   try {
     std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
@@ -511,14 +524,14 @@ bool StructuredDecoder::Allowed(int32_t id) {
       // completion serves the next step if this token is taken.
       const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
       int64_t after_len;
-      if (greedy_fresh_ && greedy_ok_ && std::string_view(greedy_).starts_with(bytes)) {
-        after_len = int64_t(greedy_.size() - bytes.size());
+      if (greedy_fresh_ && (greedy_ok_ || greedy_capped_) && std::string_view(greedy_).starts_with(bytes)) {
+        after_len = int64_t(greedy_.size() - bytes.size()) + (greedy_capped_ ? 1 : 0);
       } else {
         constrain::TokenConstraint after = json_->Clone();
         after.Advance(uint32_t(id));
         LexState lex = lex_;
         for (char c : bytes) LexStep(lex, c);
-        std::optional<std::string> g = GreedyCompletionInPlace(after, lex, 1 << 16);
+        std::optional<std::string> g = GreedyCompletionInPlace(after, lex, kGreedyCap);
         probe_id_ = id;
         probe_ok_ = g.has_value();
         probe_greedy_ = g ? std::move(*g) : std::string();
@@ -588,8 +601,10 @@ void StructuredDecoder::Accept(int32_t id) {
       }
       if (!StaysInString(id)) greedy_dirty_ = true;
       const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
-      if (greedy_fresh_ && greedy_ok_ && std::string_view(greedy_).starts_with(bytes)) {
+      if (greedy_fresh_ && (greedy_ok_ || greedy_capped_) && std::string_view(greedy_).starts_with(bytes)) {
         greedy_.erase(0, bytes.size());  // still exact: the rest of a greedy completion is the next one
+        // A capped prefix steered to its end says nothing more: walk again.
+        if (greedy_capped_ && greedy_.empty()) greedy_fresh_ = false;
       } else if (probe_id_ == id) {
         greedy_.swap(probe_greedy_);
         greedy_ok_ = probe_ok_;

@@ -185,6 +185,27 @@ TEST_CASE("structured: tight max_tokens steers to the shortest completion") {
   CHECK(res.finish == FinishReason::kLength);
 }
 
+TEST_CASE("structured: a shortest answer longer than the greedy walk's cap is steered along its prefix") {
+  // {"story":"..."} needs 100,000 characters: more than the 64 KiB the greedy
+  // completion is walked. The answer is steered along the walked prefix and cut
+  // by the budget: a valid JSON prefix and finish "length", never a stray id
+  // (it once closed after '{"story":"' with a NUL and finish "stop").
+  Engine& e = TinyEngine();
+  auto spec = JsonSpec(R"({"type":"object","properties":{"story":{"type":"string","minLength":100000}},"required":["story"],"additionalProperties":false})");
+  for (bool thinking : {false, true}) {
+    CAPTURE(thinking);
+    GenerateRequest r = ChatRequestFor(e, thinking, 200, 1.0f, 3);
+    r.structured = spec;
+    GenerateResult res = e.Generate(r);
+    CAPTURE(res.content);
+    CHECK(res.finish == FinishReason::kLength);
+    REQUIRE(res.content.starts_with(R"({"story":")"));
+    const std::string body = res.content.substr(10);
+    CHECK(body.size() >= 100);
+    CHECK(body.find_first_of(std::string("\"\\\0", 3)) == std::string::npos);
+  }
+}
+
 TEST_CASE("structured: required and named tool calls parse, name declared tools and stream their arguments") {
   Engine& e = TinyEngine();
   auto spec = std::make_shared<StructuredOutput>();

@@ -38,12 +38,16 @@ void LexStep(LexState& s, char c);
 // A short completion of `c`: at every byte the first byte of a fixed
 // preference order (closers, then short values, then the rest) that the
 // constraint takes, until it accepts. The decoder steers along it. nullopt
-// past `max_bytes` (never seen: every state of the automaton can finish).
-// Deterministic: the completion after any prefix of it is the rest of it.
+// past `max_bytes` (a schema whose shortest answer is longer: a string with a
+// large minLength) or at a state that cannot finish (never seen).
+// Deterministic: the completion after any prefix of it is the rest of it, so
+// the `max_bytes` walked before the cap (kept in `*capped` when given) are a
+// prefix of the whole completion that can be steered along.
 std::optional<std::string> GreedyCompletion(const constrain::TokenConstraint& c, size_t max_bytes);
 // The same without a copy: `probe` (a Clone the caller gives up) moves on to
 // the end of the completion; `lex` is where its text stands (LexStep over it).
-std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes);
+std::optional<std::string> GreedyCompletionInPlace(constrain::TokenConstraint& probe, LexState lex, size_t max_bytes,
+                                                   std::string* capped = nullptr);
 
 class StructuredDecoder {
  public:
@@ -133,7 +137,10 @@ class StructuredDecoder {
   // look-ahead window mostly need no recompute. greedy_len_ above keeps its own
   // refresh rules (Prepare); this only makes a refresh free when it is known.
   std::string greedy_;
-  bool greedy_ok_ = false;     // greedy_ found (false: none within the byte cap)
+  bool greedy_ok_ = false;     // greedy_ is the whole completion
+  // greedy_ is only its first kGreedyCap bytes (the shortest answer is longer):
+  // enough to steer along, and its length + 1 is a lower bound on the whole.
+  bool greedy_capped_ = false;
   bool greedy_fresh_ = false;
   int32_t probe_id_ = -1;      // this step's last token probed by Allowed, or -1
   std::string probe_greedy_;   // the greedy completion after it
