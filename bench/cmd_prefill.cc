@@ -141,6 +141,7 @@ double MacsPerToken(const ModelConfig& c) {
 
 struct Run {
   double prefill_s = 0;
+  double expert_wait_s = 0;  // the compute thread blocked on expert reads
   uint64_t bytes = 0, loads = 0;
   uint64_t peak_rss = 0;
   int64_t window = 0, windows = 0;  // the largest window and how many the prefill took
@@ -165,6 +166,7 @@ Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt,
   r.prefill_s = g.timings.prefill_s;
   r.bytes = g.experts.bytes_read;
   r.loads = g.experts.misses;
+  r.expert_wait_s = g.experts.blocked_seconds;
   r.peak_rss = PeakRssBytes();
   r.window = g.timings.prefill_window;
   r.windows = g.timings.prefill_windows;
@@ -224,7 +226,7 @@ void RunPrefillBench(const PrefillArgs& a) {
     const int prefix = a.baseline_prefix > 0 ? std::min(a.baseline_prefix, len) : len;
     const std::vector<int32_t> head(prompt.begin(), prompt.begin() + prefix);
     const double scale = double(len) / double(prefix);
-    std::vector<double> secs, base_secs, ratio_io, ratio_floor, speedup;
+    std::vector<double> secs, waits, base_secs, ratio_io, ratio_floor, speedup;
     Run last, base_last;
     for (int r = 0; r < a.runs; ++r) {
       // Alternate which setting goes first.
@@ -234,6 +236,7 @@ void RunPrefillBench(const PrefillArgs& a) {
       one = Prefill(a, a.chunk, prompt, cold);
       if (!base_first && !a.no_baseline) base = Prefill(a, a.baseline_chunk, head, cold);
       secs.push_back(one.prefill_s);
+      waits.push_back(one.expert_wait_s);
       const double io_floor = double(one.bytes) / (disk_gbps * 1e9);
       const double compute_floor = macs_tok * len / (roof * 1e9);
       ratio_floor.push_back(one.prefill_s / std::max(io_floor, compute_floor));
@@ -265,6 +268,7 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("compute_floor_s", compute_floor);
     PutSummary(j, "prefill_s", secs);
     PutSummary(j, "vs_floor", ratio_floor);
+    PutSummary(j, "expert_wait_s", waits);
     j.Field("peak_rss_bytes", last.peak_rss);
     if (!a.no_baseline) {
       j.Field("baseline_chunk", int64_t(a.baseline_chunk))

@@ -24,6 +24,7 @@
 // the step and the nibbles need no shuffle.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -1062,55 +1063,61 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
   }
 }
 
-template <WeightFormat F, int R>
-void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
-                 Scratch& s) noexcept {
-  const size_t blocks = x.xsg_stride / 16;
-  uint8_t* wbuf = Grow(s.wu, R * blocks * 8 * 64);
-  float* gbuf = Grow(s.wgs, R * blocks * 16);
+// Weight row `o` decoded into the block layout: 8 chunk vectors per block at
+// `wo`, the 16 block factors (block lane order) at `go`.
+template <WeightFormat F>
+void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t blocks, uint8_t* wo,
+                  float* go) noexcept {
   const __m512i order = BlockLaneOrder();
-  const uint8_t* wr[R];
-  const float* gr[R];
-  for (int r = 0; r < R; ++r) {
-    const NibDirect<F> d = NibRow<F>(w, o + r);
-    uint8_t* wo = wbuf + r * blocks * 8 * 64;
-    float* go = gbuf + r * blocks * 16;
-    for (size_t k = 0; k < blocks; ++k) {
-      __m512i lo[4], hi[4];
-      for (size_t m = 0; m < 4; ++m) {
-        const size_t t = k * kBlockSteps + m;
-        if (t < x.steps) {
-          d.Weights(t, &lo[m], &hi[m]);
-        } else {  // multiplies zero activations
-          lo[m] = hi[m] = _mm512_setzero_si512();
-        }
+  const NibDirect<F> d = NibRow<F>(w, o);
+  for (size_t k = 0; k < blocks; ++k) {
+    __m512i lo[4], hi[4];
+    for (size_t m = 0; m < 4; ++m) {
+      const size_t t = k * kBlockSteps + m;
+      if (t < x.steps) {
+        d.Weights(t, &lo[m], &hi[m]);
+      } else {  // multiplies zero activations
+        lo[m] = hi[m] = _mm512_setzero_si512();
       }
-      __m512i we[4], wod[4];
-      Transpose4(lo, we);
-      Transpose4(hi, wod);
-      uint8_t* out = wo + k * 8 * 64;
-      for (int j = 0; j < 4; ++j) {
-        _mm512_store_si512(out + j * 64, we[j]);
-        _mm512_store_si512(out + (4 + j) * 64, wod[j]);
-      }
-      _mm512_store_ps(go + k * 16, _mm512_permutexvar_ps(order, d.BlockFactors(k)));
     }
-    wr[r] = wo;
-    gr[r] = go;
-  }
-  float d[kNibGemmActs * kNibGemmRows];
-  size_t b = 0;
-  for (; b + kNibGemmActs <= batch; b += kNibGemmActs) {
-    NibGemmTile<R, kNibGemmActs>(wr, gr, x, b, blocks, d);
-    for (int c = 0; c < kNibGemmActs; ++c) {
-      for (int r = 0; r < R; ++r) y[(b + c) * w.rows + o + r] = d[c * kNibGemmRows + r];
+    __m512i we[4], wod[4];
+    Transpose4(lo, we);
+    Transpose4(hi, wod);
+    uint8_t* out = wo + k * 8 * 64;
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_si512(out + j * 64, we[j]);
+      _mm512_store_si512(out + (4 + j) * 64, wod[j]);
     }
-  }
-  for (; b < batch; ++b) {
-    NibGemmTile<R, 1>(wr, gr, x, b, blocks, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
+    _mm512_store_ps(go + k * 16, _mm512_permutexvar_ps(order, d.BlockFactors(k)));
   }
 }
+
+// Rows o .. o+R-1 (decoded at wr/gr) against activation rows [b0, b1).
+template <int R>
+void NibTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
+              size_t b1, size_t blocks, size_t o, size_t ld, float* y) noexcept {
+  float d[kNibGemmActs * kNibGemmRows];
+  size_t b = b0;
+  for (; b + kNibGemmActs <= b1; b += kNibGemmActs) {
+    NibGemmTile<R, kNibGemmActs>(wr, gr, x, b, blocks, d);
+    for (int c = 0; c < kNibGemmActs; ++c) {
+      for (int r = 0; r < R; ++r) y[(b + c) * ld + o + r] = d[c * kNibGemmRows + r];
+    }
+  }
+  for (; b < b1; ++b) {
+    NibGemmTile<R, 1>(wr, gr, x, b, blocks, d);
+    for (int r = 0; r < R; ++r) y[b * ld + o + r] = d[r];
+  }
+}
+
+// Cache blocking of the nibble GEMM (one byte per column for a decoded weight
+// row and for an activation row): the activations go in chunks that stay in
+// L2, and each chunk meets every row quad decoded into L1 (a quad is decoded
+// again for each chunk: a few percent of the tile work at 64 rows). Without
+// the chunks every quad streamed all activation rows from memory (14.7 MB at
+// 2048 x 7168): 0.20 of the roof at M = 2048, against 0.42 with them
+// (docs/PERFORMANCE.md). A batch within one chunk runs as before.
+constexpr size_t kNibChunkBytes = size_t{512} << 10;
 
 template <WeightFormat F>
 void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
@@ -1120,8 +1127,27 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
     for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
     return;
   }
-  ForRowBlocks<kNibGemmRows>(
-      r0, r1, [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
+  const size_t blocks = acts.xsg_stride / 16;
+  const size_t row_bytes = blocks * 8 * 64;
+  const size_t chunk = std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs,
+                                        kNibGemmActs);
+  uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
+  float* gbuf = Grow(s.wgs, kNibGemmRows * blocks * 16);
+  for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
+    const size_t b1 = std::min(x.batch, b0 + chunk);
+    ForRowBlocks<kNibGemmRows>(r0, r1, [&]<int N>(size_t o) {
+      const uint8_t* wr[N];
+      const float* gr[N];
+      for (int r = 0; r < N; ++r) {
+        uint8_t* wo = wbuf + size_t(r) * row_bytes;
+        float* go = gbuf + size_t(r) * blocks * 16;
+        NibDecodeRow<F>(w, acts, o + size_t(r), blocks, wo, go);
+        wr[r] = wo;
+        gr[r] = go;
+      }
+      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y);
+    });
+  }
 }
 
 // K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel

@@ -462,6 +462,44 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   omp_set_num_threads(saved_threads);
 }
 
+// The nibble GEMM walks the activations in chunks sized to L2 (at 7168
+// columns: 72 rows), each past every decoded row quad. Several chunks and a
+// partial one, row quads and a row tail, on one and two threads, must give
+// each output the bits of a one-row call.
+TEST_CASE("nibble GEMM cache blocking never changes a bit (panels and chunks, per ISA)") {
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("nibble GEMM blocking");
+  std::mt19937 rng(23);
+  const int saved_threads = omp_get_max_threads();
+  for (WeightFormat fmt : {WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
+    const size_t rows = 150, cols = 7168, batch = 153;
+    Mat m = RandomMat(fmt, rows, cols, rng);
+    std::vector<float> x = RandomVec(batch * cols, rng);
+    ActsQ8 a_all;
+    QuantizeActs(x.data(), batch, cols, &a_all);
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      omp_set_num_threads(1);
+      std::vector<std::vector<float>> one(batch, std::vector<float>(rows));
+      for (size_t b = 0; b < batch; ++b) {
+        ActsQ8 a1;
+        QuantizeActs(x.data() + b * cols, 1, cols, &a1);
+        MatMulQ8(m.View(), a1, one[b].data());
+      }
+      for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        std::vector<float> q_all(batch * rows, -1.0f);
+        MatMulQ8(m.View(), a_all, q_all.data());
+        for (size_t b = 0; b < batch; ++b) {
+          CHECK_MESSAGE(std::memcmp(one[b].data(), q_all.data() + b * rows, rows * 4) == 0,
+                        FmtName(fmt) << " b" << b << " threads " << threads << " " << IsaStr(isa));
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 // The SIMD kernels lay out a call's activations once per thread and reuse them
 // for that call's later row chunks (kernels.h t_call_id). A later call with the
 // same buffers holding new values must never see the old layout.
