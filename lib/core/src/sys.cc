@@ -1,5 +1,6 @@
 #include "k3/core/sys.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -53,6 +54,15 @@ uint64_t AddressSpaceLimitBytes() {
 int NumOnlineCpus() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+void AdviseHugePages(void* p, size_t bytes) noexcept {
+#ifdef MADV_HUGEPAGE
+  if (p != nullptr && bytes > 0) (void)::madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 std::optional<std::string> GetEnv(const char* name) {

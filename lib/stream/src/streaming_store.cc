@@ -1,13 +1,18 @@
 #include "k3/stream/streaming_store.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "io_engine.h"
@@ -36,6 +41,8 @@ struct FreeDeleter {
 using BufferPtr = std::unique_ptr<std::byte, FreeDeleter>;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
 }  // namespace
 
@@ -121,8 +128,27 @@ struct StreamingExpertStore::Impl {
   std::exception_ptr deferred;   // an error raised inside noexcept Release()
   int64_t last_layer = INT64_MAX;
 
+  // Buffers the prefault thread has already touched (K3_PREFAULT), taken
+  // before allocating a fresh one.
+  std::mutex ready_mu;
+  std::vector<BufferPtr> ready;
+  std::atomic<bool> stop_prefault{false};
+  std::thread prefault;
+
   // Declared last: destroyed first, so no read is in flight when the buffers go.
   std::unique_ptr<Engine> engine;
+
+  // 2 MiB-aligned and whole huge pages, offered to transparent huge pages.
+  BufferPtr AllocBuffer() const {
+    const size_t bytes = static_cast<size_t>(RoundUp(buf_bytes, kHugePage));
+    void* p = std::aligned_alloc(kHugePage, bytes);
+    if (p == nullptr) {
+      throw Error(ErrorCode::kNoSpace,
+                  "cannot allocate a " + std::to_string(buf_bytes) + "-byte expert buffer");
+    }
+    AdviseHugePages(p, bytes);
+    return BufferPtr(static_cast<std::byte*>(p));
+  }
 
   BufferPtr TakeBuffer() {
     if (!free_bufs.empty()) {
@@ -130,12 +156,48 @@ struct StreamingExpertStore::Impl {
       free_bufs.pop_back();
       return b;
     }
-    void* p = std::aligned_alloc(kDirectAlign, buf_bytes);
-    if (p == nullptr) {
-      throw Error(ErrorCode::kNoSpace,
-                  "cannot allocate a " + std::to_string(buf_bytes) + "-byte expert buffer");
+    {
+      std::lock_guard<std::mutex> lock(ready_mu);
+      if (!ready.empty()) {
+        BufferPtr b = std::move(ready.back());
+        ready.pop_back();
+        return b;
+      }
     }
-    return BufferPtr(static_cast<std::byte*>(p));
+    return AllocBuffer();
+  }
+
+  // A fresh buffer's first touch happens inside the O_DIRECT submit: the
+  // kernel pins its pages on the compute thread, which then zeroes them. On a
+  // cold 512-token prefill that was a third of the wall time (docs/
+  // PERFORMANCE.md). This thread touches the buffers the cache plan will hold
+  // (every slot plus the read window) ahead of use, at a low priority, and
+  // stops early when the store goes.
+  void StartPrefault(uint64_t count) {
+    if (count == 0) return;
+    prefault = std::thread([this, count] {
+#ifdef SYS_gettid
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+#endif
+      const size_t page = 4096;
+      for (uint64_t i = 0; i < count && !stop_prefault.load(std::memory_order_relaxed); ++i) {
+        BufferPtr b;
+        try {
+          b = AllocBuffer();
+        } catch (const Error&) {
+          return;  // out of memory now: TakeBuffer reports it when a read needs one
+        }
+        volatile std::byte* v = b.get();
+        for (size_t off = 0; off < buf_bytes; off += page) v[off] = std::byte{0};
+        std::lock_guard<std::mutex> lock(ready_mu);
+        ready.push_back(std::move(b));
+      }
+    });
+  }
+
+  void StopPrefault() noexcept {
+    stop_prefault.store(true, std::memory_order_relaxed);
+    if (prefault.joinable()) prefault.join();
   }
 };
 
@@ -216,10 +278,16 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
             std::clamp(options_.io_threads, 1, 16));
   }
   if (!m.engine) m.engine = detail::MakePoolEngine(m.files, options_, m.counters);
+  if (options_.prefault) {
+    m.StartPrefault(static_cast<uint64_t>(plan_.slots_per_layer) * static_cast<uint64_t>(plan_.moe_layers) +
+                    static_cast<uint64_t>(options_.window));
+  }
 }
 
 StreamingExpertStore::~StreamingExpertStore() {
-  if (impl_ && impl_->engine) impl_->engine->Drain();
+  if (!impl_) return;
+  impl_->StopPrefault();
+  if (impl_->engine) impl_->engine->Drain();
 }
 
 const char* StreamingExpertStore::backend() const { return impl_->engine->name(); }

@@ -70,10 +70,14 @@ struct StreamOptions {
   // multiple) so that, with several reads in flight, experts complete in
   // submission order and the first one is ready sooner. 0: one read each.
   uint64_t read_chunk_bytes = 0;
+  // K3_PREFAULT: a low-priority thread touches the cache's buffers (every slot
+  // plus the read window) after construction, so that a cold pass does not
+  // fault them in on the compute thread.
+  bool prefault = true;
   bool log_projection = true;    // print the cache projection at construction
   IoFaultHook* fault_hook = nullptr;  // borrowed; tests only
   // k3::engine::EngineOptions::FromEnv fills these from K3_EXPERT_GB, K3_DIRECT,
-  // K3_URING, K3_PIPE, K3_IO_THREADS, K3_QD, K3_WINDOW, K3_READ_CHUNK_MB
+  // K3_URING, K3_PIPE, K3_IO_THREADS, K3_QD, K3_WINDOW, K3_READ_CHUNK_MB, K3_PREFAULT
   // (docs/environment.md).
 };
 
