@@ -938,12 +938,13 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     for (size_t t0 = 0; t0 < C; t0 += kBlock) {
       const size_t tb = std::min(kBlock, C - t0);
       const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
-      for (size_t t = 0; t < tb; ++t) {
-        const float* qn = qv.data() + (t0 + t) * H * qh + hh * qh;
-        float* qa_t = qabs.data() + t * kvl;
-        std::fill(qa_t, qa_t + kvl, 0.0f);
-        for (size_t d = 0; d < nope; ++d) quant::AddRow(kvb, hh * (nope + vh) + d, qn[d], qa_t);
-        if (rope) std::memcpy(qr.data() + t * rope, qn + nope, rope * sizeof(float));
+      // The absorbed queries: qabs[t] = sum over d of qn[t][d] * kv_b row d of
+      // the head, for the block's tokens at once (AddRows: the AddRow loop's bits).
+      std::fill(qabs.begin(), qabs.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
+      quant::AddRows(kvb, hh * (nope + vh), nope, qv.data() + t0 * H * qh + hh * qh, H * qh, tb,
+                     qabs.data(), kvl);
+      for (size_t t = 0; t < tb && rope; ++t) {
+        std::memcpy(qr.data() + t * rope, qv.data() + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
       }
       quant::WeightView lat;
       lat.format = quant::WeightFormat::kF32;
@@ -968,11 +969,14 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
         }
         quant::Softmax(sc, nt);
       }
-      // Each latent row goes to every token of the block that sees it.
+      // Each latent row goes to every token of the block that sees it, rows in
+      // ascending order per token: the rows before the block reach all of its
+      // tokens (AddRows), then the block's own rows the tokens at or after them.
       std::fill(clat.begin(), clat.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
-      for (size_t j = 0; j < nb; ++j) {
-        const size_t first = j > static_cast<size_t>(pos0) + t0 ? j - static_cast<size_t>(pos0) - t0 : 0;
-        for (size_t t = first; t < tb; ++t) quant::AddRow(lat, j, s1[t * nb + j], clat.data() + t * kvl);
+      const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
+      quant::AddRows(lat, 0, seen_by_all, s1.data(), nb, tb, clat.data(), kvl);
+      for (size_t j = seen_by_all; j < nb; ++j) {
+        for (size_t t = j - seen_by_all; t < tb; ++t) quant::AddRow(lat, j, s1[t * nb + j], clat.data() + t * kvl);
       }
       for (size_t t = 0; t < tb; ++t) {
         float* ct = ctx.data() + (t0 + t) * H * vh + hh * vh;

@@ -75,6 +75,10 @@ struct KernelTable {
   // RoofLoop (roof.h): the peak loop of the instruction this table's kernels
   // are bound by; returns the multiply-adds done.
   uint64_t (*roof)(RoofOp op, uint64_t iters) noexcept;
+  // AddRows (quant.h): optional; null = add_row in a loop, which defines the
+  // bits (a fast version does each element's FMAs in the same row order).
+  void (*add_rows)(const WeightView& w, size_t row0, size_t nrows, const float* coef,
+                   size_t coef_ld, size_t tokens, float* acc, size_t acc_ld) noexcept = nullptr;
 };
 
 // The scalar quantizers (quant.cc): the reference every ISA's bytes must equal.

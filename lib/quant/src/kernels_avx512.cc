@@ -1415,11 +1415,97 @@ uint64_t RoofAvx512(RoofOp op, uint64_t iters) noexcept {
   return iters * kChains * 16;
 }
 
+// AddRows: tiles of T tokens x V 16-column vectors in registers; per row, the
+// V weight vectors are loaded (int8: widened and converted) once for the T
+// tokens, and each accumulator takes fma(k, w, acc) in row order -- AddRow's
+// operation (k = c, or c * scale for int8), so the bits of the AddRow loop.
+template <int T, int V>
+void AddRowsTile(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
+                 float* acc, size_t acc_ld, size_t c0) noexcept {
+  __m512 a[T][V];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) a[t][v] = _mm512_loadu_ps(acc + size_t(t) * acc_ld + c0 + size_t(v) * 16);
+  }
+  const size_t n = w.cols;
+  const bool f32 = w.format == WeightFormat::kF32;
+  for (size_t j = 0; j < nrows; ++j) {
+    const size_t row = row0 + j;
+    __m512 wv[V];
+    if (f32) {
+      const float* r = static_cast<const float*>(w.data) + row * n + c0;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(r + v * 16);
+    } else {
+      const int8_t* q = static_cast<const int8_t*>(w.data) + row * n + c0;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        wv[v] = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + v * 16))));
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const float c = coef[size_t(t) * coef_ld + j];
+      const __m512 kv = _mm512_set1_ps(f32 ? c : c * w.scales[row]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) a[t][v] = _mm512_fmadd_ps(kv, wv[v], a[t][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc + size_t(t) * acc_ld + c0 + size_t(v) * 16, a[t][v]);
+  }
+}
+
+template <int T>
+void AddRowsTokens(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
+                   float* acc, size_t acc_ld) noexcept {
+  const size_t n = w.cols;
+  size_t c0 = 0;
+  for (; c0 + 64 <= n; c0 += 64) AddRowsTile<T, 4>(w, row0, nrows, coef, coef_ld, acc, acc_ld, c0);
+  for (; c0 + 16 <= n; c0 += 16) AddRowsTile<T, 1>(w, row0, nrows, coef, coef_ld, acc, acc_ld, c0);
+  if (c0 == n) return;
+  // The columns past the last whole vector: AddRowAvx512's scalar tail.
+  const bool f32 = w.format == WeightFormat::kF32;
+  for (int t = 0; t < T; ++t) {
+    float* at = acc + size_t(t) * acc_ld;
+    for (size_t j = 0; j < nrows; ++j) {
+      const size_t row = row0 + j;
+      const float c = coef[size_t(t) * coef_ld + j];
+      if (f32) {
+        const float* r = static_cast<const float*>(w.data) + row * n;
+        for (size_t i = c0; i < n; ++i) at[i] = std::fma(c, r[i], at[i]);
+      } else {
+        const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
+        const float k = c * w.scales[row];
+        for (size_t i = c0; i < n; ++i) at[i] = std::fma(k, static_cast<float>(q[i]), at[i]);
+      }
+    }
+  }
+}
+
+void AddRowsAvx512(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
+                   size_t tokens, float* acc, size_t acc_ld) noexcept {
+  if (w.format != WeightFormat::kF32 && w.format != WeightFormat::kInt8) {
+    for (size_t t = 0; t < tokens; ++t) {
+      for (size_t j = 0; j < nrows; ++j) AddRowAvx512(w, row0 + j, coef[t * coef_ld + j], acc + t * acc_ld);
+    }
+    return;
+  }
+  size_t t = 0;
+  for (; t + 4 <= tokens; t += 4) AddRowsTokens<4>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+  for (; t < tokens; ++t) AddRowsTokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+}
+
 constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       MatMulQ8Avx512,         RowDotAvx512,
                                       AddRowAvx512,           QuantizeInt8RowsAvx512,
                                       QuantizeInt4RowsAvx512, DowncastAvx512,
-                                      QuantizeActsAvx512,     RoofAvx512};
+                                      QuantizeActsAvx512,     RoofAvx512,
+                                      AddRowsAvx512};
 
 }  // namespace
 

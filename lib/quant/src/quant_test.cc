@@ -409,6 +409,34 @@ TEST_CASE("RowDot equals the MatMul element; AddRow matches the reference") {
   }
 }
 
+// MLA sums rows over a block of tokens with AddRows: its bits must be those of
+// the AddRow loop it stands for, on every ISA (tiles of 4 tokens x 64 columns,
+// a token tail, 16-column vectors and a scalar column tail; int4 takes the loop).
+TEST_CASE("AddRows gives the bits of the AddRow loop (per ISA)") {
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("AddRows");
+  std::mt19937 rng(31);
+  struct Case { WeightFormat fmt; size_t cols; };
+  for (Case cs : {Case{WeightFormat::kF32, 512}, Case{WeightFormat::kF32, 100},
+                  Case{WeightFormat::kInt8, 512}, Case{WeightFormat::kInt8, 136},
+                  Case{WeightFormat::kInt4G64, 128}}) {
+    const size_t rows = 45, row0 = 6, nrows = 33, tokens = 7, coef_ld = 40, acc_ld = cs.cols + 3;
+    Mat m = RandomMat(cs.fmt, rows, cs.cols, rng);
+    const std::vector<float> coef = RandomVec(tokens * coef_ld, rng);
+    const std::vector<float> start = RandomVec(tokens * acc_ld, rng);
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      std::vector<float> loop = start, tiled = start;
+      for (size_t t = 0; t < tokens; ++t) {
+        for (size_t j = 0; j < nrows; ++j) AddRow(m.View(), row0 + j, coef[t * coef_ld + j], loop.data() + t * acc_ld);
+      }
+      AddRows(m.View(), row0, nrows, coef.data(), coef_ld, tokens, tiled.data(), acc_ld);
+      CHECK_MESSAGE(std::memcmp(loop.data(), tiled.data(), loop.size() * 4) == 0,
+                    FmtName(cs.fmt) << " cols " << cs.cols << " " << IsaStr(isa));
+    }
+  }
+}
+
 TEST_CASE("batch and thread count never change a bit (per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("batch and thread invariance");

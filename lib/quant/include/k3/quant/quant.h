@@ -85,5 +85,12 @@ void MatMulQ8(const WeightView& w, const ActsQ8& x, float* y) noexcept;
 // --- Row helpers used by MLA's absorbed attention (§6.3) ------------------------
 float RowDot(const WeightView& w, size_t row, const float* x) noexcept;
 void AddRow(const WeightView& w, size_t row, float c, float* acc) noexcept;
+// For t in [0, tokens), for j in [0, nrows): AddRow(w, row0 + j, coef[t * coef_ld + j],
+// acc + t * acc_ld) -- and exactly its bits: each element gets the same
+// operations in the same row order. A register-tiled kernel where the ISA has
+// one (f32 and int8 rows on AVX-512): MLA's absorbed query and weighted latent
+// sum over a block of tokens.
+void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
+             size_t tokens, float* acc, size_t acc_ld) noexcept;
 
 }  // namespace k3::quant
