@@ -95,6 +95,29 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
 }
 
 // ---------------------------------------------------------------------------
+// Layer scratch kept between layers and windows (issue 25). Allocated afresh
+// by every layer, a window's large buffers (KDA's projections are 7 x C x 8192
+// floats at K3's shapes) were faulted in, zeroed and unmapped again by every
+// layer of every window. Slot i grows to the largest request and keeps it;
+// contents are not zeroed (every user writes all of a buffer it reads).
+namespace {
+class ScratchSet {
+ public:
+  float* Take(size_t slot, size_t n) {
+    if (bufs_.size() <= slot) bufs_.resize(slot + 1);
+    DefaultInitVector<float>& b = bufs_[slot];
+    if (b.size() < n) {
+      DefaultInitVector<float>().swap(b);  // the old block goes before the new one comes
+      b.resize(n);
+    }
+    return b.data();
+  }
+
+ private:
+  std::vector<DefaultInitVector<float>> bufs_;
+};
+}  // namespace
+
 // Per-sequence state and scratch.
 struct Session::Impl {
   struct KdaState {
@@ -110,6 +133,11 @@ struct Session::Impl {
   int64_t cache_cap = 0;
 
   quant::ActsQ8 acts;  // scratch for Linear()
+  // Layer scratch (ScratchSet), one set for every phase of a layer, slots by
+  // order of use: attention (KDA 0-7 or MLA 0-4), the MLPs (dense and shared
+  // experts: gate 0, up 1), the MoE layer (router logits 2, latent in 3,
+  // latent out 4, shared-expert output 5; its shared MLP takes 0 and 1).
+  ScratchSet scratch;
   // Routed experts when the model has no executor of its own.
   CpuExpertExecutor cpu_experts;
 
@@ -773,14 +801,16 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   const float eps = c.rms_norm_eps;
   const float lb = c.kda_gate_lower_bound;
 
-  std::vector<float> q(C * P), k(C * P), v(C * P), g(C * P), z(C * P), t1(C * hd), braw(C * H);
-  Linear(w.q, x, C, q.data(), idot, &impl_->acts);
-  Linear(w.k, x, C, k.data(), idot, &impl_->acts);
-  Linear(w.v, x, C, v.data(), idot, &impl_->acts);
-  Linear(w.g, x, C, g.data(), idot, &impl_->acts);
-  quant::MatMul(w.f_a.view(), x, C, t1.data());
-  quant::MatMul(w.f_b.view(), t1.data(), C, z.data());
-  quant::MatMul(w.b.view(), x, C, braw.data());
+  ScratchSet& scratch = impl_->scratch;
+  float *q = scratch.Take(0, C * P), *k = scratch.Take(1, C * P), *v = scratch.Take(2, C * P), *g = scratch.Take(3, C * P),
+        *z = scratch.Take(4, C * P), *t1 = scratch.Take(5, C * hd), *braw = scratch.Take(6, C * H);
+  Linear(w.q, x, C, q, idot, &impl_->acts);
+  Linear(w.k, x, C, k, idot, &impl_->acts);
+  Linear(w.v, x, C, v, idot, &impl_->acts);
+  Linear(w.g, x, C, g, idot, &impl_->acts);
+  quant::MatMul(w.f_a.view(), x, C, t1);
+  quant::MatMul(w.f_b.view(), t1, C, z);
+  quant::MatMul(w.b.view(), x, C, braw);
 
   // Checkpoints inside the window (Session::Forward): after token t whose
   // capture_of_token is set, this layer's state is copied into that capture,
@@ -820,11 +850,11 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
       }
     }
   };
-  conv(q.data(), st.wq, w.q_conv, 0);
-  conv(k.data(), st.wk, w.k_conv, 1);
-  conv(v.data(), st.wv, w.v_conv, 2);
+  conv(q, st.wq, w.q_conv, 0);
+  conv(k, st.wk, w.k_conv, 1);
+  conv(v, st.wv, w.v_conv, 2);
 
-  std::vector<float> o(C * P);
+  float* o = scratch.Take(7, C * P);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Heads are independent: each owns its state and advances token by token.
   const bool head_par = H > 1 && H * hd * hd * C >= (1u << 16);
@@ -834,9 +864,9 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
     float* S = st.s.data() + hh * hd * hd;
     const float a_h = w.a[hh];
     for (size_t t = 0; t < C; ++t) {
-      const float* qt = q.data() + t * P + hh * hd;
-      const float* kt = k.data() + t * P + hh * hd;
-      const float* vtok = v.data() + t * P + hh * hd;
+      const float* qt = q + t * P + hh * hd;
+      const float* kt = k + t * P + hh * hd;
+      const float* vtok = v + t * P + hh * hd;
       float sq = 0.0f, sk = 0.0f;
       for (size_t i = 0; i < hd; ++i) sq += qt[i] * qt[i];
       for (size_t i = 0; i < hd; ++i) sk += kt[i] * kt[i];
@@ -876,13 +906,13 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
       if (float* cap = capture_at(t)) {
         std::memcpy(cap + hh * hd * hd, S, hd * hd * sizeof(float));
       }
-      float* ot = o.data() + t * P + hh * hd;
+      float* ot = o + t * P + hh * hd;
       quant::RmsNorm(oh.data(), w.o_norm.data(), hd, eps, ot);
-      const float* gt = g.data() + t * P + hh * hd;
+      const float* gt = g + t * P + hh * hd;
       for (size_t vv = 0; vv < hd; ++vv) ot[vv] *= quant::Sigmoid(gt[vv]);
     }
   }
-  Linear(w.o, o.data(), C, out, idot, &impl_->acts);
+  Linear(w.o, o, C, out, idot, &impl_->acts);
 }
 
 // Gated MLA, NoPE, absorbed form over the latent cache (§5.4).
@@ -899,24 +929,26 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
   const size_t ql = static_cast<size_t>(c.q_lora_rank);
 
-  std::vector<float> qa(C * ql), qv(C * H * qh), ckv(C * (kvl + rope)), gv(C * H * vh);
-  Linear(w.q_a, x, C, qa.data(), idot, &impl_->acts);
+  ScratchSet& scratch = impl_->scratch;
+  float *qa = scratch.Take(0, C * ql), *qv = scratch.Take(1, C * H * qh), *ckv = scratch.Take(2, C * (kvl + rope)),
+        *gv = scratch.Take(3, C * H * vh);
+  Linear(w.q_a, x, C, qa, idot, &impl_->acts);
   for (size_t t = 0; t < C; ++t) {
-    quant::RmsNorm(qa.data() + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa.data() + t * ql);
+    quant::RmsNorm(qa + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa + t * ql);
   }
-  Linear(w.q_b, qa.data(), C, qv.data(), idot, &impl_->acts);
-  Linear(w.kv_a, x, C, ckv.data(), idot, &impl_->acts);
+  Linear(w.q_b, qa, C, qv, idot, &impl_->acts);
+  Linear(w.kv_a, x, C, ckv, idot, &impl_->acts);
   // Append the whole chunk to the cache first; token t then attends to rows
   // 0..pos0+t (causal).
   for (size_t t = 0; t < C; ++t) {
     const size_t row = static_cast<size_t>(pos0) + t;
-    const float* src = ckv.data() + t * (kvl + rope);
+    const float* src = ckv + t * (kvl + rope);
     quant::RmsNorm(src, w.kv_a_norm.data(), kvl, kLoraNormEps, mc.latent.data() + row * kvl);
     if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
   }
-  Linear(w.g, x, C, gv.data(), idot, &impl_->acts);
+  Linear(w.g, x, C, gv, idot, &impl_->acts);
 
-  std::vector<float> ctx(C * H * vh);
+  float* ctx = scratch.Take(4, C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
   // The latent and rope caches as f32 matrices: a block of tokens' scores
@@ -941,10 +973,10 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       // The absorbed queries: qabs[t] = sum over d of qn[t][d] * kv_b row d of
       // the head, for the block's tokens at once (AddRows: the AddRow loop's bits).
       std::fill(qabs.begin(), qabs.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
-      quant::AddRows(kvb, hh * (nope + vh), nope, qv.data() + t0 * H * qh + hh * qh, H * qh, tb,
+      quant::AddRows(kvb, hh * (nope + vh), nope, qv + t0 * H * qh + hh * qh, H * qh, tb,
                      qabs.data(), kvl);
       for (size_t t = 0; t < tb && rope; ++t) {
-        std::memcpy(qr.data() + t * rope, qv.data() + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
+        std::memcpy(qr.data() + t * rope, qv + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
       }
       quant::WeightView lat;
       lat.format = quant::WeightFormat::kF32;
@@ -979,8 +1011,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
         for (size_t t = j - seen_by_all; t < tb; ++t) quant::AddRow(lat, j, s1[t * nb + j], clat.data() + t * kvl);
       }
       for (size_t t = 0; t < tb; ++t) {
-        float* ct = ctx.data() + (t0 + t) * H * vh + hh * vh;
-        const float* gt = gv.data() + (t0 + t) * H * vh + hh * vh;
+        float* ct = ctx + (t0 + t) * H * vh + hh * vh;
+        const float* gt = gv + (t0 + t) * H * vh + hh * vh;
         for (size_t d = 0; d < vh; ++d) {
           ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data() + t * kvl) *
                   quant::Sigmoid(gt[d]);
@@ -988,7 +1020,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       }
     }
   }
-  Linear(w.o, ctx.data(), C, out, idot, &impl_->acts);
+  Linear(w.o, ctx, C, out, idot, &impl_->acts);
 }
 
 // Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
@@ -996,11 +1028,11 @@ void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* o
   const ModelConfig& c = model_.config();
   const bool idot = options_.idot;
   const size_t inter = w.gate.rows();
-  std::vector<float> g(C * inter), u(C * inter);
-  Linear(w.gate, x, C, g.data(), idot, &impl_->acts);
-  Linear(w.up, x, C, u.data(), idot, &impl_->acts);
-  quant::SituGlu(g.data(), u.data(), C * inter, c.situ_beta, c.situ_linear_beta, g.data());
-  Linear(w.down, g.data(), C, out, idot, &impl_->acts);
+  float *g = impl_->scratch.Take(0, C * inter), *u = impl_->scratch.Take(1, C * inter);
+  Linear(w.gate, x, C, g, idot, &impl_->acts);
+  Linear(w.up, x, C, u, idot, &impl_->acts);
+  quant::SituGlu(g, u, C * inter, c.situ_beta, c.situ_linear_beta, g);
+  Linear(w.down, g, C, out, idot, &impl_->acts);
 }
 
 // LatentMoE (§5.5) + fused shared experts.
@@ -1015,8 +1047,9 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
 
   // Router: sigmoid scores; top-k by score + bias (strict >, ties -> lowest
   // id); weights = raw scores renormalised.
-  std::vector<float> logits(C * E);
-  quant::MatMul(w.router.view(), x, C, logits.data());
+  ScratchSet& scratch = impl_->scratch;
+  float* logits = scratch.Take(2, C * E);
+  quant::MatMul(w.router.view(), x, C, logits);
   std::vector<int32_t> sel(C * K);
   std::vector<float> sel_w(C * K);
   std::vector<float> s(E);
@@ -1071,8 +1104,8 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   // Latent down-projection, then the union of the window's experts, each
   // fetched once and applied to all its tokens by the executor (the CPU one
   // unless the model has another, e.g. the Vulkan tier).
-  std::vector<float> zlat(C * LT);
-  Linear(w.latent_down, x, C, zlat.data(), idot, &impl_->acts);
+  float* zlat = scratch.Take(3, C * LT);
+  Linear(w.latent_down, x, C, zlat, idot, &impl_->acts);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert, sized exactly
   {
     std::vector<uint32_t> n(E, 0);
@@ -1096,8 +1129,8 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
 
   // The combine folds outputs as they arrive (Combiner); only an executor
   // without a sink still needs the [C*K][LT] buffer of every pair.
-  std::vector<float> lat(C * LT);
-  Combiner combine(C, K, LT, sel.data(), sel_w.data(), keep.data(), lat.data());
+  float* lat = scratch.Take(4, C * LT);  // zeroed by the Combiner
+  Combiner combine(C, K, LT, sel.data(), sel_w.data(), keep.data(), lat);
   std::vector<float> contrib;
   if (order == PairOrder::kExpertOrder) {
     combine.Plan(uni, users);
@@ -1110,7 +1143,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   batch.layer = layer;
   batch.num_tokens = C;
   batch.top_k = K;
-  batch.latent = zlat.data();
+  batch.latent = zlat;
   batch.experts = uni;
   batch.users = &users;
   batch.int8_acts = idot;
@@ -1131,23 +1164,24 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   K3_CHECK(combine.complete());
   // Then the latent norm per token.
   for (size_t t = 0; t < C; ++t) {
-    float* lt = lat.data() + t * LT;
+    float* lt = lat + t * LT;
     quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
   }
-  Linear(w.latent_up, lat.data(), C, out, idot, &impl_->acts);
+  Linear(w.latent_up, lat, C, out, idot, &impl_->acts);
   if (!w.shared.gate.empty()) {
-    std::vector<float> sh(C * D);
-    MlpForward(w.shared, x, C, sh.data());
+    float* sh = scratch.Take(5, C * D);
+    MlpForward(w.shared, x, C, sh);
     for (size_t i = 0; i < C * D; ++i) out[i] += sh[i];
   }
 }
 
 // ---------------------------------------------------------------------------
 // Window memory (issue 25, docs/model.md "Windows"). Mirrors the allocations
-// of ForwardChunk and the layer functions, phase by phase: what lives through
-// the whole window, plus the largest of one layer's phases (attention: KDA or
-// MLA; MLP: dense or MoE; the head), plus scratch that keeps its capacity
-// between layers (the int8 activations, the CPU executor's rows).
+// of ForwardChunk and the layer functions: what lives through the whole
+// window, plus scratch that keeps its capacity between layers (the int8
+// activations, the CPU executor's rows, the layer scratch sets), plus the
+// largest of the transient parts of one layer's phases (per-thread attention
+// scratch, the MoE layer's routing and held rows, the head).
 uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
   const double C = static_cast<double>(std::max<int64_t>(s.tokens, 0));
   const double T = static_cast<double>(std::max(s.threads, 1));
@@ -1202,24 +1236,48 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
                static_cast<double>(lay.kda_layers) +
            sizeof(int32_t) * C;
 
+  // Layer scratch (ScratchSet) is kept by the session: each slot counts at the
+  // largest size any phase asks of it (slots as in Session::Impl::scratch).
+  {
+    double slot[8] = {};
+    auto need = [&](int i, double floats) { slot[i] = std::max(slot[i], floats); };
+    if (any_kda) {  // q, k, v, g, z; t1; braw; o
+      for (int i = 0; i < 5; ++i) need(i, C * P);
+      need(5, C * hd);
+      need(6, C * Hk);
+      need(7, C * P);
+    }
+    if (any_mla) {  // qa, qv, ckv, gv, ctx
+      need(0, C * ql);
+      need(1, C * H * qh);
+      need(2, C * (kvl + rope));
+      need(3, C * H * vh);
+      need(4, C * H * vh);
+    }
+    double mlp = any_dense ? inter : 0;  // gate and up, dense or shared experts
+    if (any_moe) mlp = std::max(mlp, shared);
+    need(0, C * mlp);
+    need(1, C * mlp);
+    if (any_moe) {  // router logits, latent in, latent out, shared-expert output
+      need(2, C * E);
+      need(3, C * LT);
+      need(4, C * LT);
+      if (shared > 0) need(5, C * D);
+    }
+    for (double floats : slot) bytes += f * floats;
+  }
+
   double phase = 0;
-  if (any_kda) {  // q, k, v, g, z, o; t1; braw; per-thread head scratch
-    phase = std::max(phase, f * (6 * C * P + C * hd + C * Hk) + T * f * 6 * hd);
-  }
-  if (any_mla) {  // qa, qv, ckv, gv, ctx; per thread qabs, clat and the score row
+  if (any_kda) phase = std::max(phase, T * f * 6 * hd);  // per-thread head scratch
+  if (any_mla) {  // per thread qabs, clat and the score row
     const double rows = static_cast<double>(s.position) + C;
-    phase = std::max(phase, f * (C * ql + C * H * qh + C * (kvl + rope) + 2 * C * H * vh) +
-                                T * f * (2 * kvl + rows));
+    phase = std::max(phase, T * f * (2 * kvl + rows));
   }
-  if (any_dense) phase = std::max(phase, f * 2 * C * inter);
   if (any_moe) {
-    double moe =
-        f * C * E + 2 * f * C * K + C * K + f * E + E;  // logits, sel, sel_w, keep, s, taken
-    moe += f * C * LT;                                  // zlat
+    double moe = 2 * f * C * K + C * K + f * E + E;                     // sel, sel_w, keep, s, taken
     moe += E * sizeof(std::vector<uint32_t>) + f * C * K + 2 * f * E;  // users, counts, uni
-    moe += f * C * LT + f * (2 * C * K + 2 * C);                       // lat; the combiner's index
+    moe += f * (2 * C * K + 2 * C);                                     // the combiner's index
     if (s.combine_buffer) moe += f * C * K * LT + f * C * K;           // held rows (or the buffer)
-    moe += f * (C * D + 2 * C * shared);                               // shared experts
     phase = std::max(phase, moe);
   }
   const double head_rows = s.head_all ? C : (s.head_last ? 1 : 0);
