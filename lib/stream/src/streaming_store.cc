@@ -138,15 +138,19 @@ struct StreamingExpertStore::Impl {
   // Declared last: destroyed first, so no read is in flight when the buffers go.
   std::unique_ptr<Engine> engine;
 
-  // 2 MiB-aligned and whole huge pages, offered to transparent huge pages.
+  // A buffer of at least one huge page starts on a 2 MiB boundary and is
+  // offered to transparent huge pages (its whole huge pages get them, the tail
+  // 4 KiB pages); its size is not rounded up, so the cache holds what the plan
+  // counted. A smaller one is 4 KiB-aligned.
   BufferPtr AllocBuffer() const {
-    const size_t bytes = static_cast<size_t>(RoundUp(buf_bytes, kHugePage));
-    void* p = std::aligned_alloc(kHugePage, bytes);
-    if (p == nullptr) {
+    const bool huge = buf_bytes >= kHugePage;
+    void* p = nullptr;
+    if (::posix_memalign(&p, huge ? static_cast<size_t>(kHugePage) : static_cast<size_t>(kDirectAlign),
+                         buf_bytes) != 0) {
       throw Error(ErrorCode::kNoSpace,
                   "cannot allocate a " + std::to_string(buf_bytes) + "-byte expert buffer");
     }
-    AdviseHugePages(p, bytes);
+    if (huge) AdviseHugePages(p, buf_bytes);
     return BufferPtr(static_cast<std::byte*>(p));
   }
 
