@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -179,24 +180,30 @@ struct StreamingExpertStore::Impl {
   // stops early when the store goes.
   void StartPrefault(uint64_t count) {
     if (count == 0) return;
-    prefault = std::thread([this, count] {
+    try {
+      prefault = std::thread([this, count] { PrefaultBuffers(count); });
+    } catch (const std::system_error&) {
+      // No thread to spare: the buffers are touched on first use, as before.
+    }
+  }
+
+  void PrefaultBuffers(uint64_t count) {
 #ifdef SYS_gettid
-      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
 #endif
-      const size_t page = 4096;
-      for (uint64_t i = 0; i < count && !stop_prefault.load(std::memory_order_relaxed); ++i) {
-        BufferPtr b;
-        try {
-          b = AllocBuffer();
-        } catch (const Error&) {
-          return;  // out of memory now: TakeBuffer reports it when a read needs one
-        }
-        volatile std::byte* v = b.get();
-        for (size_t off = 0; off < buf_bytes; off += page) v[off] = std::byte{0};
-        std::lock_guard<std::mutex> lock(ready_mu);
-        ready.push_back(std::move(b));
+    const size_t page = 4096;
+    for (uint64_t i = 0; i < count && !stop_prefault.load(std::memory_order_relaxed); ++i) {
+      BufferPtr b;
+      try {
+        b = AllocBuffer();
+      } catch (const Error&) {
+        return;  // out of memory now: TakeBuffer reports it when a read needs one
       }
-    });
+      volatile std::byte* v = b.get();
+      for (size_t off = 0; off < buf_bytes; off += page) v[off] = std::byte{0};
+      std::lock_guard<std::mutex> lock(ready_mu);
+      ready.push_back(std::move(b));
+    }
   }
 
   void StopPrefault() noexcept {
