@@ -384,7 +384,7 @@ void StructuredDecoder::MaskSpecials(std::span<float> logits, std::initializer_l
 int32_t StructuredDecoder::SteerToken() {
   if (json_->Accepting()) return x_.close;
   if (!greedy_fresh_) RefreshGreedy();
-  if (!(greedy_ok_ || greedy_capped_) || greedy_.empty()) return -1;
+  if (!HasGreedy() || greedy_.empty()) return -1;
   const std::string* g = &greedy_;
   try {
     std::vector<tok::TokenId> ids = tok_.EncodeOrdinary(*g);
@@ -524,7 +524,7 @@ bool StructuredDecoder::Allowed(int32_t id) {
       // completion serves the next step if this token is taken.
       const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
       int64_t after_len;
-      if (greedy_fresh_ && (greedy_ok_ || greedy_capped_) && std::string_view(greedy_).starts_with(bytes)) {
+      if (greedy_fresh_ && HasGreedy() && std::string_view(greedy_).starts_with(bytes)) {
         after_len = int64_t(greedy_.size() - bytes.size()) + (greedy_capped_ ? 1 : 0);
       } else {
         constrain::TokenConstraint after = json_->Clone();
@@ -601,7 +601,7 @@ void StructuredDecoder::Accept(int32_t id) {
       }
       if (!StaysInString(id)) greedy_dirty_ = true;
       const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
-      if (greedy_fresh_ && (greedy_ok_ || greedy_capped_) && std::string_view(greedy_).starts_with(bytes)) {
+      if (greedy_fresh_ && HasGreedy() && std::string_view(greedy_).starts_with(bytes)) {
         greedy_.erase(0, bytes.size());  // still exact: the rest of a greedy completion is the next one
         // A capped prefix steered to its end says nothing more: walk again.
         if (greedy_capped_ && greedy_.empty()) greedy_fresh_ = false;

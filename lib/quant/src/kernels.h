@@ -81,6 +81,16 @@ struct KernelTable {
                    size_t coef_ld, size_t tokens, float* acc, size_t acc_ld) noexcept = nullptr;
 };
 
+// AddRows as the AddRow loop that defines its bits (quant.h): the fallback of
+// every table without add_rows and of formats a fast add_rows leaves out.
+inline void AddRowsLoop(void (*add_row)(const WeightView&, size_t, float, float*) noexcept,
+                        const WeightView& w, size_t row0, size_t nrows, const float* coef,
+                        size_t coef_ld, size_t tokens, float* acc, size_t acc_ld) noexcept {
+  for (size_t t = 0; t < tokens; ++t) {
+    for (size_t j = 0; j < nrows; ++j) add_row(w, row0 + j, coef[t * coef_ld + j], acc + t * acc_ld);
+  }
+}
+
 // The scalar quantizers (quant.cc): the reference every ISA's bytes must equal.
 void QuantizeInt8RowsScalar(const float* x, size_t rows, size_t cols, int8_t* q,
                             float* scales) noexcept;

@@ -1188,6 +1188,19 @@ inline __m512i WeightBytes64(const WeightView& w, size_t o, size_t c, bool half)
 // ---------------------------------------------------------------------------
 // AddRow: acc[i] += k_i * w_i with one FMA per element (natural column order).
 
+// The columns [from, cols) of an f32 or int8 row past its last whole vector:
+// acc[i] = fma(k, w_i, acc[i]), k = c for f32 and c * scale for int8.
+void AddRowTail(const WeightView& w, size_t row, float k, float* acc, size_t from) noexcept {
+  const size_t n = w.cols;
+  if (w.format == WeightFormat::kF32) {
+    const float* r = static_cast<const float*>(w.data) + row * n;
+    for (size_t i = from; i < n; ++i) acc[i] = std::fma(k, r[i], acc[i]);
+  } else {
+    const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
+    for (size_t i = from; i < n; ++i) acc[i] = std::fma(k, static_cast<float>(q[i]), acc[i]);
+  }
+}
+
 void AddRowAvx512(const WeightView& w, size_t row, float c, float* acc) noexcept {
   const size_t n = w.cols;
   if (w.format == WeightFormat::kF32) {
@@ -1198,7 +1211,7 @@ void AddRowAvx512(const WeightView& w, size_t row, float c, float* acc) noexcept
       _mm512_storeu_ps(acc + i,
                        _mm512_fmadd_ps(cv, _mm512_loadu_ps(r + i), _mm512_loadu_ps(acc + i)));
     }
-    for (; i < n; ++i) acc[i] = std::fma(c, r[i], acc[i]);
+    AddRowTail(w, row, c, acc, i);
     return;
   }
   if (w.format == WeightFormat::kInt8) {
@@ -1211,7 +1224,7 @@ void AddRowAvx512(const WeightView& w, size_t row, float c, float* acc) noexcept
           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
       _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(kv, wv, _mm512_loadu_ps(acc + i)));
     }
-    for (; i < n; ++i) acc[i] = std::fma(k, static_cast<float>(q[i]), acc[i]);
+    AddRowTail(w, row, k, acc, i);
     return;
   }
   // int4 / MXFP4: natural-order bytes 64 columns at a time; per-group coefficient.
@@ -1471,18 +1484,9 @@ void AddRowsTokens(const WeightView& w, size_t row0, size_t nrows, const float* 
   // The columns past the last whole vector: AddRowAvx512's scalar tail.
   const bool f32 = w.format == WeightFormat::kF32;
   for (int t = 0; t < T; ++t) {
-    float* at = acc + size_t(t) * acc_ld;
     for (size_t j = 0; j < nrows; ++j) {
-      const size_t row = row0 + j;
       const float c = coef[size_t(t) * coef_ld + j];
-      if (f32) {
-        const float* r = static_cast<const float*>(w.data) + row * n;
-        for (size_t i = c0; i < n; ++i) at[i] = std::fma(c, r[i], at[i]);
-      } else {
-        const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
-        const float k = c * w.scales[row];
-        for (size_t i = c0; i < n; ++i) at[i] = std::fma(k, static_cast<float>(q[i]), at[i]);
-      }
+      AddRowTail(w, row0 + j, f32 ? c : c * w.scales[row0 + j], acc + size_t(t) * acc_ld, c0);
     }
   }
 }
@@ -1490,10 +1494,7 @@ void AddRowsTokens(const WeightView& w, size_t row0, size_t nrows, const float* 
 void AddRowsAvx512(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
                    size_t tokens, float* acc, size_t acc_ld) noexcept {
   if (w.format != WeightFormat::kF32 && w.format != WeightFormat::kInt8) {
-    for (size_t t = 0; t < tokens; ++t) {
-      for (size_t j = 0; j < nrows; ++j) AddRowAvx512(w, row0 + j, coef[t * coef_ld + j], acc + t * acc_ld);
-    }
-    return;
+    return AddRowsLoop(AddRowAvx512, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
   }
   size_t t = 0;
   for (; t + 4 <= tokens; t += 4) AddRowsTokens<4>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);

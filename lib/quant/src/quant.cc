@@ -271,9 +271,7 @@ void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, 
              size_t tokens, float* acc, size_t acc_ld) noexcept {
   const internal::KernelTable& k = internal::ActiveKernels();
   if (k.add_rows != nullptr) return k.add_rows(w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
-  for (size_t t = 0; t < tokens; ++t) {
-    for (size_t j = 0; j < nrows; ++j) k.add_row(w, row0 + j, coef[t * coef_ld + j], acc + t * acc_ld);
-  }
+  internal::AddRowsLoop(k.add_row, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
 }
 
 // Quantizers: rows are independent, so the thread split cannot change a byte.

@@ -141,6 +141,7 @@ class StructuredDecoder {
   // greedy_ is only its first kGreedyCap bytes (the shortest answer is longer):
   // enough to steer along, and its length + 1 is a lower bound on the whole.
   bool greedy_capped_ = false;
+  bool HasGreedy() const { return greedy_ok_ || greedy_capped_; }  // greedy_ can be steered along
   bool greedy_fresh_ = false;
   int32_t probe_id_ = -1;      // this step's last token probed by Allowed, or -1
   std::string probe_greedy_;   // the greedy completion after it
