@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string sampling = "k3";
   bool no_webui = false;
   int64_t max_body_mb = 16;
+  double hold_status_s = 30;
   RuntimeFlags runtime;  // --threads and the --ckpt-* flags
   ClusterFlags cluster;
 };
@@ -49,6 +50,10 @@ void RunServe(ServeArgs args) {
   }
   o.api.max_body_bytes = size_t(args.max_body_mb) << 20;
   if (o.queue < 0) throw Error(ErrorCode::kInvalidArgument, "--queue must be >= 0");
+  if (!(args.hold_status_s >= 0 && args.hold_status_s <= 3600)) {
+    throw Error(ErrorCode::kInvalidArgument, "--hold-status must be 0..3600 seconds");
+  }
+  o.hold_status_ms = int(args.hold_status_s * 1000);
   for (const auto& [value, name, lo, hi] : {std::tuple{o.max_connections, "--max-connections", 2, 1 << 20},
                                             {o.max_connections_per_client, "--max-connections-per-client", 1, 1 << 20},
                                             {o.head_timeout_s, "--head-timeout", 1, 3600},
@@ -188,6 +193,9 @@ void SetupServe(CLI::App& root) {
                   "seconds for a whole request head, from its first byte; then 408 (default 10)");
   cmd->add_option("--idle-timeout", args->server.idle_timeout_s,
                   "seconds a kept-alive connection may idle between requests (default 30)");
+  cmd->add_option("--hold-status", args->hold_status_s,
+                  "seconds a non-streamed answer writes nothing, so a failure in that time gets its own "
+                  "status (503, 500); then JSON whitespace keeps idle timers alive (0: at once; default 30)");
   cmd->add_option("--write-timeout", args->server.write_timeout_s,
                   "seconds a client may stop reading before it is dropped (default 30)");
   cmd->add_option("--max-connections", args->server.max_connections,

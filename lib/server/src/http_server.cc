@@ -931,15 +931,22 @@ struct HttpServer::Impl {
     std::string pending = c.out.substr(c.out_off);
     c.out.clear();
     c.out_off = 0;
-    pending += ResponseHead(
-        c, 200, Service::IsStream(*job) ? "text/event-stream" : "application/json; charset=utf-8",
-        std::nullopt, stream_keep_alive,
-        {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+    // The head goes out with the first bytes, so an answer that fails before
+    // any (Service::ReplyHooks::status) carries its own status.
+    int head_status = 200;
+    bool head_sent = false;
     bool ok = true;
     auto write = [&](std::string_view bytes) {
       if (bytes.empty() || !ok) return ok;
       std::string frame = std::move(pending);
       pending.clear();
+      if (!head_sent) {
+        head_sent = true;
+        frame += ResponseHead(
+            c, head_status, Service::IsStream(*job) ? "text/event-stream" : "application/json; charset=utf-8",
+            std::nullopt, stream_keep_alive,
+            {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+      }
       if (chunked) {
         char size[32];
         std::snprintf(size, sizeof size, "%zx\r\n", bytes.size());
@@ -952,8 +959,19 @@ struct HttpServer::Impl {
       ok = WriteAll(c.fd, frame, o.write_timeout_s * 1000, abort_writes);
       return ok;
     };
-    RequestOutcome outcome = service.RunChat(*job, write);
-    if (ok) {
+    Service::ReplyHooks hooks;
+    hooks.status = [&](int status) { head_status = status; };
+    // Whether the client is there, read without consuming: bytes or nothing
+    // yet (alive), its FIN (a half-close or a client that left), an error.
+    hooks.peer = [&] {
+      char b;
+      const ssize_t n = ::recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+        return Service::ReplyHooks::Peer::kAlive;
+      return n == 0 ? Service::ReplyHooks::Peer::kEof : Service::ReplyHooks::Peer::kGone;
+    };
+    RequestOutcome outcome = service.RunChat(*job, write, hooks);
+    if (ok && head_sent) {
       std::string end = std::move(pending);
       if (chunked) end += "0\r\n\r\n";
       if (!end.empty()) ok = WriteAll(c.fd, end, o.write_timeout_s * 1000, abort_writes);
@@ -968,7 +986,7 @@ struct HttpServer::Impl {
       Count(c, 200);
     }
     AccessLog(c, status, &outcome);
-    return ok && !cut && stream_keep_alive;
+    return ok && head_sent && !cut && stream_keep_alive;
   }
 
   // ---- The loop ----

@@ -202,17 +202,46 @@ void Service::BeginShutdown() {
   queue_.WakeAll();
 }
 
-RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_view)>& write) {
+RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_view)>& raw_write,
+                                const ReplyHooks& hooks) {
   ResponseWriter& out = *job.writer;
+  bool committed = false;  // a byte went out: the status is 200 from then on
+  auto write = [&](std::string_view bytes) {
+    committed = committed || !bytes.empty();
+    return raw_write(bytes);
+  };
+  // A whole answer holds its status (options_.hold_status_ms): while the
+  // client is still there (hooks.peer) nothing is written. Once the hold is
+  // over, or the client shut its side (a half-close, or a client that left:
+  // the write after its FIN draws the RST the next one fails on), the
+  // traffic goes out.
+  const bool whole = !IsStream(job);
+  const auto hold_until = job.arrived + std::chrono::milliseconds(options_.hold_status_ms);
+  auto keep_alive = [&](const std::string& bytes) {
+    if (whole && !committed && hooks.peer && Clock::now() < hold_until) {
+      switch (hooks.peer()) {
+        case ReplyHooks::Peer::kAlive: return true;
+        case ReplyHooks::Peer::kGone: return false;
+        case ReplyHooks::Peer::kEof: break;
+      }
+    }
+    return write(bytes);
+  };
+  // An error answer: its own status while no byte went out, else the
+  // error object in the 200 body (an SSE error event when streamed).
+  auto fail = [&](const ApiError& e) {
+    if (!committed && hooks.status) hooks.status(e.status);
+    return write(out.Error(e));
+  };
   // A heartbeat is traffic the client ignores (an SSE comment or ping, JSON
   // whitespace); a failed write shows the client left.
-  auto heartbeat = [&](const char* what) { return write(out.Heartbeat(what)); };
+  auto heartbeat = [&](const char* what) { return keep_alive(out.Heartbeat(what)); };
   // message_start goes out before the wait; a failed write is seen by the first heartbeat.
   if (std::string begin = out.Begin(); !begin.empty()) write(begin);
   RequestOutcome outcome;
   outcome.prompt_tokens = int64_t(job.prompt_ids.size());
-  // SIGTERM (BeginShutdown) takes a queued request out with a 503 error; the
-  // 200 went out with the first heartbeat, so the error is in the body.
+  // SIGTERM (BeginShutdown) takes a queued request out with a 503 error (in
+  // the body when its 200 went out already).
   const ApiError shutting_down =
       MakeApiError(503, "server_error", "the server is shutting down; retry later", "shutting_down");
   // The queued heartbeat names the request's place in line (the web page shows it).
@@ -233,7 +262,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
     outcome.prompt_tokens = 0;
     if (stopping_.load()) {
       outcome.shutdown = true;
-      write(out.Error(shutting_down));
+      fail(shutting_down);
     }
     metrics_.CountFinished(outcome);
     return outcome;
@@ -260,9 +289,11 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
     if (stopping_.load()) return false;
     std::string bytes = out.OnDelta(d);
     // Nothing to send (a whole answer, held-back UTF-8): a heartbeat per period.
-    if (bytes.empty() && Clock::now() - last_write >= beat) bytes = out.Heartbeat("decode");
     if (!bytes.empty()) {
       if (!write(bytes)) return !(client_gone = true);
+      last_write = Clock::now();
+    } else if (Clock::now() - last_write >= beat) {
+      if (!heartbeat("decode")) return !(client_gone = true);
       last_write = Clock::now();
     }
     return true;
@@ -281,7 +312,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
     // is seen at once: the first write after its FIN draws the RST the second
     // one fails on); later ones once per heartbeat period.
     if (prefill_calls++ >= 2 && Clock::now() - last_write < beat) return true;
-    if (!write(out.Progress(p))) {
+    if (!keep_alive(out.Progress(p))) {
       outcome.cancel_phase = RequestOutcome::kPrefill;
       return !(client_gone = true);
     }
@@ -326,7 +357,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
     }
     if (!client_gone && stopping_.load() && result.finish == engine::FinishReason::kCancelled) {
       outcome.cancelled = outcome.shutdown = true;
-      write(out.Error(shutting_down));
+      fail(shutting_down);
     } else if (client_gone || result.finish == engine::FinishReason::kCancelled) {
       outcome.cancelled = true;
     } else if (!write(out.Finish(result, stats))) {
@@ -339,8 +370,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
     K3_LOG_WARN("serve: request %s failed during generation: %s", job.meta.id.c_str(), e.what());
     ApiError err = ApiErrorFor(e);
     outcome.error_status = err.status;
-    // The 200 status is already sent: the error goes in the body (docs/server.md).
-    write(out.Error(err));
+    fail(err);
   }
   metrics_.CountFinished(outcome);
   return outcome;

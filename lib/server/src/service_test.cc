@@ -66,6 +66,7 @@ class ScriptedBackend : public Backend {
         cv.wait(lock, [&] { return !hold; });
       }
     }
+    if (fail_after_prefill) throw Error(ErrorCode::kUnavailable, "cluster: rank 1 did not answer layer 2 within 3 s");
     std::vector<engine::Delta> script(3);
     script[0].reasoning = "hmm, ";
     script[1].reasoning = "ok";
@@ -96,6 +97,7 @@ class ScriptedBackend : public Backend {
   std::condition_variable cv;
   bool hold = false;
   bool full_progress = false;  // report through on_prefill, not on_prefill_progress
+  bool fail_after_prefill = false;  // then throw as a lost cluster worker does
   int64_t cached = 0;
   int entered = 0;
   std::vector<int64_t> order;
@@ -447,6 +449,108 @@ TEST_CASE("a token-counting engine's reports become the same progress objects") 
   std::string total = R"("prompt_progress":{"total":)" + std::to_string(prompt) + R"(,"cache":)" +
                       std::to_string(prompt - 3) + R"(,"processed":)" + std::to_string(prompt - 3);
   CHECK(out.find(total) != std::string::npos);
+}
+
+// A connection as the HTTP layer gives it: bytes, the status of the head, and
+// what a peek at the socket says.
+struct FakeConn {
+  std::string out;
+  int status = 200;
+  int writes = 0;
+  Service::ReplyHooks::Peer peer = Service::ReplyHooks::Peer::kAlive;
+  int peeks = 0;
+  RequestOutcome Run(Service& s, Service::Job& job) {
+    Service::ReplyHooks hooks;
+    hooks.peer = [this] {
+      ++peeks;
+      return peer;
+    };
+    hooks.status = [this](int st) {
+      if (out.empty()) status = st;
+    };
+    return s.RunChat(job, [this](std::string_view b) {
+      if (!b.empty()) ++writes;
+      out += b;
+      return peer != Service::ReplyHooks::Peer::kGone;
+    }, hooks);
+  }
+};
+
+TEST_CASE("a whole answer holds its status: a failure during prefill is its own 503, not a 200 body") {
+  Service s(Options(2));  // hold_status_ms: the default 30 s
+  ScriptedBackend b;
+  b.fail_after_prefill = true;
+  s.SetBackend(&b);
+  auto job = Admit(s, Chat(""));
+  FakeConn conn;
+  RequestOutcome o = conn.Run(s, *job);
+  CHECK(o.error_status == 503);
+  CHECK(conn.status == 503);
+  CHECK(conn.peeks >= 1);  // the prefill heartbeats only looked at the socket
+  CHECK(conn.writes == 1);
+  REQUIRE(!conn.out.empty());
+  CHECK(conn.out[0] == '{');
+  CHECK(conn.out.find("\"code\":\"unavailable\"") != std::string::npos);
+  CHECK(conn.out.find("rank 1") != std::string::npos);
+
+  // A streamed answer's 200 went out at admission: the error is an SSE event.
+  auto streamed = Admit(s, Chat(R"("stream":true)"));
+  FakeConn sse;
+  o = sse.Run(s, *streamed);
+  CHECK(o.error_status == 503);
+  CHECK(sse.status == 200);
+  CHECK(sse.out.find("unavailable") != std::string::npos);
+
+  // A whole answer that succeeds sends one write: the object, no whitespace.
+  b.fail_after_prefill = false;
+  auto ok = Admit(s, Chat(""));
+  FakeConn fine;
+  o = fine.Run(s, *ok);
+  CHECK(o.error_status == 0);
+  CHECK(fine.status == 200);
+  CHECK(fine.writes == 1);
+  CHECK(fine.out[0] == '{');
+}
+
+TEST_CASE("a whole answer writes whitespace once the hold is over, or once the client shut its side") {
+  ScriptedBackend b;
+  b.fail_after_prefill = true;
+  {
+    ServerOptions opt = Options(2);
+    opt.hold_status_ms = 0;  // whitespace from the start: the error is in the 200 body
+    Service s(opt);
+    s.SetBackend(&b);
+    auto job = Admit(s, Chat(""));
+    FakeConn conn;
+    conn.Run(s, *job);
+    CHECK(conn.status == 200);
+    CHECK(conn.out[0] == ' ');
+    CHECK(conn.out.find("unavailable") != std::string::npos);
+  }
+  {
+    // A FIN (a half-close, or a client that left) is answered with a write:
+    // only its outcome tells the two apart.
+    Service s(Options(2));
+    s.SetBackend(&b);
+    auto job = Admit(s, Chat(""));
+    FakeConn conn;
+    conn.peer = Service::ReplyHooks::Peer::kEof;
+    conn.Run(s, *job);
+    CHECK(conn.status == 200);
+    CHECK(conn.out[0] == ' ');
+  }
+  {
+    // A reset seen by the peek cancels the request without a byte written.
+    Service s(Options(2));
+    b.fail_after_prefill = false;
+    s.SetBackend(&b);
+    auto job = Admit(s, Chat(""));
+    FakeConn conn;
+    conn.peer = Service::ReplyHooks::Peer::kGone;
+    RequestOutcome o = conn.Run(s, *job);
+    CHECK(o.cancelled);
+    CHECK(conn.writes == 0);
+  }
 }
 
 }  // namespace

@@ -64,6 +64,12 @@ struct ServerOptions {
   int read_timeout_s = 10;    // per read while receiving a request body
   int write_timeout_s = 30;   // per write; a client that stops reading is dropped
   int heartbeat_ms = 1000;    // SSE comment / JSON whitespace while queued or prefilling
+  // A whole (non-streamed) answer sends nothing for this long after its
+  // request arrived, so a failure in that time gets its own status (503 for a
+  // lost cluster worker, 500); after it, JSON whitespace keeps idle timers
+  // alive and a late error is the error object in a 200 body. 0: whitespace
+  // from the start. Needs ReplyHooks::peer (the HTTP layer gives it).
+  int hold_status_ms = 30000;
   int retry_after_s = 1;      // Retry-After on 429
 
   // The HTTP layer's limits (docs/server.md "Limits"). http.max_body_bytes
@@ -135,10 +141,21 @@ class Service {
   // POST /v1/messages/count_tokens: {"input_tokens": N}.
   HttpReply CountTokens(std::string_view body);
   static bool IsStream(const Job& job);
+  // What the connection tells RunChat besides accepting bytes (optional).
+  struct ReplyHooks {
+    enum class Peer { kAlive, kEof, kGone };
+    // Whether the client is still there, without writing: kEof when it shut
+    // its side (only a write tells a half-close from a client that left).
+    std::function<Peer()> peer;
+    // Called before the first bytes of an error answer: the status the
+    // response head carries if no byte went out yet.
+    std::function<void(int)> status;
+  };
   // In the response writer: wait for the model, generate, write. `write`
   // returns false when the client is gone; that cancels the request. The
   // outcome is what the access log and /metrics record.
-  RequestOutcome RunChat(Job& job, const std::function<bool(std::string_view)>& write);
+  RequestOutcome RunChat(Job& job, const std::function<bool(std::string_view)>& write,
+                         const ReplyHooks& hooks = {});
 
   // SIGTERM: new requests get 503, queued ones leave the queue with a 503
   // error, the running one is cancelled at its next token or prefill step.
