@@ -217,12 +217,27 @@ void AddClusterFlags(CLI::App* cmd, ClusterFlags& flags) {
       ->check(CLI::Range(0.01, 86400.0));
   cmd->add_flag("--cluster-reduced", flags.options.reduced,
                 "workers answer in bf16 (half the bytes; not bit-exact, docs/cluster.md)");
+  // A capacity flag: a number in its range, or "auto".
+  auto capacity = [](double hi) {
+    return CLI::Validator(
+        [hi](std::string& v) -> std::string {
+          if (v == "auto") return {};
+          char* end = nullptr;
+          const double x = std::strtod(v.c_str(), &end);
+          if (v.empty() || *end != '\0' || !(x >= 0 && x <= hi))
+            return "must be auto or a number in 0.." + std::to_string(static_cast<int64_t>(hi));
+          return {};
+        },
+        "auto|NUMBER");
+  };
   cmd->add_option("--cluster-ram-gb", flags.ram_gb,
-                  "this rank's expert RAM for the placement, GB (default 0: equal shares)")
-      ->check(CLI::Range(0.0, 1e6));
+                  "this rank's expert RAM for the placement, GB, or auto: the expert cache it "
+                  "would size (default 0; 0 on every rank: equal shares)")
+      ->check(capacity(1e6));
   cmd->add_option("--cluster-disk-gbps", flags.disk_gbps,
-                  "this rank's disk read rate for the placement, GB/s (default 0)")
-      ->check(CLI::Range(0.0, 1e4));
+                  "this rank's disk read rate for the placement, GB/s, or auto: a 2 s O_DIRECT "
+                  "read of its expert files at start (default 0)")
+      ->check(capacity(1e4));
   cmd->add_option(
       "--cluster-fault", flags.options.fault,
       "test hook: RANK:KIND@N, KIND kill|stop|exit|disk at that worker's N-th exchange");
@@ -233,8 +248,11 @@ bool RunClusterRole(const ClusterFlags& flags, engine::EngineOptions& eo, bool s
   auto& comm = TheComm();
   comm = cluster::Comm::InitOrThrow(nullptr, nullptr);
   cluster::ClusterOptions co = flags.options;
-  co.capacity.ram_bytes = static_cast<uint64_t>(flags.ram_gb * 1e9);
-  co.capacity.disk_bytes_per_s = static_cast<uint64_t>(flags.disk_gbps * 1e9);
+  co.measure_ram = flags.ram_gb == "auto";
+  co.measure_disk = flags.disk_gbps == "auto";
+  if (!co.measure_ram) co.capacity.ram_bytes = static_cast<uint64_t>(std::llround(std::strtod(flags.ram_gb.c_str(), nullptr) * 1e9));
+  if (!co.measure_disk)
+    co.capacity.disk_bytes_per_s = static_cast<uint64_t>(std::llround(std::strtod(flags.disk_gbps.c_str(), nullptr) * 1e9));
   if (comm->rank() != 0) {
     cluster::WorkerSetup ws;
     ws.model_dir = eo.model_dir;

@@ -72,8 +72,10 @@ class PrefillProgressLine {
 struct ClusterFlags {
   bool on = false;
   cluster::ClusterOptions options;
-  double ram_gb = 0;  // this rank's capacity; 0 on every rank: equal shares
-  double disk_gbps = 0;
+  // This rank's capacity: a number, or "auto" (measured at start); "0" on
+  // every rank: equal shares.
+  std::string ram_gb = "0";
+  std::string disk_gbps = "0";
 };
 void AddClusterFlags(CLI::App* cmd, ClusterFlags& flags);
 // With --cluster: starts MPI. A worker rank serves the coordinator until its

@@ -1,6 +1,7 @@
 // k3-run cluster-share: a cluster's placement for N ranks, and one host's
 // share of a model: list its byte ranges, check a directory holds them, or
 // write them as sparse shards (docs/cluster.md "Preparing each host's share").
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -42,8 +43,8 @@ void RunShare(const ShareArgs& a) {
     }
   }
   for (size_t i = 0; i < owners.size(); ++i) {
-    if (!a.ram_gb.empty()) cap[i].ram_bytes = static_cast<uint64_t>(a.ram_gb[i] * 1e9);
-    if (!a.disk_gbps.empty()) cap[i].disk_bytes_per_s = static_cast<uint64_t>(a.disk_gbps[i] * 1e9);
+    if (!a.ram_gb.empty()) cap[i].ram_bytes = static_cast<uint64_t>(std::llround(a.ram_gb[i] * 1e9));
+    if (!a.disk_gbps.empty()) cap[i].disk_bytes_per_s = static_cast<uint64_t>(std::llround(a.disk_gbps[i] * 1e9));
   }
   const cluster::Placement p = cluster::Placement::Compute(config, owners, cap);
   const model::ExpertTable table(snap, config);

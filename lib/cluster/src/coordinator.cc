@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "k3/cluster/cluster.h"
@@ -131,7 +132,15 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
   // 2. The plan: every owner's capacity; each rank computes the placement.
   wire::Plan plan;
   plan.owners = OwnerRanks(N, options.symmetric);
-  for (int r : plan.owners) plan.capacity.push_back(r == 0 ? options.capacity : hello[r].capacity);
+  Capacity mine = options.capacity;
+  if (options.symmetric && (options.measure_ram || options.measure_disk)) {
+    const auto* streaming = dynamic_cast<const stream::StreamingExpertStore*>(&model.experts());
+    const uint64_t cache =
+        streaming ? streaming->plan().cache_bytes
+                  : stream::PlanCache(c, stream::StreamOptions{}, PeakRssBytes(), MemAvailableBytes()).cache_bytes;
+    mine = MeasureCapacity(model.experts().table(), cache, options.capacity, options, 0);
+  }
+  for (int r : plan.owners) plan.capacity.push_back(r == 0 ? mine : hello[r].capacity);
   plan.flags = options.reduced ? uint32_t{wire::kBf16Reply} : 0u;
   std::optional<Placement> placement;
   if (problem.empty()) {
@@ -217,6 +226,20 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
   }
   K3_LOG_INFO("cluster: %d ranks%s, placement %s: %s", N, options.symmetric ? " (symmetric)" : "",
               Hex(plan.placement_fp).c_str(), ex->stats_.placement.c_str());
+  if (options.measure_ram || options.measure_disk) {
+    // Measured capacities: what `k3-run cluster-share` needs to reproduce this placement.
+    std::string ram, disk;
+    for (const Capacity& cap : plan.capacity) {
+      char v[64];
+      std::snprintf(v, sizeof v, "%s%.9g", ram.empty() ? "" : ",", static_cast<double>(cap.ram_bytes) / 1e9);
+      ram += v;
+      std::snprintf(v, sizeof v, "%s%.9g", disk.empty() ? "" : ",",
+                    static_cast<double>(cap.disk_bytes_per_s) / 1e9);
+      disk += v;
+    }
+    K3_LOG_INFO("cluster: placement from measured capacities (owner ranks in order): --ram-gb %s --disk-gbps %s",
+                ram.c_str(), disk.c_str());
+  }
   ClusterExecutor& ref = *ex;
   model.SetExpertExecutor(std::move(ex));
   return ref;

@@ -97,6 +97,11 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
   hello.build_id = BuildId();
   hello.model_fp = ModelFingerprint(snapshot);
   hello.capacity = options.capacity;
+  if (options.measure_ram || options.measure_disk) {
+    const model::ExpertTable table(snapshot, config);
+    const uint64_t cache = stream::PlanCache(config, so, PeakRssBytes(), MemAvailableBytes()).cache_bytes;
+    hello.capacity = MeasureCapacity(table, cache, options.capacity, options, me);
+  }
   hello.host = comm.host();
   hello.kernels = quant::IsaName(quant::ActiveIsa());
   SendAndWait(comm, wire::kHello, wire::EncodeHello(hello));

@@ -46,12 +46,35 @@ struct ClusterOptions {
   double startup_s = 600.0;  // workers opening and checking their share
   bool reduced = false;      // bf16 replies (--cluster-reduced): not bit-exact
   Capacity capacity;         // this rank's (--cluster-ram-gb, --cluster-disk-gbps)
+  // "auto" for those flags: this rank measures at start (MeasureCapacity).
+  bool measure_ram = false;
+  bool measure_disk = false;
+  double measure_seconds = 2.0;   // the disk read: at most this long
+  uint64_t measure_bytes = 2000000000;  // and at most this many bytes
   // Test hook (--cluster-fault RANK:KIND@N): on worker RANK, at its N-th work
   // message (1-based), KIND = kill (SIGKILL itself), stop (SIGSTOP itself),
   // exit (exit 1 without answering) or disk (every expert read from then on
   // returns EIO through the streaming store).
   std::string fault;
 };
+
+// A timed read of expert bytes (MeasureDiskRate).
+struct DiskRate {
+  double bytes_per_s = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  bool direct = true;  // O_DIRECT everywhere (else buffered, page cache dropped first)
+  int errors = 0;      // opens or reads that failed
+};
+// Reads expert bytes of `table`'s files (holes skipped), `threads` reads in
+// flight, until `max_seconds` or `max_bytes`.
+DiskRate MeasureDiskRate(const model::ExpertTable& table, double max_seconds, uint64_t max_bytes,
+                         int threads);
+// This rank's capacity: `given`, with the RAM (the expert cache it would size,
+// `cache_bytes`) and the disk rate measured where options.measure_* say;
+// rounded down to two significant digits, logged.
+Capacity MeasureCapacity(const model::ExpertTable& table, uint64_t cache_bytes, Capacity given,
+                         const ClusterOptions& options, int rank);
 
 // What a worker needs besides the options (the engine's own choices).
 struct WorkerSetup {

@@ -82,6 +82,7 @@ class ExpertTable {
 
   const Snapshot& snapshot() const { return *snapshot_; }
   int64_t num_layers() const { return num_layers_; }
+  int64_t first_moe_layer() const { return first_moe_layer_; }  // MoE layers: [first, num_layers)
   int64_t num_experts() const { return num_experts_; }
   // Bytes of each part and of a whole slot (sum of the six parts).
   uint64_t part_bytes(ExpertPart p) const { return part_bytes_[static_cast<int>(p)]; }
