@@ -173,18 +173,14 @@ void Linear(const Matrix& w, const float* x, size_t batch, float* y, bool idot,
 }
 
 // AttnRes softmax mix (§5.2): entries e_0..e_{n-1} = snapshots, e_n = p.
-// Scores in f64 (products formed in f64), softmax in f32, mix in f32 with the
-// snapshots first and p last.
-// `scores` is scratch of n floats.
+// Scores in f64 (products formed in f64, summed in quant::DotSumSquares'
+// fixed lane order), softmax in f32, mix in f32 with the snapshots first and
+// p last. `scores` is scratch of n floats.
 void Mix(const float* const* entries, size_t n, const float* w, size_t d, float eps, float* scores,
          float* out) {
   for (size_t j = 0; j < n; ++j) {
-    const float* e = entries[j];
     double dot = 0, ss = 0;
-    for (size_t i = 0; i < d; ++i) {
-      dot += static_cast<double>(e[i]) * static_cast<double>(w[i]);
-      ss += static_cast<double>(e[i]) * static_cast<double>(e[i]);
-    }
+    quant::DotSumSquares(entries[j], w, d, &dot, &ss);
     scores[j] =
         static_cast<float>(dot / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   }

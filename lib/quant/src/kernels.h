@@ -79,7 +79,22 @@ struct KernelTable {
   // bits (a fast version does each element's FMAs in the same row order).
   void (*add_rows)(const WeightView& w, size_t row0, size_t nrows, const float* coef,
                    size_t coef_ld, size_t tokens, float* acc, size_t acc_ld) noexcept = nullptr;
+  // DotSumSquares (ops.h): optional; null = DotSumSquaresScalar, which defines
+  // the bits (a fast version keeps its 16 lanes and its reduction tree).
+  void (*dot_sum_squares)(const float* x, const float* w, size_t n, double* dot,
+                          double* ss) noexcept = nullptr;
+  // SituGlu (ops.h): situ.h's loop compiled for this ISA (null: the scalar one).
+  void (*situ_glu)(const float* g, const float* u, size_t n, float b1, float b2,
+                   float* out) noexcept = nullptr;
 };
+
+// situ.h's loop in the baseline build: the reference the ISA builds must equal.
+void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
+
+// DotSumSquares' reference: 16 f64 lanes (element i in lane i % 16), products
+// exact in f64, lanes folded j + (j+8), then + (j+4), + (j+2), + (j+1), then
+// the n % 16 tail elements in order.
+void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept;
 
 // AddRows as the AddRow loop that defines its bits (quant.h): the fallback of
 // every table without add_rows and of formats a fast add_rows leaves out.

@@ -30,6 +30,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -976,6 +977,39 @@ uint64_t RoofAvx2(RoofOp op, uint64_t iters) noexcept {
   return iters * kChains * 8;
 }
 
+// DotSumSquaresScalar's lanes: element i in lane i % 16, four per register;
+// the fold is the scalar tree.
+void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
+  __m256d d[4], q[4];
+  for (int k = 0; k < 4; ++k) d[k] = q[k] = _mm256_setzero_pd();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256d xv = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * k));
+      d[k] = _mm256_add_pd(d[k], _mm256_mul_pd(xv, _mm256_cvtps_pd(_mm_loadu_ps(w + i + 4 * k))));
+      q[k] = _mm256_add_pd(q[k], _mm256_mul_pd(xv, xv));
+    }
+  }
+  auto fold = [](const __m256d* a) {
+    const __m256d lo = _mm256_add_pd(a[0], a[2]), hi = _mm256_add_pd(a[1], a[3]);  // j + (j+8)
+    const __m256d s4 = _mm256_add_pd(lo, hi);                                      // + (j+4)
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));  // + (j+2)
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));                           // + (j+1)
+  };
+  double dd = fold(d), qq = fold(q);
+  for (; i < n; ++i) {
+    const double xv = x[i];
+    dd += xv * static_cast<double>(w[i]);
+    qq += xv * xv;
+  }
+  *dot = dd;
+  *ss = qq;
+}
+
+void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -985,7 +1019,8 @@ constexpr KernelTable kAvx2Table = {
 #endif
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
-    DowncastScalar, QuantizeActsScalar,     RoofAvx2};
+    DowncastScalar, QuantizeActsScalar,     RoofAvx2,
+    nullptr,        DotSumSquaresAvx2,      SituGluAvx2};
 
 }  // namespace
 

@@ -33,6 +33,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -1501,12 +1502,46 @@ void AddRowsAvx512(const WeightView& w, size_t row0, size_t nrows, const float* 
   for (; t < tokens; ++t) AddRowsTokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
 }
 
+// DotSumSquaresScalar's lanes: element i in lane i % 16, lanes 0-7 in the
+// low accumulator, 8-15 in the high one; the fold is the scalar tree.
+void DotSumSquaresAvx512(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
+  __m512d d0 = _mm512_setzero_pd(), d1 = d0, q0 = d0, q1 = d0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512d x0 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    const __m512d x1 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+    d0 = _mm512_add_pd(d0, _mm512_mul_pd(x0, _mm512_cvtps_pd(_mm256_loadu_ps(w + i))));
+    d1 = _mm512_add_pd(d1, _mm512_mul_pd(x1, _mm512_cvtps_pd(_mm256_loadu_ps(w + i + 8))));
+    q0 = _mm512_add_pd(q0, _mm512_mul_pd(x0, x0));
+    q1 = _mm512_add_pd(q1, _mm512_mul_pd(x1, x1));
+  }
+  auto fold = [](__m512d a, __m512d b) {
+    const __m512d s8 = _mm512_add_pd(a, b);                                                  // j + (j+8)
+    const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));  // + (j+4)
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));     // + (j+2)
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));                           // + (j+1)
+  };
+  double dd = fold(d0, d1), qq = fold(q0, q1);
+  for (; i < n; ++i) {
+    const double xv = x[i];
+    dd += xv * static_cast<double>(w[i]);
+    qq += xv * xv;
+  }
+  *dot = dd;
+  *ss = qq;
+}
+
+void SituGluAvx512(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
 constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       MatMulQ8Avx512,         RowDotAvx512,
                                       AddRowAvx512,           QuantizeInt8RowsAvx512,
                                       QuantizeInt4RowsAvx512, DowncastAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
-                                      AddRowsAvx512};
+                                      AddRowsAvx512,          DotSumSquaresAvx512,
+                                      SituGluAvx512};
 
 }  // namespace
 

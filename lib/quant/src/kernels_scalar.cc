@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -200,6 +201,40 @@ __attribute__((optimize("no-tree-vectorize"))) uint64_t RoofScalar(RoofOp op,
   (void)sink;
   return iters * kChains;
 }
+
+}  // namespace
+
+void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
+void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
+  constexpr size_t kLanes = 16;
+  double d[kLanes] = {}, q[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const double xv = x[i + j];
+      d[j] += xv * static_cast<double>(w[i + j]);
+      q[j] += xv * xv;
+    }
+  }
+  for (size_t half = kLanes / 2; half >= 1; half /= 2) {
+    for (size_t j = 0; j < half; ++j) {
+      d[j] += d[j + half];
+      q[j] += q[j + half];
+    }
+  }
+  for (; i < n; ++i) {
+    const double xv = x[i];
+    d[0] += xv * static_cast<double>(w[i]);
+    q[0] += xv * xv;
+  }
+  *dot = d[0];
+  *ss = q[0];
+}
+
+namespace {
 
 constexpr KernelTable kScalarTable = {Isa::kScalar,           MatMulScalar,
                                       MatMulQ8Scalar,         RowDotScalar,

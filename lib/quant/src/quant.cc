@@ -12,6 +12,7 @@
 
 #include "k3/core/error.h"
 #include "k3/quant/quant.h"
+#include "k3/quant/ops.h"
 #include "kernels.h"
 
 namespace k3::quant {
@@ -272,6 +273,11 @@ void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, 
   const internal::KernelTable& k = internal::ActiveKernels();
   if (k.add_rows != nullptr) return k.add_rows(w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
   internal::AddRowsLoop(k.add_row, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
+}
+
+void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  (k.dot_sum_squares != nullptr ? k.dot_sum_squares : internal::DotSumSquaresScalar)(x, w, n, dot, ss);
 }
 
 // Quantizers: rows are independent, so the thread split cannot change a byte.

@@ -12,6 +12,10 @@ float Silu(float x) noexcept;     // x/(1+expf(-x))
 void RmsNorm(const float* x, const float* w, size_t n, float eps, float* out) noexcept;
 // out_i = b1*tanhf(g/b1)*sigmoid(g) * b2*tanhf(u/b2), left to right in f32.
 void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
+// dot = sum x_i*w_i and ss = sum x_i^2, in f64 (each product exact): 16 lanes
+// (i % 16) folded by a fixed tree, then the tail; every ISA gives these bits
+// (the scalar reference: kernels.h DotSumSquaresScalar).
+void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept;
 // In place: m = max (first wins), e = expf(v-m), s = sum ascending (f32), v = e/s.
 void Softmax(float* v, size_t n) noexcept;
 
