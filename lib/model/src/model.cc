@@ -134,7 +134,7 @@ struct Session::Impl {
 
   quant::ActsQ8 acts;  // scratch for Linear()
   // Layer scratch (ScratchSet), one set for every phase of a layer, slots by
-  // order of use: attention (KDA 0-7 or MLA 0-4), the MLPs (dense and shared
+  // order of use: attention (KDA 0-7, or MLA 0-4 and its attention block 5-7), the MLPs (dense and shared
   // experts: gate 0, up 1), the MoE layer (router logits 2, latent in 3,
   // latent out 4, shared-expert output 5; its shared MLP takes 0 and 1).
   ScratchSet scratch;
@@ -158,6 +158,11 @@ struct Session::Impl {
 };
 
 namespace {
+
+// MLA attention's block: all heads of this many tokens share each pass over
+// the cached rows (about 256 query rows: their absorbed queries, 512 KiB at
+// K3's kv_lora 512, stay in L2 while the rows stream past).
+size_t MlaBlockTokens(size_t heads) { return std::max<size_t>(1, 256 / std::max<size_t>(heads, 1)); }
 
 // y[C, rows] = W x[C, cols]; int8 activations for quantized weights when
 // `idot` (and the kernel's 32-column grouping fits), f32 otherwise.
@@ -947,71 +952,80 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   float* ctx = scratch.Take(4, C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
-  // The latent and rope caches as f32 matrices: a block of tokens' scores
+  // The latent and rope caches as f32 matrices: a block of queries' scores
   // against every cached row is one MatMul per part (issue 25 §2: attention
-  // over a long window runs on the kernels, each cached row read once per
-  // block instead of once per token). MatMul computes each element with the
-  // same operations whatever the batch and the row count, and the weighted
-  // sum of latent rows goes over the rows in ascending order for every
-  // token, so any window gives the bits of token-at-a-time.
-  constexpr size_t kBlock = 64;
-  const size_t tb_max = std::min(C, kBlock);
+  // over a long window runs on the kernels). The cache is the same for every
+  // head (MLA's absorbed form), so a block is all heads of `tb` tokens, query
+  // row q = t * H + head: each cached row is read once per block for all of
+  // them, not once per head. MatMul computes each element with the same
+  // operations whatever the batch and the row count, Softmax is per row, and
+  // each query's weighted sum of latent rows goes over the rows in ascending
+  // order, so any window and any block gives the bits of token-at-a-time.
+  const size_t tb_max = std::min(C, MlaBlockTokens(H));
+  const size_t Q_max = tb_max * H;
   const size_t rows_max = static_cast<size_t>(pos0) + C;
-  const bool head_par =
-      H > 1 && H * C * (nope * kvl + rows_max * (kvl + rope)) >= (1u << 16);
-#pragma omp parallel for schedule(static) if (head_par)
-  for (size_t hh = 0; hh < H; ++hh) {
-    std::vector<float> qabs(tb_max * kvl), qr(tb_max * rope), s1(tb_max * rows_max),
-        s2(rope ? tb_max * rows_max : 0), clat(tb_max * kvl);
-    for (size_t t0 = 0; t0 < C; t0 += kBlock) {
-      const size_t tb = std::min(kBlock, C - t0);
-      const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
-      // The absorbed queries: qabs[t] = sum over d of qn[t][d] * kv_b row d of
-      // the head, for the block's tokens at once (AddRows: the AddRow loop's bits).
-      std::fill(qabs.begin(), qabs.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
+  float* qabs = scratch.Take(5, Q_max * (2 * kvl + rope));
+  float* clat = qabs + Q_max * kvl;
+  float* qr = clat + Q_max * kvl;
+  float* s1 = scratch.Take(6, Q_max * rows_max);
+  float* s2 = rope ? scratch.Take(7, Q_max * rows_max) : nullptr;
+  quant::WeightView lat;
+  lat.format = quant::WeightFormat::kF32;
+  lat.cols = kvl;
+  lat.data = mc.latent.data();
+  quant::WeightView rv = lat;
+  rv.cols = rope;
+  rv.data = mc.rope.data();
+  for (size_t t0 = 0; t0 < C; t0 += tb_max) {
+    const size_t tb = std::min(tb_max, C - t0);
+    const size_t Q = tb * H;
+    const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
+    const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
+    lat.rows = rv.rows = nb;
+    const bool par = Q * nb * kvl >= (1u << 16);
+    // The absorbed queries: qabs[t, head] = sum over d of qn[t][d] * kv_b row
+    // d of the head, the block's tokens at once (AddRows: the AddRow loop's bits).
+#pragma omp parallel for schedule(static) if (par && H > 1)
+    for (size_t hh = 0; hh < H; ++hh) {
+      for (size_t t = 0; t < tb; ++t) std::fill_n(qabs + (t * H + hh) * kvl, kvl, 0.0f);
       quant::AddRows(kvb, hh * (nope + vh), nope, qv + t0 * H * qh + hh * qh, H * qh, tb,
-                     qabs.data(), kvl);
+                     qabs + hh * kvl, H * kvl);
       for (size_t t = 0; t < tb && rope; ++t) {
-        std::memcpy(qr.data() + t * rope, qv + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
+        std::memcpy(qr + (t * H + hh) * rope, qv + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
       }
-      quant::WeightView lat;
-      lat.format = quant::WeightFormat::kF32;
-      lat.rows = nb;
-      lat.cols = kvl;
-      lat.data = mc.latent.data();
-      quant::MatMul(lat, qabs.data(), tb, s1.data());
-      if (rope) {
-        quant::WeightView rv = lat;
-        rv.cols = rope;
-        rv.data = mc.rope.data();
-        quant::MatMul(rv, qr.data(), tb, s2.data());
-      }
-      for (size_t t = 0; t < tb; ++t) {
-        const size_t nt = static_cast<size_t>(pos0) + t0 + t + 1;
-        float* sc = s1.data() + t * nb;
+    }
+    quant::MatMul(lat, qabs, Q, s1);
+    if (rope) quant::MatMul(rv, qr, Q, s2);
+    // Per query row: scores, softmax, then its weighted sum of the latent rows
+    // it sees in ascending order (the rows before the block reach every row of
+    // it, AddRows; then the block's own rows up to its token) and the output.
+    const int nthreads = par ? omp_get_max_threads() : 1;
+    const size_t per = (Q + static_cast<size_t>(nthreads) - 1) / static_cast<size_t>(nthreads);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (size_t q0 = 0; q0 < Q; q0 += per) {
+      const size_t q1 = std::min(Q, q0 + per);
+      for (size_t q = q0; q < q1; ++q) {
+        const size_t nt = seen_by_all + q / H + 1;
+        float* sc = s1 + q * nb;
         if (rope) {
-          const float* sr = s2.data() + t * nb;
+          const float* sr = s2 + q * nb;
           for (size_t j = 0; j < nt; ++j) sc[j] = (sc[j] + sr[j]) * scale;
         } else {
           for (size_t j = 0; j < nt; ++j) sc[j] *= scale;
         }
         quant::Softmax(sc, nt);
       }
-      // Each latent row goes to every token of the block that sees it, rows in
-      // ascending order per token: the rows before the block reach all of its
-      // tokens (AddRows), then the block's own rows the tokens at or after them.
-      std::fill(clat.begin(), clat.begin() + static_cast<ptrdiff_t>(tb * kvl), 0.0f);
-      const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
-      quant::AddRows(lat, 0, seen_by_all, s1.data(), nb, tb, clat.data(), kvl);
-      for (size_t j = seen_by_all; j < nb; ++j) {
-        for (size_t t = j - seen_by_all; t < tb; ++t) quant::AddRow(lat, j, s1[t * nb + j], clat.data() + t * kvl);
-      }
-      for (size_t t = 0; t < tb; ++t) {
+      std::fill(clat + q0 * kvl, clat + q1 * kvl, 0.0f);
+      quant::AddRows(lat, 0, seen_by_all, s1 + q0 * nb, nb, q1 - q0, clat + q0 * kvl, kvl);
+      for (size_t q = q0; q < q1; ++q) {
+        const size_t t = q / H, hh = q % H;
+        for (size_t j = seen_by_all; j <= seen_by_all + t; ++j) {
+          quant::AddRow(lat, j, s1[q * nb + j], clat + q * kvl);
+        }
         float* ct = ctx + (t0 + t) * H * vh + hh * vh;
         const float* gt = gv + (t0 + t) * H * vh + hh * vh;
         for (size_t d = 0; d < vh; ++d) {
-          ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat.data() + t * kvl) *
-                  quant::Sigmoid(gt[d]);
+          ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat + q * kvl) * quant::Sigmoid(gt[d]);
         }
       }
     }
@@ -1243,12 +1257,17 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
       need(6, C * Hk);
       need(7, C * P);
     }
-    if (any_mla) {  // qa, qv, ckv, gv, ctx
+    if (any_mla) {  // qa, qv, ckv, gv, ctx; a block's queries and latent sums; its scores
       need(0, C * ql);
       need(1, C * H * qh);
       need(2, C * (kvl + rope));
       need(3, C * H * vh);
       need(4, C * H * vh);
+      const double Q = std::min(C, static_cast<double>(MlaBlockTokens(static_cast<size_t>(H)))) * H;
+      const double rows = static_cast<double>(s.position) + C;
+      need(5, Q * (2 * kvl + rope));
+      need(6, Q * rows);
+      if (rope > 0) need(7, Q * rows);
     }
     double mlp = any_dense ? inter : 0;  // gate and up, dense or shared experts
     if (any_moe) mlp = std::max(mlp, shared);
@@ -1265,10 +1284,6 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
 
   double phase = 0;
   if (any_kda) phase = std::max(phase, T * f * 6 * hd);  // per-thread head scratch
-  if (any_mla) {  // per thread qabs, clat and the score row
-    const double rows = static_cast<double>(s.position) + C;
-    phase = std::max(phase, T * f * (2 * kvl + rows));
-  }
   if (any_moe) {
     double moe = 2 * f * C * K + C * K + f * E + E;                     // sel, sel_w, keep, s, taken
     moe += E * sizeof(std::vector<uint32_t>) + f * C * K + 2 * f * E;  // users, counts, uni
