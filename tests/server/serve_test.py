@@ -256,21 +256,21 @@ def test_cancel(srv):
     before = srv.metric('k3_requests_cancelled_by_phase_total{phase="prefill"}')
     tokens_before = srv.metric("k3_completion_tokens_total")
     long_text = " ".join(f"word{i}" for i in range(6000))
-    data = json.dumps(body(messages=user(long_text), stream=True, max_tokens=8)).encode()
-    s = raw_socket(srv.port)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + str(len(data)).encode() +
-              b"\r\n\r\n" + data)
-    s.close()
+
+    def post_and_leave(request: dict):
+        data = json.dumps(request).encode()
+        s = raw_socket(srv.port)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
+                  str(len(data)).encode() + b"\r\n\r\n" + data)
+        s.close()
+
+    post_and_leave(body(messages=user(long_text), stream=True, max_tokens=8))
     srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="prefill"}', before + 1)
     check(srv.metric("k3_completion_tokens_total") == tokens_before, "cancelled in prefill: no token generated")
     # The same for a whole answer, which writes nothing while it holds its
     # status (--hold-status): the peek at the socket sees the FIN, a write the RST.
     before = srv.metric('k3_requests_cancelled_by_phase_total{phase="prefill"}')
-    data = json.dumps(body(messages=user(long_text + " again"), max_tokens=8)).encode()
-    s = raw_socket(srv.port)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + str(len(data)).encode() +
-              b"\r\n\r\n" + data)
-    s.close()
+    post_and_leave(body(messages=user(long_text + " again"), max_tokens=8))
     srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="prefill"}', before + 1)
     check(srv.metric("k3_completion_tokens_total") == tokens_before, "a whole answer cancelled in prefill: no token")
     s2, _, j = chat(srv.port, body())

@@ -95,6 +95,18 @@ void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2,
 // exact in f64, lanes folded j + (j+8), then + (j+4), + (j+2), + (j+1), then
 // the n % 16 tail elements in order.
 void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept;
+// The tail of every DotSumSquares: elements i..n-1 in order onto the folded
+// lane sums, then the results out.
+inline void DotSumSquaresTail(const float* x, const float* w, size_t i, size_t n, double dd, double qq,
+                              double* dot, double* ss) noexcept {
+  for (; i < n; ++i) {
+    const double xv = x[i];
+    dd += xv * static_cast<double>(w[i]);
+    qq += xv * xv;
+  }
+  *dot = dd;
+  *ss = qq;
+}
 
 // AddRows as the AddRow loop that defines its bits (quant.h): the fallback of
 // every table without add_rows and of formats a fast add_rows leaves out.

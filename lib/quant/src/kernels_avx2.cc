@@ -996,14 +996,7 @@ void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, do
     const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));  // + (j+2)
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));                           // + (j+1)
   };
-  double dd = fold(d), qq = fold(q);
-  for (; i < n; ++i) {
-    const double xv = x[i];
-    dd += xv * static_cast<double>(w[i]);
-    qq += xv * xv;
-  }
-  *dot = dd;
-  *ss = qq;
+  DotSumSquaresTail(x, w, i, n, fold(d), fold(q), dot, ss);
 }
 
 void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {

@@ -225,13 +225,7 @@ void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, 
       q[j] += q[j + half];
     }
   }
-  for (; i < n; ++i) {
-    const double xv = x[i];
-    d[0] += xv * static_cast<double>(w[i]);
-    q[0] += xv * xv;
-  }
-  *dot = d[0];
-  *ss = q[0];
+  DotSumSquaresTail(x, w, i, n, d[0], q[0], dot, ss);
 }
 
 namespace {
