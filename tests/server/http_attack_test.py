@@ -537,7 +537,14 @@ def test_sigterm():
     # 8 queued requests behind a long one: each answered (an error in the
     # body, status 503), the running one cancelled; the process exits fast.
     srv = Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--queue", "8")
-    long_req = dict(NORMAL, max_tokens=100000, seed=2, stream=True, thinking={"type": "disabled"})
+    # A seed whose answer does not stop early on this random-weight model (which
+    # seed does depends on the kernels' last bits): it runs to 3,000 tokens, seconds.
+    seed = next((sd for sd in range(1, 60)
+                 if json.loads(request(srv.port, "POST", "/v1/chat/completions",
+                                       dict(NORMAL, max_tokens=3000, seed=sd, thinking={"type": "disabled"}),
+                                       timeout=60)[2])["choices"][0]["finish_reason"] == "length"), None)
+    check(seed is not None, "a seed whose answer runs to 3,000 tokens")
+    long_req = dict(NORMAL, max_tokens=100000, seed=seed or 1, stream=True, thinking={"type": "disabled"})
     results = [None] * 9
 
     def client(i):
