@@ -24,7 +24,10 @@ export function startServer(cmd, args, env = {}) {
     };
     proc.stdout.on("data", onData);
     proc.stderr.on("data", onData);
-    proc.on("exit", (code) => { if (!proc.k3port) reject(new Error(`server exited ${code}: ${log}`)); });
+    proc.on("exit", (code, sig) => {
+      if (!proc.k3port) reject(new Error(`server exited ${code}: ${log}`));
+      else if (!proc.k3stopping) console.log(`server on port ${proc.k3port} exited ${code} ${sig ?? ""}: ${log.slice(-1500)}`);
+    });
   });
 }
 
@@ -43,6 +46,7 @@ export function stopServer(s) {
   return new Promise((resolve) => {
     if (s.proc.exitCode !== null) return resolve();
     s.proc.on("exit", () => resolve());
+    s.proc.k3stopping = true;  // no "exited" line for a stop we asked for
     process.kill(s.proc.pid, "SIGTERM");
   });
 }
