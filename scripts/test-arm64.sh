@@ -7,7 +7,8 @@
 #      byte-identical to the ones the x86-64 build writes (sha256 of every file);
 #   3. k3-verify --full of the aarch64 containers;
 #   4. k3-run generate on the tiny model with f32 weights (the oracle's greedy ids)
-#      and on the int8 container through the NEON IDOT path (the x86-64 ids);
+#      and on the int8 container: scalar gives x86-64's scalar logits bit for bit, the
+#      NEON IDOT path the same first positions within 1e-4;
 #   5. step 2 (int8) and a streamed generate again with 64 KiB pages (qemu -p);
 # plus two golden tests (model_container_test, model_repack_test: the oracle's
 # logits through every load path).
@@ -111,13 +112,39 @@ K3_LOG=warn K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0 "${QEMU[@]}" "$A
 grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/f32.json" | tee "$OUT/f32.ids"
 grep -q '"generated_ids":\[860,2302,84,2171,594,74,1683,1439,2176,1046,942,231,1259,1277,616,1258\]' \
   "$OUT/f32.ids" || { echo "aarch64 greedy ids differ from the oracle"; exit 1; }
-step "k3-run generate on the int8 container (IDOT, neondot): the x86-64 ids"
+step "k3-run generate on the int8 container, scalar ISA: x86-64's scalar logits and ids, bit for bit"
+# Every kernel and element op of the scalar ISA is one fixed sequence of IEEE
+# operations (SiTU included: situ.h, not libm), so the two architectures agree exactly.
+K3_LOG=warn K3_FORCE_ISA=scalar "${QEMU[@]}" "$A/k3-run" generate "$OUT/arm-8" --ids "$IDS" \
+  --ngen 16 --json --logits "$OUT/arm8s.f32" >"$OUT/arm8s.json"
+K3_LOG=warn K3_FORCE_ISA=scalar "$NATIVE/bin/k3-run" generate "$OUT/x86-8" --ids "$IDS" \
+  --ngen 16 --json --logits "$OUT/x868s.f32" >"$OUT/x868s.json"
+grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/arm8s.json" | tee "$OUT/arm8s.ids"
+grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/x868s.json" >"$OUT/x868s.ids"
+cmp "$OUT/arm8s.f32" "$OUT/x868s.f32" || { echo "aarch64 and x86-64 scalar prompt logits differ"; exit 1; }
+diff "$OUT/arm8s.ids" "$OUT/x868s.ids" || { echo "aarch64 and x86-64 scalar int8 ids differ"; exit 1; }
+
+step "k3-run generate on the int8 container (IDOT, neondot): runs, and its first prompt positions match x86-64"
+# NEON's IDOT kernels give the scalar bits (quant_test above), its f32-activation
+# path (MLA attention's scores and sums) differs in the last bits (docs/quant.md §4).
+# On this random-weight model such a difference stays ~1e-6 until one int8
+# activation rounding or expert choice near a tie flips (measured: 13 positions
+# within 3e-6, then 0.2, then 6.7 at position 19), so greedy ids may part later:
+# the check is the first 8 positions within 1e-4, and 16 ids generated.
 K3_LOG=info "${QEMU[@]}" "$A/k3-run" generate "$OUT/arm-8" --ids "$IDS" --ngen 16 --json \
-  >"$OUT/arm8.json" 2>"$OUT/arm8.log"
+  --logits "$OUT/arm8.f32" >"$OUT/arm8.json" 2>"$OUT/arm8.log"
 grep -q 'quant: neondot kernels' "$OUT/arm8.log" || { cat "$OUT/arm8.log"; exit 1; }
-K3_LOG=warn "$NATIVE/bin/k3-run" generate "$OUT/x86-8" --ids "$IDS" --ngen 16 --json >"$OUT/x868.json"
-grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/arm8.json" >"$OUT/arm8.ids"
-grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/x868.json" >"$OUT/x868.ids"
-cat "$OUT/arm8.ids"
-diff "$OUT/arm8.ids" "$OUT/x868.ids" || { echo "aarch64 and x86-64 int8 ids differ"; exit 1; }
+grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/arm8.json" | tee "$OUT/arm8.ids"
+grep -Eq '"generated_ids":\[([0-9]+,){15}[0-9]+\]' "$OUT/arm8.ids" || { echo "no 16 ids"; exit 1; }
+/usr/bin/python3 - "$OUT/arm8.f32" "$OUT/x868s.f32" 20 8 1e-4 <<'PY'
+import array, sys
+a, b = array.array("f"), array.array("f")
+a.frombytes(open(sys.argv[1], "rb").read()); b.frombytes(open(sys.argv[2], "rb").read())
+t, first, tol = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+assert len(a) == len(b) and len(a) % t == 0, (len(a), len(b))
+v = len(a) // t
+worst = max(abs(a[i] - b[i]) for i in range(first * v))
+print(f"neondot vs x86-64 scalar, first {first} of {t} positions: max |diff| {worst:.3g} (limit {tol})")
+sys.exit(0 if worst <= tol else 1)
+PY
 step "done"

@@ -83,9 +83,13 @@ struct KernelTable {
   // the bits (a fast version keeps its 16 lanes and its reduction tree).
   void (*dot_sum_squares)(const float* x, const float* w, size_t n, double* dot,
                           double* ss) noexcept = nullptr;
+  // SituGlu (ops.h): situ.h's loop compiled for this ISA (null: the scalar one).
+  void (*situ_glu)(const float* g, const float* u, size_t n, float b1, float b2,
+                   float* out) noexcept = nullptr;
 };
 
-
+// situ.h's loop in the baseline build: the reference the ISA builds must equal.
+void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
 
 // DotSumSquares' reference: 16 f64 lanes (element i in lane i % 16), products
 // exact in f64, lanes folded j + (j+8), then + (j+4), + (j+2), + (j+1), then

@@ -30,6 +30,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -998,6 +999,10 @@ void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, do
   DotSumSquaresTail(x, w, i, n, fold(d), fold(q), dot, ss);
 }
 
+void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -1008,7 +1013,7 @@ constexpr KernelTable kAvx2Table = {
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
-    nullptr,        DotSumSquaresAvx2};
+    nullptr,        DotSumSquaresAvx2,      SituGluAvx2};
 
 }  // namespace
 

@@ -33,6 +33,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -1523,12 +1524,17 @@ void DotSumSquaresAvx512(const float* x, const float* w, size_t n, double* dot, 
   DotSumSquaresTail(x, w, i, n, fold(d0, d1), fold(q0, q1), dot, ss);
 }
 
+void SituGluAvx512(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
 constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       MatMulQ8Avx512,         RowDotAvx512,
                                       AddRowAvx512,           QuantizeInt8RowsAvx512,
                                       QuantizeInt4RowsAvx512, DowncastAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
-                                      AddRowsAvx512,          DotSumSquaresAvx512};
+                                      AddRowsAvx512,          DotSumSquaresAvx512,
+                                      SituGluAvx512};
 
 }  // namespace
 

@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -571,6 +572,13 @@ uint64_t RoofNeon(RoofOp op, uint64_t iters) noexcept {
   return iters * kChains * 4;
 }
 
+// situ.h's loop compiled for NEON (GCC vectorizes it at -O3; the same IEEE
+// operations per element, so the scalar bits).
+void SituGluNeon(const float* g, const float* u, size_t n, float b1, float b2,
+                 float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
+
 KernelTable MakeTable() {
   KernelTable t = ScalarKernels();
 #ifdef K3_NEON_DOT
@@ -587,6 +595,7 @@ KernelTable MakeTable() {
   t.downcast_int8_to_int4 = DowncastNeon;
   t.quantize_acts = QuantizeActsNeon;
   t.roof = RoofNeon;
+  t.situ_glu = SituGluNeon;
   return t;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "situ.h"
 
 namespace k3::quant::internal {
 namespace {
@@ -202,6 +203,10 @@ __attribute__((optimize("no-tree-vectorize"))) uint64_t RoofScalar(RoofOp op,
 }
 
 }  // namespace
+
+void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  SituGluLoop(g, u, n, b1, b2, out);
+}
 
 void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
   constexpr size_t kLanes = 16;

@@ -1,6 +1,9 @@
 // Element-wise ops exactly as spec §4 defines them; scalar so that every ISA
-// (and the GPU tier's CPU fallback) agrees bit for bit.
+// (and the GPU tier's CPU fallback) agrees bit for bit, except SituGlu, whose
+// one definition (situ.h) each ISA's kernel file compiles.
 #include "k3/quant/ops.h"
+
+#include "kernels.h"
 
 #include <cmath>
 
@@ -17,12 +20,11 @@ void RmsNorm(const float* x, const float* w, size_t n, float eps, float* out) no
   for (size_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 
+// situ.h's exp and tanh (not libm's), so that the vectorized ISA builds of the
+// same loop give these bits.
 void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
-  for (size_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float ui = u[i];
-    out[i] = b1 * std::tanh(gi / b1) * Sigmoid(gi) * b2 * std::tanh(ui / b2);
-  }
+  const internal::KernelTable& k = internal::ActiveKernels();
+  (k.situ_glu != nullptr ? k.situ_glu : internal::SituGluScalar)(g, u, n, b1, b2, out);
 }
 
 void Softmax(float* v, size_t n) noexcept {

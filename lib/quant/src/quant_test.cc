@@ -19,6 +19,7 @@
 #include "k3/quant/isa.h"
 #include "k3/quant/ops.h"
 #include "kernels.h"
+#include "situ.h"
 #include "k3/quant/roof.h"
 #include "k3_isa_test_support.h"
 
@@ -610,7 +611,90 @@ TEST_CASE("ops: spec §4 definitions") {
   CHECK(o[1] == 2.0f * r * 0.5f);
   float g[2] = {0.5f, -3.0f}, u[2] = {2.0f, 40.0f}, out[2];
   SituGlu(g, u, 2, 4.0f, 25.0f, out);
-  CHECK(out[1] == 4.0f * std::tanh(-3.0f / 4.0f) * Sigmoid(-3.0f) * 25.0f * std::tanh(40.0f / 25.0f));
+  const double want = 4.0 * std::tanh(-3.0 / 4.0) / (1.0 + std::exp(3.0)) * 25.0 * std::tanh(40.0 / 25.0);
+  CHECK(std::fabs(out[1] - want) <= std::fabs(want) * 1e-6);
+}
+
+namespace {
+// Equal bits, or both NaN (a NaN's sign and payload follow operand order,
+// which a vectorizer may swap in commutative operations).
+bool SameFloats(const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(a + i, b + i, 4) != 0) return false;
+  }
+  return true;
+}
+// Distance in ulps of float `got` from the f64 value `want` (the float grid at want).
+double Ulps(float got, double want) {
+  const float wf = float(want);
+  const double ulp = double(std::nextafter(std::fabs(wf), INFINITY)) - double(std::fabs(wf));
+  return std::fabs(double(got) - want) / ulp;
+}
+}  // namespace
+
+TEST_CASE("SiTU-GLU: situ.h's exp and tanh within 1 and 1.5 ulp; every ISA gives the scalar bits") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> wide(-110.0f, 95.0f), mid(-12.0f, 12.0f);
+  std::normal_distribution<float> tiny(0.0f, 1e-3f);
+  double worst_exp = 0, worst_tanh = 0;
+  for (int i = 0; i < 300000; ++i) {
+    const float x = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? mid(rng) : tiny(rng);
+    const double e = std::exp(double(x));
+    if (e > 1.2e-38 && e < 3.4e38) worst_exp = std::max(worst_exp, Ulps(internal::SituExp(x), e));
+    const double t = std::tanh(double(x));
+    if (t != 0) worst_tanh = std::max(worst_tanh, Ulps(internal::SituTanh(x), t));
+  }
+  MESSAGE("SituExp max " << worst_exp << " ulp, SituTanh max " << worst_tanh << " ulp");
+  CHECK(worst_exp <= 1.0);
+  CHECK(worst_tanh <= 1.5);
+  CHECK(internal::SituExp(89.0f) == INFINITY);
+  CHECK(internal::SituExp(-104.0f) == 0.0f);
+  CHECK(internal::SituExp(-INFINITY) == 0.0f);
+  CHECK(internal::SituExp(0.0f) == 1.0f);
+  CHECK(internal::SituTanh(INFINITY) == 1.0f);
+  CHECK(internal::SituTanh(-INFINITY) == -1.0f);
+  CHECK(std::signbit(internal::SituTanh(-0.0f)));
+  CHECK(std::isnan(internal::SituTanh(NAN)));
+  CHECK(std::isnan(internal::SituExp(NAN)));
+
+  // The whole element function against f64, and every ISA against the scalar
+  // loop, over odd lengths (vector tails) and the edge values.
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("SituGlu");
+  std::vector<float> g(4099), u(4099);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = i % 2 ? mid(rng) * 3 : wide(rng);
+    u[i] = i % 3 ? mid(rng) * 8 : tiny(rng);
+  }
+  const float edges[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 88.7f, -88.7f, 103.9f, -103.9f, 1e30f, -1e30f,
+                         INFINITY, -INFINITY, NAN, 0.5625f, -0.5625f, 0.56249994f};
+  for (size_t i = 0; i < std::size(edges); ++i) {
+    g[i] = edges[i];
+    u[i + 20] = edges[i];
+  }
+  std::vector<float> ref(g.size());
+  internal::SituGluScalar(g.data(), u.data(), g.size(), 4.0f, 25.0f, ref.data());
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i]) || !std::isfinite(u[i])) continue;
+    const double gd = g[i], ud = u[i];
+    const double want = 4.0 * std::tanh(gd / 4.0) / (1.0 + std::exp(-gd)) * 25.0 * std::tanh(ud / 25.0);
+    if (std::fabs(want) > 1e-30) worst = std::max(worst, std::fabs(ref[i] - want) / std::fabs(want));
+  }
+  MESSAGE("SituGlu max relative error " << worst);
+  CHECK(worst < 1e-6);
+  for (Isa isa : isas) {
+    SetIsaForTesting(isa);
+    for (size_t n : {g.size(), size_t(1), size_t(7), size_t(17), size_t(33)}) {
+      std::vector<float> out(n, -7.0f);
+      SituGlu(g.data(), u.data(), n, 4.0f, 25.0f, out.data());
+      CHECK_MESSAGE(SameFloats(out.data(), ref.data(), n), IsaStr(isa) << " n " << n);
+    }
+    std::vector<float> inplace = g;  // out == g, as the expert executor calls it
+    SituGlu(inplace.data(), u.data(), g.size(), 4.0f, 25.0f, inplace.data());
+    CHECK_MESSAGE(SameFloats(inplace.data(), ref.data(), g.size()), IsaStr(isa) << " in place");
+  }
 }
 
 // ---------------------------------------------------------------------------
