@@ -17,11 +17,11 @@
 // IDOT path (§6.5): weights are biased to unsigned bytes so vpdpbusd can multiply
 // them with the signed activations; the activation-only correction -B*Σxq is
 // formed once per call and is the dpbusd's start value, so every lane's int32 is
-// exact. int8: one zmm covers 64 columns = two activation groups (lanes 0-7,
-// 8-15); int8 decode (batch 1) forms the same int32 by the sign trick instead,
-// with no correction table to keep in L1 (DotQ8Rows' kSigned). int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
+// exact. int4/MXFP4 ("nibble IDOT" below): 128 columns per step, activations
 // stored even/odd per group once per call so that 128-bit lane L is group L of
-// the step and the nibbles need no shuffle.
+// the step and the nibbles need no shuffle; the float work runs once per block
+// of 16 whole groups. int8 uses the same block layout and GEMM tile (its decode
+// forms the block's group sums by the sign trick, with no correction table).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -554,18 +554,14 @@ inline __m512i NibblesToBytes(__m256i packed) {
 }
 
 template <WeightFormat F>
-constexpr int kBias = F == WeightFormat::kInt8 ? 128 : F == WeightFormat::kInt4G64 ? 8 : 12;
+constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : 12;
 
-// Biased (unsigned) weight bytes of 64 columns starting at column c of a row
-// whose bytes start at `row`; `half`: only 32 columns remain (the rest must
-// multiply zero activations).
+// Biased (unsigned) weight bytes of 64 columns starting at column c of a
+// nibble row whose bytes start at `row`; `half`: only 32 columns remain (the
+// rest must multiply zero activations).
 template <WeightFormat F>
 inline __m512i WeightBytesU(const uint8_t* row, size_t c, bool half) {
-  if constexpr (F == WeightFormat::kInt8) {
-    const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, row + c)
-                           : _mm512_loadu_si512(row + c);
-    return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
-  } else if constexpr (F == WeightFormat::kInt4G64) {
+  if constexpr (F == WeightFormat::kInt4G64) {
     // int4 rows are whole 64-column groups, never half.
     return NibblesToBytes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c / 2)));
   } else {
@@ -589,19 +585,8 @@ struct Q8Direct {
   const uint8_t* row;
   size_t pf = 0;  // PrefetchBytes()
   __m512i Chunk(size_t k, bool half) const {
-    if (pf != 0) PrefetchLine(row + k * (F == WeightFormat::kInt8 ? 64 : 32), pf);
+    if (pf != 0) PrefetchLine(row + k * 32, pf);
     return WeightBytesU<F>(row, k * 64, half);
-  }
-};
-
-// int8 decode (batch 1) without the correction table: the stored signed bytes.
-struct I8Signed {
-  const uint8_t* row;
-  size_t pf = 0;  // PrefetchBytes()
-  __m512i Chunk(size_t k, bool half) const {
-    if (pf != 0) PrefetchLine(row + k * 64, pf);
-    return half ? _mm512_maskz_loadu_epi8(0xffffffffull, row + k * 64)
-                : _mm512_loadu_si512(row + k * 64);
   }
 };
 
@@ -644,18 +629,13 @@ const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
 }
 
 // One activation row against R weight rows (R = 1 for batch 1, 4 in the
-// batched loop so each activation load feeds four dot products). Per element the
-// operations are fixed whatever R is: groups are taken 16 at a time, factors
-// f_g = gs_g*xs_g (xs_g alone for int8) come from one multiply, pair k's vector
-// [f_2k x8, f_2k+1 x8] is a lane permute of it, and one accumulator collects
-// cvt(dot)*f over the pairs in column order before a fixed-order reduction.
-//
-// kSigned (int8 decode only, Src = I8Signed): the lanes' int32 from the signed
-// weights by the sign trick, |w| (unsigned; -128 gives 128) times x negated
-// where w < 0 (|x| <= 127, so no wrap), with no correction table: the same exact
-// int32 as the biased form, so the same bits, and the 12288-column row's
-// activations take 13.5 KiB of L1 instead of 25.5 KiB beside the weight stream.
-template <bool kInt8, int R, typename Src, bool kSigned = false>
+// batched loop so each activation load feeds four dot products): the legacy
+// 64-column nibble kernel (K3_QUANT_NIBBLE64). Per element the operations are
+// fixed whatever R is: groups are taken 16 at a time, factors f_g = gs_g*xs_g
+// come from one multiply, pair k's vector [f_2k x8, f_2k+1 x8] is a lane
+// permute of it, and one accumulator collects cvt(dot)*f over the pairs in
+// column order before a fixed-order reduction.
+template <int R, typename Src>
 void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
                const float* xs, size_t groups, float* out) noexcept {
   __m512 a[R];
@@ -669,7 +649,7 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
     __m512 f16[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      f16[r] = kInt8 ? xs16 : _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, gs[r] + g0), xs16);
+      f16[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, gs[r] + g0), xs16);
     }
     const size_t pairs = (ng + 1) / 2;
     for (size_t k = 0; k < pairs; ++k) {
@@ -678,25 +658,11 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
       const __m512i x = half ? _mm512_maskz_loadu_epi8(0xffffffffull, xq + c)
                              : _mm512_loadu_si512(xq + c);
       const __m512i idx = _mm512_add_epi32(pair_base, _mm512_set1_epi32(static_cast<int>(2 * k)));
-      if constexpr (kSigned) {
+      const __m512i cv = _mm512_loadu_si512(corr + c / 4);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512i wv = w[r].Chunk(c / 64, half);
-          const __m512i xs_w = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv),
-                                                    _mm512_setzero_si512(), x);
-          const __m512i d =
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), xs_w);
-          a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]),
-                                 a[r]);
-        }
-      } else {
-        const __m512i cv = _mm512_loadu_si512(corr + c / 4);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
-          a[r] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
-        }
+      for (int r = 0; r < R; ++r) {
+        const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
       }
     }
   }
@@ -708,10 +674,11 @@ void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int
 // at a time share each activation load.
 constexpr int kRowBlock = 4;
 
+// The legacy nibble kernel's rows (K3_QUANT_NIBBLE64 only): decoded once per
+// call, kRowBlock rows sharing each activation load.
 template <WeightFormat F, int R>
 void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
                 Scratch& s) noexcept {
-  constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
   const size_t chunks = (n + 63) / 64;
@@ -726,49 +693,34 @@ void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_
       _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
     src[r] = Q8Buffered{wr};
     gs[r] = gsb + r * groups;
-    if (!kI8) GroupScalesQ8(w, o + r, gsb + r * groups);
+    GroupScalesQ8(w, o + r, gsb + r * groups);
   }
   for (size_t b = 0; b < x.batch; ++b) {
     float d[R];
-    DotQ8Rows<kI8, R>(src, gs, x.q.data() + b * n, corr + b * chunks * 16,
-                      x.scales.data() + b * groups, groups, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
+    DotQ8Rows<R>(src, gs, x.q.data() + b * n, corr + b * chunks * 16,
+                 x.scales.data() + b * groups, groups, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
   }
 }
 
+// The 64-column int4/MXFP4 IDOT kernel (K3_QUANT_NIBBLE64=1: same-run A/B
+// benchmarks against the block GEMM below).
 template <WeightFormat F>
 void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
                   Scratch& s) noexcept {
-  constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
+  const int32_t* corr = ActCorrections(x, kBias<F>, s);
   if (x.batch == 1) {
-    if constexpr (kI8) {
-      // The sign trick, no correction table (DotQ8Rows' kSigned): on the Zen 5
-      // VM the 7168x12288 row went 0.83-0.91 -> 0.97-0.98 of the plain read,
-      // and no int8 shape was slower (docs/PERFORMANCE.md).
-      for (size_t o = r0; o < r1; ++o) {
-        const I8Signed src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
-        const float* gs[1] = {nullptr};
-        float d;
-        DotQ8Rows<true, 1, I8Signed, true>(src, gs, x.q.data(), nullptr, x.scales.data(), groups,
-                                           &d);
-        y[o] = d * w.scales[o];
-      }
-    } else {
-      // (int4/MXFP4 here only under K3_QUANT_NIBBLE64, the A/B kernel.)
-      const int32_t* corr = ActCorrections(x, kBias<F>, s);
-      float* gs = Grow(s.gscale, groups);
-      for (size_t o = r0; o < r1; ++o) {
-        const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
-        const float* gsp[1] = {gs};
-        GroupScalesQ8(w, o, gs);
-        DotQ8Rows<false, 1>(src, gsp, x.q.data(), corr, x.scales.data(), groups, y + o);
-      }
+    float* gs = Grow(s.gscale, groups);
+    for (size_t o = r0; o < r1; ++o) {
+      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
+      const float* gsp[1] = {gs};
+      GroupScalesQ8(w, o, gs);
+      DotQ8Rows<1>(src, gsp, x.q.data(), corr, x.scales.data(), groups, y + o);
     }
     return;
   }
-  const int32_t* corr = ActCorrections(x, kBias<F>, s);
   ForRowBlocks<kRowBlock>(r0, r1, [&]<int N>(size_t o) { RowBlockQ8<F, N>(w, x, corr, o, y, s); });
 }
 
@@ -1151,6 +1103,168 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
   }
 }
 
+// ---------------------------------------------------------------------------
+// int8 IDOT in the nibble kernels' block layout: whole 32-column groups summed
+// in int32, 16 groups (512 columns) per float step, lane 4L+m of a block's G
+// holding group 4m+L (BlockLaneOrder). Per (row, activation) pair:
+// a = fma(cvt(G_k), xs_k, a) over the blocks in column order (xs in block lane
+// order; past the row's end G = 0 and xs = 0), then reduce_add(a) * s_row.
+// Batch 1 forms G from natural-order dots (sign trick, no correction table);
+// the GEMM from the block layout through NibGemmTile with unit weight factors
+// (1 * xs = xs exactly), so both give the same bits, whatever the batch. The
+// float work is one cvt and one fma per 16 groups instead of per 2 (the old
+// kernel's cvt + permute + fma per dpbusd bounded it at 0.13-0.29 of the roof).
+// These bits are AVX-512's own; avx2/avx2vnni keep theirs (docs/quant.md §3.5).
+
+// Chunk c (64 bytes, natural order) of a block holds groups 2c (128-bit lanes
+// 0-1) and 2c+1 (lanes 2-3). in^h_m = lanes h and 2+h of chunks 2m and 2m+1:
+// its 128-bit lane L is half h (16 bytes) of group 4m+L.
+inline __m512i HalfGroups(__m512i c0, __m512i c1, int h) {
+  return h == 0 ? _mm512_shuffle_i32x4(c0, c1, 0x88) : _mm512_shuffle_i32x4(c0, c1, 0xDD);
+}
+
+// The 8 natural chunks of a block -> the 8 chunk vectors of the block layout
+// (vector 4h+j, lane 4L+m = bytes 16h+4j..16h+4j+3 of group 4m+L).
+inline void I8BlockPieces(const __m512i c[8], __m512i out[8]) {
+  for (int h = 0; h < 2; ++h) {
+    const __m512i in[4] = {HalfGroups(c[0], c[1], h), HalfGroups(c[2], c[3], h),
+                           HalfGroups(c[4], c[5], h), HalfGroups(c[6], c[7], h)};
+    Transpose4(in, out + 4 * h);
+  }
+}
+
+// Chunk c of block k of an n-column int8 row (zero past the end).
+inline __m512i I8Chunk(const int8_t* q, size_t n, size_t k, int c) {
+  const size_t col = k * 512 + size_t(c) * 64;
+  if (col >= n) return _mm512_setzero_si512();
+  return n - col >= 64 ? _mm512_loadu_si512(q + col) : _mm512_maskz_loadu_epi8(0xffffffffull, q + col);
+}
+
+// The block's 16 activation factors in block lane order.
+inline __m512 I8BlockScales(const float* xs, size_t groups, size_t k) {
+  const size_t g0 = k * 16, ng = groups - g0 >= 16 ? 16 : groups - g0;
+  return _mm512_permutexvar_ps(BlockLaneOrder(), _mm512_maskz_loadu_ps(TailMask16(ng), xs + g0));
+}
+
+// Batch 1: one row against one activation row (natural order, sign trick).
+float DotI8Blocks1(const uint8_t* row, size_t n, const int8_t* q, const float* xs,
+                   size_t pf) noexcept {
+  const size_t groups = n / kActGroup;
+  const size_t blocks = (n + 511) / 512;
+  __m512 a = _mm512_setzero_ps();
+  for (size_t k = 0; k < blocks; ++k) {
+    __m512i d[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const size_t col = k * 512 + size_t(c) * 64;
+      if (col >= n) {
+        d[c] = _mm512_setzero_si512();
+        continue;
+      }
+      if (pf != 0) PrefetchLine(row + col, pf);
+      const bool full = n - col >= 64;
+      const __m512i wv = full ? _mm512_loadu_si512(row + col)
+                              : _mm512_maskz_loadu_epi8(0xffffffffull, row + col);
+      const __m512i x = full ? _mm512_loadu_si512(q + col)
+                             : _mm512_maskz_loadu_epi8(0xffffffffull, q + col);
+      const __m512i xs_w = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), x);
+      d[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), xs_w);
+    }
+    __m512i e[4];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      e[m] = _mm512_add_epi32(HalfGroups(d[2 * m], d[2 * m + 1], 0),
+                              HalfGroups(d[2 * m], d[2 * m + 1], 1));
+    }
+    const __m512i g = SumLanes4(e[0], e[1], e[2], e[3]);
+    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), I8BlockScales(xs, groups, k), a);
+  }
+  return _mm512_reduce_add_ps(a);
+}
+
+// The GEMM's activations: per row and block the 8 chunk vectors, -128*Σq per
+// group and xs, both in block lane order (the nibble GEMM's NibActs fields).
+NibActs PrepareI8Acts(const ActsQ8& x, Scratch& s) noexcept {
+  if (s.nib_call == t_call_id && t_call_id != 0) return s.nib;
+  s.nib_call = 0;
+  const size_t n = x.cols, groups = n / kActGroup, blocks = (n + 511) / 512;
+  int8_t* xb = Grow(s.xgb, x.batch * blocks * 8 * 64);
+  int32_t* cb = Grow(s.cgb, x.batch * blocks * 16);
+  float* fb = Grow(s.fgb, x.batch * blocks * 16);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (size_t r = 0; r < x.batch; ++r) {
+    const int8_t* q = x.q.data() + r * n;
+    const float* xs = x.scales.data() + r * groups;
+    for (size_t k = 0; k < blocks; ++k) {
+      __m512i c[8], v[8];
+      for (int j = 0; j < 8; ++j) c[j] = I8Chunk(q, n, k, j);
+      I8BlockPieces(c, v);
+      int8_t* out = xb + (r * blocks + k) * 8 * 64;
+      __m512i sum = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        _mm512_store_si512(out + j * 64, v[j]);
+        sum = _mm512_dpbusd_epi32(sum, bias, v[j]);
+      }
+      _mm512_store_si512(cb + (r * blocks + k) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      _mm512_store_ps(fb + (r * blocks + k) * 16, I8BlockScales(xs, groups, k));
+    }
+  }
+  s.nib = NibActs{nullptr, nullptr, nullptr, 0, blocks * 16, xb, cb, fb};
+  s.nib_call = t_call_id;
+  return s.nib;
+}
+
+// Weight row o into the block layout, biased to unsigned bytes (w ^ 0x80).
+void I8DecodeRow(const WeightView& w, size_t o, size_t blocks, uint8_t* wo) noexcept {
+  const size_t n = w.cols;
+  const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (size_t k = 0; k < blocks; ++k) {
+    __m512i c[8], v[8];
+    for (int j = 0; j < 8; ++j) c[j] = _mm512_xor_si512(I8Chunk(q, n, k, j), flip);
+    I8BlockPieces(c, v);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(wo + (k * 8 + j) * 64, v[j]);
+  }
+}
+
+void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                    Scratch& s) noexcept {
+  const size_t n = w.cols;
+  if (x.batch == 1) {
+    const size_t pf = PrefetchBytes();
+    for (size_t o = r0; o < r1; ++o) {
+      y[o] = DotI8Blocks1(RowBytes<WeightFormat::kInt8>(w, o), n, x.q.data(), x.scales.data(), pf) *
+             w.scales[o];
+    }
+    return;
+  }
+  const NibActs acts = PrepareI8Acts(x, s);
+  const size_t blocks = acts.xsg_stride / 16;
+  const size_t row_bytes = blocks * 8 * 64;
+  const size_t chunk = std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs,
+                                        kNibGemmActs);
+  uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
+  float* ones = Grow(s.wgs, blocks * 16);
+  std::fill(ones, ones + blocks * 16, 1.0f);
+  for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
+    const size_t b1 = std::min(x.batch, b0 + chunk);
+    ForRowBlocks<kNibGemmRows>(r0, r1, [&]<int N>(size_t o) {
+      const uint8_t* wr[N];
+      const float* gr[N];
+      for (int r = 0; r < N; ++r) {
+        uint8_t* wo = wbuf + size_t(r) * row_bytes;
+        I8DecodeRow(w, o + size_t(r), blocks, wo);
+        wr[r] = wo;
+        gr[r] = ones;
+      }
+      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y);
+      for (size_t b = b0; b < b1; ++b) {
+        for (int r = 0; r < N; ++r) y[b * w.rows + o + size_t(r)] *= w.scales[o + size_t(r)];
+      }
+    });
+  }
+}
+
 // K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
 // (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
 bool LegacyNib() {
@@ -1162,7 +1276,7 @@ void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
   Scratch& s = Tls();
   switch (w.format) {
     case WeightFormat::kInt8:
-      return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
+      return MatMulI8Blocks(w, x, y, r0, r1, s);
     case WeightFormat::kInt4G64:
       if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
       return MatMulNibImpl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
