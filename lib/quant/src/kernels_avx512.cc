@@ -960,14 +960,24 @@ float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
 constexpr int kNibGemmRows = 4;
 constexpr int kNibGemmActs = 2;
 
-template <int R, int B>
+//
+// Blocks [k0, k1) of the row: a panel. The pair accumulators start at zero for
+// the first panel (k0 = 0) and are otherwise loaded from `carry` ([R][B]
+// vectors), where a panel that does not end the row leaves them; the last one
+// reduces them into `out`. Stored and reloaded exactly, so the panels change
+// no bit.
+// kUnit: every weight factor is 1 (int8, whose row scale multiplies the total
+// afterwards): f = xs, the same bits as 1 * xs without the multiply.
+template <int R, int B, bool kUnit = false>
 void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
-                 size_t blocks, float* out) noexcept {
+                 size_t blocks, size_t k0, size_t k1, float* carry, float* out) noexcept {
   __m512 a[R][B];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int c = 0; c < B; ++c) a[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < B; ++c) {
+      a[r][c] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(carry + (r * B + c) * 16);
+    }
   }
   const int8_t* xb[B];
   const int32_t* cb[B];
@@ -978,7 +988,7 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
     cb[c] = x.cb + (b0 + c) * blocks * 16;
     fb[c] = x.fb + (b0 + c) * blocks * 16;
   }
-  for (size_t k = 0; k < blocks; ++k) {
+  for (size_t k = k0; k < k1; ++k) {
     __m512i g[R][B];
 #pragma GCC unroll 4
     for (int c = 0; c < B; ++c) {
@@ -1001,13 +1011,22 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m512 gs = InReg(_mm512_load_ps(gr[r] + k * 16));
+      const __m512 gs = kUnit ? _mm512_set1_ps(1.0f) : InReg(_mm512_load_ps(gr[r] + k * 16));
 #pragma GCC unroll 4
       for (int c = 0; c < B; ++c) {
-        a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g[r][c]),
-                                  _mm512_mul_ps(gs, _mm512_load_ps(fb[c] + k * 16)), a[r][c]);
+        const __m512 xs = _mm512_load_ps(fb[c] + k * 16);
+        a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g[r][c]), kUnit ? xs : _mm512_mul_ps(gs, xs),
+                                  a[r][c]);
       }
     }
+  }
+  if (k1 < blocks) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < B; ++c) _mm512_store_ps(carry + (r * B + c) * 16, a[r][c]);
+    }
+    return;
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -1045,21 +1064,43 @@ void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t blocks
   }
 }
 
+// Column panels of the GEMM: a row quad's decoded bytes are one byte per column
+// (48 KiB for 4 rows of 12288 columns, 132 KiB at 33792), more than L1 holds
+// beside the activations, so long rows go in panels of kNibPanelBlocks blocks
+// (16 KiB per quad): each panel meets every activation row of the chunk before
+// the next, the tile accumulators carried between panels in scratch.
+constexpr size_t kNibPanelBlocks = 8;
+
 // Rows o .. o+R-1 (decoded at wr/gr) against activation rows [b0, b1).
-template <int R>
+template <int R, bool kUnit = false>
 void NibTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
-              size_t b1, size_t blocks, size_t o, size_t ld, float* y) noexcept {
+              size_t b1, size_t blocks, size_t o, size_t ld, float* y, Scratch& s) noexcept {
   float d[kNibGemmActs * kNibGemmRows];
-  size_t b = b0;
-  for (; b + kNibGemmActs <= b1; b += kNibGemmActs) {
-    NibGemmTile<R, kNibGemmActs>(wr, gr, x, b, blocks, d);
-    for (int c = 0; c < kNibGemmActs; ++c) {
-      for (int r = 0; r < R; ++r) y[(b + c) * ld + o + r] = d[c * kNibGemmRows + r];
+  const size_t tiles = (b1 - b0 + kNibGemmActs - 1) / kNibGemmActs;
+  float* carry =
+      blocks > kNibPanelBlocks ? Grow(s.acc, tiles * kNibGemmRows * kNibGemmActs * 16) : nullptr;
+  for (size_t k0 = 0; k0 < blocks; k0 += kNibPanelBlocks) {
+    const size_t k1 = std::min(blocks, k0 + kNibPanelBlocks);
+    size_t b = b0;
+    for (float* c = carry; b < b1; b += kNibGemmActs) {
+      if (b + kNibGemmActs <= b1) {
+        NibGemmTile<R, kNibGemmActs, kUnit>(wr, gr, x, b, blocks, k0, k1, c, d);
+        if (k1 == blocks) {
+          for (int t = 0; t < kNibGemmActs; ++t) {
+            for (int r = 0; r < R; ++r) y[(b + t) * ld + o + r] = d[t * kNibGemmRows + r];
+          }
+        }
+      } else {
+        for (size_t t = b; t < b1; ++t) {  // the odd activation row: R x 1 tiles
+          NibGemmTile<R, 1, kUnit>(wr, gr, x, t, blocks, k0, k1, c == nullptr ? nullptr : c + (t - b) * R * 16,
+                            d);
+          if (k1 == blocks) {
+            for (int r = 0; r < R; ++r) y[t * ld + o + r] = d[r];
+          }
+        }
+      }
+      if (c != nullptr) c += kNibGemmRows * kNibGemmActs * 16;
     }
-  }
-  for (; b < b1; ++b) {
-    NibGemmTile<R, 1>(wr, gr, x, b, blocks, d);
-    for (int r = 0; r < R; ++r) y[b * ld + o + r] = d[r];
   }
 }
 
@@ -1098,7 +1139,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
         wr[r] = wo;
         gr[r] = go;
       }
-      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y);
+      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y, s);
     });
   }
 }
@@ -1111,7 +1152,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
 // order; past the row's end G = 0 and xs = 0), then reduce_add(a) * s_row.
 // Batch 1 forms G from natural-order dots (sign trick, no correction table);
 // the GEMM from the block layout through NibGemmTile with unit weight factors
-// (1 * xs = xs exactly), so both give the same bits, whatever the batch. The
+// (f = xs, as 1 * xs would be), so both give the same bits, whatever the batch. The
 // float work is one cvt and one fma per 16 groups instead of per 2 (the old
 // kernel's cvt + permute + fma per dpbusd bounded it at 0.13-0.29 of the roof).
 // These bits are AVX-512's own; avx2/avx2vnni keep theirs (docs/quant.md §3.5).
@@ -1219,9 +1260,13 @@ void I8DecodeRow(const WeightView& w, size_t o, size_t blocks, uint8_t* wo) noex
   const size_t n = w.cols;
   const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const size_t pf = PrefetchBytes(kPrefetchI8Row);
   for (size_t k = 0; k < blocks; ++k) {
     __m512i c[8], v[8];
-    for (int j = 0; j < 8; ++j) c[j] = _mm512_xor_si512(I8Chunk(q, n, k, j), flip);
+    for (int j = 0; j < 8; ++j) {
+      if (pf != 0) PrefetchLine(q + k * 512 + size_t(j) * 64, pf);
+      c[j] = _mm512_xor_si512(I8Chunk(q, n, k, j), flip);
+    }
     I8BlockPieces(c, v);
     for (int j = 0; j < 8; ++j) _mm512_store_si512(wo + (k * 8 + j) * 64, v[j]);
   }
@@ -1244,8 +1289,6 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
   const size_t chunk = std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs,
                                         kNibGemmActs);
   uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
-  float* ones = Grow(s.wgs, blocks * 16);
-  std::fill(ones, ones + blocks * 16, 1.0f);
   for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
     const size_t b1 = std::min(x.batch, b0 + chunk);
     ForRowBlocks<kNibGemmRows>(r0, r1, [&]<int N>(size_t o) {
@@ -1255,9 +1298,9 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
         uint8_t* wo = wbuf + size_t(r) * row_bytes;
         I8DecodeRow(w, o + size_t(r), blocks, wo);
         wr[r] = wo;
-        gr[r] = ones;
+        gr[r] = nullptr;  // unit factors
       }
-      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y);
+      NibTiles<N, true>(wr, gr, acts, b0, b1, blocks, o, w.rows, y, s);
       for (size_t b = b0; b < b1; ++b) {
         for (int r = 0; r < N; ++r) y[b * w.rows + o + size_t(r)] *= w.scales[o + size_t(r)];
       }
