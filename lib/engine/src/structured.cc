@@ -16,7 +16,8 @@ namespace {
 // an object with required keys), and the margin absorbs most of that.
 constexpr int64_t kSteerMargin = 4;
 // Within this many tokens of steering, each sampled JSON token is checked to
-// leave room for the shortest completion after it (Allowed).
+// leave room for the shortest completion after it (Allowed); further out only
+// those that may lengthen it (structure, keys) are.
 constexpr int64_t kLookAhead = 24;
 // Calls one answer may make before the tools section is closed.
 constexpr int kMaxCalls = 16;
@@ -516,13 +517,19 @@ bool StructuredDecoder::Allowed(int32_t id) {
     case Phase::kJson: {
       if (id == x_.close) return json_->Accepting();
       if (!(id >= 0 && size_t(id) < bits_.size() * 64 && ((bits_[size_t(id) / 64] >> (id % 64)) & 1))) return false;
-      if (!near_ || StaysInString(id)) return true;
-      // Near the budget: a token is taken only if the answer can still close
-      // after it (one token can lengthen the shortest completion a lot: close
-      // a string and make a required object due). A prefix of the known
-      // completion leaves its rest; any other token is probed, and the probe's
-      // completion serves the next step if this token is taken.
+      if (StaysInString(id)) return true;
+      // A token is taken only if the answer can still close after it. One
+      // token can lengthen the shortest completion by more than any fixed
+      // look-ahead (`{"` in an array whose items have required keys: 2 -> 62
+      // bytes), so far from the budget a token that may do so is probed too:
+      // one that opens, separates or quotes, or any byte of a key. Digits,
+      // literals and value-string bytes far from the budget are not.
       const std::string_view bytes = tok_.TokenBytes(tok::TokenId(id));
+      const bool may_lengthen = (lex_.l != Lex::kOutside && lex_.l != Lex::kNumber) ||
+                                bytes.find_first_of("{[,:\"") != std::string_view::npos;
+      if (!near_ && !may_lengthen) return true;
+      // A prefix of the known completion leaves its rest; any other token is
+      // probed, and the probe's completion serves the next step if it is taken.
       int64_t after_len;
       if (greedy_fresh_ && HasGreedy() && std::string_view(greedy_).starts_with(bytes)) {
         after_len = int64_t(greedy_.size() - bytes.size()) + (greedy_capped_ ? 1 : 0);

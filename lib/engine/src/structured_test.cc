@@ -477,6 +477,46 @@ TEST_CASE("structured: inside a pattern string a token may lengthen the shortest
   CHECK(answers == 2 * 9 * 12);
 }
 
+TEST_CASE("structured: one token far from the budget may lengthen the shortest completion past it; still closes") {
+  // After `[` the shortest completion of {"todos":[...]} is `]}`; after `{"`
+  // it is an item with three required keys, ~40 bytes longer: more than the
+  // fixed look-ahead before steering (tests/server's hand-13 schema, which a
+  // kernel change once made the tiny model cut at max_tokens). With a second,
+  // cheap tool, budgets from the shortest answer up must all close (before
+  // the fix 44 of these 1,208 answers were cut).
+  const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(kTiny);
+  const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
+  const int32_t end_id = int32_t(tok.SpecialIdOrThrow("<|end_of_msg|>"));
+  const std::vector<int64_t> eos = {end_id};
+  std::vector<float> logits(tok.vocab_size());
+  StructuredOutput spec;
+  spec.tools.push_back({"todo", constrain::Schema::CompileOrThrow(
+                                    R"({"type":"object","properties":{"todos":{"type":"array","items":{"type":"object",)"
+                                    R"("properties":{"id":{"type":"string"},"content":{"type":"string","minLength":1},)"
+                                    R"("status":{"enum":["pending","in_progress","completed"]},"priority":{"enum":["high","medium","low"]}},)"
+                                    R"("required":["id","content","status"],"additionalProperties":false},"maxItems":3}},)"
+                                    R"("required":["todos"],"additionalProperties":false})")});
+  spec.tools.push_back({"other", constrain::Schema::CompileOrThrow(
+                                     R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})")});
+  spec.calls = StructuredOutput::Calls::kRequired;
+  const int64_t shortest =
+      StructuredDecoder(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, 1 << 20).MinRemaining();
+  uint64_t rng = 25;
+  int64_t steps = 0, cached = 0, answers = 0;
+  for (int64_t extra = 0; extra <= 150; extra += 1) {
+    for (uint64_t seed = 0; seed < 8; ++seed) {
+      CAPTURE(extra);
+      CAPTURE(seed);
+      StructuredDecoder d(spec, tok, vocab, eos, tok::ChatStreamParser::Start::kResponse, shortest + extra);
+      const std::vector<int32_t> ids = DecodeAlone(d, shortest + extra, seed, end_id, logits, rng, &steps, &cached);
+      REQUIRE(!ids.empty());
+      CHECK(ids.back() == end_id);  // closed within the budget
+      ++answers;
+    }
+  }
+  CHECK(answers == 151 * 8);
+}
+
 TEST_CASE("structured: the cached greedy completion equals a fresh one after every token; tight budgets close") {
   // The decoder alone (random logits, no model) over the tiny vocabulary, for
   // the 251 schemas of the constrain property test as a response_format and as
