@@ -97,9 +97,10 @@ CpuIdent ReadCpuIdent() {
 // One measured preference: on `vendor` CPUs of display family `family` whose
 // best ISA is `best`, int8-weight MatMulQ8 at batch 1 (decode) comes from
 // `decode` when the CPU runs it. Only pairs whose int8 IDOT bits are identical
-// may appear here (the x86 SIMD ISAs: quant_test.cc "int8 IDOT gives the same
-// bits on every x86 SIMD ISA"), so a token decoded alone still gives the bits
-// of the same token in a batched prefill.
+// may appear here (avx2 and avx2vnni; AVX-512's int8 has its own block-layout
+// bits since 2026-12-02: quant_test.cc "int8 IDOT: decode gives the batched
+// bits, across x86 ISAs of one bit family"), so a token decoded alone still
+// gives the bits of the same token in a batched prefill.
 struct CpuRule {
   const char* vendor;
   int family;
