@@ -518,25 +518,30 @@ def test_crowd():
 
 
 def test_sigterm():
-    # A client trickling a body must not delay the exit.
-    srv = Server(K3_RUN, MODEL, "--model-id", "k3-tiny")
-    s = raw_socket(srv.port)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{")
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    os.kill(srv.proc.pid, signal.SIGTERM)
-    try:
-        srv.proc.wait(timeout=15)
-    except Exception:
-        pass
-    dt = time.monotonic() - t0
-    check(srv.proc.returncode == 0 and dt < 5, f"SIGTERM with a trickling client: exit {srv.proc.returncode} in {dt:.2f} s")
-    s.close()
-    srv.stop()
+    # A client trickling a body must not delay the exit. Each server sits in a
+    # with-block: a failed wait or assertion still stops it (no stray server).
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny") as srv:
+        s = raw_socket(srv.port)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        os.kill(srv.proc.pid, signal.SIGTERM)
+        try:
+            srv.proc.wait(timeout=15)
+        except Exception:
+            pass
+        dt = time.monotonic() - t0
+        check(srv.proc.returncode == 0 and dt < 5,
+              f"SIGTERM with a trickling client: exit {srv.proc.returncode} in {dt:.2f} s")
+        s.close()
 
     # 8 queued requests behind a long one: each answered (an error in the
     # body, status 503), the running one cancelled; the process exits fast.
-    srv = Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--queue", "8")
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--queue", "8") as srv:
+        sigterm_with_queue(srv)
+
+
+def sigterm_with_queue(srv):
     # A seed whose answer does not stop early on this random-weight model (which
     # seed does depends on the kernels' last bits): it runs to 3,000 tokens, seconds.
     seed = next((sd for sd in range(1, 60)
@@ -567,7 +572,6 @@ def test_sigterm():
     check(srv.proc.returncode == 0 and dt < 5, f"SIGTERM with 8 queued: exit {srv.proc.returncode} in {dt:.2f} s")
     check(answered == 9, f"SIGTERM: every queued and running request got a 503 shutting_down error ({answered}/9)")
     check(b"stopped in" in open(srv.log_path, "rb").read(), "the server says how long stopping took")
-    srv.stop()
 
 
 def test_access_log():
