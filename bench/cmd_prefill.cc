@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,7 @@ struct Run {
   uint64_t peak_rss = 0;
   int64_t window = 0, windows = 0;  // the largest window and how many the prefill took
   double budget_bytes = 0;          // the window budget the engine sized
+  model::PhaseTimes phases;         // the forward pass by part
 };
 
 // One cold prefill of `prompt` (one generated token) on a fresh engine.
@@ -171,6 +173,7 @@ Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt,
   r.window = g.timings.prefill_window;
   r.windows = g.timings.prefill_windows;
   r.budget_bytes = e->options().run.prefill_budget_bytes;
+  r.phases = g.timings.prefill_phases;
   return r;
 }
 
@@ -227,6 +230,7 @@ void RunPrefillBench(const PrefillArgs& a) {
     const std::vector<int32_t> head(prompt.begin(), prompt.begin() + prefix);
     const double scale = double(len) / double(prefix);
     std::vector<double> secs, waits, base_secs, ratio_io, ratio_floor, speedup;
+    std::vector<model::PhaseTimes> phases;
     Run last, base_last;
     for (int r = 0; r < a.runs; ++r) {
       // Alternate which setting goes first.
@@ -237,6 +241,7 @@ void RunPrefillBench(const PrefillArgs& a) {
       if (!base_first && !a.no_baseline) base = Prefill(a, a.baseline_chunk, head, cold);
       secs.push_back(one.prefill_s);
       waits.push_back(one.expert_wait_s);
+      phases.push_back(one.phases);
       const double io_floor = double(one.bytes) / (disk_gbps * 1e9);
       const double compute_floor = macs_tok * len / (roof * 1e9);
       ratio_floor.push_back(one.prefill_s / std::max(io_floor, compute_floor));
@@ -269,6 +274,28 @@ void RunPrefillBench(const PrefillArgs& a) {
     PutSummary(j, "prefill_s", secs);
     PutSummary(j, "vs_floor", ratio_floor);
     PutSummary(j, "expert_wait_s", waits);
+    // The run with the median prefill time, by part (seconds and shares of the
+    // prefill; issue 25 §2 asks for MLA attention's and the KDA scan's share).
+    {
+      std::vector<size_t> idx(secs.size());
+      std::iota(idx.begin(), idx.end(), size_t{0});
+      std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return secs[x] < secs[y]; });
+      const size_t mid = idx[idx.size() / 2];
+      const model::PhaseTimes& ph = phases[mid];
+      const double total = secs[mid];
+      const std::pair<const char*, double> parts[] = {
+          {"attn_proj", ph.attn_proj},         {"kda_scan", ph.kda_scan},
+          {"mla_attn", ph.mla_attn},           {"moe_router", ph.moe_router},
+          {"moe_experts", ph.moe_experts},     {"moe_latent_up", ph.moe_latent_up},
+          {"mlp", ph.mlp},                     {"residual", ph.residual},
+          {"head", ph.head},                   {"other", total - ph.Total()}};
+      j.Key("phases_s").BeginObject();
+      for (const auto& [name, v] : parts) j.Field(name, v);
+      j.EndObject();
+      j.Key("phase_shares").BeginObject();
+      for (const auto& [name, v] : parts) j.Field(name, total > 0 ? v / total : 0.0);
+      j.EndObject();
+    }
     j.Field("peak_rss_bytes", last.peak_rss);
     if (!a.no_baseline) {
       j.Field("baseline_chunk", int64_t(a.baseline_chunk))

@@ -387,6 +387,7 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     model::ForwardOutputs out = req.prefill_outputs ? *req.prefill_outputs : model::ForwardOutputs{};
     out.logits_last = has_head ? im.logits.data() : nullptr;
     im.logits_valid = false;
+    const model::PhaseTimes phases0 = im.session->phase_times();
     try {
       std::vector<int64_t> at;
       if (ckpt_on) {
@@ -408,6 +409,7 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
     res.timings.prefill_window = im.session->last_window();
     res.timings.prefill_windows = im.session->last_windows();
     res.timings.prefill_expert_bytes = im.model->experts().stats().bytes_read - bytes0;
+    res.timings.prefill_phases = im.session->phase_times() - phases0;
     res.prefill_steps = static_cast<int64_t>(im.streaming->stream_stats().steps.size());
     if (im.session->interrupted()) {
       // The session holds whole windows only (or was reset); every checkpoint

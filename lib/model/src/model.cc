@@ -680,6 +680,24 @@ bool Session::CombineMayHold() {
 
 // One window through the whole stack, layer-major. Every matmul is batched
 // over the window; per-token sequential state advances in token order.
+namespace {
+// Wall time into PhaseTimes fields: Lap adds the time since the last Lap (or
+// construction, or Skip) to one field; Skip drops it (a part that timed itself).
+class PhaseClock {
+ public:
+  PhaseClock() : t_(NowSeconds()) {}
+  void Lap(double& field) {
+    const double now = NowSeconds();
+    field += now - t_;
+    t_ = now;
+  }
+  void Skip() { t_ = NowSeconds(); }
+
+ private:
+  double t_;
+};
+}  // namespace
+
 void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                            const ForwardOutputs& out, bool last_chunk) {
   const ModelConfig& c = model_.config();
@@ -706,8 +724,10 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     Mix(entries.data(), nb + 1, sw.data(), D, eps, mix_scores.data(), dst);
   };
 
+  PhaseTimes& ph = phases_;
   for (size_t li = 0; li < L; ++li) {
     if (PollInterrupt(static_cast<int64_t>(li))) return;
+    PhaseClock clk;
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
     for (size_t t = 0; t < C; ++t) {
@@ -724,11 +744,13 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     for (size_t t = 0; t < C; ++t) {
       quant::RmsNorm(h.data() + t * D, lw.input_norm.data(), D, eps, x.data() + t * D);
     }
+    clk.Lap(ph.residual);
     if (lw.is_kda) {
       KdaForward(static_cast<int64_t>(li), x.data(), C, a.data());
     } else {
       MlaForward(static_cast<int64_t>(li), x.data(), C, pos0, a.data());
     }
+    clk.Skip();  // timed inside, by part
     for (size_t t = 0; t < C; ++t) {
       float* pt = p.data() + t * D;
       const float* at = a.data() + t * D;
@@ -740,11 +762,14 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
       mix(t, pt, lw.mlp_sw, m.data());
       quant::RmsNorm(m.data(), lw.post_norm.data(), D, eps, x.data() + t * D);
     }
+    clk.Lap(ph.residual);
     if (lw.is_moe) {
       MoeForward(static_cast<int64_t>(li), x.data(), C, pos0, f.data());
       if (interrupted_) return;  // stopped between experts (the session was reset)
+      clk.Skip();  // timed inside, by part
     } else {
       MlpForward(lw.dense, x.data(), C, f.data());
+      clk.Lap(ph.mlp);
     }
     for (size_t t = 0; t < C; ++t) {
       float* ht = h.data() + t * D;
@@ -756,6 +781,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                     D * sizeof(float));
       }
     }
+    clk.Lap(ph.residual);
   }
 
   // Head: every position when all logits / final vectors are wanted, else
@@ -763,6 +789,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   const bool want_all = out.logits_all != nullptr || out.final_hidden != nullptr;
   const bool want_last = out.logits_last != nullptr && last_chunk;
   if (W.has_head && (want_all || want_last)) {
+    PhaseClock clk;
     const size_t first = want_all ? 0 : C - 1;
     const size_t rows = C - first;
     std::vector<float> y(rows * D);
@@ -785,6 +812,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     if (want_last) {
       std::memcpy(out.logits_last, logits.data() + (rows - 1) * V, V * sizeof(float));
     }
+    clk.Lap(ph.head);
   }
   pos_ += n_tokens;
 }
@@ -805,6 +833,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   ScratchSet& scratch = impl_->scratch;
   float *q = scratch.Take(0, C * P), *k = scratch.Take(1, C * P), *v = scratch.Take(2, C * P), *g = scratch.Take(3, C * P),
         *z = scratch.Take(4, C * P), *t1 = scratch.Take(5, C * hd), *braw = scratch.Take(6, C * H);
+  PhaseClock clk;
   Linear(w.q, x, C, q, idot, &impl_->acts);
   Linear(w.k, x, C, k, idot, &impl_->acts);
   Linear(w.v, x, C, v, idot, &impl_->acts);
@@ -812,6 +841,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   quant::MatMul(w.f_a.view(), x, C, t1);
   quant::MatMul(w.f_b.view(), t1, C, z);
   quant::MatMul(w.b.view(), x, C, braw);
+  clk.Lap(phases_.attn_proj);
 
   // Checkpoints inside the window (Session::Forward): after token t whose
   // capture_of_token is set, this layer's state is copied into that capture,
@@ -913,7 +943,9 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
       for (size_t vv = 0; vv < hd; ++vv) ot[vv] *= quant::Sigmoid(gt[vv]);
     }
   }
+  clk.Lap(phases_.kda_scan);
   Linear(w.o, o, C, out, idot, &impl_->acts);
+  clk.Lap(phases_.attn_proj);
 }
 
 // Gated MLA, NoPE, absorbed form over the latent cache (§5.4).
@@ -933,6 +965,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   ScratchSet& scratch = impl_->scratch;
   float *qa = scratch.Take(0, C * ql), *qv = scratch.Take(1, C * H * qh), *ckv = scratch.Take(2, C * (kvl + rope)),
         *gv = scratch.Take(3, C * H * vh);
+  PhaseClock clk;
   Linear(w.q_a, x, C, qa, idot, &impl_->acts);
   for (size_t t = 0; t < C; ++t) {
     quant::RmsNorm(qa + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa + t * ql);
@@ -948,6 +981,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
   }
   Linear(w.g, x, C, gv, idot, &impl_->acts);
+  clk.Lap(phases_.attn_proj);
 
   float* ctx = scratch.Take(4, C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
@@ -1030,7 +1064,9 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       }
     }
   }
+  clk.Lap(phases_.mla_attn);
   Linear(w.o, ctx, C, out, idot, &impl_->acts);
+  clk.Lap(phases_.attn_proj);
 }
 
 // Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
@@ -1058,6 +1094,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   // Router: sigmoid scores; top-k by score + bias (strict >, ties -> lowest
   // id); weights = raw scores renormalised.
   ScratchSet& scratch = impl_->scratch;
+  PhaseClock clk;
   float* logits = scratch.Take(2, C * E);
   quant::MatMul(w.router.view(), x, C, logits);
   std::vector<int32_t> sel(C * K);
@@ -1116,6 +1153,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   // unless the model has another, e.g. the Vulkan tier).
   float* zlat = scratch.Take(3, C * LT);
   Linear(w.latent_down, x, C, zlat, idot, &impl_->acts);
+  clk.Lap(phases_.moe_router);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert, sized exactly
   {
     std::vector<uint32_t> n(E, 0);
@@ -1172,16 +1210,19 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   if (interrupted_) return;
   if (order == PairOrder::kBuffer) combine.FromBuffer(contrib.data());
   K3_CHECK(combine.complete());
+  clk.Lap(phases_.moe_experts);
   // Then the latent norm per token.
   for (size_t t = 0; t < C; ++t) {
     float* lt = lat + t * LT;
     quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
   }
   Linear(w.latent_up, lat, C, out, idot, &impl_->acts);
+  clk.Lap(phases_.moe_latent_up);
   if (!w.shared.gate.empty()) {
     float* sh = scratch.Take(5, C * D);
     MlpForward(w.shared, x, C, sh);
     for (size_t i = 0; i < C * D; ++i) out[i] += sh[i];
+    clk.Lap(phases_.mlp);
   }
 }
 

@@ -212,6 +212,8 @@ struct Timings {
   int64_t prefill_window = 0;
   int64_t prefill_windows = 0;
   uint64_t prefill_expert_bytes = 0;
+  // The prefill's forward pass by part (wall seconds; k3-bench prefill).
+  model::PhaseTimes prefill_phases;
 };
 
 // Prefill progress (issue 25), passed to Callbacks::on_prefill between layers

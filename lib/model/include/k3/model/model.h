@@ -146,6 +146,31 @@ struct RoutingRecord {
   std::vector<float> weights;    // renormalised
 };
 
+// Wall seconds of the forward pass by part, summed over a session's Forward
+// calls (issue 25 §2: the prefill benchmark states each part's share). The
+// parts are timed around the code that does them, threads included; their sum
+// is the forward pass less embedding lookups and loop overhead.
+struct PhaseTimes {
+  double attn_proj = 0;    // KDA and MLA linear layers (q/k/v/g/f/b, q_a/q_b/kv_a/g, o)
+  double kda_scan = 0;     // KDA short conv + the gated delta-rule scan, per head
+  double mla_attn = 0;     // MLA over the cache: absorbed queries, scores, softmax, sums
+  double moe_router = 0;   // router matmul, top-k, latent down-projection
+  double moe_experts = 0;  // the routed experts' pass (reads waited for included)
+  double moe_latent_up = 0;  // latent norm and up-projection
+  double mlp = 0;          // dense MLP and the shared experts
+  double residual = 0;     // AttnRes mixes, RMS norms, residual adds
+  double head = 0;         // final mix, norm and lm_head
+  double Total() const {
+    return attn_proj + kda_scan + mla_attn + moe_router + moe_experts + moe_latent_up + mlp +
+           residual + head;
+  }
+  PhaseTimes operator-(const PhaseTimes& o) const {
+    return {attn_proj - o.attn_proj,   kda_scan - o.kda_scan,       mla_attn - o.mla_attn,
+            moe_router - o.moe_router, moe_experts - o.moe_experts, moe_latent_up - o.moe_latent_up,
+            mlp - o.mlp,               residual - o.residual,       head - o.head};
+  }
+};
+
 class Session {
  public:
   // `max_tokens` bounds the MLA cache (grown on demand beyond it).
@@ -172,6 +197,8 @@ class Session {
   // and how many windows it ran.
   int64_t last_window() const { return last_window_; }
   int64_t last_windows() const { return last_windows_; }
+  // Time by part of the pass, since the session was made (subtract two reads).
+  const PhaseTimes& phase_times() const { return phases_; }
   // Forgets everything (position 0).
   void Reset();
   int64_t position() const { return pos_; }
@@ -245,6 +272,7 @@ class Session {
   PrefillPoint point_;
   int64_t last_window_ = 0;
   int64_t last_windows_ = 0;
+  PhaseTimes phases_;
 };
 
 // Sampling (§5.8). temperature <= 0: greedy argmax, first maximum wins.
