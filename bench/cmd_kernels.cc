@@ -527,6 +527,8 @@ void RunKernels(const Options& opt) {
       {"kda_o", WeightFormat::kInt4G64, 7168, 12288},
       {"kda_qkvg", WeightFormat::kInt8, 12288, 7168},
       {"kda_o", WeightFormat::kInt8, 7168, 12288},
+      // The dense layer's down projection (intermediate 33792): the longest rows.
+      {"dense_down", WeightFormat::kInt4G64, 7168, 33792},
       // A 1/8 slice of the 163840-row head keeps the bench's memory use modest;
       // per-row work is identical so GB/s carries over.
       {"lm_head_slice", WeightFormat::kInt8, 20480, 7168},
