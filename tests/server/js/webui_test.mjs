@@ -102,6 +102,15 @@ async function longSeed(port, body) {
 // transform) has brought Import on screen: a click on a control still
 // off-screen has no target.
 async function openSide(page) {
+  // A click lands on whatever is on top at the button's centre: first wait
+  // until that is the button itself (a sidebar still sliding out after a
+  // conversation was opened covers it; under load the click was lost).
+  await page.waitForFunction(() => {
+    const b = document.getElementById("open-side");
+    const r = b.getBoundingClientRect();
+    const top = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return top !== null && b.contains(top);
+  });
   await page.click("#open-side");
   await page.waitForFunction(() => {
     const r = document.getElementById("import").getBoundingClientRect();
