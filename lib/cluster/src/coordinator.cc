@@ -295,6 +295,15 @@ void ClusterExecutor::StorePair(const model::ExpertBatch& b, uint32_t pair,
   std::memcpy(b.out + static_cast<size_t>(pair) * LT, src, LT * sizeof(float));
 }
 
+void ClusterExecutor::Prefetch(int64_t layer, std::span<const int32_t> likely,
+                               model::ExpertStore& store) {
+  std::vector<int32_t> own;
+  for (int32_t e : likely) {
+    if (placement_.owner(layer, e) == 0) own.push_back(e);
+  }
+  if (!own.empty()) store.Prefetch(layer, own);
+}
+
 void ClusterExecutor::Run(const model::ExpertBatch& b, model::ExpertStore& store) {
   if (failed_.load()) {
     throw Error(ErrorCode::kUnavailable, failure_ + " (the cluster must be restarted)");

@@ -60,6 +60,7 @@ EngineOptions EngineOptions::FromEnv(std::string model_dir) {
   s.queue_depth = static_cast<int>(GetEnvInt("K3_QD", 8, 1, 64));
   s.window = static_cast<int>(GetEnvInt("K3_WINDOW", 32, 1, 4096));
   s.prefault = GetEnvBool("K3_PREFAULT", true);
+  s.ahead = GetEnvBool("K3_READ_AHEAD", true);
   const double chunk_mb = GetEnvDouble("K3_READ_CHUNK_MB", 0.0, 0.0, 1024.0);
   s.read_chunk_bytes = static_cast<uint64_t>(chunk_mb * 1048576.0);
   if (s.read_chunk_bytes % 4096 != 0) {

@@ -725,6 +725,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   };
 
   PhaseTimes& ph = phases_;
+  ReadAhead(0, C);
   for (size_t li = 0; li < L; ++li) {
     if (PollInterrupt(static_cast<int64_t>(li))) return;
     PhaseClock clk;
@@ -1069,6 +1070,38 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   clk.Lap(phases_.attn_proj);
 }
 
+// Below this expected share of a layer's experts (uniform routing) a window
+// does not read ahead: reads it would not use would cost more than waiting.
+// 0.95 is C >= 167 tokens at K3's 16 of 896.
+constexpr double kReadAheadShare = 0.95;
+
+void Session::ReadAhead(int64_t from, size_t n) {
+  const ModelConfig& c = model_.config();
+  const double E = static_cast<double>(c.num_experts);
+  const double K = static_cast<double>(c.num_experts_per_token);
+  if (E <= 0 || K <= 0) return;
+  // K3_TOPP drops each token's routing tail: what the uniform share predicts
+  // is no longer what a window uses, and the tail must not be read.
+  if (options_.topp > 0.0f && options_.topp < 1.0f) return;
+  const double share = 1.0 - std::pow(1.0 - std::min(1.0, K / E), static_cast<double>(n));
+  if (share < kReadAheadShare) return;
+  const auto& layers = model_.weights().layers;
+  for (size_t l = static_cast<size_t>(std::max<int64_t>(from, 0)); l < layers.size(); ++l) {
+    if (!layers[l].is_moe) continue;
+    ExpertStore& store = model_.experts();
+    const int64_t layer = static_cast<int64_t>(l);
+    std::vector<int32_t> order(static_cast<size_t>(c.num_experts));
+    for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int32_t>(e);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
+    });
+    ExpertExecutor* ex = model_.executor();
+    if (ex == nullptr) ex = &impl_->cpu_experts;
+    ex->Prefetch(layer, order, store);
+    return;
+  }
+}
+
 // Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
 void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
@@ -1208,6 +1241,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   if (interrupt_) batch.stop = &stop;
   ex->Run(batch, store);
   if (interrupted_) return;
+  ReadAhead(layer + 1, C);  // the next MoE layer's reads overlap the rest of this one
   if (order == PairOrder::kBuffer) combine.FromBuffer(contrib.data());
   K3_CHECK(combine.complete());
   clk.Lap(phases_.moe_experts);

@@ -23,6 +23,8 @@ void StepFields(const StepStats& s, JsonWriter& j) {
   j.Field("hits", s.hits);
   j.Field("misses", s.misses);
   j.Field("unique_experts", s.unique_experts);
+  j.Field("ahead_used", s.ahead_used);
+  j.Field("ahead_unused", s.ahead_unused);
   j.Field("io_wait_s", s.io_wait_s);
   j.Field("compute_s", s.compute_s);
   j.Field("io_busy_s", s.io_busy_s);

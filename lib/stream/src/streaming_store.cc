@@ -104,6 +104,16 @@ struct StreamingExpertStore::Impl {
     bool submitted = false;
     bool acquired = false;
     bool released = false;
+    bool ahead = false;  // a read-ahead load adopted by the pass (not in the window)
+  };
+  // Read-ahead of one layer (Prefetch): loads on their own pread threads, so
+  // they progress while the consumer computes the trunk and polls nothing.
+  struct Ahead {
+    int64_t layer = -1;
+    std::vector<int32_t> experts;
+    std::vector<std::unique_ptr<Load>> loads;
+    std::vector<BufferPtr> bufs;
+    std::vector<size_t> data_off;
   };
 
   detail::FileTable files;
@@ -134,10 +144,14 @@ struct StreamingExpertStore::Impl {
   std::mutex ready_mu;
   std::vector<BufferPtr> ready;
   std::atomic<bool> stop_prefault{false};
+  std::atomic<bool> prefault_done{true};  // false while the thread works
   std::thread prefault;
+
+  Ahead ahead;
 
   // Declared last: destroyed first, so no read is in flight when the buffers go.
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<Engine> ahead_engine;  // created at the first Prefetch
 
   // A buffer of at least one huge page starts on a 2 MiB boundary and is
   // offered to transparent huge pages (its whole huge pages get them, the tail
@@ -181,8 +195,13 @@ struct StreamingExpertStore::Impl {
   void StartPrefault(uint64_t count) {
     if (count == 0) return;
     try {
-      prefault = std::thread([this, count] { PrefaultBuffers(count); });
+      prefault_done.store(false);
+      prefault = std::thread([this, count] {
+        PrefaultBuffers(count);
+        prefault_done.store(true);
+      });
     } catch (const std::system_error&) {
+      prefault_done.store(true);
       // No thread to spare: the buffers are touched on first use, as before.
     }
   }
@@ -298,10 +317,13 @@ StreamingExpertStore::StreamingExpertStore(const Snapshot& snapshot,
 StreamingExpertStore::~StreamingExpertStore() {
   if (!impl_) return;
   impl_->StopPrefault();
+  if (impl_->ahead_engine) impl_->ahead_engine->Drain();
   if (impl_->engine) impl_->engine->Drain();
 }
 
 const char* StreamingExpertStore::backend() const { return impl_->engine->name(); }
+
+bool StreamingExpertStore::prefault_done() const { return impl_->prefault_done.load(); }
 
 bool StreamingExpertStore::direct() const {
   for (const auto& f : impl_->files.files) {
@@ -450,6 +472,15 @@ void StreamingExpertStore::AbandonPass() noexcept {
   if (!m.in_pass) return;
   // Reads still in flight target pass buffers: drain before reusing them.
   m.engine->Drain();
+  if (m.ahead_engine) {
+    // Adopted read-ahead loads too; a read-ahead not adopted yet is dropped
+    // with them (its queued requests are gone, so it must not be waited on).
+    m.ahead_engine->Drain();
+    for (auto& b : m.ahead.bufs) {
+      if (b) m.free_bufs.push_back(std::move(b));
+    }
+    m.ahead = Impl::Ahead{};
+  }
   for (auto& e : m.pass) {
     if (e.buf) m.free_bufs.push_back(std::move(e.buf));
     m.pass_idx[static_cast<size_t>(e.expert)] = -1;
@@ -473,12 +504,84 @@ void StreamingExpertStore::BumpSeconds(double StepStats::*field, double v) {
   stats_.total.*field += v;
 }
 
+// Waits for the read-ahead loads no pass adopted and recycles their buffers;
+// their bytes were read all the same, so they count (ahead_unused).
+void StreamingExpertStore::SettleAhead() {
+  Impl& m = *impl_;
+  if (m.ahead.layer < 0) return;
+  uint64_t unused = 0, bytes = 0;
+  for (size_t i = 0; i < m.ahead.bufs.size(); ++i) {
+    if (!m.ahead.bufs[i]) continue;  // adopted
+    Load* load = m.ahead.loads[i].get();
+    if (load->pending.load(std::memory_order_acquire) > 0) m.ahead_engine->Wait(load);
+    ++unused;
+    bytes += load->bytes;
+    m.free_bufs.push_back(std::move(m.ahead.bufs[i]));
+  }
+  m.ahead = Impl::Ahead{};
+  stats_.total.ahead_unused += unused;
+  stats_.total.bytes_read += bytes;
+  if (!stats_.steps.empty()) {
+    stats_.steps.back().ahead_unused += unused;
+    stats_.steps.back().bytes_read += bytes;
+  }
+}
+
+void StreamingExpertStore::Prefetch(int64_t layer, std::span<const int32_t> likely) {
+  Impl& m = *impl_;
+  if (!options_.ahead || m.in_pass) return;
+  K3_CHECK(layer >= 0 && layer < static_cast<int64_t>(m.cache.size()));
+  if (m.ahead.layer == layer) return;  // already reading ahead for it
+  SettleAhead();
+  // Only into the layer's free cache capacity: the reads become the pass's
+  // hits and then cache slots, so the plan's memory holds them; evicting
+  // cached experts to make room would trade a read now for one later.
+  const auto& slots = m.cache[static_cast<size_t>(layer)];
+  int64_t room = plan_.slots_per_layer - static_cast<int64_t>(slots.size());
+  if (room <= 0) return;
+  if (!m.ahead_engine) {
+    StreamOptions o = options_;
+    o.io_threads = std::clamp(options_.ahead_threads, 1, 16);
+    m.ahead_engine = detail::MakePoolEngine(m.files, o, m.counters);
+  }
+  std::vector<char> skip(static_cast<size_t>(table_.num_experts()), 0);
+  for (const auto& sl : slots) {
+    if (sl.expert >= 0) skip[static_cast<size_t>(sl.expert)] = 1;
+  }
+  m.ahead.layer = layer;
+  for (int32_t e : likely) {
+    if (room == 0) break;
+    if (e < 0 || e >= table_.num_experts() || skip[static_cast<size_t>(e)]) continue;
+    skip[static_cast<size_t>(e)] = 1;
+    if (!table_.present(layer, e)) continue;  // the pass names it, if it asks
+    BufferPtr buf = m.TakeBuffer();
+    auto load = std::make_unique<Load>();
+    const size_t off = PlanReads(table_, m.files, m.file_of_fd, layer, e, buf.get(),
+                                 m.read_chunk_bytes, load.get());
+    m.ahead_engine->Submit(load.get());
+    m.ahead.experts.push_back(e);
+    m.ahead.loads.push_back(std::move(load));
+    m.ahead.bufs.push_back(std::move(buf));
+    m.ahead.data_off.push_back(off);
+    --room;
+  }
+}
+
 void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> experts) {
   Impl& m = *impl_;
   AbandonPass();  // only does something after an exception mid-pass
   m.deferred = nullptr;
   K3_CHECK(layer >= 0 && layer < static_cast<int64_t>(m.cache.size()));
   if (layer <= m.last_layer || stats_.steps.empty()) stats_.steps.emplace_back();
+  // Read-ahead of this layer: index by expert, adopted below.
+  std::vector<int> ahead_of;
+  if (m.ahead.layer == layer) {
+    ahead_of.assign(static_cast<size_t>(table_.num_experts()), -1);
+    for (size_t i = 0; i < m.ahead.experts.size(); ++i) {
+      ahead_of[static_cast<size_t>(m.ahead.experts[i])] = static_cast<int>(i);
+    }
+  }
+  uint64_t adopted = 0;
   m.last_layer = layer;
   auto& slots = m.cache[static_cast<size_t>(layer)];
   m.in_pass = true;
@@ -503,7 +606,15 @@ void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> ex
         break;
       }
     }
-    if (pe.cache_idx < 0) {
+    const int ai = ahead_of.empty() ? -1 : ahead_of[static_cast<size_t>(e)];
+    if (pe.cache_idx < 0 && ai >= 0) {
+      pe.load = std::move(m.ahead.loads[static_cast<size_t>(ai)]);
+      pe.buf = std::move(m.ahead.bufs[static_cast<size_t>(ai)]);
+      pe.data_off = m.ahead.data_off[static_cast<size_t>(ai)];
+      pe.submitted = true;
+      pe.ahead = true;
+      ++adopted;
+    } else if (pe.cache_idx < 0) {
       if (!table_.present(layer, e)) {
         AbandonPass();
         // Names the missing tensor and the shard the index promises.
@@ -516,6 +627,8 @@ void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> ex
     m.pass.push_back(std::move(pe));
   }
   Bump(&StepStats::unique_experts, m.pass.size());
+  Bump(&StepStats::ahead_used, adopted);
+  if (m.ahead.layer == layer) SettleAhead();
 
   // Buffered files: ask for the whole slot now. Without it a cold 17.5 MB
   // buffered read crawls through the default readahead window (measured 4x
@@ -588,7 +701,7 @@ model::ExpertView StreamingExpertStore::Acquire(int64_t layer, int64_t expert) {
   }
   if (pe.load->pending.load(std::memory_order_acquire) > 0) {
     const double t0 = NowSeconds();
-    m.engine->Wait(pe.load.get());
+    (pe.ahead ? m.ahead_engine : m.engine)->Wait(pe.load.get());
     const double waited = NowSeconds() - t0;
     m.pass_wait += waited;
     BumpSeconds(&StepStats::io_wait_s, waited);
@@ -618,7 +731,7 @@ void StreamingExpertStore::Release(int64_t layer, int64_t expert) noexcept {
   if (!pe.acquired || pe.released) return;
   pe.released = true;
   Promote(m, layer, plan_.slots_per_layer, pe);
-  --m.outstanding;
+  if (!pe.ahead) --m.outstanding;
   try {
     if (options_.pipe) FillWindow(m, table_, options_.window);
     m.engine->Poll();
@@ -643,7 +756,9 @@ void StreamingExpertStore::EndLayer(int64_t layer) {
       s.reserved = false;
       s.refs = 0;
     } else if (pe.submitted) {
-      if (pe.load->pending.load(std::memory_order_acquire) > 0) m.engine->Wait(pe.load.get());
+      if (pe.load->pending.load(std::memory_order_acquire) > 0) {
+        (pe.ahead ? m.ahead_engine : m.engine)->Wait(pe.load.get());
+      }
       last_done = std::max(last_done, pe.load->done_time.load());
       if (pe.acquired && !pe.released) {
         pe.released = true;

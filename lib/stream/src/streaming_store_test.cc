@@ -269,6 +269,7 @@ TEST_CASE("K3_TOPP: the routing tail is never read; off (or p >= 1) changes no b
   MESSAGE("unique experts per run: top-k " << unique_full << ", K3_TOPP=0.5 " << unique_cut);
   CHECK(unique_cut < unique_full);
   CHECK(cut.stream_stats().total.bytes_read < bytes_full);
+  CHECK(cut.stream_stats().total.ahead_used + cut.stream_stats().total.ahead_unused == 0);
   CHECK_FALSE(SameBits(got, Baseline()));
   CHECK(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); }));
   // The same cut through the simple store: the store never changes the math.
@@ -480,4 +481,167 @@ TEST_CASE("a shard truncated after load: kTruncated naming the shard and offset"
       }
     }
   }
+}
+
+namespace {
+
+// The MXFP4 bytes behind a view (packed nibbles and E8M0 scales of w1, w2, w3).
+std::vector<uint8_t> ViewBytes(const ExpertView& v) {
+  std::vector<uint8_t> out;
+  for (const quant::WeightView* w : {&v.w1, &v.w2, &v.w3}) {
+    const auto* d = static_cast<const uint8_t*>(w->data);
+    const auto* g = static_cast<const uint8_t*>(w->e8m0);
+    out.insert(out.end(), d, d + w->rows * w->cols / 2);
+    out.insert(out.end(), g, g + w->rows * w->cols / 32);
+  }
+  return out;
+}
+
+std::vector<int64_t> MoeLayers(const Model& model) {
+  std::vector<int64_t> out;
+  const auto& layers = model.weights().layers;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].is_moe) out.push_back(static_cast<int64_t>(l));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("read-ahead: a large window reads its MoE layers ahead; no bit changes") {
+  auto model = Model::LoadOrThrow(kTiny, F32());
+  const int64_t E = model->config().num_experts;
+  const uint64_t slot = ExpertTable::SlotBytesFor(model->config());
+  const double one_slot = static_cast<double>(slot) * static_cast<double>(model->config().num_moe_layers());
+  for (double slots : {1e6, 5.0, 1.0}) {
+    for (bool uring : {true, false}) {
+      StreamOptions o = Quiet();
+      o.budget_bytes = one_slot * slots;
+      o.uring = uring;
+      o.ahead = false;
+      StreamingExpertStore& off = Install(*model, o);
+      CHECK(SameBits(Run(*model, 32), Baseline()));
+      const StepStats a = off.stream_stats().total;
+      CHECK(a.ahead_used == 0);
+      CHECK(a.ahead_unused == 0);
+      o.ahead = true;
+      StreamingExpertStore& on = Install(*model, o);
+      INFO("slots " << slots << " uring " << uring);
+      CHECK(SameBits(Run(*model, 32), Baseline()));
+      const StepStats b = on.stream_stats().total;
+      // The prompt window (> 11 tokens of 4 in 16 experts) reads ahead into
+      // each MoE layer's free capacity; the decode steps (one token) do not.
+      const int64_t room = std::min<int64_t>(on.plan().slots_per_layer, E);
+      CHECK(b.ahead_used > 0);
+      CHECK(b.ahead_used + b.ahead_unused <= static_cast<uint64_t>(room * static_cast<int64_t>(MoeLayers(*model).size())));
+      // Every read is counted, the unused ones included; a used one is a miss
+      // like any other, and nothing is read twice that was not before.
+      // (O_DIRECT reads the 4 KiB-aligned superset of a slot: up to 8 KiB more.)
+      CHECK(b.misses == a.misses);
+      const double extra = static_cast<double>(b.bytes_read) - static_cast<double>(a.bytes_read) -
+                           static_cast<double>(b.ahead_unused * slot);
+      CHECK(std::abs(extra) <= static_cast<double>((b.misses + b.ahead_unused) * 8192));
+      CHECK(on.stream_stats().steps.front().ahead_used == b.ahead_used);  // all in the prompt's step
+    }
+  }
+}
+
+TEST_CASE("read-ahead: the store protocol (adopt, settle, ignore inside a pass)") {
+  auto model = Model::LoadOrThrow(kTiny, F32());
+  const std::vector<int64_t> moe = MoeLayers(*model);
+  REQUIRE(moe.size() >= 2);
+  const int32_t E = static_cast<int32_t>(model->config().num_experts);
+  REQUIRE(E >= 8);
+  SimpleExpertStore ref(model->snapshot(), model->config());
+  for (bool uring : {true, false}) {
+    StreamOptions o = Quiet();
+    o.budget_bytes = 1e12;
+    o.uring = uring;
+    StreamingExpertStore store(model->snapshot(), model->config(), o);
+    INFO("uring " << uring);
+    // Layer A: read ahead 0..5, the pass uses 3..7 (so 3 adopted, 3 unused,
+    // 2 ordinary misses), in an order of its own.
+    const int64_t A = moe[0], B = moe[1];
+    std::vector<int32_t> ahead = {0, 1, 2, 3, 4, 5};
+    store.Prefetch(A, ahead);
+    std::vector<int32_t> pass = {7, 3, 5, 6, 4};
+    store.BeginLayer(A, pass);
+    store.Prefetch(B, ahead);  // inside a pass: ignored
+    for (int32_t e : pass) {
+      CHECK(ViewBytes(store.Acquire(A, e)) == ViewBytes(ref.Acquire(A, e)));
+      store.Release(A, e);
+      ref.Release(A, e);
+    }
+    store.EndLayer(A);
+    StepStats s = store.stream_stats().total;
+    CHECK(s.ahead_used == 3);
+    CHECK(s.ahead_unused == 3);
+    CHECK(s.misses == 5);
+    CHECK(s.bytes_read >= 8 * store.table().slot_bytes());
+    CHECK(s.bytes_read <= 8 * (store.table().slot_bytes() + 8192));
+    // Layer A again: the adopted experts went into the cache like any miss.
+    store.BeginLayer(A, std::vector<int32_t>{3, 4, 5, 6, 7});
+    for (int32_t e : {3, 4, 5, 6, 7}) {
+      store.Acquire(A, e);
+      store.Release(A, e);
+    }
+    store.EndLayer(A);
+    CHECK(store.stream_stats().total.hits == 5);
+    // A read-ahead of B, then one of another layer before B's pass: B's
+    // reads are settled (waited for, counted unused), the cached ones skipped.
+    store.Prefetch(B, std::vector<int32_t>{0, 1});
+    store.Prefetch(A, std::vector<int32_t>{0, 1, 2, 3});  // 3 is cached: skipped
+    s = store.stream_stats().total;
+    CHECK(s.ahead_unused == 5);
+    store.BeginLayer(A, std::vector<int32_t>{2, 3});
+    for (int32_t e : {2, 3}) {
+      CHECK(ViewBytes(store.Acquire(A, e)) == ViewBytes(ref.Acquire(A, e)));
+      store.Release(A, e);
+      ref.Release(A, e);
+    }
+    store.EndLayer(A);
+    s = store.stream_stats().total;
+    CHECK(s.ahead_used == 4);
+    CHECK(s.ahead_unused == 7);  // 0 and 1 of the second read-ahead of A
+  }
+}
+
+TEST_CASE("read-ahead: a failed read-ahead read is the pass's error; unused, it is dropped") {
+  auto model = Model::LoadOrThrow(kTiny, F32());
+  const int64_t A = MoeLayers(*model).at(0);
+  std::atomic<bool> fail{true};
+  std::string bad_path;
+  ScriptedFaults eio([&](const std::string& path, uint64_t, uint64_t, bool, int64_t res,
+                         int) -> int64_t {
+    if (!fail.load()) return res;
+    bad_path = path;
+    return -EIO;
+  });
+  StreamOptions o = Quiet();
+  o.budget_bytes = 1e12;
+  o.fault_hook = &eio;
+  StreamingExpertStore store(model->snapshot(), model->config(), o);
+  store.Prefetch(A, std::vector<int32_t>{1, 2});
+  // Expert 2 unused: its error is never seen. Expert 1 used: the pass fails
+  // naming the shard and the expert.
+  store.BeginLayer(A, std::vector<int32_t>{1});
+  try {
+    store.Acquire(A, 1);
+    FAIL("the read-ahead's EIO must surface");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kIo);
+    CHECK(e.path() == bad_path);
+    CHECK(e.object().find("block_sparse_moe.experts.1.") != std::string::npos);
+  }
+  CHECK(store.stream_stats().total.ahead_unused == 1);  // expert 2, waited for and dropped
+  fail.store(false);
+  // The store is usable again: the next pass reads afresh.
+  SimpleExpertStore ref(model->snapshot(), model->config());
+  store.BeginLayer(A, std::vector<int32_t>{1, 2});
+  for (int32_t e : {1, 2}) {
+    CHECK(ViewBytes(store.Acquire(A, e)) == ViewBytes(ref.Acquire(A, e)));
+    store.Release(A, e);
+    ref.Release(A, e);
+  }
+  store.EndLayer(A);
 }

@@ -131,6 +131,9 @@ class ClusterExecutor final : public model::ExpertExecutor {
  public:
   ~ClusterExecutor() override;
   void Run(const model::ExpertBatch& batch, model::ExpertStore& store) override;
+  // Read-ahead only for the experts rank 0 computes itself (the workers read
+  // their own when the work arrives).
+  void Prefetch(int64_t layer, std::span<const int32_t> likely, model::ExpertStore& store) override;
   ClusterStats stats() const;
   const Placement& placement() const { return placement_; }
   // True after a worker was lost: every later Run() throws the same error.

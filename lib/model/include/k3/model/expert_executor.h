@@ -92,6 +92,13 @@ class ExpertExecutor {
   virtual void Run(const ExpertBatch& batch, ExpertStore& store) = 0;
   // kBuffer (the default) keeps executors written before the sink working.
   virtual PairOrder pair_order() const { return PairOrder::kBuffer; }
+  // The model expects the next pass of `layer` to use most of `likely` (disk
+  // order): start what can start now. The default hands the hint to the
+  // store; an executor that computes some experts elsewhere (the cluster)
+  // passes on only those it reads here.
+  virtual void Prefetch(int64_t layer, std::span<const int32_t> likely, ExpertStore& store) {
+    store.Prefetch(layer, likely);
+  }
 };
 
 // Today's CPU code: the store protocol (BeginLayer(union) / Acquire / Release

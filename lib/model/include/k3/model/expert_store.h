@@ -12,6 +12,11 @@
 //   3. for each expert in that order: Acquire() (blocks until resident) ...
 //      compute ... Release();
 //   4. EndLayer(layer): the store may promote/evict.
+// Before step 1 the model may call Prefetch(layer, likely) when a large
+// prefill window will almost surely use most of a layer's experts: a
+// streaming store starts reading them (as many as the layer's free cache
+// capacity holds) while the trunk still computes, and BeginLayer adopts the
+// reads its pass needs. Only a hint: a store may ignore it.
 // The numerics do not depend on the order in which experts are delivered: the
 // MoE sums each token's experts in a fixed order of its own (docs/model.md), so
 // a store may serve hits before misses without changing a single bit.
@@ -153,6 +158,12 @@ class ExpertStore {
   virtual void Release(int64_t layer, int64_t expert) noexcept = 0;
   virtual void EndLayer(int64_t layer) = 0;
   virtual ExpertStoreStats stats() const = 0;
+  // Read-ahead hint for the next pass of `layer` (protocol above): `likely`
+  // in the order to read them (disk order). Not during a pass. Default: none.
+  virtual void Prefetch(int64_t layer, std::span<const int32_t> likely) {
+    (void)layer;
+    (void)likely;
+  }
 };
 
 // The simple correct store: a per-layer LRU of `slots_per_layer` experts read

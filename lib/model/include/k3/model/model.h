@@ -246,6 +246,9 @@ class Session {
   void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
   void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  // Read-ahead hint for the first MoE layer at or after `from` when a window
+  // of `n` tokens will use nearly all of its experts (docs/engine.md).
+  void ReadAhead(int64_t from, size_t n);
   // True (and interrupted_ set) when the poll asks to stop; see SetInterrupt.
   bool PollInterrupt(int64_t layer, int64_t experts_done = 0, int64_t experts_total = 0);
   // Whether the combine may need to hold outputs (WindowShape::combine_buffer).

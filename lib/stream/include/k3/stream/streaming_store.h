@@ -74,6 +74,12 @@ struct StreamOptions {
   // plus the read window) after construction, so that a cold pass does not
   // fault them in on the compute thread.
   bool prefault = true;
+  // K3_READ_AHEAD: honour the model's Prefetch hint (a large prefill window's
+  // next MoE layer): read those experts into the layer's free cache capacity
+  // on `ahead_threads` pread threads while the trunk computes; the pass then
+  // finds them resident or in flight.
+  bool ahead = true;
+  int ahead_threads = 2;
   bool log_projection = true;    // print the cache projection at construction
   IoFaultHook* fault_hook = nullptr;  // borrowed; tests only
   // k3::engine::EngineOptions::FromEnv fills these from K3_EXPERT_GB, K3_DIRECT,
@@ -90,6 +96,8 @@ struct StepStats {
   double io_wait_s = 0;         // consumer blocked waiting for reads
   double compute_s = 0;         // inside layer passes, not waiting
   double io_busy_s = 0;         // wall time with reads outstanding
+  uint64_t ahead_used = 0;      // read-ahead experts the pass used (also in misses)
+  uint64_t ahead_unused = 0;    // read-ahead experts no pass asked for (bytes in bytes_read)
 };
 
 struct StreamStats {
@@ -129,6 +137,7 @@ class StreamingExpertStore final : public model::ExpertStore {
   void Release(int64_t layer, int64_t expert) noexcept override;
   void EndLayer(int64_t layer) override;
   model::ExpertStoreStats stats() const override;
+  void Prefetch(int64_t layer, std::span<const int32_t> likely) override;
 
   const StreamStats& stream_stats() const { return stats_; }
   // Forgets the per-step records (the totals stay). Not during a pass. The
@@ -140,12 +149,17 @@ class StreamingExpertStore final : public model::ExpertStore {
   const char* backend() const;
   // True while at least one shard is read with O_DIRECT.
   bool direct() const;
+  // True once the K3_PREFAULT thread has touched every buffer it was given
+  // (or stopped, or never ran). The prefill bench waits for it, as a server's
+  // first request usually does.
+  bool prefault_done() const;
   const StreamOptions& options() const { return options_; }
 
   struct Impl;
 
  private:
   void AbandonPass() noexcept;
+  void SettleAhead();
   void Bump(uint64_t StepStats::*field, uint64_t v);
   void BumpSeconds(double StepStats::*field, double v);
 
