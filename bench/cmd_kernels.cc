@@ -529,6 +529,9 @@ void RunKernels(const Options& opt) {
       {"kda_o", WeightFormat::kInt8, 7168, 12288},
       // The dense layer's down projection (intermediate 33792): the longest rows.
       {"dense_down", WeightFormat::kInt4G64, 7168, 33792},
+      // MLA's scores over the cache (f32, the absorbed latent: 512 columns):
+      // rows = cached positions, batch = a block's query rows (tokens x heads).
+      {"mla_scores", WeightFormat::kF32, 2048, 512},
       // A 1/8 slice of the 163840-row head keeps the bench's memory use modest;
       // per-row work is identical so GB/s carries over.
       {"lm_head_slice", WeightFormat::kInt8, 20480, 7168},

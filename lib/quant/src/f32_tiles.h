@@ -106,6 +106,44 @@ void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const
   }
 }
 
+// A row that is one column block (n <= kF32BlockCols: MLA's 512-wide latent
+// scores, small projections): an R x B tile's accumulators start at zero in
+// registers and are reduced straight into y, instead of going to the [batch]
+// accumulator array and back (which, with many activation rows, streamed
+// several MB per row block through L2). The same zero start, the same Steps
+// in the same slots and the same Reduce as F32TileBlock + the final loop, so
+// the same bits.
+template <typename Kit, F32Unit U, int R, int B>
+void F32TileDirect(const typename Kit::RowSrc* src, const float* const* gs, const float* xl,
+                   size_t n, size_t b0, size_t units, const WeightView& w, size_t o,
+                   float* y) noexcept {
+  constexpr int S = Kit::template kSlots<U>;
+  typename Kit::V a[S][R][B];
+  const float* x[B];
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    x[b] = xl + (b0 + b) * n;
+#pragma GCC unroll 4
+    for (int j = 0; j < S; ++j) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) a[j][r][b] = Kit::Zero();
+    }
+  }
+  const typename Kit::template Tile<U, R, B, typename Kit::RowSrc> tile{src, x, gs, n};
+  ForSlots(0, units, a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      typename Kit::V v[S];
+#pragma GCC unroll 4
+      for (int j = 0; j < S; ++j) v[j] = a[j][r][b];
+      const float d = Kit::template Reduce<S>(v);
+      y[(b0 + b) * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
+    }
+  }
+}
+
 // R weight rows decoded once (kernel layout, group factors), then every
 // activation row against them, block by block. Scratch: wrow, gscale, acc.
 template <typename Kit, F32Unit U, int R, typename Scratch>
@@ -129,10 +167,16 @@ void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, f
       Kit::MxScales(w.e8m0 + (o + r) * groups, groups, gbuf + r * groups);
     }
   }
-  float* acc = Grow(s.acc, batch * S * R * L);
-  std::memset(acc, 0, batch * S * R * L * sizeof(float));
   const size_t units = UnitCount<Kit, U>(n);
   const size_t block = kF32BlockCols / kUnitCols<Kit, U>;
+  if (units <= block) {
+    size_t b = 0;
+    for (; b + T <= batch; b += T) F32TileDirect<Kit, U, R, T>(src, gs, xl, n, b, units, w, o, y);
+    for (; b < batch; ++b) F32TileDirect<Kit, U, R, 1>(src, gs, xl, n, b, units, w, o, y);
+    return;
+  }
+  float* acc = Grow(s.acc, batch * S * R * L);
+  std::memset(acc, 0, batch * S * R * L * sizeof(float));
   for (size_t k0 = 0; k0 < units; k0 += block) {
     const size_t k1 = k0 + block < units ? k0 + block : units;
     size_t b = 0;

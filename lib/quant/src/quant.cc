@@ -319,7 +319,25 @@ void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexce
   if (out->q.size() < batch * cols) out->q.resize(batch * cols);
   if (out->scales.size() < batch * groups) out->scales.resize(batch * groups);
   // Per token the work is small; one thread (no parallel region) is fastest.
-  internal::ActiveKernels().quantize_acts(x, batch, cols, out->q.data(), out->scales.data());
+  // A prefill's rows (2048 x 33792 before a dense down projection) go over
+  // the threads by row: rows are independent, so no bit changes.
+  const auto fn = internal::ActiveKernels().quantize_acts;
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (batch < 2 || batch * cols < internal::kParallelElements || nt < 2) {
+    fn(x, batch, cols, out->q.data(), out->scales.data());
+    return;
+  }
+  const size_t per = (batch + static_cast<size_t>(nt) - 1) / static_cast<size_t>(nt);
+  int8_t* q = out->q.data();
+  float* sc = out->scales.data();
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int t = 0; t < nt; ++t) {
+    const size_t r0 = static_cast<size_t>(t) * per;
+    if (r0 < batch) {
+      const size_t r1 = std::min(batch, r0 + per);
+      fn(x + r0 * cols, r1 - r0, cols, q + r0 * cols, sc + r0 * groups);
+    }
+  }
 }
 
 WeightView OwnedWeight::View() const {

@@ -519,6 +519,42 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   omp_set_num_threads(saved_threads);
 }
 
+// Prefill-sized element-wise work runs on every thread (above
+// internal::kParallelElements): the bits of one thread, on every ISA, with odd
+// sizes so that ranges end mid-vector.
+TEST_CASE("SiTU-GLU and QuantizeActs over threads give the one-thread bits (per ISA)") {
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("threaded element-wise ops");
+  std::mt19937 rng(21);
+  const int saved_threads = omp_get_max_threads();
+  const size_t rows = 37, cols = 9632;  // 356,384 elements: over the threshold
+  REQUIRE(rows * cols > internal::kParallelElements);
+  std::vector<float> g = RandomVec(rows * cols, rng), u = RandomVec(rows * cols, rng);
+  for (size_t i = 0; i < g.size(); i += 97) g[i] *= 40.0f;  // the exp/tanh branches too
+  for (Isa isa : isas) {
+    SetIsaForTesting(isa);
+    for (size_t n : {rows * cols, rows * cols - 13}) {
+      omp_set_num_threads(1);
+      std::vector<float> one(n), many(n);
+      SituGlu(g.data(), u.data(), n, 4.0f, 25.0f, one.data());
+      omp_set_num_threads(3);
+      SituGlu(g.data(), u.data(), n, 4.0f, 25.0f, many.data());
+      CHECK_MESSAGE(std::memcmp(one.data(), many.data(), n * 4) == 0, IsaStr(isa) << " n " << n);
+      std::vector<float> inplace(g.begin(), g.begin() + static_cast<ptrdiff_t>(n));
+      SituGlu(inplace.data(), u.data(), n, 4.0f, 25.0f, inplace.data());
+      CHECK(std::memcmp(one.data(), inplace.data(), n * 4) == 0);
+    }
+    ActsQ8 a1, a3;
+    omp_set_num_threads(1);
+    QuantizeActs(g.data(), rows, cols, &a1);
+    omp_set_num_threads(3);
+    QuantizeActs(g.data(), rows, cols, &a3);
+    CHECK(std::memcmp(a1.q.data(), a3.q.data(), rows * cols) == 0);
+    CHECK(std::memcmp(a1.scales.data(), a3.scales.data(), rows * cols / 32 * 4) == 0);
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 // The nibble GEMM walks the activations in chunks sized to L2 (at 7168
 // columns: 72 rows), each past every decoded row quad. Several chunks and a
 // partial one, row quads and a row tail, on one and two threads, must give
