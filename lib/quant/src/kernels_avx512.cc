@@ -1113,6 +1113,22 @@ void NibTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x
 // (docs/PERFORMANCE.md). A batch within one chunk runs as before.
 constexpr size_t kNibChunkBytes = size_t{512} << 10;
 
+// Activation rows per chunk. Rows of more than kNibLongRowPanels panels (the
+// dense MLP's 33792-column down projection: 14 rows by the whole-row rule) are
+// chunked by one panel's columns instead (128 rows): a row quad meets the
+// chunk one panel at a time anyway, and it is decoded once per chunk, so 14-row
+// chunks spent most of the time decoding. Measured on that shape: 0.33-0.35 of
+// the roof -> 0.40-0.42; on the 7168/12288-column shapes panel-sized chunks
+// were slower (kda_qkvg int4 M=256: 250 -> 160 GMAC/s), so they keep the
+// whole-row rule (docs/PERFORMANCE.md). Chunks never change a bit.
+constexpr size_t kNibLongRowPanels = 4;
+
+size_t NibChunkRows(size_t blocks) noexcept {
+  const size_t cols_blocks = blocks > kNibLongRowPanels * kNibPanelBlocks ? kNibPanelBlocks : blocks;
+  const size_t row_bytes = cols_blocks * 8 * 64;
+  return std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs, kNibGemmActs);
+}
+
 template <WeightFormat F>
 void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
                    Scratch& s) noexcept {
@@ -1123,8 +1139,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
   }
   const size_t blocks = acts.xsg_stride / 16;
   const size_t row_bytes = blocks * 8 * 64;
-  const size_t chunk = std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs,
-                                        kNibGemmActs);
+  const size_t chunk = NibChunkRows(blocks);
   uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
   float* gbuf = Grow(s.wgs, kNibGemmRows * blocks * 16);
   for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
@@ -1286,8 +1301,7 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
   const NibActs acts = PrepareI8Acts(x, s);
   const size_t blocks = acts.xsg_stride / 16;
   const size_t row_bytes = blocks * 8 * 64;
-  const size_t chunk = std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs,
-                                        kNibGemmActs);
+  const size_t chunk = NibChunkRows(blocks);
   uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
   for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
     const size_t b1 = std::min(x.batch, b0 + chunk);

@@ -566,8 +566,14 @@ TEST_CASE("IDOT GEMM cache blocking never changes a bit (panels and chunks, per 
   const int saved_threads = omp_get_max_threads();
   // int8 too: AVX-512 runs it through the same block-layout GEMM (72 rows of
   // 7168 columns per activation chunk).
-  for (WeightFormat fmt : {WeightFormat::kInt4G64, WeightFormat::kMxfp4, WeightFormat::kInt8}) {
-    const size_t rows = 150, cols = 7168, batch = 153;
+  // 17408 columns = 34 blocks of 512: beyond 4 panels, chunked by the panel
+  // (128 activation rows, so 153 rows are a whole chunk and a partial one).
+  struct Case { WeightFormat fmt; size_t rows, cols; };
+  for (Case cs : {Case{WeightFormat::kInt4G64, 150, 7168}, Case{WeightFormat::kMxfp4, 150, 7168},
+                  Case{WeightFormat::kInt8, 150, 7168}, Case{WeightFormat::kInt4G64, 21, 17408},
+                  Case{WeightFormat::kInt8, 21, 17408}}) {
+    const WeightFormat fmt = cs.fmt;
+    const size_t rows = cs.rows, cols = cs.cols, batch = 153;
     Mat m = RandomMat(fmt, rows, cols, rng);
     std::vector<float> x = RandomVec(batch * cols, rng);
     ActsQ8 a_all;
@@ -587,7 +593,8 @@ TEST_CASE("IDOT GEMM cache blocking never changes a bit (panels and chunks, per 
         MatMulQ8(m.View(), a_all, q_all.data());
         for (size_t b = 0; b < batch; ++b) {
           CHECK_MESSAGE(std::memcmp(one[b].data(), q_all.data() + b * rows, rows * 4) == 0,
-                        FmtName(fmt) << " b" << b << " threads " << threads << " " << IsaStr(isa));
+                        FmtName(fmt) << " cols " << cols << " b" << b << " threads " << threads
+                                     << " " << IsaStr(isa));
         }
       }
     }
