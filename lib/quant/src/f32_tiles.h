@@ -78,9 +78,16 @@ float DotF32(const Src& w, const float* x, const float* gs, size_t n) noexcept {
 }
 
 // One column block of an R x B tile, its accumulators [batch][slot][row] in acc.
+// With acc null the block is the whole row (n <= kF32BlockCols: MLA's 512-wide
+// latent scores, small projections): the accumulators start at zero in
+// registers and are reduced straight into y (rows o.. of w), instead of going
+// to the [batch] accumulator array and back, which with many activation rows
+// streamed several MB per row block through L2. The same zero start, the same
+// Steps in the same slots and the same Reduce as the array path: the same bits.
 template <typename Kit, F32Unit U, int R, int B>
 void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const float* xl,
-                  size_t n, size_t b0, size_t k0, size_t k1, float* acc) noexcept {
+                  size_t n, size_t b0, size_t k0, size_t k1, float* acc,
+                  const WeightView* w = nullptr, size_t o = 0, float* y = nullptr) noexcept {
   constexpr int S = Kit::template kSlots<U>;
   constexpr int L = Kit::kLanes;
   typename Kit::V a[S][R][B];
@@ -91,7 +98,9 @@ void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const
 #pragma GCC unroll 4
     for (int j = 0; j < S; ++j) {
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) a[j][r][b] = Kit::Load(acc + (((b0 + b) * S + j) * R + r) * L);
+      for (int r = 0; r < R; ++r) {
+        a[j][r][b] = acc != nullptr ? Kit::Load(acc + (((b0 + b) * S + j) * R + r) * L) : Kit::Zero();
+      }
     }
   }
   const typename Kit::template Tile<U, R, B, typename Kit::RowSrc> tile{src, x, gs, n};
@@ -99,47 +108,17 @@ void F32TileBlock(const typename Kit::RowSrc* src, const float* const* gs, const
 #pragma GCC unroll 4
   for (int b = 0; b < B; ++b) {
 #pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) Kit::Store(acc + (((b0 + b) * S + j) * R + r) * L, a[j][r][b]);
-    }
-  }
-}
-
-// A row that is one column block (n <= kF32BlockCols: MLA's 512-wide latent
-// scores, small projections): an R x B tile's accumulators start at zero in
-// registers and are reduced straight into y, instead of going to the [batch]
-// accumulator array and back (which, with many activation rows, streamed
-// several MB per row block through L2). The same zero start, the same Steps
-// in the same slots and the same Reduce as F32TileBlock + the final loop, so
-// the same bits.
-template <typename Kit, F32Unit U, int R, int B>
-void F32TileDirect(const typename Kit::RowSrc* src, const float* const* gs, const float* xl,
-                   size_t n, size_t b0, size_t units, const WeightView& w, size_t o,
-                   float* y) noexcept {
-  constexpr int S = Kit::template kSlots<U>;
-  typename Kit::V a[S][R][B];
-  const float* x[B];
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-    x[b] = xl + (b0 + b) * n;
-#pragma GCC unroll 4
-    for (int j = 0; j < S; ++j) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) a[j][r][b] = Kit::Zero();
-    }
-  }
-  const typename Kit::template Tile<U, R, B, typename Kit::RowSrc> tile{src, x, gs, n};
-  ForSlots(0, units, a, [&](size_t k, auto& slot) { tile.Step(k, slot); });
-#pragma GCC unroll 4
-  for (int b = 0; b < B; ++b) {
-#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+      if (acc != nullptr) {
+#pragma GCC unroll 4
+        for (int j = 0; j < S; ++j) Kit::Store(acc + (((b0 + b) * S + j) * R + r) * L, a[j][r][b]);
+        continue;
+      }
       typename Kit::V v[S];
 #pragma GCC unroll 4
       for (int j = 0; j < S; ++j) v[j] = a[j][r][b];
       const float d = Kit::template Reduce<S>(v);
-      y[(b0 + b) * w.rows + o + r] = w.format == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
+      y[(b0 + b) * w->rows + o + r] = w->format == WeightFormat::kInt8 ? d * w->scales[o + r] : d;
     }
   }
 }
@@ -171,8 +150,10 @@ void F32RowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, f
   const size_t block = kF32BlockCols / kUnitCols<Kit, U>;
   if (units <= block) {
     size_t b = 0;
-    for (; b + T <= batch; b += T) F32TileDirect<Kit, U, R, T>(src, gs, xl, n, b, units, w, o, y);
-    for (; b < batch; ++b) F32TileDirect<Kit, U, R, 1>(src, gs, xl, n, b, units, w, o, y);
+    for (; b + T <= batch; b += T) {
+      F32TileBlock<Kit, U, R, T>(src, gs, xl, n, b, 0, units, nullptr, &w, o, y);
+    }
+    for (; b < batch; ++b) F32TileBlock<Kit, U, R, 1>(src, gs, xl, n, b, 0, units, nullptr, &w, o, y);
     return;
   }
   float* acc = Grow(s.acc, batch * S * R * L);
