@@ -280,6 +280,19 @@ void VulkanTier::Disable(const char* why) {
   idle_cv_.notify_all();
 }
 
+void VulkanTier::Prefetch(int64_t layer, std::span<const int32_t> likely,
+                          model::ExpertStore& store) {
+  std::vector<int32_t> host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int32_t e : likely) {
+      const int32_t s = slot_of_[Key(layer, e)];
+      if (!(active_ && s >= 0 && slots_[static_cast<size_t>(s)].ready)) host.push_back(e);
+    }
+  }
+  if (!host.empty()) store.Prefetch(layer, host);
+}
+
 void VulkanTier::Run(const model::ExpertBatch& batch, model::ExpertStore& store) {
   const auto& users = *batch.users;
   std::vector<int32_t> on_dev, on_cpu;

@@ -83,6 +83,9 @@ class VulkanTier final : public model::ExpertExecutor {
   ~VulkanTier() override;  // saves the history (a failure only warns)
 
   void Run(const model::ExpertBatch& batch, model::ExpertStore& store) override;
+  // Read-ahead only for the experts the device does not hold (those are
+  // computed there, never read from the store).
+  void Prefetch(int64_t layer, std::span<const int32_t> likely, model::ExpertStore& store) override;
   // The CPU's experts first, then the device's (its batch buffer is its own).
   model::PairOrder pair_order() const override { return model::PairOrder::kAnyOrder; }
 
