@@ -1095,11 +1095,14 @@ void Session::ReadAhead(int64_t from, size_t n) {
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
     });
-    ExpertExecutor* ex = model_.executor();
-    if (ex == nullptr) ex = &impl_->cpu_experts;
-    ex->Prefetch(layer, order, store);
+    Executor().Prefetch(layer, order, store);
     return;
   }
+}
+
+ExpertExecutor& Session::Executor() {
+  ExpertExecutor* ex = model_.executor();
+  return ex != nullptr ? *ex : impl_->cpu_experts;
 }
 
 // Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
@@ -1204,8 +1207,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::stable_sort(uni.begin(), uni.end(), [&](int32_t a, int32_t b) {
     return store.DiskOrder(layer, a) < store.DiskOrder(layer, b);
   });
-  ExpertExecutor* ex = model_.executor();
-  if (ex == nullptr) ex = &impl_->cpu_experts;
+  ExpertExecutor* ex = &Executor();
   const PairOrder order = ex->pair_order();
 
   // The combine folds outputs as they arrive (Combiner); only an executor

@@ -183,10 +183,6 @@ inline void PrefetchLine(const void* p, size_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
 }
 
-// Element-wise work (SiTU-GLU, activation quantization) below this many
-// elements stays on the calling thread; above, a parallel region pays off.
-inline constexpr size_t kParallelElements = size_t{1} << 18;
-
 // Slot rotation of the dot loops: body(k, a[k mod S]) for k in [k0, k1), k0 a
 // multiple of S, unrolled so that every slot index is a constant. (Indexed with
 // a run-time k & 3, GCC kept the accumulators on the stack and every FMA waited

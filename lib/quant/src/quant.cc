@@ -318,26 +318,26 @@ void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexce
   out->cols = cols;
   if (out->q.size() < batch * cols) out->q.resize(batch * cols);
   if (out->scales.size() < batch * groups) out->scales.resize(batch * groups);
-  // Per token the work is small; one thread (no parallel region) is fastest.
-  // A prefill's rows (2048 x 33792 before a dense down projection) go over
-  // the threads by row: rows are independent, so no bit changes.
-  const auto fn = internal::ActiveKernels().quantize_acts;
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (batch < 2 || batch * cols < internal::kParallelElements || nt < 2) {
-    fn(x, batch, cols, out->q.data(), out->scales.data());
-    return;
-  }
-  const size_t per = (batch + static_cast<size_t>(nt) - 1) / static_cast<size_t>(nt);
+  // Per token the work is small and stays on this thread (ForRowRanges' rule);
+  // a prefill's rows (2048 x 33792 before a dense down projection) go over the
+  // threads. Rows are independent, so no bit changes.
+  const internal::KernelTable& k = internal::ActiveKernels();
   int8_t* q = out->q.data();
   float* sc = out->scales.data();
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int t = 0; t < nt; ++t) {
-    const size_t r0 = static_cast<size_t>(t) * per;
-    if (r0 < batch) {
-      const size_t r1 = std::min(batch, r0 + per);
-      fn(x + r0 * cols, r1 - r0, cols, q + r0 * cols, sc + r0 * groups);
-    }
-  }
+  ForRowRanges(batch, batch * cols, [&](size_t r0, size_t r1) {
+    k.quantize_acts(x + r0 * cols, r1 - r0, cols, q + r0 * cols, sc + r0 * groups);
+  });
+}
+
+// situ.h's exp and tanh (not libm's), so that the vectorized ISA builds of the
+// same loop give these bits. A prefill's dense MLP is C x 33792 elements (69 M
+// at 2048 tokens): ranges of them over the threads, by ForRowRanges' rule with
+// an element as the row. Every element is the same branch-free function, so
+// where a range starts changes no bit.
+void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  const auto fn = k.situ_glu != nullptr ? k.situ_glu : internal::SituGluScalar;
+  ForRowRanges(n, n * 4, [&](size_t i0, size_t i1) { fn(g + i0, u + i0, i1 - i0, b1, b2, out + i0); });
 }
 
 WeightView OwnedWeight::View() const {

@@ -519,16 +519,15 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
   omp_set_num_threads(saved_threads);
 }
 
-// Prefill-sized element-wise work runs on every thread (above
-// internal::kParallelElements): the bits of one thread, on every ISA, with odd
-// sizes so that ranges end mid-vector.
+// Prefill-sized element-wise work runs on every thread (well above the
+// parallel threshold: 2^16 multiply-adds and 16 rows): the bits of one thread,
+// on every ISA, with odd sizes so that ranges end mid-vector.
 TEST_CASE("SiTU-GLU and QuantizeActs over threads give the one-thread bits (per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("threaded element-wise ops");
   std::mt19937 rng(21);
   const int saved_threads = omp_get_max_threads();
   const size_t rows = 37, cols = 9632;  // 356,384 elements: over the threshold
-  REQUIRE(rows * cols > internal::kParallelElements);
   std::vector<float> g = RandomVec(rows * cols, rng), u = RandomVec(rows * cols, rng);
   for (size_t i = 0; i < g.size(); i += 97) g[i] *= 40.0f;  // the exp/tanh branches too
   for (Isa isa : isas) {

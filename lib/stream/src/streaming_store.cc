@@ -153,6 +153,9 @@ struct StreamingExpertStore::Impl {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Engine> ahead_engine;  // created at the first Prefetch
 
+  // The engine a pass entry's read went to.
+  Engine& EngineOf(const PassEntry& pe) { return pe.ahead ? *ahead_engine : *engine; }
+
   // A buffer of at least one huge page starts on a 2 MiB boundary and is
   // offered to transparent huge pages (its whole huge pages get them, the tail
   // 4 KiB pages); its size is not rounded up, so the cache holds what the plan
@@ -701,7 +704,7 @@ model::ExpertView StreamingExpertStore::Acquire(int64_t layer, int64_t expert) {
   }
   if (pe.load->pending.load(std::memory_order_acquire) > 0) {
     const double t0 = NowSeconds();
-    (pe.ahead ? m.ahead_engine : m.engine)->Wait(pe.load.get());
+    m.EngineOf(pe).Wait(pe.load.get());
     const double waited = NowSeconds() - t0;
     m.pass_wait += waited;
     BumpSeconds(&StepStats::io_wait_s, waited);
@@ -757,7 +760,7 @@ void StreamingExpertStore::EndLayer(int64_t layer) {
       s.refs = 0;
     } else if (pe.submitted) {
       if (pe.load->pending.load(std::memory_order_acquire) > 0) {
-        (pe.ahead ? m.ahead_engine : m.engine)->Wait(pe.load.get());
+        m.EngineOf(pe).Wait(pe.load.get());
       }
       last_done = std::max(last_done, pe.load->done_time.load());
       if (pe.acquired && !pe.released) {

@@ -286,8 +286,7 @@ void VulkanTier::Prefetch(int64_t layer, std::span<const int32_t> likely,
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int32_t e : likely) {
-      const int32_t s = slot_of_[Key(layer, e)];
-      if (!(active_ && s >= 0 && slots_[static_cast<size_t>(s)].ready)) host.push_back(e);
+      if (!OnDevice(Key(layer, e))) host.push_back(e);
     }
   }
   if (!host.empty()) store.Prefetch(layer, host);
@@ -304,10 +303,8 @@ void VulkanTier::Run(const model::ExpertBatch& batch, model::ExpertStore& store)
       const size_t k = Key(batch.layer, e);
       const uint32_t n = static_cast<uint32_t>(users[static_cast<size_t>(e)].size());
       run_heat_[k] += n;
-      const int32_t s = slot_of_[k];
-      if (active_ && s >= 0 && slots_[static_cast<size_t>(s)].ready &&
-          rows + n <= kernels_->max_pairs()) {
-        Slot& slot = slots_[static_cast<size_t>(s)];
+      if (OnDevice(k) && rows + n <= kernels_->max_pairs()) {
+        Slot& slot = slots_[static_cast<size_t>(slot_of_[k])];
         ++slot.pins;
         jobs.push_back({slot.weights, slot.offset, rows, n});
         on_dev.push_back(e);

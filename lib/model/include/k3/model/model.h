@@ -249,6 +249,8 @@ class Session {
   // Read-ahead hint for the first MoE layer at or after `from` when a window
   // of `n` tokens will use nearly all of its experts (docs/engine.md).
   void ReadAhead(int64_t from, size_t n);
+  // The model's executor, or this session's CPU one when the model has none.
+  ExpertExecutor& Executor();
   // True (and interrupted_ set) when the poll asks to stop; see SetInterrupt.
   bool PollInterrupt(int64_t layer, int64_t experts_done = 0, int64_t experts_total = 0);
   // Whether the combine may need to hold outputs (WindowShape::combine_buffer).

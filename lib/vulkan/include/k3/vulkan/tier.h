@@ -110,6 +110,11 @@ class VulkanTier final : public model::ExpertExecutor {
     return static_cast<size_t>(layer) * num_experts_ + static_cast<size_t>(expert);
   }
   uint64_t Heat(size_t key) const { return history_heat_[key] + run_heat_[key]; }
+  // The device holds this expert, ready to compute (under mu_).
+  bool OnDevice(size_t key) const {
+    const int32_t s = slot_of_[key];
+    return active_ && s >= 0 && slots_[static_cast<size_t>(s)].ready;
+  }
   void Disable(const char* why);
   void QueuePromotions(int64_t layer, const std::vector<int32_t>& cpu_experts);
   void UploadLoop();
