@@ -912,29 +912,11 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
         alpha[i] = std::exp(lb * quant::Sigmoid(a_h * zz));
       }
       const float beta = quant::Sigmoid(braw[t * H + hh]);
-      // S <- Diag(alpha) S; kS = k^T S.
-      std::fill(ks.begin(), ks.end(), 0.0f);
-      for (size_t kk = 0; kk < hd; ++kk) {
-        float* row = S + kk * hd;
-        const float al = alpha[kk];
-        const float kv = kn[kk];
-        for (size_t vv = 0; vv < hd; ++vv) {
-          row[vv] *= al;
-          ks[vv] += kv * row[vv];
-        }
-      }
+      // S <- Diag(alpha) S; kS = k^T S (lib/quant's vectorized sweep, same bits).
+      quant::KdaDecay(S, hd, alpha.data(), kn.data(), ks.data());
       for (size_t vv = 0; vv < hd; ++vv) vt[vv] = (vtok[vv] - ks[vv]) * beta;
       // S += k vt^T; o = S^T q.
-      std::fill(oh.begin(), oh.end(), 0.0f);
-      for (size_t kk = 0; kk < hd; ++kk) {
-        float* row = S + kk * hd;
-        const float kv = kn[kk];
-        const float qv = qn[kk];
-        for (size_t vv = 0; vv < hd; ++vv) {
-          row[vv] += kv * vt[vv];
-          oh[vv] += qv * row[vv];
-        }
-      }
+      quant::KdaUpdate(S, hd, kn.data(), vt.data(), qn.data(), oh.data());
       if (float* cap = capture_at(t)) {
         std::memcpy(cap + hh * hd * hd, S, hd * hd * sizeof(float));
       }

@@ -86,10 +86,20 @@ struct KernelTable {
   // SituGlu (ops.h): situ.h's loop compiled for this ISA (null: the scalar one).
   void (*situ_glu)(const float* g, const float* u, size_t n, float b1, float b2,
                    float* out) noexcept = nullptr;
+  // KdaDecay / KdaUpdate (ops.h): kda.h's sweeps compiled for this ISA (null:
+  // the scalar ones).
+  void (*kda_decay)(float* s, size_t hd, const float* alpha, const float* kn,
+                    float* ks) noexcept = nullptr;
+  void (*kda_update)(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                     float* oh) noexcept = nullptr;
 };
 
 // situ.h's loop in the baseline build: the reference the ISA builds must equal.
 void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
+// kda.h's sweeps in the baseline build: the reference the ISA builds must equal.
+void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept;
+void KdaUpdateScalar(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                     float* oh) noexcept;
 
 // DotSumSquares' reference: 16 f64 lanes (element i in lane i % 16), products
 // exact in f64, lanes folded j + (j+8), then + (j+4), + (j+2), + (j+1), then

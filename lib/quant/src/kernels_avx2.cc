@@ -30,6 +30,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "kda.h"
 #include "situ.h"
 
 namespace k3::quant::internal {
@@ -1003,6 +1004,15 @@ void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, f
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void KdaDecayAvx2(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
+  KdaDecayLoop(s, hd, alpha, kn, ks);
+}
+
+void KdaUpdateAvx2(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                  float* oh) noexcept {
+  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
+}
+
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -1013,7 +1023,8 @@ constexpr KernelTable kAvx2Table = {
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
-    nullptr,        DotSumSquaresAvx2,      SituGluAvx2};
+    nullptr,        DotSumSquaresAvx2,      SituGluAvx2,
+    KdaDecayAvx2,   KdaUpdateAvx2};
 
 }  // namespace
 

@@ -33,6 +33,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "kda.h"
 #include "situ.h"
 
 namespace k3::quant::internal {
@@ -1699,13 +1700,23 @@ void SituGluAvx512(const float* g, const float* u, size_t n, float b1, float b2,
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void KdaDecayAvx512(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
+  KdaDecayLoop(s, hd, alpha, kn, ks);
+}
+
+void KdaUpdateAvx512(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                  float* oh) noexcept {
+  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
+}
+
 constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       MatMulQ8Avx512,         RowDotAvx512,
                                       AddRowAvx512,           QuantizeInt8RowsAvx512,
                                       QuantizeInt4RowsAvx512, DowncastAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
                                       AddRowsAvx512,          DotSumSquaresAvx512,
-                                      SituGluAvx512};
+                                      SituGluAvx512,          KdaDecayAvx512,
+                                      KdaUpdateAvx512};
 
 }  // namespace
 

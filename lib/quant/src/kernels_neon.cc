@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "kda.h"
 #include "situ.h"
 
 namespace k3::quant::internal {
@@ -579,6 +580,15 @@ void SituGluNeon(const float* g, const float* u, size_t n, float b1, float b2,
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void KdaDecayNeon(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
+  KdaDecayLoop(s, hd, alpha, kn, ks);
+}
+
+void KdaUpdateNeon(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                  float* oh) noexcept {
+  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
+}
+
 KernelTable MakeTable() {
   KernelTable t = ScalarKernels();
 #ifdef K3_NEON_DOT
@@ -596,6 +606,8 @@ KernelTable MakeTable() {
   t.quantize_acts = QuantizeActsNeon;
   t.roof = RoofNeon;
   t.situ_glu = SituGluNeon;
+  t.kda_decay = KdaDecayNeon;
+  t.kda_update = KdaUpdateNeon;
   return t;
 }
 

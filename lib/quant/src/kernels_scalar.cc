@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "kda.h"
 #include "situ.h"
 
 namespace k3::quant::internal {
@@ -206,6 +207,15 @@ __attribute__((optimize("no-tree-vectorize"))) uint64_t RoofScalar(RoofOp op,
 
 void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
   SituGluLoop(g, u, n, b1, b2, out);
+}
+
+void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
+  KdaDecayLoop(s, hd, alpha, kn, ks);
+}
+
+void KdaUpdateScalar(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                     float* oh) noexcept {
+  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
 }
 
 void DotSumSquaresScalar(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {

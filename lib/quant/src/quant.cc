@@ -340,6 +340,19 @@ void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float
   ForRowRanges(n, n * 4, [&](size_t i0, size_t i1) { fn(g + i0, u + i0, i1 - i0, b1, b2, out + i0); });
 }
 
+// kda.h's sweeps for the active ISA. Called per (token, head) from inside the
+// forward pass's head loop, which already has the threads: no split here.
+void KdaDecay(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  (k.kda_decay != nullptr ? k.kda_decay : internal::KdaDecayScalar)(s, hd, alpha, kn, ks);
+}
+
+void KdaUpdate(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+               float* oh) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  (k.kda_update != nullptr ? k.kda_update : internal::KdaUpdateScalar)(s, hd, kn, vt, qn, oh);
+}
+
 WeightView OwnedWeight::View() const {
   WeightView w;
   w.format = format;

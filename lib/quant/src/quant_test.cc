@@ -741,6 +741,51 @@ TEST_CASE("SiTU-GLU: situ.h's exp and tanh within 1 and 1.5 ulp; every ISA gives
   }
 }
 
+TEST_CASE("KDA sweeps: the forward pass's key-ordered mul-then-add bits on every ISA") {
+  // The reference is the loop the forward pass ran inline before the sweeps
+  // moved to lib/quant: per element, keys ascending, mul then add.
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> decay(0.5f, 1.0f);
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("KDA sweeps");
+  for (size_t hd : {size_t(128), size_t(64), size_t(40), size_t(7), size_t(1)}) {
+    std::vector<float> s0(hd * hd), alpha(hd), kn(hd), qn(hd), vt(hd);
+    for (auto& v : s0) v = nd(rng);
+    for (auto& v : alpha) v = decay(rng);
+    for (size_t i = 0; i < hd; ++i) {
+      kn[i] = nd(rng) * 0.1f;
+      qn[i] = nd(rng) * 0.1f;
+      vt[i] = nd(rng);
+    }
+    kn[0] = -0.0f;  // a signed zero through the sums
+    std::vector<float> s_ref = s0, ks_ref(hd, 0.0f), oh_ref(hd, 0.0f);
+    for (size_t kk = 0; kk < hd; ++kk) {
+      for (size_t v = 0; v < hd; ++v) {
+        s_ref[kk * hd + v] *= alpha[kk];
+        ks_ref[v] += kn[kk] * s_ref[kk * hd + v];
+      }
+    }
+    std::vector<float> s_ref2 = s_ref;
+    for (size_t kk = 0; kk < hd; ++kk) {
+      for (size_t v = 0; v < hd; ++v) {
+        s_ref2[kk * hd + v] += kn[kk] * vt[v];
+        oh_ref[v] += qn[kk] * s_ref2[kk * hd + v];
+      }
+    }
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      std::vector<float> s = s0, ks(hd, 7.0f), oh(hd, 7.0f);
+      KdaDecay(s.data(), hd, alpha.data(), kn.data(), ks.data());
+      CHECK_MESSAGE(SameFloats(s.data(), s_ref.data(), hd * hd), IsaStr(isa) << " decay S, hd " << hd);
+      CHECK_MESSAGE(SameFloats(ks.data(), ks_ref.data(), hd), IsaStr(isa) << " ks, hd " << hd);
+      KdaUpdate(s.data(), hd, kn.data(), vt.data(), qn.data(), oh.data());
+      CHECK_MESSAGE(SameFloats(s.data(), s_ref2.data(), hd * hd), IsaStr(isa) << " update S, hd " << hd);
+      CHECK_MESSAGE(SameFloats(oh.data(), oh_ref.data(), hd), IsaStr(isa) << " oh, hd " << hd);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Exact domains: inputs chosen so that every product and every partial sum is
 // exactly representable (small multiples of powers of two, normal range), so

@@ -16,6 +16,13 @@ void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float
 // (i % 16) folded by a fixed tree, then the tail; every ISA gives these bits
 // (the scalar reference: kernels.h DotSumSquaresScalar).
 void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept;
+// One KDA step's two sweeps over a head's state s [hd][hd] (row = key dim),
+// keys in ascending order, mul then add per element (every ISA gives the same
+// bits; the scalar reference: kernels.h KdaDecayScalar / KdaUpdateScalar):
+// KdaDecay: s <- Diag(alpha) s, ks = s^T kn. KdaUpdate: s += kn vt^T, oh = s^T qn.
+void KdaDecay(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept;
+void KdaUpdate(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+               float* oh) noexcept;
 // In place: m = max (first wins), e = expf(v-m), s = sum ascending (f32), v = e/s.
 void Softmax(float* v, size_t n) noexcept;
 
