@@ -92,10 +92,13 @@ struct KernelTable {
                     float* ks) noexcept = nullptr;
   void (*kda_update)(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
                      float* oh) noexcept = nullptr;
+  // Softmax (ops.h): situ.h's SoftmaxLoop compiled for this ISA (null: the scalar one).
+  void (*softmax)(float* v, size_t n) noexcept = nullptr;
 };
 
 // situ.h's loop in the baseline build: the reference the ISA builds must equal.
 void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
+void SoftmaxScalar(float* v, size_t n) noexcept;
 // kda.h's sweeps in the baseline build: the reference the ISA builds must equal.
 void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept;
 void KdaUpdateScalar(float* s, size_t hd, const float* kn, const float* vt, const float* qn,

@@ -1004,6 +1004,8 @@ void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, f
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void SoftmaxAvx2(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
+
 void KdaDecayAvx2(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
   KdaDecayLoop(s, hd, alpha, kn, ks);
 }
@@ -1024,7 +1026,7 @@ constexpr KernelTable kAvx2Table = {
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
     nullptr,        DotSumSquaresAvx2,      SituGluAvx2,
-    KdaDecayAvx2,   KdaUpdateAvx2};
+    KdaDecayAvx2,   KdaUpdateAvx2,          SoftmaxAvx2};
 
 }  // namespace
 

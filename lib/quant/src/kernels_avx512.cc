@@ -1700,6 +1700,8 @@ void SituGluAvx512(const float* g, const float* u, size_t n, float b1, float b2,
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void SoftmaxAvx512(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
+
 void KdaDecayAvx512(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
   KdaDecayLoop(s, hd, alpha, kn, ks);
 }
@@ -1716,7 +1718,7 @@ constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
                                       AddRowsAvx512,          DotSumSquaresAvx512,
                                       SituGluAvx512,          KdaDecayAvx512,
-                                      KdaUpdateAvx512};
+                                      KdaUpdateAvx512,        SoftmaxAvx512};
 
 }  // namespace
 

@@ -580,6 +580,8 @@ void SituGluNeon(const float* g, const float* u, size_t n, float b1, float b2,
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void SoftmaxNeon(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
+
 void KdaDecayNeon(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
   KdaDecayLoop(s, hd, alpha, kn, ks);
 }
@@ -608,6 +610,7 @@ KernelTable MakeTable() {
   t.situ_glu = SituGluNeon;
   t.kda_decay = KdaDecayNeon;
   t.kda_update = KdaUpdateNeon;
+  t.softmax = SoftmaxNeon;
   return t;
 }
 

@@ -209,6 +209,8 @@ void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2,
   SituGluLoop(g, u, n, b1, b2, out);
 }
 
+void SoftmaxScalar(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
+
 void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
   KdaDecayLoop(s, hd, alpha, kn, ks);
 }

@@ -1,6 +1,7 @@
 // Element-wise ops exactly as spec §4 defines them; scalar so that every ISA
-// (and the GPU tier's CPU fallback) agrees bit for bit, except SituGlu, whose
-// one definition (situ.h) each ISA's kernel file compiles.
+// (and the GPU tier's CPU fallback) agrees bit for bit, except SituGlu, Softmax
+// and the KDA sweeps, whose one definition (situ.h, kda.h) each ISA's kernel
+// file compiles (quant.cc dispatches them).
 #include "k3/quant/ops.h"
 
 #include "kernels.h"
@@ -18,20 +19,6 @@ void RmsNorm(const float* x, const float* w, size_t n, float eps, float* out) no
   for (size_t i = 0; i < n; ++i) ms += static_cast<double>(x[i]) * x[i];
   const float r = 1.0f / std::sqrt(static_cast<float>(ms / static_cast<double>(n)) + eps);
   for (size_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
-}
-
-void Softmax(float* v, size_t n) noexcept {
-  if (n == 0) return;
-  float m = v[0];
-  for (size_t i = 1; i < n; ++i) {
-    if (v[i] > m) m = v[i];
-  }
-  float s = 0.0f;
-  for (size_t i = 0; i < n; ++i) {
-    v[i] = std::exp(v[i] - m);
-    s += v[i];
-  }
-  for (size_t i = 0; i < n; ++i) v[i] = v[i] / s;
 }
 
 }  // namespace k3::quant

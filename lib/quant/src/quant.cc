@@ -340,6 +340,13 @@ void SituGlu(const float* g, const float* u, size_t n, float b1, float b2, float
   ForRowRanges(n, n * 4, [&](size_t i0, size_t i1) { fn(g + i0, u + i0, i1 - i0, b1, b2, out + i0); });
 }
 
+// situ.h's softmax (its exp, 16 lanes and fixed fold) for the active ISA: one
+// row per call, no threads (MLA's rows are split over threads by the caller).
+void Softmax(float* v, size_t n) noexcept {
+  const internal::KernelTable& k = internal::ActiveKernels();
+  (k.softmax != nullptr ? k.softmax : internal::SoftmaxScalar)(v, n);
+}
+
 // kda.h's sweeps for the active ISA. Called per (token, head) from inside the
 // forward pass's head loop, which already has the threads: no split here.
 void KdaDecay(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {

@@ -644,11 +644,12 @@ TEST_CASE("ops: spec §4 definitions") {
   CHECK(Silu(0.0f) == 0.0f);
   CHECK(Sigmoid(2.0f) == 1.0f / (1.0f + std::exp(-2.0f)));
   float v[4] = {1.0f, 3.0f, 3.0f, -1.0f};
-  Softmax(v, 4);
-  float e0 = std::exp(-2.0f), e3 = std::exp(-4.0f);
+  Softmax(v, 4);  // shorter than the lanes: the tail in order
+  float e0 = internal::SituExp(-2.0f), e3 = internal::SituExp(-4.0f);
   float s = ((e0 + 1.0f) + 1.0f) + e3;
   CHECK(v[0] == e0 / s);
   CHECK(v[1] == 1.0f / s);
+  CHECK(v[3] == e3 / s);
   float x[3] = {1.0f, 2.0f, 2.0f}, w[3] = {1.0f, 0.5f, 2.0f}, o[3];
   RmsNorm(x, w, 3, 1e-6f, o);
   float r = 1.0f / std::sqrt(float(9.0 / 3.0) + 1e-6f);
@@ -738,6 +739,60 @@ TEST_CASE("SiTU-GLU: situ.h's exp and tanh within 1 and 1.5 ulp; every ISA gives
     std::vector<float> inplace = g;  // out == g, as the expert executor calls it
     SituGlu(inplace.data(), u.data(), g.size(), 4.0f, 25.0f, inplace.data());
     CHECK_MESSAGE(SameFloats(inplace.data(), ref.data(), g.size()), IsaStr(isa) << " in place");
+  }
+}
+
+TEST_CASE("Softmax: within 2e-7 of f64, lanes folded by the tree; every ISA gives the scalar bits") {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  IsaGuard guard;
+  const std::vector<Isa> isas = IsasToTest("Softmax");
+  // 32 elements, all e = 1 but one: the sum is the tree's, not the serial one
+  // (exact here either way), and the max is found in any lane.
+  {
+    std::vector<float> v(37, 0.0f);
+    v[21] = 3.0f;
+    Softmax(v.data(), v.size());
+    const float e = internal::SituExp(-3.0f);
+    float lanes[16];
+    for (size_t j = 0; j < 16; ++j) lanes[j] = e + e;
+    lanes[5] = 1.0f + e;  // element 21 is lane 5 of the second block
+    for (size_t half = 8; half > 0; half /= 2) {
+      for (size_t j = 0; j < half; ++j) lanes[j] = lanes[j] + lanes[j + half];
+    }
+    float sum = lanes[0];
+    for (int i = 0; i < 5; ++i) sum = sum + e;
+    CHECK(v[21] == 1.0f / sum);
+    CHECK(v[0] == e / sum);
+    CHECK(v[36] == e / sum);
+  }
+  for (size_t n : {size_t(1), size_t(7), size_t(16), size_t(17), size_t(33), size_t(100), size_t(4099)}) {
+    std::vector<float> x(n);
+    for (auto& f : x) f = nd(rng);
+    if (n > 20) {
+      x[3] = -200.0f;  // exp underflows to 0
+      x[n - 2] = 30.0f;  // the max in the tail or a lane
+    }
+    std::vector<float> ref = x;
+    internal::SoftmaxScalar(ref.data(), n);
+    // The reference from the same float differences v - m (their rounding is
+    // the input's, not the softmax's).
+    float m = x[0];
+    for (float f : x) m = std::max(m, f);
+    double sum = 0;
+    for (float f : x) sum += std::exp(double(f - m));
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double want = std::exp(double(x[i] - m)) / sum;
+      if (want > 1e-30) worst = std::max(worst, std::fabs(ref[i] - want) / want);
+    }
+    CHECK_MESSAGE(worst < 2e-7 * (1.0 + std::log2(double(n))), "n " << n << " worst " << worst);
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      std::vector<float> got = x;
+      Softmax(got.data(), n);
+      CHECK_MESSAGE(SameFloats(got.data(), ref.data(), n), IsaStr(isa) << " n " << n);
+    }
   }
 }
 

@@ -69,4 +69,53 @@ inline void SituGluLoop(const float* g, const float* u, size_t n, float b1, floa
   }
 }
 
+// Softmax in place over n floats (ops.h), in 16 lanes so that every ISA's
+// vectorized build of this loop gives the scalar bits: m = max (lane maxima,
+// then a fixed tree); e_i = SituExp(v_i - m); s = the lanes' sums (element i
+// in lane i % 16) folded by the tree j + (j+8), + (j+4), + (j+2), + (j+1), then
+// the tail elements in order; v_i = e_i / s. MLA's scores are T^2/2 x heads
+// elements per window: libm's expf and one serial sum were most of the
+// softmax's time at 8192 tokens.
+inline constexpr size_t kSoftmaxLanes = 16;
+
+inline float SoftmaxFold(float* a) noexcept {
+  for (size_t half = kSoftmaxLanes / 2; half > 0; half /= 2) {
+    for (size_t j = 0; j < half; ++j) a[j] = a[j] + a[j + half];
+  }
+  return a[0];
+}
+
+inline void SoftmaxLoop(float* v, size_t n) noexcept {
+  if (n == 0) return;
+  const size_t full = n / kSoftmaxLanes * kSoftmaxLanes;
+  float m = v[0];
+  if (full > 0) {
+    float lm[kSoftmaxLanes];
+    for (size_t j = 0; j < kSoftmaxLanes; ++j) lm[j] = v[j];
+    for (size_t i = kSoftmaxLanes; i < full; i += kSoftmaxLanes) {
+      for (size_t j = 0; j < kSoftmaxLanes; ++j) lm[j] = v[i + j] > lm[j] ? v[i + j] : lm[j];
+    }
+    for (size_t half = kSoftmaxLanes / 2; half > 0; half /= 2) {
+      for (size_t j = 0; j < half; ++j) lm[j] = lm[j + half] > lm[j] ? lm[j + half] : lm[j];
+    }
+    m = lm[0];
+  }
+  for (size_t i = full; i < n; ++i) m = v[i] > m ? v[i] : m;
+  float ls[kSoftmaxLanes];
+  for (size_t j = 0; j < kSoftmaxLanes; ++j) ls[j] = 0.0f;
+  for (size_t i = 0; i < full; i += kSoftmaxLanes) {
+    for (size_t j = 0; j < kSoftmaxLanes; ++j) {
+      const float e = SituExp(v[i + j] - m);
+      v[i + j] = e;
+      ls[j] = ls[j] + e;
+    }
+  }
+  float s = SoftmaxFold(ls);
+  for (size_t i = full; i < n; ++i) {
+    v[i] = SituExp(v[i] - m);
+    s = s + v[i];
+  }
+  for (size_t i = 0; i < n; ++i) v[i] = v[i] / s;
+}
+
 }  // namespace k3::quant::internal

@@ -23,7 +23,9 @@ void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double
 void KdaDecay(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept;
 void KdaUpdate(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
                float* oh) noexcept;
-// In place: m = max (first wins), e = expf(v-m), s = sum ascending (f32), v = e/s.
+// In place: m = max, e = exp(v-m) (situ.h's exp, within 1 ulp), s = sum in 16
+// lanes (element i in lane i % 16) folded by a fixed tree, then the tail in
+// order (f32), v = e/s. Every ISA gives the scalar bits (kernels.h SoftmaxScalar).
 void Softmax(float* v, size_t n) noexcept;
 
 }  // namespace k3::quant
