@@ -861,25 +861,57 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
     return impl_->captures[static_cast<size_t>(cap_of[t])].kda.data() + kda_off;
   };
 
-  // Causal depthwise conv + SiLU, channel by channel (channels are independent;
-  // tokens advance each channel's window in order).
-  // Threads only pay off with enough work; tiny layers run serially.
+  // Causal depthwise conv + SiLU. Each thread takes a range of channels and
+  // walks the tokens over it, so a step reads consecutive floats of a token row
+  // (channel by channel, every token's row was a 48 KB stride apart). Output t
+  // of channel d is sum_j taps[d][j] * in[t-K+1+j], j ascending from 0: the
+  // bits of the per-channel window it replaces. In place, last token first:
+  // token t reads raw inputs t-K+1..t, which no output has replaced yet;
+  // positions before the window come from `win`, which then takes the last K
+  // raw inputs. Threads only pay off with enough work.
   const bool conv_par = P * C * K >= (1u << 16);
+  std::vector<float> taps_t(K * P), next_win(P * K), sums(P);
   auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps, size_t part) {
-#pragma omp parallel for schedule(static) if (conv_par)
     for (size_t d = 0; d < P; ++d) {
-      float* wd = win.data() + d * K;
-      const float* td = taps.data() + d * K;
-      for (size_t t = 0; t < C; ++t) {
-        for (size_t j = 0; j + 1 < K; ++j) wd[j] = wd[j + 1];
-        wd[K - 1] = y[t * P + d];
-        float acc = 0.0f;
-        for (size_t j = 0; j < K; ++j) acc += td[j] * wd[j];
-        y[t * P + d] = quant::Silu(acc);
-        if (float* cap = capture_at(t)) {
-          std::memcpy(cap + H * hd * hd + part * P * K + d * K, wd, K * sizeof(float));
-        }
+      for (size_t j = 0; j < K; ++j) taps_t[j * P + d] = taps[d * K + j];
+    }
+#pragma omp parallel if (conv_par)
+    {
+      const size_t nth = static_cast<size_t>(omp_get_num_threads());
+      const size_t me = static_cast<size_t>(omp_get_thread_num());
+      const size_t d0 = P * me / nth, d1 = P * (me + 1) / nth;
+      // Raw input at token src (negative: the window before this chunk).
+      auto in = [&](ptrdiff_t src, size_t d) {
+        return src >= 0 ? y[static_cast<size_t>(src) * P + d] : win[d * K + static_cast<size_t>(static_cast<ptrdiff_t>(K) + src)];
+      };
+      for (size_t d = d0; d < d1; ++d) {
+        for (size_t j = 0; j < K; ++j) next_win[d * K + j] = in(static_cast<ptrdiff_t>(C + j) - static_cast<ptrdiff_t>(K), d);
       }
+      for (size_t t = C; t-- > 0;) {
+        const ptrdiff_t first = static_cast<ptrdiff_t>(t + 1) - static_cast<ptrdiff_t>(K);
+        float* acc = sums.data();
+        for (size_t d = d0; d < d1; ++d) acc[d] = 0.0f;
+        for (size_t j = 0; j < K; ++j) {
+          const ptrdiff_t src = first + static_cast<ptrdiff_t>(j);
+          const float* tj = taps_t.data() + j * P;
+          if (src >= 0) {
+            const float* row = y + static_cast<size_t>(src) * P;
+            for (size_t d = d0; d < d1; ++d) acc[d] += tj[d] * row[d];
+          } else {
+            for (size_t d = d0; d < d1; ++d) acc[d] += tj[d] * in(src, d);
+          }
+        }
+        if (float* cap = capture_at(t)) {
+          float* cw = cap + H * hd * hd + part * P * K;
+          for (size_t d = d0; d < d1; ++d) {
+            for (size_t j = 0; j < K; ++j) cw[d * K + j] = in(first + static_cast<ptrdiff_t>(j), d);
+          }
+        }
+        float* out = y + t * P;
+        for (size_t d = d0; d < d1; ++d) out[d] = quant::Silu(acc[d]);
+      }
+#pragma omp barrier
+      for (size_t d = d0; d < d1; ++d) std::memcpy(win.data() + d * K, next_win.data() + d * K, K * sizeof(float));
     }
   };
   conv(q, st.wq, w.q_conv, 0);
