@@ -418,11 +418,15 @@ TEST_CASE("AddRows gives the bits of the AddRow loop (per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("AddRows");
   std::mt19937 rng(31);
-  struct Case { WeightFormat fmt; size_t cols; };
+  // The last three run past AddRows' 256 KiB row chunk (128 f32 rows of 512,
+  // 64 int8 rows of 4096): a chunk boundary inside every token's sum.
+  struct Case { WeightFormat fmt; size_t cols; size_t rows = 45; size_t nrows = 33; };
   for (Case cs : {Case{WeightFormat::kF32, 512}, Case{WeightFormat::kF32, 100},
                   Case{WeightFormat::kInt8, 512}, Case{WeightFormat::kInt8, 136},
-                  Case{WeightFormat::kInt4G64, 128}}) {
-    const size_t rows = 45, row0 = 6, nrows = 33, tokens = 7, coef_ld = 40, acc_ld = cs.cols + 3;
+                  Case{WeightFormat::kInt4G64, 128}, Case{WeightFormat::kF32, 512, 300, 290},
+                  Case{WeightFormat::kInt8, 4096, 160, 150}, Case{WeightFormat::kInt4G64, 1024, 300, 280}}) {
+    const size_t rows = cs.rows, row0 = 6, nrows = cs.nrows, tokens = 7, coef_ld = nrows + 7,
+                 acc_ld = cs.cols + 3;
     Mat m = RandomMat(cs.fmt, rows, cs.cols, rng);
     const std::vector<float> coef = RandomVec(tokens * coef_ld, rng);
     const std::vector<float> start = RandomVec(tokens * acc_ld, rng);
