@@ -50,12 +50,17 @@ engine::CheckpointFileStatus ReadCheckpointBytes(const uint8_t* data, size_t siz
   // One file for the process, rewritten for every input; on tmpfs where there
   // is one (no disk I/O). A real path, not /proc/self/fd/N of a memfd: the
   // reader opens only regular files without following links (issue 28).
-  static const std::string path = [] {
-    const std::string p = std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
-                          "/k3-ckpt-fuzz." + std::to_string(getpid());
+  static const std::string path =
+      std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + "/k3-ckpt-fuzz." +
+      std::to_string(getpid());
+  // Registered once `path` is built, so it runs before path's destructor (a
+  // handler registered inside the initializer ran after it and unlinked an
+  // empty name: every replay left its file in /dev/shm).
+  static const bool unlink_at_exit = [] {
     std::atexit([] { unlink(path.c_str()); });
-    return p;
+    return true;
   }();
+  (void)unlink_at_exit;
   static const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   K3_CHECK(fd >= 0);
   K3_CHECK(ftruncate(fd, 0) == 0);

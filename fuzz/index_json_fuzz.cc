@@ -8,7 +8,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "k3/container/safetensors.h"
 #include "k3/container/snapshot.h"
@@ -29,6 +32,15 @@ const std::string& Dir() {
     w.Commit();
     return d;
   }();
+  // Removed at exit; registered after `dir` is built, so before its destructor runs.
+  static const bool remove_at_exit = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+    return true;
+  }();
+  (void)remove_at_exit;
   return dir;
 }
 

@@ -17,6 +17,7 @@ Each pattern must see both accepted and refused strings, so the test can fail
 either way.     regex_property.py CONSTRAIN_DRIVE
 """
 import json
+import os
 import random
 import re
 import subprocess
@@ -126,7 +127,10 @@ def main():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([{"pattern": c["pattern"], "texts": c["texts"]} for c in cases], f, ensure_ascii=False)
         path = f.name
-    out = subprocess.run([drive, "--match", path], capture_output=True, text=True, check=True).stdout.splitlines()
+    try:
+        out = subprocess.run([drive, "--match", path], capture_output=True, text=True, check=True).stdout.splitlines()
+    finally:
+        os.unlink(path)
     if len(out) != len(cases):
         print(f"FAIL: {len(out)} result lines for {len(cases)} patterns")
         return 1

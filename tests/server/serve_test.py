@@ -183,9 +183,11 @@ def render_ids(request_obj) -> list:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(request_obj, f)
         path = f.name
-    out = subprocess.run([K3_RUN, "render", MODEL, "--request", path, "--bos", "--json"], capture_output=True,
-                         text=True, check=True).stdout
-    os.unlink(path)
+    try:
+        out = subprocess.run([K3_RUN, "render", MODEL, "--request", path, "--bos", "--json"], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        os.unlink(path)
     return json.loads(out)["ids"]
 
 

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "k3/core/file.h"
@@ -53,12 +55,34 @@ inline bool SkipWithoutEnv(const char* var, const char* test) {
   return true;
 }
 
+// Directories MakeTempDir made, removed with their contents when the test
+// process exits normally (repeated suites had left hundreds in /tmp, and in
+// /dev/shm, which is memory). The list is never destroyed, so the exit handler
+// cannot outlive it.
+inline void RemoveAtExit(const std::string& dir) {
+  static std::mutex* mu = new std::mutex;
+  static std::vector<std::string>* dirs = [] {
+    auto* v = new std::vector<std::string>;
+    std::atexit([] {
+      std::lock_guard<std::mutex> lock(*mu);
+      for (const std::string& d : *dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    });
+    return v;
+  }();
+  std::lock_guard<std::mutex> lock(*mu);
+  dirs->push_back(dir);
+}
+
 // Creates a fresh directory <parent>/<prefix>_XXXXXX and returns its path; the
-// test fails (REQUIRE) when it cannot be made. Callers remove it when they need to.
+// test fails (REQUIRE) when it cannot be made. Removed at exit (RemoveAtExit).
 inline std::string MakeTempDir(const std::string& prefix, const std::string& parent = "/tmp") {
   std::string tmpl = parent + "/" + prefix + "_XXXXXX";
   char* d = ::mkdtemp(tmpl.data());
   REQUIRE(d != nullptr);
+  RemoveAtExit(d);
   return d;
 }
 
