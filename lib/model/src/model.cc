@@ -138,6 +138,8 @@ struct Session::Impl {
   // experts: gate 0, up 1), the MoE layer (router logits 2, latent in 3,
   // latent out 4, shared-expert output 5; its shared MLP takes 0 and 1).
   ScratchSet scratch;
+  // The window's own streams (ForwardChunk: h, p, x, a, f, m, block snapshots).
+  ScratchSet window_bufs;
   // Routed experts when the model has no executor of its own.
   CpuExpertExecutor cpu_experts;
 
@@ -711,15 +713,21 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   const float eps = c.rms_norm_eps;
   const int64_t pos0 = pos_;
 
-  std::vector<float> h(C * D), p(C * D), x(C * D), a(C * D), f(C * D), m(D);
-  std::vector<float> blocks(C * nbmax * D);  // per token: its block snapshots
+  // The window's streams, kept by the session like the layer scratch (a long
+  // prompt's later windows reuse the pages instead of faulting them in again;
+  // every buffer is written before it is read: h by the embedding, p and the
+  // snapshots by copies, x by the norms, a and f by the layer).
+  ScratchSet& ws = im.window_bufs;
+  float *h = ws.Take(0, C * D), *p = ws.Take(1, C * D), *x = ws.Take(2, C * D),
+        *a = ws.Take(3, C * D), *f = ws.Take(4, C * D), *m = ws.Take(5, D);
+  float* blocks = ws.Take(6, C * nbmax * D);  // per token: its block snapshots
   size_t nb = 0;
-  for (size_t t = 0; t < C; ++t) W.embed.RowOrThrow(ids[t], h.data() + t * D);
+  for (size_t t = 0; t < C; ++t) W.embed.RowOrThrow(ids[t], h + t * D);
 
   std::vector<const float*> entries(nbmax + 1);
   std::vector<float> mix_scores(nbmax + 1);
   auto mix = [&](size_t t, const float* last, const std::vector<float>& sw, float* dst) {
-    for (size_t j = 0; j < nb; ++j) entries[j] = blocks.data() + (t * nbmax + j) * D;
+    for (size_t j = 0; j < nb; ++j) entries[j] = blocks + (t * nbmax + j) * D;
     entries[nb] = last;
     Mix(entries.data(), nb + 1, sw.data(), D, eps, mix_scores.data(), dst);
   };
@@ -732,50 +740,50 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
     for (size_t t = 0; t < C; ++t) {
-      float* ht = h.data() + t * D;
-      float* pt = p.data() + t * D;
+      float* ht = h + t * D;
+      float* pt = p + t * D;
       std::memcpy(pt, ht, D * sizeof(float));
       if (nb > 0) mix(t, pt, lw.attn_sw, ht);
-      if (snap) std::memcpy(blocks.data() + (t * nbmax + nb) * D, pt, D * sizeof(float));
+      if (snap) std::memcpy(blocks + (t * nbmax + nb) * D, pt, D * sizeof(float));
     }
     if (snap) {
       K3_CHECK(nb < nbmax);
       ++nb;
     }
     for (size_t t = 0; t < C; ++t) {
-      quant::RmsNorm(h.data() + t * D, lw.input_norm.data(), D, eps, x.data() + t * D);
+      quant::RmsNorm(h + t * D, lw.input_norm.data(), D, eps, x + t * D);
     }
     clk.Lap(ph.residual);
     if (lw.is_kda) {
-      KdaForward(static_cast<int64_t>(li), x.data(), C, a.data());
+      KdaForward(static_cast<int64_t>(li), x, C, a);
     } else {
-      MlaForward(static_cast<int64_t>(li), x.data(), C, pos0, a.data());
+      MlaForward(static_cast<int64_t>(li), x, C, pos0, a);
     }
     clk.Skip();  // timed inside, by part
     for (size_t t = 0; t < C; ++t) {
-      float* pt = p.data() + t * D;
-      const float* at = a.data() + t * D;
+      float* pt = p + t * D;
+      const float* at = a + t * D;
       if (snap) {
         std::memcpy(pt, at, D * sizeof(float));
       } else {
         for (size_t i = 0; i < D; ++i) pt[i] += at[i];
       }
-      mix(t, pt, lw.mlp_sw, m.data());
-      quant::RmsNorm(m.data(), lw.post_norm.data(), D, eps, x.data() + t * D);
+      mix(t, pt, lw.mlp_sw, m);
+      quant::RmsNorm(m, lw.post_norm.data(), D, eps, x + t * D);
     }
     clk.Lap(ph.residual);
     if (lw.is_moe) {
-      MoeForward(static_cast<int64_t>(li), x.data(), C, pos0, f.data());
+      MoeForward(static_cast<int64_t>(li), x, C, pos0, f);
       if (interrupted_) return;  // stopped between experts (the session was reset)
       clk.Skip();  // timed inside, by part
     } else {
-      MlpForward(lw.dense, x.data(), C, f.data());
+      MlpForward(lw.dense, x, C, f);
       clk.Lap(ph.mlp);
     }
     for (size_t t = 0; t < C; ++t) {
-      float* ht = h.data() + t * D;
-      const float* pt = p.data() + t * D;
-      const float* ft = f.data() + t * D;
+      float* ht = h + t * D;
+      const float* pt = p + t * D;
+      const float* ft = f + t * D;
       for (size_t i = 0; i < D; ++i) ht[i] = pt[i] + ft[i];
       if (out.trace) {
         std::memcpy(out.trace + ((static_cast<size_t>(t_base) + t) * L + li) * D, ht,
@@ -796,8 +804,8 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     std::vector<float> y(rows * D);
     for (size_t t = first; t < C; ++t) {
       float* yt = y.data() + (t - first) * D;
-      mix(t, h.data() + t * D, W.out_sw, m.data());
-      quant::RmsNorm(m.data(), W.final_norm.data(), D, eps, yt);
+      mix(t, h + t * D, W.out_sw, m);
+      quant::RmsNorm(m, W.final_norm.data(), D, eps, yt);
       if (out.final_hidden) {
         std::memcpy(out.final_hidden + (static_cast<size_t>(t_base) + t) * D, yt,
                     D * sizeof(float));
