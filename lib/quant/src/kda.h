@@ -15,6 +15,9 @@
 #include <cstddef>
 
 namespace k3::quant::internal {
+// Internal linkage: every kernel file compiles these loops with its own ISA
+// flags, so no TU may end up calling another TU's out-of-line copy.
+namespace {
 
 inline constexpr size_t kKdaStrip = 64;
 
@@ -77,4 +80,5 @@ inline void KdaUpdateLoop(float* __restrict s, size_t hd, const float* __restric
   }
 }
 
+}  // namespace
 }  // namespace k3::quant::internal

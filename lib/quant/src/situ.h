@@ -21,6 +21,9 @@
 #include <cstdint>
 
 namespace k3::quant::internal {
+// Internal linkage: every kernel file compiles these loops with its own ISA
+// flags, so no TU may end up calling another TU's out-of-line copy.
+namespace {
 
 inline float SituExp(float x) noexcept {
   x = x < -104.0f ? -104.0f : x;
@@ -118,4 +121,5 @@ inline void SoftmaxLoop(float* v, size_t n) noexcept {
   for (size_t i = 0; i < n; ++i) v[i] = v[i] / s;
 }
 
+}  // namespace
 }  // namespace k3::quant::internal
