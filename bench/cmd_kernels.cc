@@ -615,6 +615,8 @@ void RunKernels(const Options& opt) {
             Emit(opt, ctx, std::string("matmul_") + FmtName(s.fmt) + suffix, s, batch, t,
                  label.c_str(), quant::IsaName(isa), tm, bytes, copies);
           }
+          // f32 weights have no int8-activation path (MatMulQ8 refuses them).
+          if (s.fmt == WeightFormat::kF32) continue;
           Roof idot{quant::RoofOp::kIdot, t};
           Timing tm = TimeConfig(
               opt.reps, copies, t, pass_bytes, mem,
