@@ -124,27 +124,44 @@ grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/x868s.json" >"$OUT/x868s.ids"
 cmp "$OUT/arm8s.f32" "$OUT/x868s.f32" || { echo "aarch64 and x86-64 scalar prompt logits differ"; exit 1; }
 diff "$OUT/arm8s.ids" "$OUT/x868s.ids" || { echo "aarch64 and x86-64 scalar int8 ids differ"; exit 1; }
 
-step "k3-run generate on the int8 container (IDOT, neondot): runs, and its first prompt positions match x86-64"
+step "k3-run generate on the int8 container (IDOT, neondot): runs, and its prompt logits match x86-64 up to the first tie"
 # NEON's IDOT kernels give the scalar bits (quant_test above), its f32-activation
-# path (MLA attention's scores and sums) differs in the last bits (docs/quant.md §4).
-# On this random-weight model such a difference stays ~1e-6 until one int8
-# activation rounding or expert choice near a tie flips (measured: 13 positions
-# within 3e-6, then 0.2, then 6.7 at position 19), so greedy ids may part later:
-# the check is the first 8 positions within 1e-4, and 16 ids generated.
+# path (MLA attention's scores and sums) differs in the last bits (docs/quant.md §4),
+# as x86-64's own SIMD path does. On this random-weight model such a difference
+# stays ~1e-6 until one int8 activation rounding or expert choice near a tie
+# flips, and x86-64's SIMD run departs from its scalar run at that same place
+# (2026-12-03: position 7, 0.086, for both). So the check is: the positions
+# before x86-64's SIMD run departs (at least 4, at most 8) within 1e-4, and 16 ids.
 K3_LOG=info "${QEMU[@]}" "$A/k3-run" generate "$OUT/arm-8" --ids "$IDS" --ngen 16 --json \
   --logits "$OUT/arm8.f32" >"$OUT/arm8.json" 2>"$OUT/arm8.log"
 grep -q 'quant: neondot kernels' "$OUT/arm8.log" || { cat "$OUT/arm8.log"; exit 1; }
 grep -o '"generated_ids":\[[0-9,]*\]' "$OUT/arm8.json" | tee "$OUT/arm8.ids"
 grep -Eq '"generated_ids":\[([0-9]+,){15}[0-9]+\]' "$OUT/arm8.ids" || { echo "no 16 ids"; exit 1; }
-/usr/bin/python3 - "$OUT/arm8.f32" "$OUT/x868s.f32" 20 8 1e-4 <<'PY'
+K3_LOG=warn "$NATIVE/bin/k3-run" generate "$OUT/x86-8" --ids "$IDS" --ngen 1 --json \
+  --logits "$OUT/x868v.f32" >/dev/null
+/usr/bin/python3 - "$OUT/arm8.f32" "$OUT/x868s.f32" "$OUT/x868v.f32" 20 8 4 1e-4 <<'PY'
 import array, sys
-a, b = array.array("f"), array.array("f")
-a.frombytes(open(sys.argv[1], "rb").read()); b.frombytes(open(sys.argv[2], "rb").read())
-t, first, tol = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-assert len(a) == len(b) and len(a) % t == 0, (len(a), len(b))
+def load(path):
+    a = array.array("f")
+    a.frombytes(open(path, "rb").read())
+    return a
+a, b, c = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+t, most, least, tol = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
+assert len(a) == len(b) == len(c) and len(a) % t == 0, (len(a), len(b), len(c))
 v = len(a) // t
-worst = max(abs(a[i] - b[i]) for i in range(first * v))
-print(f"neondot vs x86-64 scalar, first {first} of {t} positions: max |diff| {worst:.3g} (limit {tol})")
-sys.exit(0 if worst <= tol else 1)
+def worst(x, p):
+    return max(abs(x[p * v + i] - b[p * v + i]) for i in range(v))
+first = most
+for p in range(most):
+    if worst(c, p) > tol:
+        first = p
+        break
+print(f"x86-64 SIMD vs scalar: the first {first} of {t} positions within {tol}")
+if first < least:
+    print(f"x86-64's own SIMD run departs from scalar before position {least}: no NEON check left")
+    sys.exit(1)
+w = max(worst(a, p) for p in range(first))
+print(f"neondot vs x86-64 scalar, first {first} positions: max |diff| {w:.3g} (limit {tol})")
+sys.exit(0 if w <= tol else 1)
 PY
 step "done"
