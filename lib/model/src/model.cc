@@ -918,7 +918,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
         float* out = y + t * P;
         for (size_t d = d0; d < d1; ++d) out[d] = quant::Silu(acc[d]);
       }
-#pragma omp barrier
+      // Only this thread's channels read their windows: no barrier needed.
       for (size_t d = d0; d < d1; ++d) std::memcpy(win.data() + d * K, next_win.data() + d * K, K * sizeof(float));
     }
   };

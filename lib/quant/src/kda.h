@@ -21,63 +21,47 @@ namespace {
 
 inline constexpr size_t kKdaStrip = 64;
 
-// S <- Diag(alpha) S (row kk scaled by alpha[kk]); ks[v] = sum_kk kn[kk] * S[kk][v].
-inline void KdaDecayLoop(float* __restrict s, size_t hd, const float* __restrict alpha,
-                         const float* __restrict kn, float* __restrict ks) noexcept {
+// One sweep: every element of s becomes next(old, kk, v), and
+// out[v] = sum over kk ascending of w[kk] * the new s[kk][v] (from 0).
+template <typename Next>
+inline void KdaSweep(float* __restrict s, size_t hd, const float* __restrict w,
+                     float* __restrict out, Next next) noexcept {
   size_t v0 = 0;
   for (; v0 + kKdaStrip <= hd; v0 += kKdaStrip) {
     float acc[kKdaStrip];
     for (size_t j = 0; j < kKdaStrip; ++j) acc[j] = 0.0f;
     for (size_t kk = 0; kk < hd; ++kk) {
       float* __restrict row = s + kk * hd + v0;
-      const float al = alpha[kk], kv = kn[kk];
+      const float wk = w[kk];
       for (size_t j = 0; j < kKdaStrip; ++j) {
-        const float r = row[j] * al;
+        const float r = next(row[j], kk, v0 + j);
         row[j] = r;
-        acc[j] = acc[j] + kv * r;
+        acc[j] = acc[j] + wk * r;
       }
     }
-    for (size_t j = 0; j < kKdaStrip; ++j) ks[v0 + j] = acc[j];
+    for (size_t j = 0; j < kKdaStrip; ++j) out[v0 + j] = acc[j];
   }
   for (; v0 < hd; ++v0) {  // columns past the last whole strip
     float acc = 0.0f;
     for (size_t kk = 0; kk < hd; ++kk) {
       float& r = s[kk * hd + v0];
-      r = r * alpha[kk];
-      acc = acc + kn[kk] * r;
+      r = next(r, kk, v0);
+      acc = acc + w[kk] * r;
     }
-    ks[v0] = acc;
+    out[v0] = acc;
   }
 }
 
+// S <- Diag(alpha) S (row kk scaled by alpha[kk]); ks[v] = sum_kk kn[kk] * S[kk][v].
+inline void KdaDecayLoop(float* s, size_t hd, const float* alpha, const float* kn,
+                         float* ks) noexcept {
+  KdaSweep(s, hd, kn, ks, [alpha](float r, size_t kk, size_t) { return r * alpha[kk]; });
+}
+
 // S += kn vt^T (row kk plus kn[kk] * vt); oh[v] = sum_kk qn[kk] * S[kk][v].
-inline void KdaUpdateLoop(float* __restrict s, size_t hd, const float* __restrict kn,
-                          const float* __restrict vt, const float* __restrict qn,
-                          float* __restrict oh) noexcept {
-  size_t v0 = 0;
-  for (; v0 + kKdaStrip <= hd; v0 += kKdaStrip) {
-    float acc[kKdaStrip];
-    for (size_t j = 0; j < kKdaStrip; ++j) acc[j] = 0.0f;
-    for (size_t kk = 0; kk < hd; ++kk) {
-      float* __restrict row = s + kk * hd + v0;
-      const float kv = kn[kk], qv = qn[kk];
-      for (size_t j = 0; j < kKdaStrip; ++j) {
-        const float r = row[j] + kv * vt[v0 + j];
-        row[j] = r;
-        acc[j] = acc[j] + qv * r;
-      }
-    }
-    for (size_t j = 0; j < kKdaStrip; ++j) oh[v0 + j] = acc[j];
-  }
-  for (; v0 < hd; ++v0) {
-    float acc = 0.0f;
-    for (size_t kk = 0; kk < hd; ++kk) {
-      float& r = s[kk * hd + v0];
-      r = r + kn[kk] * vt[v0];
-      acc = acc + qn[kk] * r;
-    }
-    oh[v0] = acc;
-  }
+inline void KdaUpdateLoop(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
+                          float* oh) noexcept {
+  KdaSweep(s, hd, qn, oh, [kn, vt](float r, size_t kk, size_t v) { return r + kn[kk] * vt[v]; });
 }
 
 }  // namespace

@@ -54,7 +54,6 @@ Scratch& Tls() {
   return s;
 }
 
-
 inline float Hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -1000,21 +999,6 @@ void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, do
   DotSumSquaresTail(x, w, i, n, fold(d), fold(q), dot, ss);
 }
 
-void SituGluAvx2(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
-  SituGluLoop(g, u, n, b1, b2, out);
-}
-
-void SoftmaxAvx2(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
-
-void KdaDecayAvx2(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
-  KdaDecayLoop(s, hd, alpha, kn, ks);
-}
-
-void KdaUpdateAvx2(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
-                  float* oh) noexcept {
-  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
-}
-
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -1025,8 +1009,8 @@ constexpr KernelTable kAvx2Table = {
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
-    nullptr,        DotSumSquaresAvx2,      SituGluAvx2,
-    KdaDecayAvx2,   KdaUpdateAvx2,          SoftmaxAvx2};
+    nullptr,        DotSumSquaresAvx2,      SituGluLoop,
+    KdaDecayLoop,   KdaUpdateLoop,          SoftmaxLoop};
 
 }  // namespace
 

@@ -77,7 +77,6 @@ Scratch& Tls() {
   return s;
 }
 
-
 inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
 // Software prefetch `pf` bytes ahead along one weight row of a block of R rows
@@ -1696,29 +1695,14 @@ void DotSumSquaresAvx512(const float* x, const float* w, size_t n, double* dot, 
   DotSumSquaresTail(x, w, i, n, fold(d0, d1), fold(q0, q1), dot, ss);
 }
 
-void SituGluAvx512(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept {
-  SituGluLoop(g, u, n, b1, b2, out);
-}
-
-void SoftmaxAvx512(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
-
-void KdaDecayAvx512(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
-  KdaDecayLoop(s, hd, alpha, kn, ks);
-}
-
-void KdaUpdateAvx512(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
-                  float* oh) noexcept {
-  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
-}
-
 constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       MatMulQ8Avx512,         RowDotAvx512,
                                       AddRowAvx512,           QuantizeInt8RowsAvx512,
                                       QuantizeInt4RowsAvx512, DowncastAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
                                       AddRowsAvx512,          DotSumSquaresAvx512,
-                                      SituGluAvx512,          KdaDecayAvx512,
-                                      KdaUpdateAvx512,        SoftmaxAvx512};
+                                      SituGluLoop,            KdaDecayLoop,
+                                      KdaUpdateLoop,          SoftmaxLoop};
 
 }  // namespace
 

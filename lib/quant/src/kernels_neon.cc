@@ -573,24 +573,6 @@ uint64_t RoofNeon(RoofOp op, uint64_t iters) noexcept {
   return iters * kChains * 4;
 }
 
-// situ.h's loop compiled for NEON (GCC vectorizes it at -O3; the same IEEE
-// operations per element, so the scalar bits).
-void SituGluNeon(const float* g, const float* u, size_t n, float b1, float b2,
-                 float* out) noexcept {
-  SituGluLoop(g, u, n, b1, b2, out);
-}
-
-void SoftmaxNeon(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
-
-void KdaDecayNeon(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
-  KdaDecayLoop(s, hd, alpha, kn, ks);
-}
-
-void KdaUpdateNeon(float* s, size_t hd, const float* kn, const float* vt, const float* qn,
-                  float* oh) noexcept {
-  KdaUpdateLoop(s, hd, kn, vt, qn, oh);
-}
-
 KernelTable MakeTable() {
   KernelTable t = ScalarKernels();
 #ifdef K3_NEON_DOT
@@ -607,10 +589,12 @@ KernelTable MakeTable() {
   t.downcast_int8_to_int4 = DowncastNeon;
   t.quantize_acts = QuantizeActsNeon;
   t.roof = RoofNeon;
-  t.situ_glu = SituGluNeon;
-  t.kda_decay = KdaDecayNeon;
-  t.kda_update = KdaUpdateNeon;
-  t.softmax = SoftmaxNeon;
+  // situ.h's and kda.h's loops compiled for NEON (GCC vectorizes them at -O3;
+  // the same IEEE operations per element, so the scalar bits).
+  t.situ_glu = SituGluLoop;
+  t.kda_decay = KdaDecayLoop;
+  t.kda_update = KdaUpdateLoop;
+  t.softmax = SoftmaxLoop;
   return t;
 }
 
