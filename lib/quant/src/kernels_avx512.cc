@@ -957,7 +957,12 @@ float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
 // 8 dpbusd's, then a = fma(cvt(G), gs*xs, a) -- DotNib1's operations; each chunk
 // load feeds B (weights) or R (activations) dpbusd's, and the float work is 3
 // instructions per 16 dpbusd's of a pair's 8.
-constexpr int kNibGemmRows = 4;
+// 6 x 2: 12 int32 and 12 f32 accumulators beside 6 + 2 chunk loads. The
+// activations come from L2 (a chunk), the decoded rows from L1, so a tile's L2
+// bytes per dpbusd fall with R: 4 x 2 (16 B) measured 0.40-0.50 of the roof on
+// Zen 5, 6 x 2 (10.7 B) 0.51-0.61; 4 x 3, 4 x 4 and 8 x 1 were no better than
+// 4 x 2, 8 x 2 spills (docs/PERFORMANCE.md). The tile never changes a bit.
+constexpr int kNibGemmRows = 6;
 constexpr int kNibGemmActs = 2;
 
 //
@@ -972,9 +977,9 @@ template <int R, int B, bool kUnit = false>
 void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
                  size_t blocks, size_t k0, size_t k1, float* carry, float* out) noexcept {
   __m512 a[R][B];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < B; ++c) {
       a[r][c] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(carry + (r * B + c) * 16);
     }
@@ -982,7 +987,7 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
   const int8_t* xb[B];
   const int32_t* cb[B];
   const float* fb[B];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int c = 0; c < B; ++c) {
     xb[c] = x.xb + (b0 + c) * blocks * 8 * 64;
     cb[c] = x.cb + (b0 + c) * blocks * 16;
@@ -990,29 +995,29 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
   }
   for (size_t k = k0; k < k1; ++k) {
     __m512i g[R][B];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < B; ++c) {
       const __m512i cv = InReg(_mm512_load_si512(cb[c] + k * 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) g[r][c] = cv;
     }
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       __m512i wv[R], xv[B];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) wv[r] = InReg(_mm512_load_si512(wr[r] + (k * 8 + j) * 64));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < B; ++c) xv[c] = InReg(_mm512_load_si512(xb[c] + (k * 8 + j) * 64));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < B; ++c) g[r][c] = _mm512_dpbusd_epi32(g[r][c], wv[r], xv[c]);
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 gs = kUnit ? _mm512_set1_ps(1.0f) : InReg(_mm512_load_ps(gr[r] + k * 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < B; ++c) {
         const __m512 xs = _mm512_load_ps(fb[c] + k * 16);
         a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g[r][c]), kUnit ? xs : _mm512_mul_ps(gs, xs),
@@ -1021,16 +1026,16 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
     }
   }
   if (k1 < blocks) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < B; ++c) _mm512_store_ps(carry + (r * B + c) * 16, a[r][c]);
     }
     return;
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < B; ++c) out[c * kNibGemmRows + r] = _mm512_reduce_add_ps(a[r][c]);
   }
 }
@@ -1064,11 +1069,12 @@ void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t blocks
   }
 }
 
-// Column panels of the GEMM: a row quad's decoded bytes are one byte per column
-// (48 KiB for 4 rows of 12288 columns, 132 KiB at 33792), more than L1 holds
-// beside the activations, so long rows go in panels of kNibPanelBlocks blocks
-// (16 KiB per quad): each panel meets every activation row of the chunk before
-// the next, the tile accumulators carried between panels in scratch.
+// Column panels of the GEMM: a row group's decoded bytes are one byte per
+// column (72 KiB for 6 rows of 12288 columns, 198 KiB at 33792), more than L1
+// holds beside the activations, so long rows go in panels of kNibPanelBlocks
+// blocks (24 KiB per group of 6; 4 and 12 blocks measured slower): each panel
+// meets every activation row of the chunk before the next, the tile
+// accumulators carried between panels in scratch.
 constexpr size_t kNibPanelBlocks = 8;
 
 // Rows o .. o+R-1 (decoded at wr/gr) against activation rows [b0, b1).
@@ -1106,16 +1112,16 @@ void NibTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x
 
 // Cache blocking of the nibble GEMM (one byte per column for a decoded weight
 // row and for an activation row): the activations go in chunks that stay in
-// L2, and each chunk meets every row quad decoded into L1 (a quad is decoded
-// again for each chunk: a few percent of the tile work at 64 rows). Without
-// the chunks every quad streamed all activation rows from memory (14.7 MB at
+// L2, and each chunk meets every row group decoded into L1 (a group is decoded
+// again for each chunk: a few percent of the tile work at 64 rows; 256 KiB to
+// 1.5 MiB chunks measured no better). Without the chunks every group streamed all activation rows from memory (14.7 MB at
 // 2048 x 7168): 0.20 of the roof at M = 2048, against 0.42 with them
 // (docs/PERFORMANCE.md). A batch within one chunk runs as before.
 constexpr size_t kNibChunkBytes = size_t{512} << 10;
 
 // Activation rows per chunk. Rows of more than kNibLongRowPanels panels (the
 // dense MLP's 33792-column down projection: 14 rows by the whole-row rule) are
-// chunked by one panel's columns instead (128 rows): a row quad meets the
+// chunked by one panel's columns instead (128 rows): a row group meets the
 // chunk one panel at a time anyway, and it is decoded once per chunk, so 14-row
 // chunks spent most of the time decoding. Measured on that shape: 0.33-0.35 of
 // the roof -> 0.40-0.42; on the 7168/12288-column shapes panel-sized chunks

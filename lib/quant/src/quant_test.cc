@@ -559,8 +559,8 @@ TEST_CASE("SiTU-GLU and QuantizeActs over threads give the one-thread bits (per 
 }
 
 // The nibble GEMM walks the activations in chunks sized to L2 (at 7168
-// columns: 72 rows), each past every decoded row quad. Several chunks and a
-// partial one, row quads and a row tail, on one and two threads, must give
+// columns: 72 rows), each past every decoded row group. Several chunks and a
+// partial one, row groups of 6 and a row tail, on one and two threads, must give
 // each output the bits of a one-row call.
 TEST_CASE("IDOT GEMM cache blocking never changes a bit (panels and chunks, per ISA)") {
   IsaGuard guard;
@@ -572,8 +572,8 @@ TEST_CASE("IDOT GEMM cache blocking never changes a bit (panels and chunks, per 
   // 17408 columns = 34 blocks of 512: beyond 4 panels, chunked by the panel
   // (128 activation rows, so 153 rows are a whole chunk and a partial one).
   struct Case { WeightFormat fmt; size_t rows, cols; };
-  for (Case cs : {Case{WeightFormat::kInt4G64, 150, 7168}, Case{WeightFormat::kMxfp4, 150, 7168},
-                  Case{WeightFormat::kInt8, 150, 7168}, Case{WeightFormat::kInt4G64, 21, 17408},
+  for (Case cs : {Case{WeightFormat::kInt4G64, 154, 7168}, Case{WeightFormat::kMxfp4, 154, 7168},
+                  Case{WeightFormat::kInt8, 154, 7168}, Case{WeightFormat::kInt4G64, 21, 17408},
                   Case{WeightFormat::kInt8, 21, 17408}}) {
     const WeightFormat fmt = cs.fmt;
     const size_t rows = cs.rows, cols = cs.cols, batch = 153;
