@@ -166,6 +166,11 @@ namespace {
 // K3's kv_lora 512, stay in L2 while the rows stream past).
 size_t MlaBlockTokens(size_t heads) { return std::max<size_t>(1, 256 / std::max<size_t>(heads, 1)); }
 
+// The MLPs run over a window in slices of this many tokens (MlpForward): at
+// K3's dense 33792 columns a slice's gate and up rows are 2 x 66 MiB, against
+// 2 x 1.1 GiB for an 8192-token window taken whole.
+constexpr size_t kMlpSliceTokens = 512;
+
 // y[C, rows] = W x[C, cols]; int8 activations for quantized weights when
 // `idot` (and the kernel's 32-column grouping fits), f32 otherwise.
 void Linear(const Matrix& w, const float* x, size_t batch, float* y, bool idot,
@@ -1127,16 +1132,26 @@ ExpertExecutor& Session::Executor() {
   return ex != nullptr ? *ex : impl_->cpu_experts;
 }
 
-// Dense MLP / fused shared experts: down(SiTU(gate x, up x)).
+// Dense MLP / fused shared experts: down(SiTU(gate x, up x)), in slices of at
+// most kMlpSliceTokens tokens. The gate and up outputs are the widest rows of
+// the forward pass (K3's dense layer: 33792 floats, 2.4x a KDA projection):
+// over a whole window they were the largest part of its memory and of the
+// pages a first prefill faults in. Every GEMM already walks its weights once
+// per L2-sized chunk of activation rows, so slices read no more weight bytes;
+// each row is computed alone, so the bits are those of the whole window.
 void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const bool idot = options_.idot;
-  const size_t inter = w.gate.rows();
-  float *g = impl_->scratch.Take(0, C * inter), *u = impl_->scratch.Take(1, C * inter);
-  Linear(w.gate, x, C, g, idot, &impl_->acts);
-  Linear(w.up, x, C, u, idot, &impl_->acts);
-  quant::SituGlu(g, u, C * inter, c.situ_beta, c.situ_linear_beta, g);
-  Linear(w.down, g, C, out, idot, &impl_->acts);
+  const size_t inter = w.gate.rows(), in = w.gate.cols(), outc = w.down.rows();
+  const size_t S = std::min(C, kMlpSliceTokens);
+  float *g = impl_->scratch.Take(0, S * inter), *u = impl_->scratch.Take(1, S * inter);
+  for (size_t t0 = 0; t0 < C; t0 += S) {
+    const size_t n = std::min(S, C - t0);
+    Linear(w.gate, x + t0 * in, n, g, idot, &impl_->acts);
+    Linear(w.up, x + t0 * in, n, u, idot, &impl_->acts);
+    quant::SituGlu(g, u, n * inter, c.situ_beta, c.situ_linear_beta, g);
+    Linear(w.down, g, n, out + t0 * outc, idot, &impl_->acts);
+  }
 }
 
 // LatentMoE (§5.5) + fused shared experts.
@@ -1327,13 +1342,19 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
   // Session scratch that keeps its capacity: Linear's int8 activations (the
   // widest input of any Linear over C rows) and the CPU executor's rows (an
   // expert has at most one pair per token, so at most C rows).
+  // The MLPs' down projections (inter or shared columns) see one slice of
+  // at most kMlpSliceTokens rows (Session::MlpForward).
+  const double slice = std::min(C, static_cast<double>(kMlpSliceTokens));
   if (s.idot) {
-    double cols = D;
+    double cols = D, mlp_cols = 0;
     if (any_kda) cols = std::max(cols, P);
     if (any_mla) cols = std::max({cols, ql, H * vh});
-    if (any_dense) cols = std::max(cols, inter);
-    if (any_moe) cols = std::max({cols, shared, LT});
-    bytes += q8(C, cols);
+    if (any_dense) mlp_cols = std::max(mlp_cols, inter);
+    if (any_moe) {
+      cols = std::max(cols, LT);
+      mlp_cols = std::max(mlp_cols, shared);
+    }
+    bytes += std::max(q8(C, cols), q8(slice, mlp_cols));
   }
   if (any_moe) {
     bytes += f * (2 * C * MI + C * LT);                                  // g_, u_, y_
@@ -1370,8 +1391,8 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
     }
     double mlp = any_dense ? inter : 0;  // gate and up, dense or shared experts
     if (any_moe) mlp = std::max(mlp, shared);
-    need(0, C * mlp);
-    need(1, C * mlp);
+    need(0, slice * mlp);
+    need(1, slice * mlp);
     if (any_moe) {  // router logits, latent in, latent out, shared-expert output
       need(2, C * E);
       need(3, C * LT);
