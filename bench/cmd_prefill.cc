@@ -2,7 +2,8 @@
 // the two floors measured in the same run -- the I/O floor (expert bytes read /
 // the disk's sequential O_DIRECT rate, read by this bench from the model's own
 // shards) and the compute floor (the prompt's multiply-adds / the IDOT roof,
-// quant::RoofLoop on every thread) -- alternating with the old default chunk
+// quant::RoofLoop on every thread; a second floor adds MLA attention's T^2
+// multiply-adds at the FMA roof) -- alternating with the old default chunk
 // (K3_CHUNK=32) in the same run. The old default at long prompts would run for
 // hours, so it is measured on a prefix (--baseline-prefix tokens; its cost per
 // chunk is flat) and extrapolated linearly to the prompt; the line says so.
@@ -108,15 +109,15 @@ double DiskReadGbps(const std::string& dir, uint64_t limit) {
   return static_cast<double>(done) / secs / 1e9;
 }
 
-// All-thread IDOT roof (wall-clock GMAC/s), each thread ~0.3 s of CPU.
-double IdotRoofGmacs(int threads) {
+// All-thread roof of `op` (wall-clock GMAC/s), each thread ~0.3 s of CPU.
+double RoofGmacs(quant::RoofOp op, int threads) {
   uint64_t macs = 0;
   const double t0 = NowSeconds();
 #pragma omp parallel num_threads(threads) reduction(+ : macs)
   {
     const double c0 = ThreadCpuSeconds();
     do {
-      macs += quant::RoofLoop(quant::RoofOp::kIdot, 1 << 13);
+      macs += quant::RoofLoop(op, 1 << 13);
     } while (ThreadCpuSeconds() - c0 < 0.3);
   }
   return static_cast<double>(macs) / (NowSeconds() - t0) / 1e9;
@@ -141,6 +142,18 @@ double MacsPerToken(const ModelConfig& c) {
   const int64_t moe_layers = c.num_moe_layers();
   return double(layers - mla_layers) * kda + double(mla_layers) * mla + double(moe_layers) * moe +
          double(layers - moe_layers) * dense;
+}
+
+// Multiply-adds of MLA attention's O(T^2) part over a T-token prompt (the
+// absorbed form the engine runs, docs/model.md): per MLA layer, head and
+// (query, visible row) pair, the latent and rope score (kv_lora + rope) and the
+// weighted latent sum (kv_lora). They run on the f32 path, so the floor that
+// counts them divides them by the FMA roof.
+double AttnMacs(const ModelConfig& c, int64_t T) {
+  const double pairs = double(T) * double(T + 1) / 2.0;
+  const double per_pair = double(c.num_attention_heads) *
+                          double(2 * c.kv_lora_rank + c.qk_rope_head_dim);
+  return double(c.num_mla_layers()) * per_pair * pairs;
 }
 
 struct Run {
@@ -209,7 +222,8 @@ void RunPrefillBench(const PrefillArgs& a) {
   }
   const bool cold = a.no_drop ? false : DropPageCache();
   const double disk_gbps = DiskReadGbps(a.model_dir, static_cast<uint64_t>(a.disk_gb * 1e9));
-  const double roof = IdotRoofGmacs(threads);
+  const double roof = RoofGmacs(quant::RoofOp::kIdot, threads);
+  const double fma_roof = RoofGmacs(quant::RoofOp::kFma, threads);
   const double macs_tok = MacsPerToken(config);
   // The facts every line ends with, then the line.
   auto Finish = [&](JsonWriter& j) {
@@ -228,6 +242,7 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("what", "floors")
         .Field("disk_read_gbps", disk_gbps)
         .Field("idot_roof_gmacs", roof)
+        .Field("fma_roof_gmacs", fma_roof)
         .Field("macs_per_token", macs_tok)
         .Field("isa", quant::IsaName(quant::ActiveIsa()));
     Finish(j);
@@ -242,7 +257,10 @@ void RunPrefillBench(const PrefillArgs& a) {
     const int prefix = a.baseline_prefix > 0 ? std::min(a.baseline_prefix, len) : len;
     const std::vector<int32_t> head(prompt.begin(), prompt.begin() + prefix);
     const double scale = double(len) / double(prefix);
-    std::vector<double> secs, waits, base_secs, ratio_io, ratio_floor, speedup;
+    std::vector<double> secs, waits, base_secs, ratio_io, ratio_floor, ratio_floor_attn, speedup;
+    // The compute floor with attention: the GEMMs at the IDOT roof plus MLA's
+    // T^2 multiply-adds at the FMA roof (the issue's floor counts the GEMMs).
+    const double attn_floor = AttnMacs(config, len) / (fma_roof * 1e9);
     std::vector<model::PhaseTimes> phases;
     Run last, base_last;
     for (int r = 0; r < a.runs; ++r) {
@@ -258,6 +276,7 @@ void RunPrefillBench(const PrefillArgs& a) {
       const double io_floor = double(one.bytes) / (disk_gbps * 1e9);
       const double compute_floor = macs_tok * len / (roof * 1e9);
       ratio_floor.push_back(one.prefill_s / std::max(io_floor, compute_floor));
+      ratio_floor_attn.push_back(one.prefill_s / std::max(io_floor, compute_floor + attn_floor));
       if (!a.no_baseline) {
         base_secs.push_back(base.prefill_s * scale);
         speedup.push_back(base.prefill_s * scale / one.prefill_s);
@@ -283,9 +302,12 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("expert_bytes", last.bytes)
         .Field("expert_loads", last.loads)
         .Field("io_floor_s", io_floor)
-        .Field("compute_floor_s", compute_floor);
+        .Field("compute_floor_s", compute_floor)
+        .Field("attn_macs", AttnMacs(config, len))
+        .Field("compute_floor_attn_s", compute_floor + attn_floor);
     PutSummary(j, "prefill_s", secs);
     PutSummary(j, "vs_floor", ratio_floor);
+    PutSummary(j, "vs_floor_attn", ratio_floor_attn);
     PutSummary(j, "expert_wait_s", waits);
     // The run with the median prefill time, by part (seconds and shares of the
     // prefill; issue 25 §2 asks for MLA attention's and the KDA scan's share).
