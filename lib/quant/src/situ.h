@@ -81,9 +81,11 @@ inline void SituGluLoop(const float* g, const float* u, size_t n, float b1, floa
 // softmax's time at 8192 tokens.
 inline constexpr size_t kSoftmaxLanes = 16;
 
-inline float SoftmaxFold(float* a) noexcept {
+// The lanes folded by the tree: a[j] = op(a[j], a[j + half]) for half = 8, 4, 2, 1.
+template <typename Op>
+inline float SoftmaxFold(float* a, Op op) noexcept {
   for (size_t half = kSoftmaxLanes / 2; half > 0; half /= 2) {
-    for (size_t j = 0; j < half; ++j) a[j] = a[j] + a[j + half];
+    for (size_t j = 0; j < half; ++j) a[j] = op(a[j], a[j + half]);
   }
   return a[0];
 }
@@ -98,10 +100,7 @@ inline void SoftmaxLoop(float* v, size_t n) noexcept {
     for (size_t i = kSoftmaxLanes; i < full; i += kSoftmaxLanes) {
       for (size_t j = 0; j < kSoftmaxLanes; ++j) lm[j] = v[i + j] > lm[j] ? v[i + j] : lm[j];
     }
-    for (size_t half = kSoftmaxLanes / 2; half > 0; half /= 2) {
-      for (size_t j = 0; j < half; ++j) lm[j] = lm[j + half] > lm[j] ? lm[j + half] : lm[j];
-    }
-    m = lm[0];
+    m = SoftmaxFold(lm, [](float a, float b) { return b > a ? b : a; });
   }
   for (size_t i = full; i < n; ++i) m = v[i] > m ? v[i] : m;
   float ls[kSoftmaxLanes];
@@ -113,7 +112,7 @@ inline void SoftmaxLoop(float* v, size_t n) noexcept {
       ls[j] = ls[j] + e;
     }
   }
-  float s = SoftmaxFold(ls);
+  float s = SoftmaxFold(ls, [](float a, float b) { return a + b; });
   for (size_t i = full; i < n; ++i) {
     v[i] = SituExp(v[i] - m);
     s = s + v[i];
