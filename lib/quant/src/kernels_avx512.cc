@@ -46,11 +46,34 @@ struct NibActsCache {
   const float* xsg = nullptr;     // [batch][xsg_stride]: xs_g (x0.5 for MXFP4's doubled codes)
   size_t steps = 0;
   size_t xsg_stride = 0;  // steps*4 rounded up to 16 (= blocks*16)
-  // The GEMM layout (batch > 1 only), per 16-group block (NibGemm below):
-  const int8_t* xb = nullptr;   // [batch][blocks][8][64]: the 8 chunk vectors X_j
-  const int32_t* cb = nullptr;  // [batch][blocks][16]: -B*Σq per group, block lane order
-  const float* fb = nullptr;    // [batch][blocks][16]: xs_g, block lane order
+  // The GEMM layout (batch > 1 only), per 16-group block (NibGemm below), the
+  // blocks in NibActBlock order:
+  const int8_t* xb = nullptr;   // [blocks][8][64]: the 8 chunk vectors X_j
+  const int32_t* cb = nullptr;  // [blocks][16]: -B*Σq per group, block lane order
+  const float* fb = nullptr;    // [blocks][16]: xs_g, block lane order
+  size_t batch = 0;
 };
+
+// Column panels of the GEMM: a row group's decoded bytes are one byte per
+// column (72 KiB for 6 rows of 12288 columns, 198 KiB at 33792), more than L1
+// holds beside the activations, so long rows go in panels of kNibPanelBlocks
+// blocks (24 KiB per group of 6; 4 and 12 blocks measured slower): each panel
+// meets every activation row of the chunk before the next, the tile
+// accumulators carried between panels in scratch.
+constexpr size_t kNibPanelBlocks = 8;
+
+// Where the GEMM layout keeps block k of activation row r (in blocks; xb holds
+// 512 bytes per block, cb and fb 16 values): panel-major, [panel][row][the
+// panel's blocks], so that one panel of a chunk of rows is one contiguous run.
+// Row-major, a panel's rows sat a whole row apart: at 8192 or 12288 columns
+// (16 or 24 KiB, a multiple of 4 KiB) they fell into a quarter or a half of
+// L2's sets, and a 128-row chunk did not stay in L2 (0.53 of the roof against
+// 0.71 for one-panel rows; docs/PERFORMANCE.md).
+inline size_t NibActBlock(size_t r, size_t k, size_t blocks, size_t batch) noexcept {
+  const size_t k0 = k / kNibPanelBlocks * kNibPanelBlocks;
+  const size_t pb = blocks - k0 < kNibPanelBlocks ? blocks - k0 : kNibPanelBlocks;
+  return k0 * batch + r * pb + (k - k0);
+}
 
 struct Scratch {
   AlignedVec<float> xp;       // f32 path: activations in kernel layout [batch][cols]
@@ -840,17 +863,17 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       __m512i xe[4], xo[4];
       Transpose4(ev, xe);
       Transpose4(od, xo);
-      int8_t* out = xb + (r * blocks + k) * 8 * 64;
+      const size_t at = NibActBlock(r, k, blocks, x.batch);
+      int8_t* out = xb + at * 8 * 64;
       for (int j = 0; j < 4; ++j) {
         _mm512_store_si512(out + j * 64, xe[j]);
         _mm512_store_si512(out + (4 + j) * 64, xo[j]);
       }
-      _mm512_store_si512(cb + (r * blocks + k) * 16, SumLanes4(cv[0], cv[1], cv[2], cv[3]));
-      _mm512_store_ps(fb + (r * blocks + k) * 16,
-                      _mm512_permutexvar_ps(order, _mm512_load_ps(dx + k * 16)));
+      _mm512_store_si512(cb + at * 16, SumLanes4(cv[0], cv[1], cv[2], cv[3]));
+      _mm512_store_ps(fb + at * 16, _mm512_permutexvar_ps(order, _mm512_load_ps(dx + k * 16)));
     }
   }
-  s.nib = NibActs{xq, corr, xsg, steps, xsg_stride, xb, cb, fb};
+  s.nib = NibActs{xq, corr, xsg, steps, xsg_stride, xb, cb, fb, x.batch};
   s.nib_call = t_call_id;
   return s.nib;
 }
@@ -966,8 +989,9 @@ constexpr int kNibGemmRows = 6;
 constexpr int kNibGemmActs = 2;
 
 //
-// Blocks [k0, k1) of the row: a panel. The pair accumulators start at zero for
-// the first panel (k0 = 0) and are otherwise loaded from `carry` ([R][B]
+// Blocks [k0, k1) of the row: a panel, decoded at wr/gr (block k0 first). The
+// pair accumulators start at zero for the first panel (k0 = 0) and are
+// otherwise loaded from `carry` ([R][B]
 // vectors), where a panel that does not end the row leaves them; the last one
 // reduces them into `out`. Stored and reloaded exactly, so the panels change
 // no bit.
@@ -988,16 +1012,17 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
   const int32_t* cb[B];
   const float* fb[B];
 #pragma GCC unroll 8
-  for (int c = 0; c < B; ++c) {
-    xb[c] = x.xb + (b0 + c) * blocks * 8 * 64;
-    cb[c] = x.cb + (b0 + c) * blocks * 16;
-    fb[c] = x.fb + (b0 + c) * blocks * 16;
+  for (int c = 0; c < B; ++c) {  // the panel's blocks of row b0 + c, block k0 first
+    const size_t at = NibActBlock(b0 + c, k0, blocks, x.batch);
+    xb[c] = x.xb + at * 8 * 64;
+    cb[c] = x.cb + at * 16;
+    fb[c] = x.fb + at * 16;
   }
   for (size_t k = k0; k < k1; ++k) {
     __m512i g[R][B];
 #pragma GCC unroll 8
     for (int c = 0; c < B; ++c) {
-      const __m512i cv = InReg(_mm512_load_si512(cb[c] + k * 16));
+      const __m512i cv = InReg(_mm512_load_si512(cb[c] + (k - k0) * 16));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) g[r][c] = cv;
     }
@@ -1005,9 +1030,9 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
     for (int j = 0; j < 8; ++j) {
       __m512i wv[R], xv[B];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) wv[r] = InReg(_mm512_load_si512(wr[r] + (k * 8 + j) * 64));
+      for (int r = 0; r < R; ++r) wv[r] = InReg(_mm512_load_si512(wr[r] + ((k - k0) * 8 + j) * 64));
 #pragma GCC unroll 8
-      for (int c = 0; c < B; ++c) xv[c] = InReg(_mm512_load_si512(xb[c] + (k * 8 + j) * 64));
+      for (int c = 0; c < B; ++c) xv[c] = InReg(_mm512_load_si512(xb[c] + ((k - k0) * 8 + j) * 64));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
@@ -1016,10 +1041,10 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 gs = kUnit ? _mm512_set1_ps(1.0f) : InReg(_mm512_load_ps(gr[r] + k * 16));
+      const __m512 gs = kUnit ? _mm512_set1_ps(1.0f) : InReg(_mm512_load_ps(gr[r] + (k - k0) * 16));
 #pragma GCC unroll 8
       for (int c = 0; c < B; ++c) {
-        const __m512 xs = _mm512_load_ps(fb[c] + k * 16);
+        const __m512 xs = _mm512_load_ps(fb[c] + (k - k0) * 16);
         a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g[r][c]), kUnit ? xs : _mm512_mul_ps(gs, xs),
                                   a[r][c]);
       }
@@ -1040,14 +1065,14 @@ void NibGemmTile(const uint8_t* const* wr, const float* const* gr, const NibActs
   }
 }
 
-// Weight row `o` decoded into the block layout: 8 chunk vectors per block at
-// `wo`, the 16 block factors (block lane order) at `go`.
+// Blocks [k0, k1) of weight row `o` decoded into the block layout: 8 chunk
+// vectors per block at `wo`, the 16 block factors (block lane order) at `go`.
 template <WeightFormat F>
-void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t blocks, uint8_t* wo,
-                  float* go) noexcept {
+void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t k0, size_t k1,
+                  uint8_t* wo, float* go) noexcept {
   const __m512i order = BlockLaneOrder();
   const NibDirect<F> d = NibRow<F>(w, o);
-  for (size_t k = 0; k < blocks; ++k) {
+  for (size_t k = k0; k < k1; ++k) {
     __m512i lo[4], hi[4];
     for (size_t m = 0; m < 4; ++m) {
       const size_t t = k * kBlockSteps + m;
@@ -1060,79 +1085,100 @@ void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t blocks
     __m512i we[4], wod[4];
     Transpose4(lo, we);
     Transpose4(hi, wod);
-    uint8_t* out = wo + k * 8 * 64;
+    uint8_t* out = wo + (k - k0) * 8 * 64;
     for (int j = 0; j < 4; ++j) {
       _mm512_store_si512(out + j * 64, we[j]);
       _mm512_store_si512(out + (4 + j) * 64, wod[j]);
     }
-    _mm512_store_ps(go + k * 16, _mm512_permutexvar_ps(order, d.BlockFactors(k)));
+    _mm512_store_ps(go + (k - k0) * 16, _mm512_permutexvar_ps(order, d.BlockFactors(k)));
   }
 }
 
-// Column panels of the GEMM: a row group's decoded bytes are one byte per
-// column (72 KiB for 6 rows of 12288 columns, 198 KiB at 33792), more than L1
-// holds beside the activations, so long rows go in panels of kNibPanelBlocks
-// blocks (24 KiB per group of 6; 4 and 12 blocks measured slower): each panel
-// meets every activation row of the chunk before the next, the tile
-// accumulators carried between panels in scratch.
-constexpr size_t kNibPanelBlocks = 8;
 
-// Rows o .. o+R-1 (decoded at wr/gr) against activation rows [b0, b1).
+// Rows o .. o+R-1, panel [k0, k1) decoded at wr/gr, against activation rows
+// [b0, b1); `carry`: this row group's tile accumulators between panels.
 template <int R, bool kUnit = false>
-void NibTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
-              size_t b1, size_t blocks, size_t o, size_t ld, float* y, Scratch& s) noexcept {
+void NibPanelTiles(const uint8_t* const* wr, const float* const* gr, const NibActs& x, size_t b0,
+                   size_t b1, size_t blocks, size_t k0, size_t k1, size_t o, size_t ld, float* y,
+                   float* carry) noexcept {
   float d[kNibGemmActs * kNibGemmRows];
-  const size_t tiles = (b1 - b0 + kNibGemmActs - 1) / kNibGemmActs;
-  float* carry =
-      blocks > kNibPanelBlocks ? Grow(s.acc, tiles * kNibGemmRows * kNibGemmActs * 16) : nullptr;
-  for (size_t k0 = 0; k0 < blocks; k0 += kNibPanelBlocks) {
-    const size_t k1 = std::min(blocks, k0 + kNibPanelBlocks);
-    size_t b = b0;
-    for (float* c = carry; b < b1; b += kNibGemmActs) {
-      if (b + kNibGemmActs <= b1) {
-        NibGemmTile<R, kNibGemmActs, kUnit>(wr, gr, x, b, blocks, k0, k1, c, d);
-        if (k1 == blocks) {
-          for (int t = 0; t < kNibGemmActs; ++t) {
-            for (int r = 0; r < R; ++r) y[(b + t) * ld + o + r] = d[t * kNibGemmRows + r];
-          }
-        }
-      } else {
-        for (size_t t = b; t < b1; ++t) {  // the odd activation row: R x 1 tiles
-          NibGemmTile<R, 1, kUnit>(wr, gr, x, t, blocks, k0, k1, c == nullptr ? nullptr : c + (t - b) * R * 16,
-                            d);
-          if (k1 == blocks) {
-            for (int r = 0; r < R; ++r) y[t * ld + o + r] = d[r];
-          }
+  size_t b = b0;
+  for (float* c = carry; b < b1; b += kNibGemmActs) {
+    if (b + kNibGemmActs <= b1) {
+      NibGemmTile<R, kNibGemmActs, kUnit>(wr, gr, x, b, blocks, k0, k1, c, d);
+      if (k1 == blocks) {
+        for (int t = 0; t < kNibGemmActs; ++t) {
+          for (int r = 0; r < R; ++r) y[(b + t) * ld + o + r] = d[t * kNibGemmRows + r];
         }
       }
-      if (c != nullptr) c += kNibGemmRows * kNibGemmActs * 16;
+    } else {
+      for (size_t t = b; t < b1; ++t) {  // the odd activation row: R x 1 tiles
+        NibGemmTile<R, 1, kUnit>(wr, gr, x, t, blocks, k0, k1,
+                                 c == nullptr ? nullptr : c + (t - b) * R * 16, d);
+        if (k1 == blocks) {
+          for (int r = 0; r < R; ++r) y[t * ld + o + r] = d[r];
+        }
+      }
     }
+    if (c != nullptr) c += kNibGemmRows * kNibGemmActs * 16;
   }
 }
 
 // Cache blocking of the nibble GEMM (one byte per column for a decoded weight
-// row and for an activation row): the activations go in chunks that stay in
-// L2, and each chunk meets every row group decoded into L1 (a group is decoded
-// again for each chunk: a few percent of the tile work at 64 rows; 256 KiB to
-// 1.5 MiB chunks measured no better). Without the chunks every group streamed all activation rows from memory (14.7 MB at
-// 2048 x 7168): 0.20 of the roof at M = 2048, against 0.42 with them
-// (docs/PERFORMANCE.md). A batch within one chunk runs as before.
+// row and for an activation row). The activations go in chunks of rows whose
+// one-panel slice stays in L2 (kNibChunkBytes: 128 rows at a full panel); a
+// panel of a row group is decoded into L1 and meets every row of the chunk.
+// Rows of more than one panel are walked panel-major over a superblock of
+// kNibSuperGroups row groups: each panel's activation slice is read from L2 by
+// all of the superblock's groups before the next panel, and each group's tile
+// accumulators wait in scratch (48 KiB per group at 128 rows). The previous
+// order (a group's whole row against the chunk, chunks of whole rows) streamed
+// the 33792-column down projection's activations from L3 for every group
+// (0.46-0.49 of the roof at M = 64/256) and cut the 12288-column rows' chunks
+// to 42 rows (0.52-0.57); with NibActBlock's layout, 0.54-0.60 and 0.53-0.62
+// (docs/PERFORMANCE.md). Neither the chunks nor the order change a bit: every
+// (row, activation) pair sums its blocks in column order.
 constexpr size_t kNibChunkBytes = size_t{512} << 10;
+constexpr size_t kNibSuperGroups = 4;
 
-// Activation rows per chunk. Rows of more than kNibLongRowPanels panels (the
-// dense MLP's 33792-column down projection: 14 rows by the whole-row rule) are
-// chunked by one panel's columns instead (128 rows): a row group meets the
-// chunk one panel at a time anyway, and it is decoded once per chunk, so 14-row
-// chunks spent most of the time decoding. Measured on that shape: 0.33-0.35 of
-// the roof -> 0.40-0.42; on the 7168/12288-column shapes panel-sized chunks
-// were slower (kda_qkvg int4 M=256: 250 -> 160 GMAC/s), so they keep the
-// whole-row rule (docs/PERFORMANCE.md). Chunks never change a bit.
-constexpr size_t kNibLongRowPanels = 4;
-
-size_t NibChunkRows(size_t blocks) noexcept {
-  const size_t cols_blocks = blocks > kNibLongRowPanels * kNibPanelBlocks ? kNibPanelBlocks : blocks;
-  const size_t row_bytes = cols_blocks * 8 * 64;
-  return std::max<size_t>(kNibChunkBytes / row_bytes / kNibGemmActs * kNibGemmActs, kNibGemmActs);
+// The GEMM over rows [r0, r1): decode(o, k0, k1, wo, go) writes blocks [k0, k1)
+// of row o in the block layout (go: the block factors; unused when kUnit).
+template <bool kUnit, class Decode>
+void NibGemm(const NibActs& x, size_t batch, size_t blocks, size_t r0, size_t r1, size_t ld,
+             float* y, Scratch& s, Decode&& decode) noexcept {
+  const size_t panel = std::min(blocks, kNibPanelBlocks);
+  const size_t panel_bytes = panel * 8 * 64;
+  const size_t chunk = std::max<size_t>(
+      kNibChunkBytes / panel_bytes / kNibGemmActs * kNibGemmActs, kNibGemmActs);
+  uint8_t* wbuf = Grow(s.wu, kNibGemmRows * panel_bytes);
+  float* gbuf = Grow(s.wgs, kNibGemmRows * panel * 16);
+  // Carry slots: the superblock's full groups, then its single-row tail.
+  const size_t tiles = (std::min(chunk, batch) + kNibGemmActs - 1) / kNibGemmActs;
+  const size_t slot = tiles * kNibGemmRows * kNibGemmActs * 16;
+  float* carry = blocks > panel ? Grow(s.acc, (kNibSuperGroups + kNibGemmRows) * slot) : nullptr;
+  for (size_t b0 = 0; b0 < batch; b0 += chunk) {
+    const size_t b1 = std::min(batch, b0 + chunk);
+    for (size_t g0 = r0; g0 < r1; g0 += kNibSuperGroups * kNibGemmRows) {
+      const size_t g1 = std::min(r1, g0 + kNibSuperGroups * kNibGemmRows);
+      for (size_t k0 = 0; k0 < blocks; k0 += panel) {
+        const size_t k1 = std::min(blocks, k0 + panel);
+        size_t group = 0;
+        ForRowBlocks<kNibGemmRows>(g0, g1, [&]<int N>(size_t o) {
+          const uint8_t* wr[N];
+          const float* gr[N];
+          for (int r = 0; r < N; ++r) {
+            uint8_t* wo = wbuf + size_t(r) * panel_bytes;
+            float* go = gbuf + size_t(r) * panel * 16;
+            decode(o + size_t(r), k0, k1, wo, go);
+            wr[r] = wo;
+            gr[r] = go;
+          }
+          float* c = carry == nullptr ? nullptr : carry + group++ * slot;
+          NibPanelTiles<N, kUnit>(wr, gr, x, b0, b1, blocks, k0, k1, o, ld, y, c);
+        });
+      }
+    }
+  }
 }
 
 template <WeightFormat F>
@@ -1143,26 +1189,10 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
     for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
     return;
   }
-  const size_t blocks = acts.xsg_stride / 16;
-  const size_t row_bytes = blocks * 8 * 64;
-  const size_t chunk = NibChunkRows(blocks);
-  uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
-  float* gbuf = Grow(s.wgs, kNibGemmRows * blocks * 16);
-  for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
-    const size_t b1 = std::min(x.batch, b0 + chunk);
-    ForRowBlocks<kNibGemmRows>(r0, r1, [&]<int N>(size_t o) {
-      const uint8_t* wr[N];
-      const float* gr[N];
-      for (int r = 0; r < N; ++r) {
-        uint8_t* wo = wbuf + size_t(r) * row_bytes;
-        float* go = gbuf + size_t(r) * blocks * 16;
-        NibDecodeRow<F>(w, acts, o + size_t(r), blocks, wo, go);
-        wr[r] = wo;
-        gr[r] = go;
-      }
-      NibTiles<N>(wr, gr, acts, b0, b1, blocks, o, w.rows, y, s);
-    });
-  }
+  NibGemm<false>(acts, x.batch, acts.xsg_stride / 16, r0, r1, w.rows, y, s,
+                 [&](size_t o, size_t k0, size_t k1, uint8_t* wo, float* go) {
+                   NibDecodeRow<F>(w, acts, o, k0, k1, wo, go);
+                 });
 }
 
 // ---------------------------------------------------------------------------
@@ -1261,35 +1291,37 @@ NibActs PrepareI8Acts(const ActsQ8& x, Scratch& s) noexcept {
       __m512i c[8], v[8];
       for (int j = 0; j < 8; ++j) c[j] = I8Chunk(q, n, k, j);
       I8BlockPieces(c, v);
-      int8_t* out = xb + (r * blocks + k) * 8 * 64;
+      const size_t at = NibActBlock(r, k, blocks, x.batch);
+      int8_t* out = xb + at * 8 * 64;
       __m512i sum = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
         _mm512_store_si512(out + j * 64, v[j]);
         sum = _mm512_dpbusd_epi32(sum, bias, v[j]);
       }
-      _mm512_store_si512(cb + (r * blocks + k) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
-      _mm512_store_ps(fb + (r * blocks + k) * 16, I8BlockScales(xs, groups, k));
+      _mm512_store_si512(cb + at * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      _mm512_store_ps(fb + at * 16, I8BlockScales(xs, groups, k));
     }
   }
-  s.nib = NibActs{nullptr, nullptr, nullptr, 0, blocks * 16, xb, cb, fb};
+  s.nib = NibActs{nullptr, nullptr, nullptr, 0, blocks * 16, xb, cb, fb, x.batch};
   s.nib_call = t_call_id;
   return s.nib;
 }
 
-// Weight row o into the block layout, biased to unsigned bytes (w ^ 0x80).
-void I8DecodeRow(const WeightView& w, size_t o, size_t blocks, uint8_t* wo) noexcept {
+// Blocks [k0, k1) of weight row o into the block layout, biased to unsigned
+// bytes (w ^ 0x80).
+void I8DecodeRow(const WeightView& w, size_t o, size_t k0, size_t k1, uint8_t* wo) noexcept {
   const size_t n = w.cols;
   const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const size_t pf = PrefetchBytes(kPrefetchI8Row);
-  for (size_t k = 0; k < blocks; ++k) {
+  for (size_t k = k0; k < k1; ++k) {
     __m512i c[8], v[8];
     for (int j = 0; j < 8; ++j) {
       if (pf != 0) PrefetchLine(q + k * 512 + size_t(j) * 64, pf);
       c[j] = _mm512_xor_si512(I8Chunk(q, n, k, j), flip);
     }
     I8BlockPieces(c, v);
-    for (int j = 0; j < 8; ++j) _mm512_store_si512(wo + (k * 8 + j) * 64, v[j]);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(wo + ((k - k0) * 8 + j) * 64, v[j]);
   }
 }
 
@@ -1305,26 +1337,12 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
     return;
   }
   const NibActs acts = PrepareI8Acts(x, s);
-  const size_t blocks = acts.xsg_stride / 16;
-  const size_t row_bytes = blocks * 8 * 64;
-  const size_t chunk = NibChunkRows(blocks);
-  uint8_t* wbuf = Grow(s.wu, kNibGemmRows * row_bytes);
-  for (size_t b0 = 0; b0 < x.batch; b0 += chunk) {
-    const size_t b1 = std::min(x.batch, b0 + chunk);
-    ForRowBlocks<kNibGemmRows>(r0, r1, [&]<int N>(size_t o) {
-      const uint8_t* wr[N];
-      const float* gr[N];
-      for (int r = 0; r < N; ++r) {
-        uint8_t* wo = wbuf + size_t(r) * row_bytes;
-        I8DecodeRow(w, o + size_t(r), blocks, wo);
-        wr[r] = wo;
-        gr[r] = nullptr;  // unit factors
-      }
-      NibTiles<N, true>(wr, gr, acts, b0, b1, blocks, o, w.rows, y, s);
-      for (size_t b = b0; b < b1; ++b) {
-        for (int r = 0; r < N; ++r) y[b * w.rows + o + size_t(r)] *= w.scales[o + size_t(r)];
-      }
-    });
+  NibGemm<true>(acts, x.batch, acts.xsg_stride / 16, r0, r1, w.rows, y, s,
+                [&](size_t o, size_t k0, size_t k1, uint8_t* wo, float*) {
+                  I8DecodeRow(w, o, k0, k1, wo);
+                });
+  for (size_t b = 0; b < x.batch; ++b) {
+    for (size_t o = r0; o < r1; ++o) y[b * w.rows + o] *= w.scales[o];
   }
 }
 

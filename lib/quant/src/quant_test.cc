@@ -558,19 +558,21 @@ TEST_CASE("SiTU-GLU and QuantizeActs over threads give the one-thread bits (per 
   omp_set_num_threads(saved_threads);
 }
 
-// The nibble GEMM walks the activations in chunks sized to L2 (at 7168
-// columns: 72 rows), each past every decoded row group. Several chunks and a
-// partial one, row groups of 6 and a row tail, on one and two threads, must give
-// each output the bits of a one-row call.
+// The nibble GEMM walks the activations in chunks sized to L2 (128 rows at
+// rows of one panel or more), each past every decoded row group, and rows of
+// several panels panel by panel over superblocks of 4 row groups, the tile
+// accumulators carried between panels. Several chunks and a partial one,
+// several superblocks, row groups of 6 and a row tail, on one and two threads,
+// must give each output the bits of a one-row call.
 TEST_CASE("IDOT GEMM cache blocking never changes a bit (panels and chunks, per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("IDOT GEMM blocking");
   std::mt19937 rng(23);
   const int saved_threads = omp_get_max_threads();
-  // int8 too: AVX-512 runs it through the same block-layout GEMM (72 rows of
-  // 7168 columns per activation chunk).
-  // 17408 columns = 34 blocks of 512: beyond 4 panels, chunked by the panel
-  // (128 activation rows, so 153 rows are a whole chunk and a partial one).
+  // int8 too: AVX-512 runs it through the same block-layout GEMM. 7168
+  // columns: 2 panels, 154 rows = 6 superblocks and one of a group and 4
+  // single rows; 17408 columns = 34 blocks: 5 panels, the last of 2 blocks.
+  // 153 activation rows: a whole chunk and a partial one of odd length.
   struct Case { WeightFormat fmt; size_t rows, cols; };
   for (Case cs : {Case{WeightFormat::kInt4G64, 154, 7168}, Case{WeightFormat::kMxfp4, 154, 7168},
                   Case{WeightFormat::kInt8, 154, 7168}, Case{WeightFormat::kInt4G64, 21, 17408},
