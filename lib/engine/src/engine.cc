@@ -254,6 +254,10 @@ void ValidateOrThrow(const GenerateRequest& r, const ModelConfig& c, bool has_he
       bad("a stop string must be 1 to 1024 bytes of valid UTF-8");
     }
   }
+  if (r.ignore_eos && r.structured && r.structured->active()) {
+    bad("ignore_eos cannot be combined with tools, a response format or a thinking budget "
+        "(structured output decides where the answer ends)");
+  }
   const SamplingParams& p = r.sampling;
   if (!std::isfinite(p.temperature) || p.temperature < 0) {
     bad("temperature must be a finite number >= 0 (0: greedy)");
@@ -494,6 +498,14 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
       const double t1 = NowSeconds();
       structured->Accept(id);
       res.timings.constrain_s += NowSeconds() - t1;
+    } else if (req.ignore_eos) {
+      im.masked.assign(im.logits.begin(), im.logits.end());
+      for (int64_t e : c.eos_token_ids) {
+        if (e >= 0 && e < static_cast<int64_t>(im.masked.size())) {
+          im.masked[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
+        }
+      }
+      id = sampler.Sample(im.masked);
     } else {
       id = sampler.Sample(im.logits);
     }

@@ -5,7 +5,9 @@
 // over tokens; the context limit; bad requests refused.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cmath>
 #include <span>
 #include <string>
@@ -240,6 +242,47 @@ TEST_CASE("a stop string split over generated tokens ends the answer before it")
   CHECK(s.content == plain.content.substr(0, at));
   CHECK(streamed == s.content);
   CHECK(s.ids.size() < plain.ids.size());
+}
+
+TEST_CASE("ignore_eos: an answer that ended on EOS runs to max_tokens with no EOS drawn") {
+  auto e = Engine::LoadOrThrow(Options(true));
+  const std::vector<int64_t>& eos = e->config().eos_token_ids;
+  REQUIRE(!eos.empty());
+  auto is_eos = [&](int32_t id) { return std::find(eos.begin(), eos.end(), int64_t{id}) != eos.end(); };
+  // A sampled answer that the model ends itself (the tiny model ends most
+  // within a few hundred tokens; the first such seed is used).
+  GenerateRequest r;
+  r.prompt_ids = kPrompt;
+  r.max_tokens = 400;
+  r.sampling.temperature = 1;
+  GenerateResult ended;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    r.sampling.seed = seed;
+    ended = e->Generate(r);
+    if (ended.finish == FinishReason::kStop) break;
+  }
+  REQUIRE(ended.finish == FinishReason::kStop);
+  REQUIRE(is_eos(ended.ids.back()));
+  r.ignore_eos = true;
+  r.max_tokens = static_cast<int64_t>(ended.ids.size()) + 24;
+  GenerateResult ran = e->Generate(r);
+  CHECK(ran.finish == FinishReason::kLength);
+  CHECK(static_cast<int64_t>(ran.ids.size()) == r.max_tokens);
+  CHECK(std::none_of(ran.ids.begin(), ran.ids.end(), is_eos));
+  // Not with structured output: its decoder decides where an answer ends.
+  GenerateRequest s = r;
+  auto st = std::make_shared<StructuredOutput>();
+  st->think_budget = 4;
+  s.structured = st;
+  const std::vector<int32_t> held = e->session_ids();
+  try {
+    e->Generate(s);
+    FAIL("accepted");
+  } catch (const Error& err) {
+    CHECK(err.code() == ErrorCode::kInvalidArgument);
+    CHECK(std::string(err.what()).find("ignore_eos") != std::string::npos);
+  }
+  CHECK(e->session_ids() == held);
 }
 
 TEST_CASE("the context limit ends generation; a prompt that fills it is refused") {

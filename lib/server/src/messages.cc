@@ -468,6 +468,8 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
   chat.Field("stream", stream);
   if (auto rp = Member(root, "return_progress"))
     chat.Field("return_progress", Flag(*rp));  // k3's extension
+  if (auto ie = Member(root, "ignore_eos"))
+    chat.Field("ignore_eos", Flag(*ie));  // llama-server's / vLLM's field
   chat.EndObject();
 
   std::vector<std::string> stop;

@@ -536,6 +536,12 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
     if (!rp->is_bool()) ThrowBadParam("return_progress", "return_progress must be a boolean");
     out.return_progress = rp->get_bool().value_unsafe();
   }
+  // llama-server's and vLLM's field: EOS is never drawn, the answer runs to
+  // max_tokens, a stop string or the client leaving (benchmarks, tests).
+  if (auto ie = GetSet(root, "ignore_eos")) {
+    if (!ie->is_bool()) ThrowBadParam("ignore_eos", "ignore_eos must be a boolean");
+    out.ignore_eos = ie->get_bool().value_unsafe();
+  }
   if (auto so = GetSet(root, "stream_options")) {
     if (!so->is_object()) ThrowBadParam("stream_options", "stream_options must be an object");
     if (auto iu = GetSet(*so, "include_usage")) {

@@ -224,6 +224,20 @@ std::string ParamOf(const std::string& body) {
   }
 }
 
+TEST_CASE("ignore_eos: a boolean, off by default, refused where structured output decides the end") {
+  CHECK_FALSE(ParseChatRequestOrThrow(Body(""), {}).ignore_eos);
+  CHECK(ParseChatRequestOrThrow(Body(R"("ignore_eos":true)"), {}).ignore_eos);
+  CHECK_FALSE(ParseChatRequestOrThrow(Body(R"("ignore_eos":false)"), {}).ignore_eos);
+  CHECK(ParamOf(Body(R"("ignore_eos":1)")).rfind("ignore_eos | ", 0) == 0);
+  // Declared tools leave the answer free but a call is constrained once open;
+  // the structured decoder ends it, so the two do not mix.
+  CHECK(ParamOf(Body(std::string(R"("ignore_eos":true,"tools":[)") + kWeather + "]")).rfind("ignore_eos | ", 0) == 0);
+  CHECK(ParamOf(Body(R"("ignore_eos":true,"response_format":{"type":"json_object"})")).rfind("ignore_eos | ", 0) == 0);
+  // The prompt does not change: the field is not rendered.
+  CHECK(ParseChatRequestOrThrow(Body(R"("ignore_eos":true)"), {}).chat.segments ==
+        ParseChatRequestOrThrow(Body(""), {}).chat.segments);
+}
+
 TEST_CASE("structured output: the request's tools, tool_choice and response_format are filled and compiled") {
   std::string tools = std::string(R"("tools":[)") + kWeather + "," + Fn("noop") + "]";
   ChatRequest r = ParseChatRequestOrThrow(Body(tools + R"(,"tool_choice":{"type":"function","function":{"name":"noop"}})"), {});

@@ -407,6 +407,8 @@ ResponsesRequest ParseResponsesRequestOrThrow(std::string_view body, const ApiPo
   chat.Field("stream", stream);
   if (auto rp = Member(root, "return_progress"))
     chat.Field("return_progress", Flag(*rp));  // k3's extension
+  if (auto ie = Member(root, "ignore_eos"))
+    chat.Field("ignore_eos", Flag(*ie));  // llama-server's / vLLM's field
   chat.EndObject();
 
   out.openai_body = chat.Take();

@@ -274,6 +274,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
   gen.chat_start = job.request.thinking ? tok::ChatStreamParser::Start::kThink : tok::ChatStreamParser::Start::kResponse;
   gen.max_tokens = job.request.max_tokens;
   gen.stop = job.request.stop;
+  gen.ignore_eos = job.request.ignore_eos;
   gen.sampling.temperature = job.request.temperature;
   gen.sampling.top_p = job.request.top_p;
   gen.sampling.seed = job.request.seed ? *job.request.seed : std::random_device{}();

@@ -145,6 +145,12 @@ struct GenerateRequest {
   // Stop strings, matched on the content channel across token boundaries; a
   // stop string (or any part of one that may still complete) is never emitted.
   std::vector<std::string> stop;
+  // The end-of-message / EOS ids are never drawn (masked before sampling):
+  // the answer runs to max_tokens, a stop string, the context limit or a
+  // cancel (llama-server's and vLLM's ignore_eos, for benchmarks and tests
+  // that need an answer of a known length). Not with structured output, whose
+  // decoder decides where an answer may end (kInvalidArgument).
+  bool ignore_eos = false;
   SamplingParams sampling;
   // Extra outputs of the prefill (k3-run generate's --logits / --trace dumps),
   // sized for the whole prompt: the session is reset and every prompt id fed.

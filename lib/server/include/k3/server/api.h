@@ -71,6 +71,7 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;
   bool return_progress = false;  // llama-server's return_progress: prompt_progress during prefill
+  bool ignore_eos = false;       // llama-server's / vLLM's ignore_eos (engine::GenerateRequest)
   int64_t max_tokens = 0;  // resolved: max_completion_tokens, max_tokens or the policy default
   bool max_tokens_from_request = false;
   std::vector<std::string> stop;
