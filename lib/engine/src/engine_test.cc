@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <cmath>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
