@@ -91,14 +91,6 @@ double PrefillBudgetFor(const stream::StreamOptions& stream, uint64_t available_
   return std::max(kActivationShare, left);
 }
 
-void RefuseIgnoreEosWithStructured(bool ignore_eos, const StructuredOutput* structured) {
-  if (!ignore_eos || structured == nullptr || !structured->active()) return;
-  throw Error(ErrorCode::kInvalidArgument,
-              "ignore_eos cannot be combined with tools, a response format or a thinking budget "
-              "(structured output decides where the answer ends)",
-              {}, Error::kNoOffset, "ignore_eos");
-}
-
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -262,7 +254,10 @@ void ValidateOrThrow(const GenerateRequest& r, const ModelConfig& c, bool has_he
       bad("a stop string must be 1 to 1024 bytes of valid UTF-8");
     }
   }
-  RefuseIgnoreEosWithStructured(r.ignore_eos, r.structured.get());
+  if (r.ignore_eos && r.structured && r.structured->active()) {
+    bad("ignore_eos cannot be combined with tools, a response format or a thinking budget "
+        "(structured output decides where the answer ends)");
+  }
   const SamplingParams& p = r.sampling;
   if (!std::isfinite(p.temperature) || p.temperature < 0) {
     bad("temperature must be a finite number >= 0 (0: greedy)");

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <memory>
+#include <cmath>
 #include <span>
 #include <string>
 #include <vector>

@@ -107,6 +107,16 @@ void RequireObjectSchema(const std::string& schema_json, std::string_view param)
 
 }  // namespace
 
+// The engine refuses the pair too (kInvalidArgument); here it is a 400
+// naming the field before the request is queued.
+static void RefuseIgnoreEosWithStructured(const ChatRequest& r) {
+  if (!r.ignore_eos || !r.structured) return;  // null: nothing to enforce
+  throw Error(ErrorCode::kInvalidArgument,
+              "ignore_eos cannot be combined with tools, a response format or a thinking budget "
+              "(structured output decides where the answer ends)",
+              {}, Error::kNoOffset, "ignore_eos");
+}
+
 void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, std::string_view tool_choice_param) {
   auto spec = std::make_shared<engine::StructuredOutput>();
   size_t schema_bytes = r.response_schema_json.size();
@@ -170,7 +180,7 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
   }
   if (r.thinking && r.think_budget >= 0) spec->think_budget = r.think_budget;
   r.structured = spec->active() ? std::move(spec) : nullptr;
-  engine::RefuseIgnoreEosWithStructured(r.ignore_eos, r.structured.get());  // a 400 before the queue
+  RefuseIgnoreEosWithStructured(r);
 }
 
 void SetThinkBudget(ChatRequest& r, int64_t budget) {
@@ -180,7 +190,7 @@ void SetThinkBudget(ChatRequest& r, int64_t budget) {
                            : std::make_shared<engine::StructuredOutput>();
   spec->think_budget = budget;
   r.structured = std::move(spec);
-  engine::RefuseIgnoreEosWithStructured(r.ignore_eos, r.structured.get());  // a 400 before the queue
+  RefuseIgnoreEosWithStructured(r);
 }
 
 }  // namespace k3::server

@@ -172,11 +172,6 @@ struct GenerateRequest {
   std::shared_ptr<const StructuredOutput> structured;
 };
 
-// ignore_eos with active structured output is refused (kInvalidArgument,
-// object "ignore_eos"): the structured decoder decides where an answer ends.
-// Generate checks it; the server checks it when it parses a request.
-void RefuseIgnoreEosWithStructured(bool ignore_eos, const StructuredOutput* structured);
-
 // A tool-call fragment. The first fragment of a call has begin = true and
 // carries id and name (arguments ""); later fragments carry only index and a
 // piece of the arguments JSON text, streamed as the model generates it.
