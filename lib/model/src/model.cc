@@ -136,7 +136,8 @@ struct Session::Impl {
   // Layer scratch (ScratchSet), one set for every phase of a layer, slots by
   // order of use: attention (KDA 0-7, or MLA 0-4 and its attention block 5-7), the MLPs (dense and shared
   // experts: gate 0, up 1), the MoE layer (router logits 2, latent in 3,
-  // latent out 4, shared-expert output 5; its shared MLP takes 0 and 1).
+  // latent out 4, shared-expert output 5, the combine's held rows 8; its
+  // shared MLP takes 0 and 1).
   ScratchSet scratch;
   // The window's own streams (ForwardChunk: h, p, x, a, f, m, block snapshots).
   ScratchSet window_bufs;
@@ -259,11 +260,13 @@ class Combiner final : public PairSink {
     }
     std::fill(next_.begin(), next_.end(), 0u);
     std::fill(slot_.begin(), slot_.end(), -1);
-    Reserve(peak);
     return peak;
   }
-  void Reserve(size_t rows) {
-    hold_.reserve(rows * LT_);
+  // Room for `rows` held rows at `hold` (rows * LT floats, the caller's, kept
+  // between layers and windows so a layer does not fault in fresh pages).
+  void Hold(float* hold, size_t rows) {
+    hold_ = hold;
+    hold_rows_ = rows;
     free_.reserve(rows);
   }
 
@@ -275,10 +278,10 @@ class Combiner final : public PairSink {
         s = free_.back();
         free_.pop_back();
       } else {
-        s = static_cast<int32_t>(hold_.size() / LT_);
-        hold_.resize(hold_.size() + LT_);
+        K3_CHECK(used_ < hold_rows_);  // Plan / Hold sized it for this arrival order
+        s = static_cast<int32_t>(used_++);
       }
-      std::memcpy(hold_.data() + static_cast<size_t>(s) * LT_, row, LT_ * sizeof(float));
+      std::memcpy(hold_ + static_cast<size_t>(s) * LT_, row, LT_ * sizeof(float));
       slot_[pair] = s;
       return;
     }
@@ -288,7 +291,7 @@ class Combiner final : public PairSink {
       const size_t p = t * K_ + order_[t * K_ + next_[t]];
       const int32_t s = slot_[p];
       if (s < 0) break;
-      Fold(p, hold_.data() + static_cast<size_t>(s) * LT_);
+      Fold(p, hold_ + static_cast<size_t>(s) * LT_);
       slot_[p] = -1;
       free_.push_back(s);
       ++next_[t];
@@ -327,7 +330,8 @@ class Combiner final : public PairSink {
   std::vector<uint32_t> count_;  // [C]: kept ranks
   std::vector<uint32_t> next_;   // [C]: ranks folded so far
   std::vector<int32_t> slot_;    // [C*K]: hold slot of a pair that came early, or -1
-  std::vector<float> hold_;      // held rows
+  float* hold_ = nullptr;        // held rows: [hold_rows_][LT]
+  size_t hold_rows_ = 0, used_ = 0;
   std::vector<int32_t> free_;
 };
 
@@ -1249,15 +1253,19 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
 
   // The combine folds outputs as they arrive (Combiner); only an executor
   // without a sink still needs the [C*K][LT] buffer of every pair.
+  // Held rows (or the executor's buffer) live in layer scratch slot 8, kept
+  // by the session: a fresh [rows][LT] block per layer faulted in a quarter
+  // GB of new pages per MoE layer at 2048 tokens (docs/PERFORMANCE.md).
   float* lat = scratch.Take(4, C * LT);  // zeroed by the Combiner
   Combiner combine(C, K, LT, sel.data(), sel_w.data(), keep.data(), lat);
-  std::vector<float> contrib;
+  float* contrib = nullptr;
   if (order == PairOrder::kExpertOrder) {
-    combine.Plan(uni, users);
+    const size_t peak = combine.Plan(uni, users);
+    combine.Hold(peak > 0 ? scratch.Take(8, peak * LT) : nullptr, peak);
   } else if (order == PairOrder::kAnyOrder) {
-    combine.Reserve(C * K);
+    combine.Hold(scratch.Take(8, C * K * LT), C * K);
   } else {
-    contrib.resize(C * K * LT);
+    contrib = scratch.Take(8, C * K * LT);
   }
   ExpertBatch batch;
   batch.layer = layer;
@@ -1269,7 +1277,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   batch.int8_acts = idot;
   batch.latent_dim = LT;
   if (order == PairOrder::kBuffer) {
-    batch.out = contrib.data();
+    batch.out = contrib;
   } else {
     batch.sink = &combine;
   }
@@ -1281,7 +1289,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   ex->Run(batch, store);
   if (interrupted_) return;
   ReadAhead(layer + 1, C);  // the next MoE layer's reads overlap the rest of this one
-  if (order == PairOrder::kBuffer) combine.FromBuffer(contrib.data());
+  if (order == PairOrder::kBuffer) combine.FromBuffer(contrib);
   K3_CHECK(combine.complete());
   clk.Lap(phases_.moe_experts);
   // Then the latent norm per token.
@@ -1369,7 +1377,7 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
   // Layer scratch (ScratchSet) is kept by the session: each slot counts at the
   // largest size any phase asks of it (slots as in Session::Impl::scratch).
   {
-    double slot[8] = {};
+    double slot[9] = {};
     auto need = [&](int i, double floats) { slot[i] = std::max(slot[i], floats); };
     if (any_kda) {  // q, k, v, g, z; t1; braw; o
       for (int i = 0; i < 5; ++i) need(i, C * P);
@@ -1393,11 +1401,12 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
     if (any_moe) mlp = std::max(mlp, shared);
     need(0, slice * mlp);
     need(1, slice * mlp);
-    if (any_moe) {  // router logits, latent in, latent out, shared-expert output
+    if (any_moe) {  // router logits, latent in, latent out, shared-expert output, held rows
       need(2, C * E);
       need(3, C * LT);
       need(4, C * LT);
       if (shared > 0) need(5, C * D);
+      if (s.combine_buffer) need(8, C * K * LT);
     }
     for (double floats : slot) bytes += f * floats;
   }
@@ -1408,7 +1417,7 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
     double moe = 2 * f * C * K + C * K + f * E + E;                     // sel, sel_w, keep, s, taken
     moe += E * sizeof(std::vector<uint32_t>) + f * C * K + 2 * f * E;  // users, counts, uni
     moe += f * (2 * C * K + 2 * C);                                     // the combiner's index
-    if (s.combine_buffer) moe += f * C * K * LT + f * C * K;           // held rows (or the buffer)
+    if (s.combine_buffer) moe += f * C * K;                             // free hold slots
     phase = std::max(phase, moe);
   }
   const double head_rows = s.head_all ? C : (s.head_last ? 1 : 0);
