@@ -58,7 +58,13 @@ int NumOnlineCpus() {
 
 void AdviseHugePages(void* p, size_t bytes) noexcept {
 #ifdef MADV_HUGEPAGE
-  if (p != nullptr && bytes > 0) (void)::madvise(p, bytes, MADV_HUGEPAGE);
+  // madvise wants page-aligned ranges: advise the whole pages inside (a
+  // malloc'd block starts a few bytes past a page).
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  if (p == nullptr || bytes < page) return;
+  const uintptr_t lo = (b + page - 1) / page * page, hi = (b + bytes) / page * page;
+  if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 #else
   (void)p;
   (void)bytes;

@@ -101,6 +101,8 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
 // layer of every window. Slot i grows to the largest request and keeps it;
 // contents are not zeroed (every user writes all of a buffer it reads).
 namespace {
+constexpr size_t kHugeScratchBytes = size_t{8} << 20;
+
 class ScratchSet {
  public:
   float* Take(size_t slot, size_t n) {
@@ -109,6 +111,9 @@ class ScratchSet {
     if (b.size() < n) {
       DefaultInitVector<float>().swap(b);  // the old block goes before the new one comes
       b.resize(n);
+      // First touch in 2 MiB faults, not 4 KiB ones (docs/PERFORMANCE.md,
+      // twelfth prefill session); small blocks stay on the heap's pages.
+      if (n * sizeof(float) >= kHugeScratchBytes) AdviseHugePages(b.data(), n * sizeof(float));
     }
     return b.data();
   }

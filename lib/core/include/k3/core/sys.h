@@ -15,9 +15,10 @@ uint64_t CurrentRssBytes();       // /proc/self/statm
 uint64_t MemAvailableBytes();     // /proc/meminfo MemAvailable (0 if unknown)
 uint64_t AddressSpaceLimitBytes();  // RLIMIT_AS's soft limit (0 if unlimited)
 int NumOnlineCpus();
-// Asks for transparent huge pages over [p, p + bytes) (madvise MADV_HUGEPAGE;
-// a hint: ignored where THP is off or unsupported). For large buffers whose
-// first touch would otherwise take one fault per 4 KiB.
+// Asks for transparent huge pages over the whole pages of [p, p + bytes)
+// (madvise MADV_HUGEPAGE; a hint: ignored where THP is off or unsupported).
+// For large buffers whose first touch would otherwise take one fault per 4 KiB;
+// the huge pages go to the 2 MiB-aligned stretches inside.
 void AdviseHugePages(void* p, size_t bytes) noexcept;
 
 // Environment lookups: the one parser and the one strictness for every K3_*
