@@ -255,8 +255,7 @@ void ValidateOrThrow(const GenerateRequest& r, const ModelConfig& c, bool has_he
     }
   }
   if (r.ignore_eos && r.structured && r.structured->active()) {
-    bad("ignore_eos cannot be combined with tools, a response format or a thinking budget "
-        "(structured output decides where the answer ends)");
+    bad(kIgnoreEosWithStructured);
   }
   const SamplingParams& p = r.sampling;
   if (!std::isfinite(p.temperature) || p.temperature < 0) {

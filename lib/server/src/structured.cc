@@ -111,10 +111,8 @@ void RequireObjectSchema(const std::string& schema_json, std::string_view param)
 // naming the field before the request is queued.
 static void RefuseIgnoreEosWithStructured(const ChatRequest& r) {
   if (!r.ignore_eos || !r.structured) return;  // null: nothing to enforce
-  throw Error(ErrorCode::kInvalidArgument,
-              "ignore_eos cannot be combined with tools, a response format or a thinking budget "
-              "(structured output decides where the answer ends)",
-              {}, Error::kNoOffset, "ignore_eos");
+  throw Error(ErrorCode::kInvalidArgument, engine::kIgnoreEosWithStructured, {}, Error::kNoOffset,
+              "ignore_eos");
 }
 
 void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, std::string_view tool_choice_param) {

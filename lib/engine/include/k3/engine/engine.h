@@ -131,6 +131,14 @@ struct StructuredOutput {
   }
 };
 
+// Why a request with ignore_eos and structured output is refused: by
+// Generate (kInvalidArgument) and by the server's parser (a 400 naming the
+// field), one text for both. Header-only, so lib/server's fuzz targets, built
+// without lib/engine, still link.
+inline constexpr const char* kIgnoreEosWithStructured =
+    "ignore_eos cannot be combined with tools, a response format or a thinking budget "
+    "(structured output decides where the answer ends)";
+
 struct GenerateRequest {
   // The whole prompt, BOS included (see Engine::ChatPromptIds). The engine keeps
   // its session when these ids start with everything it has fed (prefix reuse)
@@ -150,7 +158,7 @@ struct GenerateRequest {
   // cancel (llama-server's and vLLM's ignore_eos, for benchmarks and tests
   // that need an answer of a known length). Not with structured output, whose
   // decoder decides where an answer may end (kInvalidArgument).
-  bool ignore_eos = false;
+  bool ignore_eos = false;  // refused with structured output: kIgnoreEosWithStructured
   SamplingParams sampling;
   // Extra outputs of the prefill (k3-run generate's --logits / --trace dumps),
   // sized for the whole prompt: the session is reset and every prompt id fed.
