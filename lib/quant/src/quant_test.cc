@@ -485,7 +485,10 @@ TEST_CASE("batch and thread count never change a bit (per ISA)") {
                   Case{WeightFormat::kMxfp4, 608}, Case{WeightFormat::kInt4G64, 704},
                   // 34 groups: two whole 16-group GEMM blocks and a 2-group tail.
                   Case{WeightFormat::kMxfp4, 1088}, Case{WeightFormat::kInt4G64, 1088},
-                  Case{WeightFormat::kF32, 101}}) {
+                  Case{WeightFormat::kF32, 101},
+                  // f32 weights take the batch in L2-sized chunks (kF32WeightActBytes):
+                  // at 5000 columns about 26 rows, so 37 rows are a chunk and a tail.
+                  Case{WeightFormat::kF32, 5000}}) {
     const WeightFormat fmt = cs.fmt;
     const size_t rows = 70, cols = cs.cols, batch = 37;
     Mat m = RandomMat(fmt, rows, cols, rng);
