@@ -101,20 +101,12 @@ std::unique_ptr<Model> Model::LoadOrThrow(const std::string& dir, const LoadOpti
 // layer of every window. Slot i grows to the largest request and keeps it;
 // contents are not zeroed (every user writes all of a buffer it reads).
 namespace {
-constexpr size_t kHugeScratchBytes = size_t{8} << 20;
-
 class ScratchSet {
  public:
   float* Take(size_t slot, size_t n) {
     if (bufs_.size() <= slot) bufs_.resize(slot + 1);
     DefaultInitVector<float>& b = bufs_[slot];
-    if (b.size() < n) {
-      DefaultInitVector<float>().swap(b);  // the old block goes before the new one comes
-      b.resize(n);
-      // First touch in 2 MiB faults, not 4 KiB ones (docs/PERFORMANCE.md,
-      // twelfth prefill session); small blocks stay on the heap's pages.
-      if (n * sizeof(float) >= kHugeScratchBytes) AdviseHugePages(b.data(), n * sizeof(float));
-    }
+    GrowScratch(b, n);  // large blocks fault in 2 MiB at a time (k3/core/sys.h)
     return b.data();
   }
 

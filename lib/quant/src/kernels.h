@@ -43,26 +43,6 @@ struct CacheAligned {
 template <typename T>
 using AlignedVec = std::vector<T, CacheAligned<T>>;
 
-// Blocks this large are offered to transparent huge pages when they grow
-// (a prefill's activation layouts: 2048 rows x 12288 columns is 25 MB).
-inline constexpr size_t kHugeScratchBytes = size_t{8} << 20;
-
-// A scratch vector grown to at least n elements (never shrunk). Its contents
-// do not survive a growth (every caller writes what it reads, and a growth
-// already moved the block under any pointer taken before it): a large block is
-// allocated afresh and advised for huge pages before its first touch, which on
-// a VM that backs fresh 4 KiB pages lazily was 0.4-2 GB/s (docs/PERFORMANCE.md).
-template <typename V>
-void GrowScratch(V& v, size_t n) {
-  if (v.size() >= n) return;
-  if (n * sizeof(typename V::value_type) >= kHugeScratchBytes) {
-    V().swap(v);  // the old block goes before the new one comes
-    v.reserve(n);
-    AdviseHugePages(v.data(), n * sizeof(typename V::value_type));
-  }
-  v.resize(n);
-}
-
 // Scratch buffer of at least n elements (GrowScratch).
 template <typename T>
 T* Grow(AlignedVec<T>& v, size_t n) {

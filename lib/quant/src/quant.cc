@@ -332,8 +332,8 @@ void QuantizeActs(const float* x, size_t batch, size_t cols, ActsQ8* out) noexce
   const size_t groups = cols / kActGroup;
   out->batch = batch;
   out->cols = cols;
-  internal::GrowScratch(out->q, batch * cols);  // rewritten below: contents need not survive
-  internal::GrowScratch(out->scales, batch * groups);
+  GrowScratch(out->q, batch * cols);  // rewritten below: contents need not survive
+  GrowScratch(out->scales, batch * groups);
   // Per token the work is small and stays on this thread (ForRowRanges' rule);
   // a prefill's rows (2048 x 33792 before a dense down projection) go over the
   // threads. Rows are independent, so no bit changes.

@@ -21,6 +21,26 @@ int NumOnlineCpus();
 // the huge pages go to the 2 MiB-aligned stretches inside.
 void AdviseHugePages(void* p, size_t bytes) noexcept;
 
+// Scratch blocks this large are offered to transparent huge pages when they
+// grow (a prefill window's layer scratch and activation layouts: 2048 rows x
+// 12288 columns is 100 MB of floats).
+inline constexpr size_t kHugeScratchBytes = size_t{8} << 20;
+
+// Grows a scratch vector to at least n elements (never shrinks it). Contents do
+// not survive a growth (every user writes what it reads, and a growth moves the
+// block anyway): the old block is released first, and one of kHugeScratchBytes
+// or more is advised for huge pages before its first touch, which on a VM that
+// backs fresh 4 KiB pages lazily ran at 0.4-2 GB/s (docs/PERFORMANCE.md).
+template <typename V>
+void GrowScratch(V& v, size_t n) {
+  if (v.size() >= n) return;
+  V().swap(v);
+  v.reserve(n);
+  const size_t bytes = n * sizeof(typename V::value_type);
+  if (bytes >= kHugeScratchBytes) AdviseHugePages(v.data(), bytes);
+  v.resize(n);
+}
+
 // Environment lookups: the one parser and the one strictness for every K3_*
 // variable (docs/environment.md). Unset or empty = the fallback. A value that is
 // malformed (trailing junk, not a number, NaN/inf) or outside [min, max] throws
