@@ -1,0 +1,159 @@
+// k3-bench mix: the nibble/int8 IDOT GEMM's instruction mix on this core
+// (docs/PERFORMANCE.md, thirteenth prefill session). The GEMM tile
+// (kernels_avx512.cc NibGemmTile) runs, per 512-column block and (row,
+// activation) pair, 8 vpdpbusd and then one cvt + mul + fma (int8: cvt + fma).
+// This measures vpdpbusd throughput alone and with that float work at the same
+// ratio, interleaved (after every 16 vpdpbusd) or grouped (after every 64), in
+// registers only: no loads, no dependency chain shorter than the pipes need.
+// It says how much of the vpdpbusd roof the tile's arithmetic alone allows.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 headers start some conversions from an "undefined" vector,
+// which -Wmaybe-uninitialized reports once they are inlined into a function
+// with a target attribute (the kernel files get -mavx512* per file instead).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "bench_util.h"
+#include "command.h"
+#include "k3/core/sys.h"
+
+namespace k3::bench {
+namespace {
+
+#define K3_MIX_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"), noinline))
+
+enum MixMode : int { kIdotOnly = 0, kInterleaved = 1, kGrouped = 2 };
+
+// One round: 64 vpdpbusd over 16 chains and (unless kIdotOnly) 8 pairs' float
+// work, i.e. one float step per 8 vpdpbusd of a chain, as in the tile.
+template <int kMode, bool kMul>
+K3_MIX_TARGET double MixRate(long rounds, float* sink) {
+  __m512i a0 = _mm512_set1_epi32(1), a1 = _mm512_set1_epi32(2), a2 = _mm512_set1_epi32(3),
+          a3 = _mm512_set1_epi32(4), a4 = _mm512_set1_epi32(5), a5 = _mm512_set1_epi32(6),
+          a6 = _mm512_set1_epi32(7), a7 = _mm512_set1_epi32(8), a8 = _mm512_set1_epi32(9),
+          a9 = _mm512_set1_epi32(10), a10 = _mm512_set1_epi32(11), a11 = _mm512_set1_epi32(12),
+          a12 = _mm512_set1_epi32(13), a13 = _mm512_set1_epi32(14), a14 = _mm512_set1_epi32(15),
+          a15 = _mm512_set1_epi32(16);
+  __m512 f0 = _mm512_set1_ps(1), f1 = _mm512_set1_ps(2), f2 = _mm512_set1_ps(3), f3 = _mm512_set1_ps(4);
+  const __m512 s = _mm512_set1_ps(1.0001f);
+  const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+#define K3_D16                                                                              \
+  a0 = _mm512_dpbusd_epi32(a0, w, x); a1 = _mm512_dpbusd_epi32(a1, w, x);                   \
+  a2 = _mm512_dpbusd_epi32(a2, w, x); a3 = _mm512_dpbusd_epi32(a3, w, x);                   \
+  a4 = _mm512_dpbusd_epi32(a4, w, x); a5 = _mm512_dpbusd_epi32(a5, w, x);                   \
+  a6 = _mm512_dpbusd_epi32(a6, w, x); a7 = _mm512_dpbusd_epi32(a7, w, x);                   \
+  a8 = _mm512_dpbusd_epi32(a8, w, x); a9 = _mm512_dpbusd_epi32(a9, w, x);                   \
+  a10 = _mm512_dpbusd_epi32(a10, w, x); a11 = _mm512_dpbusd_epi32(a11, w, x);               \
+  a12 = _mm512_dpbusd_epi32(a12, w, x); a13 = _mm512_dpbusd_epi32(a13, w, x);               \
+  a14 = _mm512_dpbusd_epi32(a14, w, x); a15 = _mm512_dpbusd_epi32(a15, w, x);
+  // The factor's multiply takes a value of this step (in the tile both of its
+  // operands are loaded), so it can be neither folded nor hoisted.
+#define K3_F2(fa, fb, p, q)                                                                  \
+  {                                                                                          \
+    const __m512 c = _mm512_cvtepi32_ps(p), d = _mm512_cvtepi32_ps(q);                       \
+    fa = _mm512_fmadd_ps(c, kMul ? _mm512_mul_ps(c, s) : s, fa);                             \
+    fb = _mm512_fmadd_ps(d, kMul ? _mm512_mul_ps(d, s) : s, fb);                             \
+  }
+  const double t0 = NowSeconds();
+  for (long r = 0; r < rounds; ++r) {
+    if constexpr (kMode == kInterleaved) {
+      K3_D16 K3_F2(f0, f1, a0, a8) K3_D16 K3_F2(f2, f3, a4, a12)
+      K3_D16 K3_F2(f0, f1, a1, a9) K3_D16 K3_F2(f2, f3, a5, a13)
+    } else if constexpr (kMode == kGrouped) {
+      K3_D16 K3_D16 K3_D16 K3_D16
+      K3_F2(f0, f1, a0, a8) K3_F2(f2, f3, a4, a12) K3_F2(f0, f1, a1, a9) K3_F2(f2, f3, a5, a13)
+    } else {
+      K3_D16 K3_D16 K3_D16 K3_D16
+    }
+  }
+  const double sec = NowSeconds() - t0;
+#undef K3_D16
+#undef K3_F2
+  // Keep every chain live (scalar sums: no reduce intrinsics needed).
+  alignas(64) int32_t ti[16];
+  alignas(64) float tf[16];
+  const __m512i t = _mm512_add_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                       _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)),
+                       _mm512_add_epi32(_mm512_add_epi32(a12, a13), _mm512_add_epi32(a14, a15))));
+  _mm512_store_si512(ti, t);
+  _mm512_store_ps(tf, _mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)));
+  for (int i = 0; i < 16; ++i) *sink += tf[i] + static_cast<float>(ti[i]);
+  return static_cast<double>(rounds) * 64.0 / sec / 1e9;  // G vpdpbusd / s
+}
+
+struct MixArgs {
+  int reps = 5;
+  double seconds = 0.3;  // per measurement
+};
+
+template <int kMode, bool kMul>
+double MedianRate(const MixArgs& a, float* sink) {
+  // Calibrate the round count to about a.seconds, then take the median.
+  long rounds = 1 << 16;
+  for (;;) {
+    const double t0 = NowSeconds();
+    MixRate<kMode, kMul>(rounds, sink);
+    if (NowSeconds() - t0 > a.seconds / 4 || rounds > (1L << 40)) break;
+    rounds *= 4;
+  }
+  std::vector<double> r;
+  for (int i = 0; i < a.reps; ++i) r.push_back(MixRate<kMode, kMul>(rounds, sink));
+  return Median(r);
+}
+
+void RunMix(const MixArgs& a) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+    std::printf("{\"bench\":\"mix\",\"skipped\":\"no AVX-512 VNNI on this CPU\"}\n");
+    return;
+  }
+  float sink = 0;
+  const double only = MedianRate<kIdotOnly, false>(a, &sink);
+  const double inter = MedianRate<kInterleaved, true>(a, &sink);
+  const double grouped = MedianRate<kGrouped, true>(a, &sink);
+  const double inter8 = MedianRate<kInterleaved, false>(a, &sink);
+  const double grouped8 = MedianRate<kGrouped, false>(a, &sink);
+  JsonWriter j;
+  j.BeginObject();
+  j.Field("bench", "mix");
+  j.Field("cpu", CpuModel());
+  j.Field("git", SourceRevision());
+  j.Field("threads", int64_t{1});
+  j.Field("idot_only_gops", only);
+  j.Field("nibble_interleaved_gops", inter);
+  j.Field("nibble_grouped_gops", grouped);
+  j.Field("int8_interleaved_gops", inter8);
+  j.Field("int8_grouped_gops", grouped8);
+  j.Field("nibble_interleaved_share", inter / only);
+  j.Field("nibble_grouped_share", grouped / only);
+  j.Field("int8_interleaved_share", inter8 / only);
+  j.Field("int8_grouped_share", grouped8 / only);
+  j.Field("sink", double(sink));
+  j.EndObject();
+  std::printf("%s\n", j.str().c_str());
+}
+
+void SetupMixBench(CLI::App& root) {
+  auto args = std::make_shared<MixArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "mix", "AVX-512: vpdpbusd throughput alone and with the IDOT GEMM's per-block float work (one thread)");
+  cmd->add_option("--reps", args->reps, "timed repetitions per mix (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--seconds", args->seconds, "about this long per repetition")->check(CLI::Range(0.01, 60.0));
+  cmd->callback([args] { RunMix(*args); });
+}
+
+K3_REGISTER_BENCH(SetupMixBench);
+
+}  // namespace
+}  // namespace k3::bench
+
+#endif  // __x86_64__
