@@ -18,8 +18,11 @@ class Reader {
   int64_t Int(const char* key, simdjson::dom::element obj) {
     int64_t v;
     if (obj[key].get_int64().get(v)) {
+      // A whole number written as a double (1e3, 64.0), inside int64's range
+      // before the cast (2e56 would be undefined behaviour, not an error).
       double d;
-      if (!obj[key].get_double().get(d) && d == static_cast<double>(static_cast<int64_t>(d))) {
+      if (!obj[key].get_double().get(d) && d >= -0x1p63 && d < 0x1p63 &&
+          d == static_cast<double>(static_cast<int64_t>(d))) {
         return static_cast<int64_t>(d);
       }
       Fail(key, "missing or not an integer");

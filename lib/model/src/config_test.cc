@@ -38,6 +38,17 @@ TEST_CASE("config errors name the key") {
     CHECK(e.path() == "cfg.json");
   }
   CHECK_THROWS_AS(ModelConfig::ParseOrThrow("{", "cfg.json"), Error);
+  // An integer key given as a double: whole numbers in int64's range parse,
+  // anything else (a fraction, 2e56, -1e300) is the key's error, never a cast
+  // out of range (the fuzzer's find).
+  for (const char* v : {"2e56", "-1e300", "64.5", "9.3e18"}) {
+    try {
+      ModelConfig::ParseOrThrow(std::string(R"({"text_config":{"hidden_size":)") + v + "}}", "cfg.json");
+      FAIL("expected error for " << v);
+    } catch (const Error& e) {
+      CHECK_MESSAGE(e.object() == "hidden_size", v);
+    }
+  }
 }
 
 TEST_CASE("a config without bos/eos ids parses (no BOS, no EOS)") {
