@@ -262,7 +262,7 @@ bool RunClusterRole(const ClusterFlags& flags, engine::EngineOptions& eo, bool s
     try {
       cluster::RunWorkerOrThrow(*comm, ws, co);
     } catch (...) {
-      comm->Abandon();
+      if (!comm->settled()) comm->Abandon();
       throw;
     }
     return true;
@@ -275,7 +275,7 @@ bool RunClusterRole(const ClusterFlags& flags, engine::EngineOptions& eo, bool s
     try {
       cluster::InstallCoordinator(m, *c, co);
     } catch (...) {
-      c->Abandon();
+      if (!c->settled()) c->Abandon();
       throw;
     }
   };

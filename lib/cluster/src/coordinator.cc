@@ -159,11 +159,13 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
 
   // 3. Ready: each worker's placement fingerprint and share check.
   if (!problem.empty()) {
-    PollUntil(Deadline(5.0), [&] {
-      bool all = true;
-      for (auto& s : sends) all = comm.Test(s) && all;
-      return all;
-    });
+    if (PollUntil(Deadline(5.0), [&] {
+          bool all = true;
+          for (auto& s : sends) all = comm.Test(s) && all;
+          return all;
+        })) {
+      comm.Settle();  // every worker has the refusing plan and returns
+    }
     throw Error(bad_code, "cluster start-up: " + problem, {}, Error::kNoOffset,
                 "rank " + std::to_string(bad_rank));
   }
@@ -200,7 +202,17 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
     // Log first: once the workers have their BYE and exit, mpirun may stop
     // this process before the error reaches the app's handler.
     K3_LOG_ERROR("cluster start-up: %s", problem.c_str());
-    for (int r = 1; r < N; ++r) comm.Isend(r, wire::kBye, nullptr, 0);
+    // Kept until delivered: a Request destroyed while active is cancelled,
+    // and a cancelled BYE left the workers waiting for it.
+    std::vector<Comm::Request> bye;
+    for (int r = 1; r < N; ++r) bye.push_back(comm.Isend(r, wire::kBye, nullptr, 0));
+    if (PollUntil(Deadline(5.0), [&] {
+          bool all = true;
+          for (auto& b : bye) all = comm.Test(b) && all;
+          return all;
+        })) {
+      comm.Settle();
+    }
     throw Error(bad_code, "cluster start-up: " + problem, {}, Error::kNoOffset,
                 "rank " + std::to_string(bad_rank));
   }

@@ -127,26 +127,28 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
     const std::vector<int> owners = OwnerRanks(comm.size(), options.symmetric);
     if (owners != plan.owners) {
       // Another view of who owns experts (--cluster-symmetric on some ranks
-      // only): fingerprint 0, which the coordinator reports naming this rank.
+      // only): fingerprint 0, which the coordinator reports naming this rank
+      // (status 0: its message is the placement's). The one READY below.
+      // (This branch once sent its own READY and threw into the catch below,
+      // which sent a second one and waited for a second BYE; the
+      // coordinator's exit without MPI_Finalize used to end the job first.)
       ready.placement_fp = 0;
       start_error.emplace(ErrorCode::kExists, "cluster: rank " + std::to_string(me) +
                                                   ": the owner ranks differ from the coordinator's "
                                                   "(--cluster-symmetric on some ranks only)");
-      SendAndWait(comm, wire::kReady, wire::EncodeReady(ready));
-      NextMessage(comm, buf, &n);  // the coordinator's BYE, after its error
-      throw *start_error;
-    }
-    placement = Placement::Compute(config, owners, plan.capacity);
-    ready.placement_fp = placement->fingerprint();
-    store = std::make_unique<stream::StreamingExpertStore>(snapshot, config, so);
-    ready.owned_bytes =
-        static_cast<uint64_t>(placement->CountOwned(me)) * store->table().slot_bytes();
-    const std::string missing = CheckShare(store->table(), *placement, me);
-    if (!missing.empty()) {
-      start_error.emplace(ErrorCode::kNotFound, "cluster: rank " + std::to_string(me) +
-                                                    " lacks bytes it owns: " + missing);
-      ready.status = static_cast<uint32_t>(ErrorCode::kNotFound);
-      ready.detail = "lacks bytes it owns: " + missing;
+    } else {
+      placement = Placement::Compute(config, owners, plan.capacity);
+      ready.placement_fp = placement->fingerprint();
+      store = std::make_unique<stream::StreamingExpertStore>(snapshot, config, so);
+      ready.owned_bytes =
+          static_cast<uint64_t>(placement->CountOwned(me)) * store->table().slot_bytes();
+      const std::string missing = CheckShare(store->table(), *placement, me);
+      if (!missing.empty()) {
+        start_error.emplace(ErrorCode::kNotFound, "cluster: rank " + std::to_string(me) +
+                                                      " lacks bytes it owns: " + missing);
+        ready.status = static_cast<uint32_t>(ErrorCode::kNotFound);
+        ready.detail = "lacks bytes it owns: " + missing;
+      }
     }
   } catch (const Error& e) {
     start_error = e;
@@ -158,6 +160,7 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
     // Wait for the coordinator's BYE so that its error, which names this
     // rank, is printed before mpirun reacts to this rank's exit.
     NextMessage(comm, buf, &n);
+    comm.Settle();
     throw *start_error;
   }
   if (setup.progress) {

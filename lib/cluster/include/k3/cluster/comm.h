@@ -56,12 +56,19 @@ class Comm {
   bool Probe(int peer, int* tag, size_t* bytes);
   // After a lost peer: skip MPI_Finalize at destruction.
   void Abandon() { abandoned_ = true; }
+  // A start-up refusal that every rank has heard (the coordinator's BYE sent
+  // and complete, or received): the error that follows needs no Abandon, and
+  // every rank finalizes. Ranks that all left MPI without MPI_Finalize at
+  // once could leave mpirun (Open MPI 4.1) hanging with its ranks gone.
+  void Settle() { settled_ = true; }
+  bool settled() const { return settled_; }
 
  private:
   Comm() = default;
   int rank_ = 0;
   int size_ = 1;
   bool abandoned_ = false;
+  bool settled_ = false;
 };
 
 }  // namespace k3::cluster
