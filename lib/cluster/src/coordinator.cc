@@ -34,6 +34,24 @@ std::string Hex(uint64_t v) {
   return b;
 }
 
+// Tests `rs` until every one is complete or `seconds` pass: true when all are.
+bool DeliverAll(Comm& comm, std::vector<Comm::Request>& rs, double seconds) {
+  return PollUntil(Deadline(seconds), [&] {
+    bool all = true;
+    for (auto& r : rs) all = comm.Test(r) && all;
+    return all;
+  });
+}
+
+// BYE to every worker, kept until delivered (a Request destroyed while active
+// is cancelled: a cancelled BYE left workers waiting for it). True when all
+// went out within `seconds`.
+bool SendByeToAll(Comm& comm, double seconds) {
+  std::vector<Comm::Request> bye;
+  for (int r = 1; r < comm.size(); ++r) bye.push_back(comm.Isend(r, wire::kBye, nullptr, 0));
+  return DeliverAll(comm, bye, seconds);
+}
+
 }  // namespace
 
 void InstallStopHandler() {
@@ -159,13 +177,7 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
 
   // 3. Ready: each worker's placement fingerprint and share check.
   if (!problem.empty()) {
-    if (PollUntil(Deadline(5.0), [&] {
-          bool all = true;
-          for (auto& s : sends) all = comm.Test(s) && all;
-          return all;
-        })) {
-      comm.Settle();  // every worker has the refusing plan and returns
-    }
+    if (DeliverAll(comm, sends, 5.0)) comm.Settle();  // every worker has the refusing plan
     throw Error(bad_code, "cluster start-up: " + problem, {}, Error::kNoOffset,
                 "rank " + std::to_string(bad_rank));
   }
@@ -202,17 +214,7 @@ ClusterExecutor& InstallCoordinator(model::Model& model, Comm& comm,
     // Log first: once the workers have their BYE and exit, mpirun may stop
     // this process before the error reaches the app's handler.
     K3_LOG_ERROR("cluster start-up: %s", problem.c_str());
-    // Kept until delivered: a Request destroyed while active is cancelled,
-    // and a cancelled BYE left the workers waiting for it.
-    std::vector<Comm::Request> bye;
-    for (int r = 1; r < N; ++r) bye.push_back(comm.Isend(r, wire::kBye, nullptr, 0));
-    if (PollUntil(Deadline(5.0), [&] {
-          bool all = true;
-          for (auto& b : bye) all = comm.Test(b) && all;
-          return all;
-        })) {
-      comm.Settle();
-    }
+    if (SendByeToAll(comm, 5.0)) comm.Settle();
     throw Error(bad_code, "cluster start-up: " + problem, {}, Error::kNoOffset,
                 "rank " + std::to_string(bad_rank));
   }
@@ -280,13 +282,7 @@ void ClusterExecutor::Shutdown() noexcept {
   shut_down_ = true;
   if (StopRequested()) return;  // the launcher is ending the job: nobody to wait for
   try {
-    std::vector<Comm::Request> bye;
-    for (int r = 1; r < comm_.size(); ++r) bye.push_back(comm_.Isend(r, wire::kBye, nullptr, 0));
-    PollUntil(Deadline(options_.deadline_s), [&] {
-      bool all = true;
-      for (auto& b : bye) all = comm_.Test(b) && all;
-      return all;
-    });
+    SendByeToAll(comm_, options_.deadline_s);
   } catch (const Error& e) {
     K3_LOG_WARN("cluster: shutting down: %s", e.what());
   }

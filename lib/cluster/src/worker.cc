@@ -128,10 +128,8 @@ void RunWorkerOrThrow(Comm& comm, const WorkerSetup& setup, const ClusterOptions
     if (owners != plan.owners) {
       // Another view of who owns experts (--cluster-symmetric on some ranks
       // only): fingerprint 0, which the coordinator reports naming this rank
-      // (status 0: its message is the placement's). The one READY below.
-      // (This branch once sent its own READY and threw into the catch below,
-      // which sent a second one and waited for a second BYE; the
-      // coordinator's exit without MPI_Finalize used to end the job first.)
+      // (status 0: its message is the placement's), sent in the one READY
+      // below; throwing here would land in the catch and send a second.
       ready.placement_fp = 0;
       start_error.emplace(ErrorCode::kExists, "cluster: rank " + std::to_string(me) +
                                                   ": the owner ranks differ from the coordinator's "
