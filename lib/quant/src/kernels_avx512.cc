@@ -132,6 +132,18 @@ constexpr size_t kPrefetchI8Row = 8192;
 // (int4, 8 KiB) and 0.68-0.74 (int8, 4 KiB).
 constexpr size_t kPrefetchNibbleRows = 2048;
 constexpr size_t kPrefetchI8Rows = 2048;
+// The IDOT GEMM decodes one panel of each row of a group in turn, so what it
+// reads next is the same columns a row or two further down, not the row's
+// later panels (those come after every tile of the panel): it prefetches
+// kGemmPrefetchRows rows ahead, at least 8 KiB. 1 thread, M = 64, rdtsc around
+// decode (docs/PERFORMANCE.md): int8 kda_o decode 0.29 -> 0.18-0.19 Gcycles
+// (one or two rows ahead; 8 KiB reached a later panel of the same row),
+// int4 kda_o 0.25 -> 0.19 and dense_down 0.27 -> 0.18 (two rows; one row
+// 0.22 / 0.19); the MXFP4 experts' short rows (8 KiB = 4.5 rows) unchanged.
+constexpr size_t kGemmPrefetchRows = 2;
+inline size_t GemmDecodePrefetch(size_t row_bytes) {
+  return PrefetchBytes(std::max(kGemmPrefetchRows * row_bytes, size_t{8192}));
+}
 
 
 // ---------------------------------------------------------------------------
@@ -1071,7 +1083,8 @@ template <WeightFormat F>
 void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t k0, size_t k1,
                   uint8_t* wo, float* go) noexcept {
   const __m512i order = BlockLaneOrder();
-  const NibDirect<F> d = NibRow<F>(w, o);
+  NibDirect<F> d = NibRow<F>(w, o);
+  d.pf = GemmDecodePrefetch(w.cols / 2);
   for (size_t k = k0; k < k1; ++k) {
     __m512i lo[4], hi[4];
     for (size_t m = 0; m < 4; ++m) {
@@ -1313,7 +1326,7 @@ void I8DecodeRow(const WeightView& w, size_t o, size_t k0, size_t k1, uint8_t* w
   const size_t n = w.cols;
   const int8_t* q = static_cast<const int8_t*>(w.data) + o * n;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const size_t pf = PrefetchBytes(kPrefetchI8Row);
+  const size_t pf = GemmDecodePrefetch(n);
   for (size_t k = k0; k < k1; ++k) {
     __m512i c[8], v[8];
     for (int j = 0; j < 8; ++j) {
