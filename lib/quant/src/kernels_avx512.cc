@@ -135,14 +135,14 @@ constexpr size_t kPrefetchI8Rows = 2048;
 // The IDOT GEMM decodes one panel of each row of a group in turn, so what it
 // reads next is the same columns a row or two further down, not the row's
 // later panels (those come after every tile of the panel): it prefetches
-// kGemmPrefetchRows rows ahead, at least 8 KiB. 1 thread, M = 64, rdtsc around
+// kGemmPrefetchRows rows ahead, at least kPrefetchNibble (8 KiB, as int8's). 1 thread, M = 64, rdtsc around
 // decode (docs/PERFORMANCE.md): int8 kda_o decode 0.29 -> 0.18-0.19 Gcycles
 // (one or two rows ahead; 8 KiB reached a later panel of the same row),
 // int4 kda_o 0.25 -> 0.19 and dense_down 0.27 -> 0.18 (two rows; one row
 // 0.22 / 0.19); the MXFP4 experts' short rows (8 KiB = 4.5 rows) unchanged.
 constexpr size_t kGemmPrefetchRows = 2;
 inline size_t GemmDecodePrefetch(size_t row_bytes) {
-  return PrefetchBytes(std::max(kGemmPrefetchRows * row_bytes, size_t{8192}));
+  return PrefetchBytes(std::max(kGemmPrefetchRows * row_bytes, kPrefetchNibble));
 }
 
 
@@ -941,15 +941,15 @@ struct NibDirect {
   }
 };
 
+// Row o, prefetching `pf` bytes ahead (batch 1: PrefetchBytes(kPrefetchNibble);
+// the GEMM's decode: GemmDecodePrefetch).
 template <WeightFormat F>
-NibDirect<F> NibRow(const WeightView& w, size_t o) {
+NibDirect<F> NibRow(const WeightView& w, size_t o, size_t pf) {
   const size_t n = w.cols;
   if constexpr (F == WeightFormat::kMxfp4) {
-    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup,
-            PrefetchBytes(kPrefetchNibble)};
+    return {RowBytes<F>(w, o), w.e8m0 + o * (n / kMxGroup), n / 2, n / kMxGroup, pf};
   } else {
-    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group,
-            PrefetchBytes(kPrefetchNibble)};
+    return {RowBytes<F>(w, o), w.scales + o * (n / kInt4Group), n / 2, n / kInt4Group, pf};
   }
 }
 
@@ -1083,8 +1083,7 @@ template <WeightFormat F>
 void NibDecodeRow(const WeightView& w, const NibActs& x, size_t o, size_t k0, size_t k1,
                   uint8_t* wo, float* go) noexcept {
   const __m512i order = BlockLaneOrder();
-  NibDirect<F> d = NibRow<F>(w, o);
-  d.pf = GemmDecodePrefetch(w.cols / 2);
+  const NibDirect<F> d = NibRow<F>(w, o, GemmDecodePrefetch(w.cols / 2));
   for (size_t k = k0; k < k1; ++k) {
     __m512i lo[4], hi[4];
     for (size_t m = 0; m < 4; ++m) {
@@ -1199,7 +1198,8 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
                    Scratch& s) noexcept {
   const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
-    for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
+    const size_t pf = PrefetchBytes(kPrefetchNibble);
+    for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o, pf), acts);
     return;
   }
   NibGemm<false>(acts, x.batch, acts.xsg_stride / 16, r0, r1, w.rows, y, s,
