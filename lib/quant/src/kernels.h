@@ -95,11 +95,22 @@ struct KernelTable {
                      float* oh) noexcept = nullptr;
   // Softmax (ops.h): situ.h's SoftmaxLoop compiled for this ISA (null: the scalar one).
   void (*softmax)(float* v, size_t n) noexcept = nullptr;
+  // AttnScores (quant.h) for keys [j0, j1): attn.h's loop compiled for this
+  // ISA, or a kernel with its bits (null: the scalar build of the loop). kt:
+  // (da + db) * kScoreScratchKeys floats of per-thread scratch.
+  void (*attn_scores)(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                      size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
+                      float* kt) noexcept = nullptr;
 };
+// Keys one attn_scores scratch column holds (the widest panel of any kernel).
+inline constexpr size_t kScoreScratchKeys = 64;
 
 // situ.h's loop in the baseline build: the reference the ISA builds must equal.
 void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2, float* out) noexcept;
 void SoftmaxScalar(float* v, size_t n) noexcept;
+void AttnScoresScalar(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                      size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
+                      float* kt) noexcept;
 // kda.h's sweeps in the baseline build: the reference the ISA builds must equal.
 void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept;
 void KdaUpdateScalar(float* s, size_t hd, const float* kn, const float* vt, const float* qn,

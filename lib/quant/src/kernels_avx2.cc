@@ -30,6 +30,7 @@
 
 #include "f32_tiles.h"
 #include "kernels.h"
+#include "attn.h"
 #include "kda.h"
 #include "situ.h"
 
@@ -1010,7 +1011,8 @@ constexpr KernelTable kAvx2Table = {
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
     nullptr,        DotSumSquaresAvx2,      SituGluLoop,
-    KdaDecayLoop,   KdaUpdateLoop,          SoftmaxLoop};
+    KdaDecayLoop,   KdaUpdateLoop,          SoftmaxLoop,
+    AttnScoresLoop};
 
 }  // namespace
 

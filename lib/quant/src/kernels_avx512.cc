@@ -1710,6 +1710,129 @@ void AddRowsAvx512(const WeightView& w, size_t row0, size_t nrows, const float* 
   for (; t < tokens; ++t) AddRowsTokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
 }
 
+// ---------------------------------------------------------------------------
+// MLA's attention scores (attn.h's definition: one FMA chain per pair, the
+// first part's columns then the second's, then the scale). Keys go in groups
+// of 64, transposed by 16 x 16 blocks into kt[c][64] (in L2: 144 KiB at K3's
+// 576 columns), so that four vectors of a column hold 64 keys; a 6 x 4 tile
+// of accumulators takes each query's column value once as a broadcast. No
+// pair needs a horizontal sum (the f32 MatMul's per-pair reduction held MLA's
+// 512-column scores near 0.55 of the FMA roof, the 64-column rope part 0.24).
+constexpr size_t kScoreGroup = 64;
+constexpr int kScoreTileQ = 6;
+
+// Rows r[0..15] (16 floats each) in, their columns out: o[c] = column c.
+inline void Transpose16(__m512 r[16]) noexcept {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + m], 128-bit lane L: column 4L + m of rows 4g .. 4g + 3.
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    const __m512 vlo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44);
+    const __m512 vhi = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+    const __m512 wlo = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+    const __m512 whi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+    r[m] = _mm512_shuffle_f32x4(vlo, wlo, 0x88);
+    r[4 + m] = _mm512_shuffle_f32x4(vlo, wlo, 0xDD);
+    r[8 + m] = _mm512_shuffle_f32x4(vhi, whi, 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(vhi, whi, 0xDD);
+  }
+}
+
+// Columns [0, d) of keys j0 .. j0 + n - 1 (rows of `d` floats) into
+// kt[(c0 + c) * 64 + lane0 + l]; missing keys are zero.
+void ScoreTransposePart(const float* k, size_t d, size_t j0, size_t n, size_t c0, size_t lane0,
+                        float* kt) noexcept {
+  for (size_t b = 0; b < kScoreGroup; b += 16) {
+    for (size_t c = 0; c < d; c += 16) {
+      const size_t w = d - c < 16 ? d - c : 16;
+      const __mmask16 m = TailMask16(w);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (size_t l = 0; l < 16; ++l) {
+        r[l] = b + l < n ? _mm512_maskz_loadu_ps(m, k + (j0 + b + l) * d + c) : _mm512_setzero_ps();
+      }
+      Transpose16(r);
+      for (size_t i = 0; i < w; ++i) _mm512_store_ps(kt + (c0 + c + i) * kScoreGroup + lane0 + b, r[i]);
+    }
+  }
+}
+
+template <int R>
+void ScoreTile(const float* qa, size_t da, const float* qb, size_t db, const float* kt, size_t n,
+               float scale, float* s, size_t s_ld) noexcept {
+  __m512 acc[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  auto part = [&](const float* q, size_t d, const float* k) {
+    for (size_t c = 0; c < d; ++c) {
+      const float* kc = k + c * kScoreGroup;
+      const __m512 k0 = _mm512_load_ps(kc), k1 = _mm512_load_ps(kc + 16), k2 = _mm512_load_ps(kc + 32),
+                   k3 = _mm512_load_ps(kc + 48);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 a = _mm512_set1_ps(q[size_t(r) * d + c]);
+        acc[r][0] = _mm512_fmadd_ps(a, k0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(a, k1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(a, k2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(a, k3, acc[r][3]);
+      }
+    }
+  };
+  part(qa, da, kt);
+  if (db > 0) part(qb, db, kt + da * kScoreGroup);
+  const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* out = s + size_t(r) * s_ld;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const size_t l0 = size_t(v) * 16;
+      if (l0 >= n) break;
+      _mm512_mask_storeu_ps(out + l0, TailMask16(n - l0 < 16 ? n - l0 : 16), _mm512_mul_ps(acc[r][v], sc));
+    }
+  }
+}
+
+void AttnScoresAvx512(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                      size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
+                      float* kt) noexcept {
+  for (size_t p = j0; p < j1; p += kScoreGroup) {
+    const size_t n = j1 - p < kScoreGroup ? j1 - p : kScoreGroup;
+    ScoreTransposePart(ka, da, p, n, 0, 0, kt);
+    if (db > 0) ScoreTransposePart(kb, db, p, n, da, 0, kt);
+    size_t q = 0;
+    for (; q + kScoreTileQ <= nq; q += kScoreTileQ) {
+      ScoreTile<kScoreTileQ>(qa + q * da, da, qb + q * db, db, kt, n, scale, s + q * s_ld + p, s_ld);
+    }
+    const size_t left = nq - q;
+    const float *qa1 = qa + q * da, *qb1 = qb + q * db;
+    float* s1 = s + q * s_ld + p;
+    switch (left) {
+      case 5: ScoreTile<5>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 4: ScoreTile<4>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 3: ScoreTile<3>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 2: ScoreTile<2>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 1: ScoreTile<1>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      default: break;
+    }
+  }
+}
+
 // DotSumSquaresScalar's lanes: element i in lane i % 16, lanes 0-7 in the
 // low accumulator, 8-15 in the high one; the fold is the scalar tree.
 void DotSumSquaresAvx512(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
@@ -1739,7 +1862,8 @@ constexpr KernelTable kAvx512Table = {Isa::kAvx512,           MatMulAvx512,
                                       QuantizeActsAvx512,     RoofAvx512,
                                       AddRowsAvx512,          DotSumSquaresAvx512,
                                       SituGluLoop,            KdaDecayLoop,
-                                      KdaUpdateLoop,          SoftmaxLoop};
+                                      KdaUpdateLoop,          SoftmaxLoop,
+                                      AttnScoresAvx512};
 
 }  // namespace
 

@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "attn.h"
 #include "kda.h"
 #include "situ.h"
 
@@ -595,6 +596,7 @@ KernelTable MakeTable() {
   t.kda_decay = KdaDecayLoop;
   t.kda_update = KdaUpdateLoop;
   t.softmax = SoftmaxLoop;
+  t.attn_scores = AttnScoresLoop;
   return t;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "attn.h"
 #include "kda.h"
 #include "situ.h"
 
@@ -210,6 +211,11 @@ void SituGluScalar(const float* g, const float* u, size_t n, float b1, float b2,
 }
 
 void SoftmaxScalar(float* v, size_t n) noexcept { SoftmaxLoop(v, n); }
+void AttnScoresScalar(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                      size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
+                      float* kt) noexcept {
+  AttnScoresLoop(qa, ka, da, qb, kb, db, nq, j0, j1, scale, s, s_ld, kt);
+}
 
 void KdaDecayScalar(float* s, size_t hd, const float* alpha, const float* kn, float* ks) noexcept {
   KdaDecayLoop(s, hd, alpha, kn, ks);

@@ -84,6 +84,17 @@ size_t WeightView::scale_count() const {
   return 0;
 }
 
+WeightView RowRange(const WeightView& w, size_t r0, size_t n) noexcept {
+  WeightView v = w;
+  v.rows = 1;
+  const size_t row_bytes = v.data_bytes(), row_scales = v.scale_count();
+  v.rows = n;
+  v.data = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
+  if (w.scales != nullptr) v.scales = w.scales + r0 * row_scales;
+  if (w.e8m0 != nullptr) v.e8m0 = w.e8m0 + r0 * row_scales;
+  return v;
+}
+
 float E8m0ToF32(uint8_t s) noexcept { return std::bit_cast<float>(uint32_t{s} << 23); }
 
 namespace internal {
@@ -289,6 +300,30 @@ void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, 
       internal::AddRowsLoop(k.add_row, w, row0 + j0, n, coef + j0, coef_ld, tokens, acc, acc_ld);
     }
   }
+}
+
+// Keys go to threads in chunks of whole 64-key groups (the AVX-512 kernel's
+// transposed group; a part group costs a whole one), a few per thread.
+void AttnScores(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                size_t db, size_t nq, size_t nk, float scale, float* s) noexcept {
+  if (nq == 0 || nk == 0) return;
+  const internal::KernelTable& k = internal::ActiveKernels();
+  const auto fn = k.attn_scores != nullptr ? k.attn_scores : internal::AttnScoresScalar;
+  constexpr size_t kGroup = internal::kScoreScratchKeys;
+  auto run = [&](size_t j0, size_t j1) {
+    thread_local internal::AlignedVec<float> kt;
+    fn(qa, ka, da, qb, kb, db, nq, j0, j1, scale, s, nk, internal::Grow(kt, (da + db) * kGroup));
+  };
+  const int max_threads = omp_get_max_threads();
+  const size_t groups = (nk + kGroup - 1) / kGroup;
+  if (nq * nk * (da + db) < kMinParallelMacs || groups < 2 || max_threads < 2) {
+    run(0, nk);
+    return;
+  }
+  const size_t per = std::max<size_t>(1, groups / (static_cast<size_t>(max_threads) * 4));
+  const size_t chunks = (groups + per - 1) / per;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(max_threads)
+  for (size_t c = 0; c < chunks; ++c) run(c * per * kGroup, std::min(nk, (c + 1) * per * kGroup));
 }
 
 void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {

@@ -805,6 +805,73 @@ TEST_CASE("Softmax: within 2e-7 of f64, lanes folded by the tree; every ISA give
   }
 }
 
+TEST_CASE("AttnScores: one FMA chain per pair, the same bits on every ISA, batch and thread split") {
+  // The reference is the definition written out: per (query, key), fma from 0
+  // over the first part's columns, then the second's, then times the scale.
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  IsaGuard guard;
+  const int saved_threads = omp_get_max_threads();
+  const std::vector<Isa> isas = IsasToTest("AttnScores");
+  struct Shape {
+    size_t da, db, nq, nk;
+  };
+  // K3's latent and rope widths; the tiny model's 32 + 8; widths off the
+  // 16-lane grid; no second part; key counts around the 64-key group.
+  for (const Shape sh : {Shape{512, 64, 13, 200}, Shape{32, 8, 7, 65}, Shape{37, 5, 6, 1},
+                         Shape{21, 0, 1, 130}, Shape{48, 16, 12, 64}, Shape{512, 64, 96, 129}}) {
+    CAPTURE(sh.da);
+    CAPTURE(sh.db);
+    CAPTURE(sh.nq);
+    CAPTURE(sh.nk);
+    std::vector<float> qa(sh.nq * sh.da), ka(sh.nk * sh.da), qb(sh.nq * sh.db), kb(sh.nk * sh.db);
+    for (auto* v : {&qa, &ka, &qb, &kb}) {
+      for (float& f : *v) f = nd(rng);
+    }
+    const float scale = 0.0721f;
+    std::vector<float> want(sh.nq * sh.nk);
+    double worst = 0;
+    for (size_t q = 0; q < sh.nq; ++q) {
+      for (size_t j = 0; j < sh.nk; ++j) {
+        float acc = 0.0f;
+        double exact = 0, mag = 0;
+        for (size_t c = 0; c < sh.da; ++c) {
+          acc = std::fma(qa[q * sh.da + c], ka[j * sh.da + c], acc);
+          exact += double(qa[q * sh.da + c]) * ka[j * sh.da + c];
+          mag += std::fabs(double(qa[q * sh.da + c]) * ka[j * sh.da + c]);
+        }
+        for (size_t c = 0; c < sh.db; ++c) {
+          acc = std::fma(qb[q * sh.db + c], kb[j * sh.db + c], acc);
+          exact += double(qb[q * sh.db + c]) * kb[j * sh.db + c];
+          mag += std::fabs(double(qb[q * sh.db + c]) * kb[j * sh.db + c]);
+        }
+        want[q * sh.nk + j] = acc * scale;
+        worst = std::max(worst, std::fabs(double(acc) - exact) / mag);
+      }
+    }
+    CHECK(worst < 1e-6 * double(sh.da + sh.db));  // the chain is a plain f32 sum
+    const float* pb = sh.db > 0 ? qb.data() : nullptr;
+    const float* kbp = sh.db > 0 ? kb.data() : nullptr;
+    for (Isa isa : isas) {
+      SetIsaForTesting(isa);
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<float> got(sh.nq * sh.nk, -1.0f);
+        AttnScores(qa.data(), ka.data(), sh.da, pb, kbp, sh.db, sh.nq, sh.nk, scale, got.data());
+        CHECK_MESSAGE(SameFloats(got.data(), want.data(), got.size()), IsaStr(isa) << " threads " << threads);
+      }
+      omp_set_num_threads(1);
+      // One query at a time and a prefix of the keys: each element's bits.
+      const size_t q = sh.nq - 1, nk = (sh.nk + 1) / 2;
+      std::vector<float> one(nk);
+      AttnScores(qa.data() + q * sh.da, ka.data(), sh.da, sh.db > 0 ? pb + q * sh.db : nullptr, kbp, sh.db, 1,
+                 nk, scale, one.data());
+      CHECK_MESSAGE(SameFloats(one.data(), want.data() + q * sh.nk, nk), IsaStr(isa) << " one query");
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 TEST_CASE("KDA sweeps: the forward pass's key-ordered mul-then-add bits on every ISA") {
   // The reference is the loop the forward pass ran inline before the sweeps
   // moved to lib/quant: per element, keys ascending, mul then add.

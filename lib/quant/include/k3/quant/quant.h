@@ -54,6 +54,11 @@ struct WeightView {
   size_t scale_count() const;
 };
 
+// Rows [r0, r0 + n) of w as a view of their own, any format (their data,
+// scales and E8M0 exponents): a MatMul over it gives those rows' elements of a
+// MatMul over w, bit for bit (each element is computed on its own).
+WeightView RowRange(const WeightView& w, size_t r0, size_t n) noexcept;
+
 // Owns the buffers behind one WeightView (tests, benchmarks, conversions).
 struct OwnedWeight {
   WeightFormat format = WeightFormat::kF32;
@@ -92,5 +97,13 @@ void AddRow(const WeightView& w, size_t row, float c, float* acc) noexcept;
 // sum over a block of tokens.
 void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
              size_t tokens, float* acc, size_t acc_ld) noexcept;
+// MLA's scores: s[q * nk + j] = scale * (qa[q] . ka[j] + qb[q] . kb[j]) for
+// q < nq, j < nk, with qa [nq][da], ka [nk][da], qb [nq][db], kb [nk][db]
+// (db may be 0). Each element is one fused multiply-add chain from 0 over the
+// da columns in order, then the db columns, then one multiply by scale
+// (internal attn.h): every ISA, batch, key count and thread split gives the
+// same bits.
+void AttnScores(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                size_t db, size_t nq, size_t nk, float scale, float* s) noexcept;
 
 }  // namespace k3::quant
