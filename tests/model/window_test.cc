@@ -204,6 +204,18 @@ TEST_CASE("windows 1, 7, 32, 600 and the whole prompt give token-at-a-time's bit
       CHECK(SameBits(got.final_hidden, ref.final_hidden));
       CHECK(SameBits(got.last, ref.last));
     }
+    // MLA's token groups (absorbed queries and outputs per head over a
+    // group): groups of 5 and 70 tokens cut its blocks short and split the window.
+    for (int g : {5, 70}) {
+      CAPTURE(g);
+      ro.chunk = 0;
+      ro.mla_group = g;
+      const Outputs got = Run(*m, ro, ids);
+      CHECK(got.window == 650);
+      CHECK(SameBits(got.logits, ref.logits));
+      CHECK(SameBits(got.final_hidden, ref.final_hidden));
+    }
+    ro.mla_group = 0;
     // Automatic windows under a budget that holds ~100 tokens: several equal windows.
     WindowShape shape;
     shape.tokens = 100;
@@ -246,46 +258,51 @@ TEST_CASE("PrefillWindowBytes matches the bytes a window allocates") {
   for (const std::string& dir : {kTiny, ShuffledFixture()}) {
     for (bool idot : {false, true}) {
       for (int64_t C : {int64_t{16}, int64_t{200}, int64_t{600}}) {
-        CAPTURE(dir);
-        CAPTURE(idot);
-        CAPTURE(C);
-        auto m = Model::LoadOrThrow(dir, Load(idot ? 4 : 32));
-        const ModelConfig& c = m->config();
-        const std::vector<int32_t> ids = RandomIds(static_cast<size_t>(C), c.vocab_size, 3);
-        RunOptions ro;
-        ro.idot = idot;
-        ro.chunk = static_cast<int>(C);
-        std::vector<float> last(static_cast<size_t>(c.vocab_size));
-        ForwardOutputs out;
-        out.logits_last = last.data();
-        {
-          Session warm(*m, ro, C);  // fills the expert cache (not the window's memory)
-          warm.Forward(ids, out);
-        }
-        Session s(*m, ro, C);  // the MLA rows are allocated here, before the window
-        const bool hold = [&] {
-          // Shuffled disk order holds outputs; the oracle's id-ordered experts do not.
-          for (int64_t l = c.first_k_dense_replace; l < c.num_hidden_layers; ++l) {
-            for (int64_t e = 1; e < c.num_experts; ++e) {
-              if (!(m->experts().DiskOrder(l, e - 1) < m->experts().DiskOrder(l, e))) return true;
-            }
+        for (int g : {0, 9}) {
+          CAPTURE(dir);
+          CAPTURE(g);
+          CAPTURE(idot);
+          CAPTURE(C);
+          auto m = Model::LoadOrThrow(dir, Load(idot ? 4 : 32));
+          const ModelConfig& c = m->config();
+          const std::vector<int32_t> ids = RandomIds(static_cast<size_t>(C), c.vocab_size, 3);
+          RunOptions ro;
+          ro.idot = idot;
+          ro.chunk = static_cast<int>(C);
+          ro.mla_group = g;
+          std::vector<float> last(static_cast<size_t>(c.vocab_size));
+          ForwardOutputs out;
+          out.logits_last = last.data();
+          {
+            Session warm(*m, ro, C);  // fills the expert cache (not the window's memory)
+            warm.Forward(ids, out);
           }
-          return false;
-        }();
-        const int64_t base = g_live.load();
-        g_peak.store(base);
-        s.Forward(ids, out);
-        const int64_t used = g_peak.load() - base;
-        WindowShape shape;
-        shape.tokens = C;
-        shape.threads = 1;
-        shape.idot = idot;
-        shape.combine_buffer = hold;
-        const int64_t est = static_cast<int64_t>(PrefillWindowBytes(c, shape));
-        INFO("measured " << used << " B, estimated " << est << " B");
-        // Never under (a window must not outgrow its budget); over by little.
-        CHECK(used <= est);
-        CHECK(static_cast<double>(est) <= 1.15 * static_cast<double>(used) + 16384.0);
+          Session s(*m, ro, C);  // the MLA rows are allocated here, before the window
+          const bool hold = [&] {
+            // Shuffled disk order holds outputs; the oracle's id-ordered experts do not.
+            for (int64_t l = c.first_k_dense_replace; l < c.num_hidden_layers; ++l) {
+              for (int64_t e = 1; e < c.num_experts; ++e) {
+                if (!(m->experts().DiskOrder(l, e - 1) < m->experts().DiskOrder(l, e))) return true;
+              }
+            }
+            return false;
+          }();
+          const int64_t base = g_live.load();
+          g_peak.store(base);
+          s.Forward(ids, out);
+          const int64_t used = g_peak.load() - base;
+          WindowShape shape;
+          shape.tokens = C;
+          shape.threads = 1;
+          shape.idot = idot;
+          shape.combine_buffer = hold;
+          shape.mla_group = g;
+          const int64_t est = static_cast<int64_t>(PrefillWindowBytes(c, shape));
+          INFO("measured " << used << " B, estimated " << est << " B");
+          // Never under (a window must not outgrow its budget); over by little.
+          CHECK(used <= est);
+          CHECK(static_cast<double>(est) <= 1.15 * static_cast<double>(used) + 16384.0);
+        }
       }
     }
   }

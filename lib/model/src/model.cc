@@ -164,6 +164,16 @@ namespace {
 // K3's kv_lora 512, stay in L2 while the rows stream past).
 size_t MlaBlockTokens(size_t heads) { return std::max<size_t>(1, 256 / std::max<size_t>(heads, 1)); }
 
+// MLA's blocks come in groups of this many tokens (a multiple of the block):
+// the group's absorbed queries, latent sums and outputs, about kMlaGroupBytes,
+// are made per head over all of its tokens, so kv_b is read once per group.
+constexpr size_t kMlaGroupBytes = size_t{8} << 20;
+size_t MlaGroupTokens(size_t heads, size_t kvl, size_t rope, size_t vh) {
+  const size_t tb = MlaBlockTokens(heads);
+  const size_t per_token = std::max<size_t>(heads, 1) * (2 * kvl + rope + vh) * sizeof(float);
+  return std::max<size_t>(1, kMlaGroupBytes / std::max<size_t>(per_token, 1) / tb) * tb;
+}
+
 // The MLPs run over a window in slices of this many tokens (MlpForward): at
 // K3's dense 33792 columns a slice's gate and up rows are 2 x 66 MiB, against
 // 2 x 1.1 GiB for an 8192-token window taken whole.
@@ -583,6 +593,7 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
     shape.head_all = out.logits_all != nullptr || out.final_hidden != nullptr;
     shape.head_last = out.logits_last != nullptr;
     shape.combine_buffer = CombineMayHold();
+    shape.mla_group = options_.mla_group;
     const double budget = options_.prefill_budget_bytes - grown_bytes;
     window = PlanWindow(c, total, budget, shape, rel_at);
     if (total > 1) {
@@ -1015,81 +1026,99 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   float* ctx = scratch.Take(4, C * H * vh);
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
-  // The latent and rope caches as f32 matrices: a block of queries' scores
-  // against every cached row is one MatMul per part (issue 25 §2: attention
-  // over a long window runs on the kernels). The cache is the same for every
-  // head (MLA's absorbed form), so a block is all heads of `tb` tokens, query
-  // row q = t * H + head: each cached row is read once per block for all of
-  // them, not once per head. MatMul computes each element with the same
-  // operations whatever the batch and the row count, Softmax is per row, and
+  // A block of queries' scores against every cached row (latent and rope
+  // parts) is one AttnScores call (issue 25 §2: attention over a long window
+  // runs on the kernels). The cache is the same for every head (MLA's absorbed
+  // form), so a block is all heads of `tb` tokens, query row q = t * H + head:
+  // each cached row is read once per block for all of them, not once per head.
+  // AttnScores computes each element with the same operations whatever the
+  // queries, the keys and the threads, Softmax is per row, and
   // each query's weighted sum of latent rows goes over the rows in ascending
   // order, so any window and any block gives the bits of token-at-a-time.
+  //
+  // Blocks come in groups of `G` tokens: the absorbed queries of a group are
+  // made before its blocks and its outputs after them, per head over the
+  // group's tokens at once, so that kv_b (96 heads x 256 rows: 12 MiB at K3's
+  // dims in int8) is read once per group, not once per block of two tokens.
+  // The absorb is AddRows (each element's rows in ascending order, whatever the
+  // tokens) and the output a MatMul over the head's kv_b rows (RowDot's
+  // operations per element): the same bits as per block.
   const size_t tb_max = std::min(C, MlaBlockTokens(H));
+  const size_t G = std::min(C, options_.mla_group > 0 ? static_cast<size_t>(options_.mla_group)
+                                                     : MlaGroupTokens(H, kvl, rope, vh));
   const size_t Q_max = tb_max * H;
   const size_t rows_max = static_cast<size_t>(pos0) + C;
-  float* qabs = scratch.Take(5, Q_max * (2 * kvl + rope));
-  float* clat = qabs + Q_max * kvl;
-  float* qr = clat + Q_max * kvl;
+  // Per group: qabs and qr in query order [t][head]; clat and the outputs per
+  // head [head][t] (a head's tokens are one MatMul's contiguous rows).
+  float* qabs = scratch.Take(5, G * H * (2 * kvl + rope + vh));
+  float* clat = qabs + G * H * kvl;
+  float* qr = clat + G * H * kvl;
+  float* yv = qr + G * H * rope;
   float* s1 = scratch.Take(6, Q_max * rows_max);
-  float* s2 = rope ? scratch.Take(7, Q_max * rows_max) : nullptr;
   quant::WeightView lat;
   lat.format = quant::WeightFormat::kF32;
   lat.cols = kvl;
   lat.data = mc.latent.data();
-  quant::WeightView rv = lat;
-  rv.cols = rope;
-  rv.data = mc.rope.data();
-  for (size_t t0 = 0; t0 < C; t0 += tb_max) {
-    const size_t tb = std::min(tb_max, C - t0);
-    const size_t Q = tb * H;
-    const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
-    const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
-    lat.rows = rv.rows = nb;
-    const bool par = Q * nb * kvl >= (1u << 16);
+  for (size_t g0 = 0; g0 < C; g0 += G) {
+    const size_t gn = std::min(G, C - g0);
+    const bool gpar = gn * H * nope * kvl >= (1u << 16);
     // The absorbed queries: qabs[t, head] = sum over d of qn[t][d] * kv_b row
-    // d of the head, the block's tokens at once (AddRows: the AddRow loop's bits).
-#pragma omp parallel for schedule(static) if (par && H > 1)
+    // d of the head, the group's tokens at once (AddRows: the AddRow loop's bits).
+#pragma omp parallel for schedule(static) if (gpar && H > 1)
     for (size_t hh = 0; hh < H; ++hh) {
-      for (size_t t = 0; t < tb; ++t) std::fill_n(qabs + (t * H + hh) * kvl, kvl, 0.0f);
-      quant::AddRows(kvb, hh * (nope + vh), nope, qv + t0 * H * qh + hh * qh, H * qh, tb,
+      for (size_t t = 0; t < gn; ++t) std::fill_n(qabs + (t * H + hh) * kvl, kvl, 0.0f);
+      quant::AddRows(kvb, hh * (nope + vh), nope, qv + g0 * H * qh + hh * qh, H * qh, gn,
                      qabs + hh * kvl, H * kvl);
-      for (size_t t = 0; t < tb && rope; ++t) {
-        std::memcpy(qr + (t * H + hh) * rope, qv + (t0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
+      for (size_t t = 0; t < gn && rope; ++t) {
+        std::memcpy(qr + (t * H + hh) * rope, qv + (g0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
       }
     }
-    quant::MatMul(lat, qabs, Q, s1);
-    if (rope) quant::MatMul(rv, qr, Q, s2);
-    // Per query row: scores, softmax, then its weighted sum of the latent rows
-    // it sees in ascending order (the rows before the block reach every row of
-    // it, AddRows; then the block's own rows up to its token) and the output.
-    const int nthreads = par ? omp_get_max_threads() : 1;
-    const size_t per = (Q + static_cast<size_t>(nthreads) - 1) / static_cast<size_t>(nthreads);
+    for (size_t t0 = g0; t0 < g0 + gn; t0 += tb_max) {
+      const size_t tb = std::min(tb_max, g0 + gn - t0);
+      const size_t Q = tb * H;
+      const size_t nb = static_cast<size_t>(pos0) + t0 + tb;  // rows the block's last token sees
+      const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
+      lat.rows = nb;
+      const bool par = Q * nb * kvl >= (1u << 16);
+      quant::AttnScores(qabs + (t0 - g0) * H * kvl, mc.latent.data(), kvl, qr + (t0 - g0) * H * rope,
+                        mc.rope.data(), rope, Q, nb, scale, s1);
+      // Per query row: scores, softmax, then its weighted sum of the latent rows
+      // it sees in ascending order (the rows before the block reach every row of
+      // it, AddRows; then the block's own rows up to its token).
+      const int nthreads = par ? omp_get_max_threads() : 1;
+      const size_t per = (Q + static_cast<size_t>(nthreads) - 1) / static_cast<size_t>(nthreads);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (size_t q0 = 0; q0 < Q; q0 += per) {
-      const size_t q1 = std::min(Q, q0 + per);
-      for (size_t q = q0; q < q1; ++q) {
-        const size_t nt = seen_by_all + q / H + 1;
-        float* sc = s1 + q * nb;
-        if (rope) {
-          const float* sr = s2 + q * nb;
-          for (size_t j = 0; j < nt; ++j) sc[j] = (sc[j] + sr[j]) * scale;
-        } else {
-          for (size_t j = 0; j < nt; ++j) sc[j] *= scale;
+      for (size_t q0 = 0; q0 < Q; q0 += per) {
+        const size_t q1 = std::min(Q, q0 + per);
+        for (size_t q = q0; q < q1; ++q) {
+          const size_t nt = seen_by_all + q / H + 1;
+          quant::Softmax(s1 + q * nb, nt);
         }
-        quant::Softmax(sc, nt);
+        // clat's query rows of one token are one stride apart ([head][t]).
+        for (size_t qa = q0; qa < q1;) {
+          const size_t t = qa / H, qb = std::min(q1, (t + 1) * H);
+          float* acc = clat + ((qa % H) * G + (t0 - g0 + t)) * kvl;
+          for (size_t q = qa; q < qb; ++q) std::fill_n(acc + (q - qa) * G * kvl, kvl, 0.0f);
+          quant::AddRows(lat, 0, seen_by_all, s1 + qa * nb, nb, qb - qa, acc, G * kvl);
+          for (size_t q = qa; q < qb; ++q) {
+            for (size_t j = seen_by_all; j <= seen_by_all + t; ++j) {
+              quant::AddRow(lat, j, s1[q * nb + j], acc + (q - qa) * G * kvl);
+            }
+          }
+          qa = qb;
+        }
       }
-      std::fill(clat + q0 * kvl, clat + q1 * kvl, 0.0f);
-      quant::AddRows(lat, 0, seen_by_all, s1 + q0 * nb, nb, q1 - q0, clat + q0 * kvl, kvl);
-      for (size_t q = q0; q < q1; ++q) {
-        const size_t t = q / H, hh = q % H;
-        for (size_t j = seen_by_all; j <= seen_by_all + t; ++j) {
-          quant::AddRow(lat, j, s1[q * nb + j], clat + q * kvl);
-        }
-        float* ct = ctx + (t0 + t) * H * vh + hh * vh;
-        const float* gt = gv + (t0 + t) * H * vh + hh * vh;
-        for (size_t d = 0; d < vh; ++d) {
-          ct[d] = quant::RowDot(kvb, hh * (nope + vh) + nope + d, clat + q * kvl) * quant::Sigmoid(gt[d]);
-        }
+    }
+    // The outputs: per head, its v rows of kv_b against the group's latent
+    // sums, then the gate.
+#pragma omp parallel for schedule(static) if (gpar && H > 1)
+    for (size_t hh = 0; hh < H; ++hh) {
+      float* y = yv + hh * G * vh;
+      quant::MatMul(quant::RowRange(kvb, hh * (nope + vh) + nope, vh), clat + hh * G * kvl, gn, y);
+      for (size_t t = 0; t < gn; ++t) {
+        float* ct = ctx + (g0 + t) * H * vh + hh * vh;
+        const float* gt = gv + (g0 + t) * H * vh + hh * vh;
+        for (size_t d = 0; d < vh; ++d) ct[d] = y[t * vh + d] * quant::Sigmoid(gt[d]);
       }
     }
   }
@@ -1389,10 +1418,13 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
       need(3, C * H * vh);
       need(4, C * H * vh);
       const double Q = std::min(C, static_cast<double>(MlaBlockTokens(static_cast<size_t>(H)))) * H;
+      const double G = std::min(
+          C, static_cast<double>(s.mla_group > 0 ? static_cast<size_t>(s.mla_group)
+                                                 : MlaGroupTokens(static_cast<size_t>(H), static_cast<size_t>(kvl),
+                                                                  static_cast<size_t>(rope), static_cast<size_t>(vh))));
       const double rows = static_cast<double>(s.position) + C;
-      need(5, Q * (2 * kvl + rope));
+      need(5, G * H * (2 * kvl + rope + vh));
       need(6, Q * rows);
-      if (rope > 0) need(7, Q * rows);
     }
     double mlp = any_dense ? inter : 0;  // gate and up, dense or shared experts
     if (any_moe) mlp = std::max(mlp, shared);

@@ -52,6 +52,10 @@ struct RunOptions {
   // prefix of a token's top-k whose mass reaches topp, renormalised; fewer
   // experts means less I/O and compute. 0 or >= 1: off (the default).
   float topp = 0.0f;
+  // MLA attention's token group (tests): > 0 forces groups of this many
+  // tokens; 0 sizes them to about 8 MiB of the group's buffers. Any group
+  // gives the same bits.
+  int mla_group = 0;
 };
 
 class Model {
@@ -113,6 +117,7 @@ struct WindowShape {
   // emits expert by expert in disk order and disk order is ascending id.
   bool combine_buffer = true;
   int64_t captures = 0;  // checkpoints captured inside the window
+  int mla_group = 0;     // RunOptions::mla_group
 };
 uint64_t PrefillWindowBytes(const ModelConfig& config, const WindowShape& shape);
 
