@@ -412,8 +412,9 @@ TEST_CASE("RowDot equals the MatMul element; AddRow matches the reference") {
 }
 
 // MLA sums rows over a block of tokens with AddRows: its bits must be those of
-// the AddRow loop it stands for, on every ISA (tiles of 4 tokens x 64 columns,
-// a token tail, 16-column vectors and a scalar column tail; int4 takes the loop).
+// the AddRow loop it stands for, on every ISA (tiles of 6 (f32) and 4 tokens x
+// 64 columns, a token tail, 16-column vectors and a scalar column tail; int4
+// takes the loop).
 TEST_CASE("AddRows gives the bits of the AddRow loop (per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("AddRows");
@@ -425,7 +426,7 @@ TEST_CASE("AddRows gives the bits of the AddRow loop (per ISA)") {
                   Case{WeightFormat::kInt8, 512}, Case{WeightFormat::kInt8, 136},
                   Case{WeightFormat::kInt4G64, 128}, Case{WeightFormat::kF32, 512, 300, 290},
                   Case{WeightFormat::kInt8, 4096, 160, 150}, Case{WeightFormat::kInt4G64, 1024, 300, 280}}) {
-    const size_t rows = cs.rows, row0 = 6, nrows = cs.nrows, tokens = 7, coef_ld = nrows + 7,
+    const size_t rows = cs.rows, row0 = 6, nrows = cs.nrows, tokens = 11, coef_ld = nrows + 7,
                  acc_ld = cs.cols + 3;
     Mat m = RandomMat(cs.fmt, rows, cs.cols, rng);
     const std::vector<float> coef = RandomVec(tokens * coef_ld, rng);
