@@ -1,5 +1,5 @@
 // k3-bench mla: one block of MLA's absorbed attention at K3's shapes (issue
-// 25 §2): all heads of a few tokens (2 x 96 query rows) against N cached rows
+// 25 §2): all heads of a few tokens (5 x 96 query rows) against N cached rows
 // of the latent (512) and rope (64) caches. Per part, the time and its share
 // of the FMA roof measured in the same run (quant::RoofLoop on the same
 // threads): the scores (quant::AttnScores, alternating with the f32 MatMul pair
@@ -28,7 +28,7 @@ namespace {
 struct MlaArgs {
   std::vector<int> rows = {1024, 4096, 8192};
   std::vector<int> threads = {1, 2};
-  int heads = 96, tokens = 2, kvl = 512, rope = 64, reps = 15;
+  int heads = 96, tokens = 5, kvl = 512, rope = 64, reps = 15;
 };
 
 // FMA roof on `threads` threads: multiply-adds per second of the wall clock, in G (about 50 ms).
@@ -137,7 +137,7 @@ void RunMla(const MlaArgs& a) {
 void SetupMlaBench(CLI::App& root) {
   auto args = std::make_shared<MlaArgs>();
   CLI::App* cmd = root.add_subcommand(
-      "mla", "MLA attention block (2 x 96 query rows, K3's latent 512 + rope 64) vs N cached rows: scores, softmax, latent sum vs the FMA roof");
+      "mla", "MLA attention block (5 x 96 query rows, K3's latent 512 + rope 64) vs N cached rows: scores, softmax, latent sum vs the FMA roof");
   cmd->add_option("--rows", args->rows, "cached rows (positions) the block attends to")->delimiter(',');
   cmd->add_option("--threads", args->threads, "OpenMP thread counts")->delimiter(',');
   cmd->add_option("--heads", args->heads, "query heads")->check(CLI::Range(1, 1024));
