@@ -1051,12 +1051,16 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
                                                      : MlaGroupTokens(H, kvl, rope, vh));
   const size_t Q_max = tb_max * H;
   const size_t rows_max = static_cast<size_t>(pos0) + C;
-  // Per group: qabs and qr in query order [t][head]; clat and the outputs per
-  // head [head][t] (a head's tokens are one MatMul's contiguous rows).
-  float* qabs = scratch.Take(5, G * H * (2 * kvl + rope + vh));
+  // Per group, in query order [t][head]: qabs, clat (a thread's query rows are
+  // one AddRows call, so it streams the cached rows once per block), qr; the
+  // outputs per head [head][t], and per thread a head's latent sums gathered
+  // as one MatMul's contiguous rows.
+  const size_t threads = static_cast<size_t>(std::max(omp_get_max_threads(), 1));
+  float* qabs = scratch.Take(5, G * H * (2 * kvl + rope + vh) + threads * G * kvl);
   float* clat = qabs + G * H * kvl;
   float* qr = clat + G * H * kvl;
   float* yv = qr + G * H * rope;
+  float* gather = yv + G * H * vh;
   float* s1 = scratch.Take(6, Q_max * rows_max);
   quant::WeightView lat;
   lat.format = quant::WeightFormat::kF32;
@@ -1097,18 +1101,13 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
           const size_t nt = seen_by_all + q / H + 1;
           quant::Softmax(s1 + q * nb, nt);
         }
-        // clat's query rows of one token are one stride apart ([head][t]).
-        for (size_t qa = q0; qa < q1;) {
-          const size_t t = qa / H, qb = std::min(q1, (t + 1) * H);
-          float* acc = clat + ((qa % H) * G + (t0 - g0 + t)) * kvl;
-          for (size_t q = qa; q < qb; ++q) std::fill_n(acc + (q - qa) * G * kvl, kvl, 0.0f);
-          quant::AddRows(lat, 0, seen_by_all, s1 + qa * nb, nb, qb - qa, acc, G * kvl);
-          for (size_t q = qa; q < qb; ++q) {
-            for (size_t j = seen_by_all; j <= seen_by_all + t; ++j) {
-              quant::AddRow(lat, j, s1[q * nb + j], acc + (q - qa) * G * kvl);
-            }
+        float* cb = clat + (t0 - g0) * H * kvl;
+        std::fill(cb + q0 * kvl, cb + q1 * kvl, 0.0f);
+        quant::AddRows(lat, 0, seen_by_all, s1 + q0 * nb, nb, q1 - q0, cb + q0 * kvl, kvl);
+        for (size_t q = q0; q < q1; ++q) {
+          for (size_t j = seen_by_all; j <= seen_by_all + q / H; ++j) {
+            quant::AddRow(lat, j, s1[q * nb + j], cb + q * kvl);
           }
-          qa = qb;
         }
       }
     }
@@ -1116,8 +1115,10 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     // sums, then the gate.
 #pragma omp parallel for schedule(static) if (gpar && H > 1)
     for (size_t hh = 0; hh < H; ++hh) {
+      float* x = gather + static_cast<size_t>(omp_get_thread_num()) * G * kvl;
+      for (size_t t = 0; t < gn; ++t) std::memcpy(x + t * kvl, clat + (t * H + hh) * kvl, kvl * sizeof(float));
       float* y = yv + hh * G * vh;
-      quant::MatMul(quant::RowRange(kvb, hh * (nope + vh) + nope, vh), clat + hh * G * kvl, gn, y);
+      quant::MatMul(quant::RowRange(kvb, hh * (nope + vh) + nope, vh), x, gn, y);
       for (size_t t = 0; t < gn; ++t) {
         float* ct = ctx + (g0 + t) * H * vh + hh * vh;
         const float* gt = gv + (g0 + t) * H * vh + hh * vh;
@@ -1426,7 +1427,7 @@ uint64_t PrefillWindowBytes(const ModelConfig& c, const WindowShape& s) {
                                                  : MlaGroupTokens(static_cast<size_t>(H), static_cast<size_t>(kvl),
                                                                   static_cast<size_t>(rope), static_cast<size_t>(vh))));
       const double rows = static_cast<double>(s.position) + C;
-      need(5, G * H * (2 * kvl + rope + vh));
+      need(5, G * H * (2 * kvl + rope + vh) + T * G * kvl);
       need(6, Q * rows);
     }
     double mlp = any_dense ? inter : 0;  // gate and up, dense or shared experts
