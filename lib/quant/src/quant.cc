@@ -221,7 +221,10 @@ constexpr size_t kChunksPerThread = 8;
 template <typename Fn>
 void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
   const int max_threads = omp_get_max_threads();
-  const bool parallel = macs >= kMinParallelMacs && rows > kRowAlign && max_threads > 1;
+  // Called from inside a parallel region (MLA's per-head output MatMuls), the
+  // rows stay on the calling thread: a nested region would run them on one
+  // thread anyway, after the cost of opening it.
+  const bool parallel = macs >= kMinParallelMacs && rows > kRowAlign && max_threads > 1 && !omp_in_parallel();
   if (!parallel) {
     fn(size_t{0}, rows);
     return;
