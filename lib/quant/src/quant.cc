@@ -218,19 +218,20 @@ constexpr size_t kChunksPerThread = 8;
 
 // Row chunks handed out dynamically. Which thread computes a row never changes a
 // result: every element is computed independently by the same routine.
+// `align`: chunks are whole multiples of it (AttnScores: its 64-key groups).
 template <typename Fn>
-void ForRowRanges(size_t rows, size_t macs, Fn&& fn) noexcept {
+void ForRowRanges(size_t rows, size_t macs, Fn&& fn, size_t align = kRowAlign) noexcept {
   const int max_threads = omp_get_max_threads();
   // Called from inside a parallel region (MLA's per-head output MatMuls), the
   // rows stay on the calling thread: a nested region would run them on one
   // thread anyway, after the cost of opening it.
-  const bool parallel = macs >= kMinParallelMacs && rows > kRowAlign && max_threads > 1 && !omp_in_parallel();
+  const bool parallel = macs >= kMinParallelMacs && rows > align && max_threads > 1 && !omp_in_parallel();
   if (!parallel) {
     fn(size_t{0}, rows);
     return;
   }
   const size_t target = rows / (size_t(max_threads) * kChunksPerThread);
-  const size_t chunk = std::max(kRowAlign, (target + kRowAlign - 1) / kRowAlign * kRowAlign);
+  const size_t chunk = std::max(align, (target + align - 1) / align * align);
   const size_t chunks = (rows + chunk - 1) / chunk;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(max_threads)
   for (size_t c = 0; c < chunks; ++c) {
@@ -306,27 +307,20 @@ void AddRows(const WeightView& w, size_t row0, size_t nrows, const float* coef, 
 }
 
 // Keys go to threads in chunks of whole 64-key groups (the AVX-512 kernel's
-// transposed group; a part group costs a whole one), a few per thread.
+// transposed group; a part group costs a whole one).
 void AttnScores(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
                 size_t db, size_t nq, size_t nk, float scale, float* s) noexcept {
   if (nq == 0 || nk == 0) return;
   const internal::KernelTable& k = internal::ActiveKernels();
   const auto fn = k.attn_scores != nullptr ? k.attn_scores : internal::AttnScoresScalar;
-  constexpr size_t kGroup = internal::kScoreScratchKeys;
-  auto run = [&](size_t j0, size_t j1) {
-    thread_local internal::AlignedVec<float> kt;
-    fn(qa, ka, da, qb, kb, db, nq, j0, j1, scale, s, nk, internal::Grow(kt, (da + db) * kGroup));
-  };
-  const int max_threads = omp_get_max_threads();
-  const size_t groups = (nk + kGroup - 1) / kGroup;
-  if (nq * nk * (da + db) < kMinParallelMacs || groups < 2 || max_threads < 2) {
-    run(0, nk);
-    return;
-  }
-  const size_t per = std::max<size_t>(1, groups / (static_cast<size_t>(max_threads) * 4));
-  const size_t chunks = (groups + per - 1) / per;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(max_threads)
-  for (size_t c = 0; c < chunks; ++c) run(c * per * kGroup, std::min(nk, (c + 1) * per * kGroup));
+  ForRowRanges(
+      nk, nq * nk * (da + db),
+      [&](size_t j0, size_t j1) {
+        thread_local internal::AlignedVec<float> kt;
+        fn(qa, ka, da, qb, kb, db, nq, j0, j1, scale, s, nk,
+           internal::Grow(kt, (da + db) * internal::kScoreScratchKeys));
+      },
+      internal::kScoreScratchKeys);
 }
 
 void DotSumSquares(const float* x, const float* w, size_t n, double* dot, double* ss) noexcept {
