@@ -29,4 +29,17 @@ Summary Summarise(std::vector<double> v);
 void PutSummary(JsonWriter& j, const std::string& key, const Summary& s);
 void PutSummary(JsonWriter& j, const std::string& key, const std::vector<double>& runs);
 
+// The IDOT GEMM tile's arithmetic ceiling on this core (bench/cmd_mix.cc): the
+// share of the vpdpbusd peak left when each 8 vpdpbusd of a (row, activation)
+// pair are followed by the block's float work, cvt + mul + fma for the nibble
+// formats (MXFP4, int4-g64) and cvt + fma for int8, the better of the two
+// schedules the mix bench times. Register-only loops on the calling thread,
+// about `seconds` per repetition, the median of `reps`. measured is false on
+// CPUs without AVX-512 VNNI (the tile's ISA; no ceiling is claimed there).
+struct MixCeiling {
+  bool measured = false;
+  double nibble = 1, int8 = 1;
+};
+MixCeiling MeasureMixCeiling(double seconds, int reps);
+
 }  // namespace k3::bench

@@ -110,9 +110,13 @@ double MedianRate(const MixArgs& a, float* sink) {
   return Median(r);
 }
 
-void RunMix(const MixArgs& a) {
+bool HasMixIsa() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+}
+
+void RunMix(const MixArgs& a) {
+  if (!HasMixIsa()) {
     std::printf("{\"bench\":\"mix\",\"skipped\":\"no AVX-512 VNNI on this CPU\"}\n");
     return;
   }
@@ -154,6 +158,31 @@ void SetupMixBench(CLI::App& root) {
 K3_REGISTER_BENCH(SetupMixBench);
 
 }  // namespace
+
+MixCeiling MeasureMixCeiling(double seconds, int reps) {
+  MixCeiling c;
+  if (!HasMixIsa()) return c;
+  const MixArgs a{reps, seconds};
+  float sink = 0;
+  const double only = MedianRate<kIdotOnly, false>(a, &sink);
+  const double nib = std::max(MedianRate<kInterleaved, true>(a, &sink), MedianRate<kGrouped, true>(a, &sink));
+  const double i8 = std::max(MedianRate<kInterleaved, false>(a, &sink), MedianRate<kGrouped, false>(a, &sink));
+  // A share above 1 would be a timing artefact (the float work adds, never
+  // removes, instructions): clamp so the bound never undercuts the roof.
+  c.measured = only > 0;
+  c.nibble = std::min(1.0, nib / only);
+  c.int8 = std::min(1.0, i8 / only);
+  return c;
+}
+
+}  // namespace k3::bench
+
+#else  // !__x86_64__
+
+#include "bench_util.h"
+
+namespace k3::bench {
+MixCeiling MeasureMixCeiling(double, int) { return {}; }
 }  // namespace k3::bench
 
 #endif  // __x86_64__
