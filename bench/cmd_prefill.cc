@@ -13,6 +13,7 @@
 // hours, so it is measured on a prefix (--baseline-prefix tokens; its cost per
 // chunk is flat) and extrapolated linearly to the prompt; the line says so.
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -233,6 +234,11 @@ struct Run {
 
 // One cold prefill of `prompt` (one generated token) on a fresh engine.
 Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt, bool drop) {
+  // The engines before this one freed their buffers, but glibc keeps most of
+  // them (7 GB after a 6 GB expert cache): MemAvailable, and with it the
+  // window budget this engine sizes at load, would read about half of what a
+  // fresh process sees (an 8192-token prompt then took two windows).
+  ::malloc_trim(0);
   engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
   eo.progress = false;
   eo.threads = a.threads;
