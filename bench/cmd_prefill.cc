@@ -167,11 +167,10 @@ double MacsPerToken(const ModelConfig& c) {
 }
 
 // MacsPerToken's multiply-adds by the path the loaded model runs them on: the
-// IDOT tile with nibble weights (MXFP4 experts, int4-g64) or int8 weights, and
-// the f32 path (f32 weights such as the router; every matrix when K3_IDOT=0).
+// IDOT tile with int4-g64, MXFP4 (the routed experts) or int8 weights, and the
+// f32 path (f32 weights such as the router; every matrix when K3_IDOT=0).
 struct FormatMacs {
-  double nibble = 0, int8 = 0, f32 = 0;
-  double Total() const { return nibble + int8 + f32; }
+  double int4 = 0, mxfp4 = 0, int8 = 0, f32 = 0;
 };
 FormatMacs MacsByFormat(const model::Model& m, bool idot) {
   const ModelConfig& c = m.config();
@@ -184,8 +183,10 @@ FormatMacs MacsByFormat(const model::Model& m, bool idot) {
       f.f32 += macs;
     } else if (fmt == quant::WeightFormat::kInt8) {
       f.int8 += macs;
+    } else if (fmt == quant::WeightFormat::kMxfp4) {
+      f.mxfp4 += macs;
     } else {
-      f.nibble += macs;
+      f.int4 += macs;
     }
   };
   for (const model::LayerWeights& l : m.weights().layers) {
@@ -198,7 +199,7 @@ FormatMacs MacsByFormat(const model::Model& m, bool idot) {
       // Routed experts: MXFP4 as released, K of them per token.
       const double routed = double(c.num_experts_per_token) * 3.0 *
                             double(c.routed_expert_hidden_size) * double(c.moe_intermediate_size);
-      (idot ? f.nibble : f.f32) += routed;
+      (idot ? f.mxfp4 : f.f32) += routed;
       for (const model::Matrix* w : {&l.moe.latent_down, &l.moe.latent_up, &l.moe.shared.gate,
                                      &l.moe.shared.up, &l.moe.shared.down, &l.moe.router}) {
         add(*w, 1);
@@ -300,12 +301,20 @@ void RunPrefillBench(const PrefillArgs& a) {
   roofs.Measure(3);
   const MixCeiling mix = MeasureMixCeiling(0.2, 5);
   const double macs_tok = MacsPerToken(config);
-  // The floor's multiply-adds at what the tile's arithmetic allows (per format)
-  // and the f32 ones at the FMA roof, seconds per prompt token; the roofs are
-  // read when a line is written, so every pass so far counts.
+  // The floor's multiply-adds at what the tile's arithmetic allows and the f32
+  // ones at the FMA roof, seconds per prompt token; the roofs are read when a
+  // line is written, so every pass so far counts. Whatever the implementation,
+  // each 16 group sums (512 int8 products) must become floats and meet their
+  // factors in one multiply-add (cvt + fma: the int8 ceiling). int4-g64's factor
+  // is the product of two arbitrary floats (s4 * sc), one more multiply (the
+  // nibble ceiling); MXFP4's weight scale is a power of two, which an integer add
+  // to the exponent can apply exactly, so the experts are held to the int8 one
+  // (a conservative choice: on Zen 5 that add measured no faster than the
+  // multiply, docs/PERFORMANCE.md, sixteenth prefill session).
   auto bound_per_token = [&] {
     const double idot = roofs.Idot() * 1e9, fma = roofs.Fma() * 1e9;
-    return by_format.nibble / (idot * mix.nibble) + by_format.int8 / (idot * mix.int8) + by_format.f32 / fma;
+    return by_format.int4 / (idot * mix.nibble) + (by_format.mxfp4 + by_format.int8) / (idot * mix.int8) +
+           by_format.f32 / fma;
   };
   // The facts every line ends with, then the line.
   auto Finish = [&](JsonWriter& j) {
@@ -328,7 +337,8 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("roof_passes", int64_t(roofs.idot.size()))
         .Field("idot_roof_min_gmacs", *std::min_element(roofs.idot.begin(), roofs.idot.end()))
         .Field("macs_per_token", macs_tok)
-        .Field("macs_per_token_nibble", by_format.nibble)
+        .Field("macs_per_token_int4", by_format.int4)
+        .Field("macs_per_token_mxfp4", by_format.mxfp4)
         .Field("macs_per_token_int8", by_format.int8)
         .Field("macs_per_token_f32", by_format.f32)
         .Field("mix_measured", mix.measured)
@@ -459,7 +469,8 @@ void SetupPrefillBench(CLI::App& root) {
   auto args = std::make_shared<PrefillArgs>();
   CLI::App* cmd = root.add_subcommand(
       "prefill",
-      "cold long-prompt prefill vs max(I/O floor, compute floor) and vs the old K3_CHUNK=32");
+      "cold long-prompt prefill vs max(I/O floor, compute floor), vs the bound the IDOT tile's arithmetic "
+      "sets, and vs the old K3_CHUNK=32");
   cmd->add_option("MODEL", args->model_dir, "HF snapshot or k3 container directory")->required();
   cmd->add_option("--lengths", args->lengths, "prompt lengths (default 512,2048,8192)")
       ->delimiter(',');
