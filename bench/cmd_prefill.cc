@@ -4,14 +4,15 @@
 // shards) and the compute floor (the prompt's multiply-adds / the IDOT roof,
 // quant::RoofLoop on every thread; a second floor adds MLA attention's T^2
 // multiply-adds at the FMA roof) -- alternating with the old default chunk
-// (K3_CHUNK=32) in the same run. The roofs are the best of several passes
-// (before the first prefill and after every one): a pass that meets a busy
-// host reads low, and a low roof would flatter every ratio. Beside the floors,
-// a bound: the same multiply-adds at what the IDOT tile's arithmetic allows on
-// this core (bench/cmd_mix.cc), per weight format, plus attention at the FMA
-// roof -- no implementation with these numerics runs faster on this machine. The old default at long prompts would run for
+// (K3_CHUNK=32) in the same run. The old default at long prompts would run for
 // hours, so it is measured on a prefix (--baseline-prefix tokens; its cost per
 // chunk is flat) and extrapolated linearly to the prompt; the line says so.
+// The roofs are the best of several passes (before the first prefill and after
+// every one): a pass that meets a busy host reads low, and a low roof would
+// flatter every ratio. Beside the floors, a bound: the same multiply-adds at
+// what the IDOT tile's arithmetic allows on this core (bench/cmd_mix.cc), per
+// weight format, plus attention at the FMA roof -- no implementation with these
+// numerics runs faster on this machine.
 #include <fcntl.h>
 #include <malloc.h>
 #include <sys/stat.h>
@@ -175,9 +176,9 @@ struct FormatMacs {
 FormatMacs MacsByFormat(const model::Model& m, bool idot) {
   const ModelConfig& c = m.config();
   FormatMacs f;
-  auto add = [&](const model::Matrix& w, double tokens_per_token) {
+  auto add = [&](const model::Matrix& w) {
     if (w.empty()) return;
-    const double macs = double(w.rows()) * double(w.cols()) * tokens_per_token;
+    const double macs = double(w.rows()) * double(w.cols());
     const quant::WeightFormat fmt = w.format();
     if (!idot || fmt == quant::WeightFormat::kF32 || w.cols() % 32 != 0) {
       f.f32 += macs;
@@ -191,9 +192,9 @@ FormatMacs MacsByFormat(const model::Model& m, bool idot) {
   };
   for (const model::LayerWeights& l : m.weights().layers) {
     if (l.is_kda) {
-      for (const model::Matrix* w : {&l.kda.q, &l.kda.k, &l.kda.v, &l.kda.g, &l.kda.o}) add(*w, 1);
+      for (const model::Matrix* w : {&l.kda.q, &l.kda.k, &l.kda.v, &l.kda.g, &l.kda.o}) add(*w);
     } else {
-      for (const model::Matrix* w : {&l.mla.q_a, &l.mla.q_b, &l.mla.kv_a, &l.mla.o, &l.mla.g}) add(*w, 1);
+      for (const model::Matrix* w : {&l.mla.q_a, &l.mla.q_b, &l.mla.kv_a, &l.mla.o, &l.mla.g}) add(*w);
     }
     if (l.is_moe) {
       // Routed experts: MXFP4 as released, K of them per token.
@@ -202,10 +203,10 @@ FormatMacs MacsByFormat(const model::Model& m, bool idot) {
       (idot ? f.mxfp4 : f.f32) += routed;
       for (const model::Matrix* w : {&l.moe.latent_down, &l.moe.latent_up, &l.moe.shared.gate,
                                      &l.moe.shared.up, &l.moe.shared.down, &l.moe.router}) {
-        add(*w, 1);
+        add(*w);
       }
     } else {
-      for (const model::Matrix* w : {&l.dense.gate, &l.dense.up, &l.dense.down}) add(*w, 1);
+      for (const model::Matrix* w : {&l.dense.gate, &l.dense.up, &l.dense.down}) add(*w);
     }
   }
   return f;
@@ -415,7 +416,9 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("io_floor_s", io_floor)
         .Field("compute_floor_s", compute_floor)
         .Field("attn_macs", attn_macs)
-        .Field("compute_floor_attn_s", compute_floor + attn_floor);
+        .Field("compute_floor_attn_s", compute_floor + attn_floor)
+        .Field("idot_roof_gmacs", roof)
+        .Field("fma_roof_gmacs", fma_roof);
     if (mix.measured) {
       // The goal (1.25x max(floors)) against the bound: below 1, the
       // goal asks for less time than the arithmetic itself takes here.
