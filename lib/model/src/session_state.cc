@@ -1,5 +1,5 @@
 // Checkpoint layout and fingerprint (session_state.h). Saving and restoring a
-// Session's state lives in model.cc beside the state it copies.
+// Session's state is checkpoint.cc's.
 #include "k3/model/session_state.h"
 
 #include <xxhash.h>

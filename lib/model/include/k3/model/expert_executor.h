@@ -28,7 +28,7 @@
 
 namespace k3::model {
 
-// Receives routed-expert outputs one (token, rank) pair at a time (issue 25):
+// Receives routed-expert outputs one (token, rank) pair at a time:
 // the combine folds each pair into its token's latent sum as soon as the sum
 // order allows, so no [C*K][LT] buffer is needed when experts arrive in
 // ascending id order. Called on the thread that called Run(), once per listed

@@ -69,7 +69,7 @@ class Model {
   const Snapshot& snapshot() const { return *snapshot_; }
   const ModelWeights& weights() const { return weights_; }
   ExpertStore& experts() { return *experts_; }
-  // Replaces the expert store (e.g. the streaming store of issue 6).
+  // Replaces the expert store (e.g. lib/stream's streaming store).
   void SetExpertStore(std::unique_ptr<ExpertStore> store) { experts_ = std::move(store); }
   // Who computes the routed experts: null (the default) = the CPU over
   // experts(); otherwise e.g. the Vulkan tier. The executor is handed the
@@ -98,7 +98,7 @@ struct ForwardOutputs {
   float* final_hidden = nullptr;  // [T][hidden]: lm_head input (oracle final.f32)
 };
 
-// What a prefill window holds (issue 25, docs/model.md "Windows"), in bytes:
+// What a prefill window holds (docs/model.md "Windows"), in bytes:
 // activations, AttnRes block snapshots, the largest layer's scratch (KDA, MLA
 // with its score rows, MoE with router logits, latent rows, the executor's
 // rows and the combine's held outputs, dense / shared MLP), the int8
@@ -152,9 +152,9 @@ struct RoutingRecord {
 };
 
 // Wall seconds of the forward pass by part, summed over a session's Forward
-// calls (issue 25 §2: the prefill benchmark states each part's share). The
-// parts are timed around the code that does them, threads included; their sum
-// is the forward pass less embedding lookups and loop overhead.
+// calls (the prefill benchmark states each part's share). The parts are timed
+// around the code that does them, threads included; their sum is the forward
+// pass less embedding lookups and loop overhead.
 struct PhaseTimes {
   double attn_proj = 0;    // KDA and MLA linear layers (q/k/v/g/f/b, q_a/q_b/kv_a/g, o)
   double kda_scan = 0;     // KDA short conv + the gated delta-rule scan, per head
@@ -187,7 +187,7 @@ class Session {
   // Feeds `ids` at positions position()..position()+T-1 in windows (see
   // RunOptions::chunk) and advances the state.
   //
-  // Checkpoints inside the call (issue 25): for every position in
+  // Checkpoints inside the call: for every position in
   // `checkpoint_at` (ascending, in (position(), position()+T]) the session
   // captures each KDA layer's state and conv windows as that layer's scan
   // passes the position (MLA rows are position-indexed), and hands the
@@ -230,7 +230,7 @@ class Session {
   void RecordRouting(bool on) { record_routing_ = on; }
   const std::vector<RoutingRecord>& routing() const { return routing_; }
 
-  // Checkpoints (issue 13, session_state.h). SaveCheckpoint copies the KDA
+  // Checkpoints (session_state.h). SaveCheckpoint copies the KDA
   // state and conv windows and the MLA rows fed since the last checkpoint this
   // session saved or restored on the same ids; earlier rows are shared with
   // that checkpoint. RestoreCheckpoint makes this session's state exactly the
@@ -244,7 +244,7 @@ class Session {
   StateFingerprint Fingerprint() const;
 
  private:
-  struct Impl;
+  struct Impl;  // session_impl.h; the members below live in the rooms it names
   void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
                     bool last_chunk);
   void KdaForward(int64_t layer, const float* x, size_t n, float* out);

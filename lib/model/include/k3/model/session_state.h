@@ -1,4 +1,4 @@
-// Recurrent-state checkpoints of a Session (issue 13): the whole sequence state
+// Recurrent-state checkpoints of a Session: the whole sequence state
 // at one position, so that restoring it and feeding the tail is bit-identical
 // to feeding the whole prompt.
 //
