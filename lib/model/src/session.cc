@@ -19,6 +19,7 @@
 
 namespace k3::model {
 namespace {
+// A prefill's window choice is logged at info once per process.
 std::atomic<bool> g_window_logged{false};
 }  // namespace
 
