@@ -18,6 +18,7 @@
 #include "k3/quant/isa_info.h"
 #include "k3/toolenv/toolenv.h"
 #include "k3/repack/repack.h"
+#include "cli.h"
 
 namespace {
 
@@ -129,7 +130,7 @@ void PrintHuman(const RepackEvent& e, bool tty) {
     case RepackEvent::Kind::kShardStart:
       break;
     case RepackEvent::Kind::kProgress:
-      if (tty) std::fputs(k3::repack::ProgressLine(e).c_str(), stderr);
+      if (tty) std::fputs(k3::repack_cli::ProgressLine(e).c_str(), stderr);
       break;
     case RepackEvent::Kind::kShardDone:
       std::fprintf(stderr, "%s  %s: done (%zu/%zu) %s in %.1f s%s\n", tty ? "\r\033[K" : "",
@@ -249,8 +250,8 @@ int Main(int argc, char** argv) {
     // Given values are checked as given (--mla-bits 0 is an error, not the default).
     opt.bits.mla_bits = mla_opt->count() ? mla_bits : std::max(opt.bits.bits, 8);
     opt.bits.head_bits = head_opt->count() ? head_bits : std::max(opt.bits.bits, 8);
-    if (!shards.empty()) opt.shards = k3::repack::ParseShardList(shards);
-    if (!worker.empty()) k3::repack::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
+    if (!shards.empty()) opt.shards = k3::repack_cli::ParseShardList(shards);
+    if (!worker.empty()) k3::repack_cli::ParseWorker(worker, &opt.worker_index, &opt.worker_count);
     // Given values are checked as given: 0 is not "automatic" here.
     if (block_opt->count()) {
       if (block_mib < 1 || block_mib > static_cast<int64_t>(k3::repack::kMaxBlockBytes >> 20)) {

@@ -121,10 +121,6 @@ struct PipelinePlan {
 PipelinePlan ResolvePipeline(const RepackOptions& options, size_t shards_todo,
                              uint64_t mem_available, uint64_t address_space = 0);
 
-// Parses "1,2,5-9" into shard numbers; throws kInvalidArgument.
-std::vector<int64_t> ParseShardList(const std::string& list);
-// Parses "I/N" (0 <= I < N); throws kInvalidArgument.
-void ParseWorker(const std::string& spec, int* index, int* count);
 // Checks bits values: 4 (int4-g64) or 8 (int8), nothing else; throws kInvalidArgument.
 void ValidateBits(const QuantBits& bits);
 
@@ -172,12 +168,6 @@ struct RepackEvent {
 };
 
 using RepackObserver = std::function<void(const RepackEvent&)>;
-
-// The TTY progress line for a kProgress event: starts with "\r\033[K" (back to
-// column 0, erase the line) so nothing of a longer previous line remains. The
-// ETA comes from the conversion's own rate (pre-flight hashing excluded) and is
-// "--" until a second of converting has passed.
-std::string ProgressLine(const RepackEvent& e);
 
 // Runs the conversion; returns the summary event (also sent to the observer).
 // Shards that failed on their own (kShardFailed) are reported at the end: once
