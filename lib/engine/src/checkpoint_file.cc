@@ -235,9 +235,9 @@ CheckpointFileResult ReadCheckpointFile(const std::string& path, const StateFing
     // tensors (contiguous from tensor 1), then the MLA ones, read block by block
     // straight into the checkpoint's memory and hashed while the block is in
     // cache. Buffered reads, not O_DIRECT: readahead keeps several requests in
-    // flight (on the measured VM 2.8-3.2 GB/s against 1.1-1.6 for one direct
-    // stream); with `direct` each block is dropped from the page cache once
-    // read, so a load leaves the cache as it found it.
+    // flight where one direct stream keeps one (the rates are in
+    // docs/checkpoints.md, "Measured"); with `direct` each block is dropped from
+    // the page cache once read, so a load leaves the cache as it found it.
     std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
     XXH3_state_t* st = state.get();
     K3_CHECK(st != nullptr);

@@ -71,7 +71,7 @@ TEST_CASE("engine greedy tokens equal Moonshot's reference, for any prefill chun
   }
 }
 
-TEST_CASE("engine sampled tokens equal k3-run generate before the engine (commit 551d297)") {
+TEST_CASE("engine sampled tokens equal the plain prefill-then-sample loop and the recorded ids") {
   // k3-run generate k3-tiny "Hello world" --ngen 24 --temp 0.8 --top-p 0.9 --seed 7
   // with the default quantization (int4/int8, IDOT).
   auto e = Engine::LoadOrThrow(Options(false));
@@ -80,7 +80,7 @@ TEST_CASE("engine sampled tokens equal k3-run generate before the engine (commit
   r.max_tokens = 24;
   r.sampling = {0.8f, 0.9f, 7};
   GenerateResult g = e->Generate(r);
-  // The old binary's loop, on any ISA: prefill, then sample + feed one token at a time.
+  // The plain loop, on any ISA: prefill, then sample + feed one token at a time.
   {
     model::Session s(e->model(), e->options().run);
     std::vector<float> logits(static_cast<size_t>(e->config().vocab_size));
@@ -95,8 +95,8 @@ TEST_CASE("engine sampled tokens equal k3-run generate before the engine (commit
     }
     CHECK(g.ids == old);
   }
-  // The ids the old binary printed, recorded with the AVX-512 kernels (AVX2
-  // gives the same; the scalar kernels' float sums round differently, and
+  // The ids k3-run generate printed for this command, recorded with the
+  // AVX-512 kernels, so the engine's bits cannot drift (AVX2 gives the same; the scalar kernels' float sums round differently, and
   // sampling at 0.8 follows the logits' last bits).
   if (quant::ActiveIsa() != quant::Isa::kScalar) {
     CHECK(g.ids == std::vector<int32_t>{1123, 1052, 1086, 226, 658, 1563, 2217, 1394,

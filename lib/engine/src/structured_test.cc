@@ -480,10 +480,9 @@ TEST_CASE("structured: inside a pattern string a token may lengthen the shortest
 TEST_CASE("structured: one token far from the budget may lengthen the shortest completion past it; still closes") {
   // After `[` the shortest completion of {"todos":[...]} is `]}`; after `{"`
   // it is an item with three required keys, ~40 bytes longer: more than the
-  // fixed look-ahead before steering (tests/server's hand-13 schema, which a
-  // kernel change once made the tiny model cut at max_tokens). With a second,
-  // cheap tool, budgets from the shortest answer up must all close (before
-  // the fix 44 of these 1,208 answers were cut).
+  // fixed look-ahead before steering (tests/server's hand-13 schema, which
+  // the tiny model can cut at max_tokens). With a second, cheap tool, budgets
+  // from the shortest answer up must all close, each of the 1,208 answers.
   const tok::Tokenizer tok = tok::Tokenizer::LoadDirOrThrow(kTiny);
   const constrain::Vocabulary vocab = constrain::Vocabulary::FromTokenizer(tok);
   const int32_t end_id = int32_t(tok.SpecialIdOrThrow("<|end_of_msg|>"));

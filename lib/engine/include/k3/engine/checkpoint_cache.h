@@ -1,4 +1,4 @@
-// Recurrent-state checkpoint cache (issue 13): Session checkpoints kept in RAM
+// Recurrent-state checkpoint cache: Session checkpoints kept in RAM
 // slots (LRU across conversations), matched on the exact token-id prefix, the
 // deepest match restored so that only the tail is prefilled; optionally parked
 // on disk when evicted (one safetensors file each, docs/checkpoints.md).
@@ -144,8 +144,8 @@ class CheckpointCache {
   // position 0, or when one with exactly these ids is cached: that one is
   // marked used instead). May evict (and park) the least recently used.
   void Save(model::Session& session);
-  // Keeps a checkpoint made elsewhere (Session::Forward's in-window captures,
-  // issue 25) under the same rules: nothing when off or at position 0; an
+  // Keeps a checkpoint made elsewhere (Session::Forward's captures inside its
+  // prefill windows) under the same rules: nothing when off or at position 0; an
   // entry with the same ids is marked used instead (and gets this state if it
   // was on disk only).
   void Put(std::shared_ptr<const model::SessionCheckpoint> checkpoint);

@@ -3,7 +3,7 @@
 // prompt building, prefix reuse, chunked prefill with cancel, sampling, stop
 // conditions, channel deltas, usage, timings and expert stats.
 //
-// CONTRACT (issue 11): lib/server codes against this header. Add fields and
+// CONTRACT: lib/server codes against this header. Add fields and
 // functions freely; do not rename or change the meaning of what is here.
 //
 // Ownership and threads: an Engine owns the Model, the Tokenizer and one
@@ -66,7 +66,7 @@ struct EngineOptions {
   // Reads every K3_* runtime variable (docs/environment.md) with core's strict
   // parser: a malformed or out-of-range value throws kInvalidArgument naming it.
   // Also validates K3_LOG and applies it (SetLogLevel).
-  // Recurrent-state checkpoints (issue 13, docs/checkpoints.md), from the
+  // Recurrent-state checkpoints (docs/checkpoints.md), from the
   // apps' --ckpt-slots / --ckpt-dir / --ckpt-disk-gb / --ckpt-every (whose
   // default, -1, sizes the slots from free memory). RAM slots 0: off, the
   // default of the struct, so that a library user opts in.
@@ -78,7 +78,7 @@ struct EngineOptions {
   static EngineOptions FromEnv(std::string model_dir);
 };
 
-// The default prefill window budget (issue 25, docs/engine.md "Windows"): the
+// The default prefill window budget (docs/engine.md "Windows"): the
 // expert cache takes 0.88 x MemAvailable minus stream.reserve_bytes (page
 // cache 2.5 GB + activations 1.2 GB); windows get what that leaves besides
 // the page-cache share: 0.88 x available - (reserve - 1.2 GB) - cache bytes,
@@ -100,7 +100,7 @@ struct SamplingParams {
   uint64_t seed = 1;
 };
 
-// Structured output (issue 16; the rules in docs/server.md "Constrained
+// Structured output (the rules in docs/server.md "Constrained
 // decoding"): what the sampling loop guarantees by masking, in chat mode only.
 // Compiled schemas are immutable and shared (one spec may serve many requests).
 struct ToolConstraint {
@@ -220,7 +220,7 @@ struct Timings {
   double prefill_tok_per_s = 0; // prefilled tokens / prefill_s
   double decode_tok_per_s = 0;  // (completion_tokens - 1) / decode_s
   double constrain_s = 0;       // structured output: masks, draw checks, steering and forced ids (inside decode_s)
-  // Prefill windows (issue 25): the largest window this call's prefill used
+  // Prefill windows: the largest window this call's prefill used
   // (tokens run layer-major together), how many windows it took, and the
   // expert bytes read from disk during the prefill.
   int64_t prefill_window = 0;
@@ -230,7 +230,7 @@ struct Timings {
   model::PhaseTimes prefill_phases;
 };
 
-// Prefill progress (issue 25), passed to Callbacks::on_prefill between layers
+// Prefill progress, passed to Callbacks::on_prefill between layers
 // and between experts of a long expert pass. Token counts are of this call;
 // `units_*` count token-layers so that progress moves inside a big window.
 struct PrefillProgress {

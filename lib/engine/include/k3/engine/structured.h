@@ -1,5 +1,5 @@
 // k3::engine::StructuredDecoder — structured output in the sampling loop.
-// (issue 16, docs/server.md "Constrained decoding"): a per-generation state
+// (docs/server.md "Constrained decoding"): a per-generation state
 // machine over K3's XTML answer structure that says, before each sampling
 // step, which ids may come next — forcing the structural markers, masking JSON
 // with a constrain::TokenConstraint — and steers to the shortest completion

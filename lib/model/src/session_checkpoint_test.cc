@@ -1,4 +1,4 @@
-// Session checkpoints (issue 13): restoring a checkpoint and feeding the tail
+// Session checkpoints: restoring a checkpoint and feeding the tail
 // is bit-identical to feeding the whole prompt, on every ISA this CPU runs,
 // chunk sizes 1, 7 and 32, f32 and quantized weights, IDOT on and off; and
 // the restored path also matches Moonshot's reference (the oracle's

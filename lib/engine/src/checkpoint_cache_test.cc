@@ -1,4 +1,4 @@
-// The checkpoint cache (issue 13) on the oracle's k3-tiny model: alternating
+// The checkpoint cache on the oracle's k3-tiny model: alternating
 // conversations through a 2-slot cache, parking to disk and reloading in a new
 // cache (a restarted process), every kind of damaged file refused, memory
 // within the slots. Every turn's logits are compared bit for bit with a fresh
@@ -651,8 +651,8 @@ TEST_CASE(
   const std::string outside = dir + "/outside";
   MakeDirs(outside);
 
-  // Each replacement of the parked file is refused at once (a FIFO used to
-  // block the request in open() forever), never followed, and prefilled instead.
+  // Each replacement of the parked file is refused at once (opening a FIFO
+  // would block the request forever), never followed, and prefilled instead.
   for (const char* kind : {"fifo", "directory", "link"}) {
     INFO(kind);
     const std::string cdir = dir + "/cache_" + kind;

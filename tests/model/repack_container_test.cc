@@ -1,7 +1,7 @@
 // Containers written by the real k3-repack (lib/repack): the engine must give
 // bit-identical logits from the container, from its K3_MMAP mapping and from the
 // snapshot quantized at load, and match the int8/int4 oracle goldens with f32
-// activations (issue 5: "from the snapshot and from a container").
+// activations: a container is only a faster way to the same model.
 #include "k3/repack/repack.h"
 
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Prefill windows in the engine (issue 25): the whole prompt in one window
+// Prefill windows in the engine: the whole prompt in one window
 // reads each routed expert once per layer; progress reports climb to the
 // total; a cancel between layers or between experts of a window leaves an
 // engine that answers as a fresh one, resuming from the checkpoints of the
@@ -74,7 +74,7 @@ TEST_CASE("one window: each routed expert read once per layer; progress climbs t
 
   const int64_t L = e->config().num_hidden_layers;
   REQUIRE(!seen.empty());
-  CHECK(legacy == L);  // the old hook: once per layer of the one window
+  CHECK(legacy == L);  // on_prefill_progress: once per layer of the one window
   int64_t units = 0;
   bool inside_experts = false;
   for (const PrefillProgress& p : seen) {

@@ -1,4 +1,4 @@
-// Checkpoints wired into Engine::Generate (issue 13): alternating
+// Checkpoints wired into Engine::Generate: alternating
 // conversations get tail-only prefills (usage.cached_tokens says how much was
 // reused), a retry of the same prompt restores its last-id checkpoint, a
 // prefill cancelled midway resumes from its K-token checkpoint; every answer

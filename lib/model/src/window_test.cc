@@ -1,6 +1,6 @@
-// Prefill windows (issue 25): every window size gives the bits of
+// Prefill windows: every window size gives the bits of
 // token-at-a-time; the combine that folds expert outputs as they arrive gives
-// the bits of the old [C*K][LT] buffer whatever order the executor delivers
+// the bits of the [C*K][LT] buffer whatever order the executor delivers
 // them in; PrefillWindowBytes matches what a window really allocates (counted
 // by this binary's operator new) and PlanWindow picks the fewest windows
 // that fit.
