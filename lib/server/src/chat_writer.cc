@@ -1,6 +1,7 @@
 // The chat.completions writer: ChatStream's SSE chunks, or ChatAccumulator's
 // whole object with JSON whitespace as the heartbeat (docs/server.md).
 #include "k3/server/response_writer.h"
+#include "sse.h"
 
 namespace k3::server {
 namespace {
@@ -22,11 +23,11 @@ class ChatWriter : public ResponseWriter {
     return {};
   }
   std::string Heartbeat(std::string_view what) override {
-    return stream_ ? ChatStream::Heartbeat(what) + sse_.KeepAlive() : " ";
+    return stream_ ? SseComment(what) + sse_.KeepAlive() : " ";
   }
   std::string Progress(const engine::PrefillProgress& p) override {
     if (!stream_) return " ";
-    return ChatStream::Heartbeat(ProgressText(p)) +
+    return SseComment(ProgressText(p)) +
            (return_progress_ ? sse_.ProgressChunk(p) : sse_.KeepAlive());
   }
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override {
