@@ -4,7 +4,7 @@
 // The POST routes are a table of them (Dialects()), and an error on a path is
 // shaped by the dialect that owns the path (DialectForPath), so a new dialect
 // is one file defining one more descriptor plus its line in the table
-// (dialect.cc). docs/server.md "Dialects".
+// (dialect.cc). docs/server.md "The code's rooms".
 //
 // Descriptors are constants; every function in them is thread-safe.
 #pragma once
