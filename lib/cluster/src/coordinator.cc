@@ -297,12 +297,6 @@ void ClusterExecutor::Lose(int rank, const std::string& why) {
   throw Error(ErrorCode::kUnavailable, why, {}, Error::kNoOffset, "rank " + std::to_string(rank));
 }
 
-void ClusterExecutor::StorePair(const model::ExpertBatch& b, uint32_t pair,
-                                const float* src) const {
-  const size_t LT = static_cast<size_t>(config_.routed_expert_hidden_size);
-  std::memcpy(b.out + static_cast<size_t>(pair) * LT, src, LT * sizeof(float));
-}
-
 void ClusterExecutor::Prefetch(int64_t layer, std::span<const int32_t> likely,
                                model::ExpertStore& store) {
   std::vector<int32_t> own;
@@ -499,7 +493,7 @@ void ClusterExecutor::Run(const model::ExpertBatch& b, model::ExpertStore& store
           std::memcpy(row.data(), p, LT * sizeof(float));
           p += LT * sizeof(float);
         }
-        StorePair(b, q, row.data());
+        b.Emit(q, row.data());
       }
     }
   }

@@ -1,4 +1,4 @@
-// k3's HTTP/1.1 layer (issue 28). One epoll thread owns every socket while a
+// k3's HTTP/1.1 layer. One epoll thread owns every socket while a
 // request is read: it enforces the connection caps, the head deadline, the
 // per-read body deadline, the idle keep-alive timeout and the head/body caps
 // (http_parser.h), so slow or idle sockets cost a few hundred bytes each and
@@ -38,7 +38,7 @@
 
 #include "k3/core/error.h"
 #include "k3/core/log.h"
-#include "k3/server/messages.h"
+#include "k3/server/dialect.h"
 #include "k3/server/server.h"
 
 namespace k3::server {
@@ -53,7 +53,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 // ---- Routes -----------------------------------------------------------------
 
-// A POST route's handler: a whole reply, or a job to stream (PrepareChat).
+// A POST route's handler: a whole reply, or a job to stream (Service::Prepare).
 using PrepareFn = std::function<std::variant<HttpReply, std::unique_ptr<Service::Job>>(
     Service&, std::string_view)>;
 
@@ -67,31 +67,29 @@ struct Route {
   bool needs_prepare_slot = false;  // parses, renders or compiles: bounded by prepare_concurrency
 };
 
-PrepareFn Job(
-    std::variant<HttpReply, std::unique_ptr<Service::Job>> (Service::*f)(std::string_view)) {
-  return [f](Service& s, std::string_view body) { return (s.*f)(body); };
-}
-PrepareFn Whole(HttpReply (Service::*f)(std::string_view)) {
-  return [f](Service& s,
-             std::string_view body) -> std::variant<HttpReply, std::unique_ptr<Service::Job>> {
-    return (s.*f)(body);
-  };
-}
-
-// Every route k3 serves; one line adds one (the Service method does the work).
+// Every route k3 serves: the cheap GET routes, then each dialect's POST
+// route (and its count_tokens route) from the dialect table (dialect.h).
 const std::vector<Route>& Routes() {
-  static const std::vector<Route> routes = {
-      {"GET", "/health", [](Service& s) { return s.Health(); }, nullptr},
-      {"GET", "/metrics", [](Service& s) { return s.MetricsText(); }, nullptr},
-      {"GET", "/v1/models", [](Service& s) { return s.Models(); }, nullptr},
-      {"GET", "/", [](Service& s) { return s.Page(); }, nullptr},
-      {"POST", "/v1/chat/completions", nullptr, Job(&Service::PrepareChat), true, true},
-      // The Anthropic Messages API; anthropic-version is accepted, whatever it says.
-      {"POST", "/v1/messages", nullptr, Job(&Service::PrepareMessages), true, true},
-      {"POST", "/v1/messages/count_tokens", nullptr, Whole(&Service::CountTokens), true, true},
-      // The OpenAI Responses API (Codex, client.responses.*).
-      {"POST", "/v1/responses", nullptr, Job(&Service::PrepareResponses), true, true},
-  };
+  static const std::vector<Route> routes = [] {
+    std::vector<Route> r = {
+        {"GET", "/health", [](Service& s) { return s.Health(); }, nullptr},
+        {"GET", "/metrics", [](Service& s) { return s.MetricsText(); }, nullptr},
+        {"GET", "/v1/models", [](Service& s) { return s.Models(); }, nullptr},
+        {"GET", "/", [](Service& s) { return s.Page(); }, nullptr},
+    };
+    for (const Dialect* d : Dialects()) {
+      r.push_back({"POST", d->path, nullptr,
+                   [d](Service& s, std::string_view body) { return s.Prepare(*d, body); }, true, true});
+      if (d->count_tokens_path) {
+        r.push_back({"POST", d->count_tokens_path, nullptr,
+                     [d](Service& s, std::string_view body) -> std::variant<HttpReply, std::unique_ptr<Service::Job>> {
+                       return s.CountTokens(*d, body);
+                     },
+                     true, true});
+      }
+    }
+    return r;
+  }();
   return routes;
 }
 
@@ -104,18 +102,10 @@ std::string RouteLabel(std::string_view path) {
   return path.empty() ? "-" : "unmatched";
 }
 
-// The Anthropic routes answer errors in Anthropic's shape (messages.h).
-bool IsMessagesPath(std::string_view path) {
-  return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0;
-}
-
+// A refusal by the HTTP layer, in the shape of the dialect owning the path.
 HttpReply ErrorFor(std::string_view path, int status, std::string type, std::string message,
                    std::string code = {}) {
-  ApiError e = MakeApiError(status, std::move(type), std::move(message), std::move(code));
-  HttpReply r;
-  r.status = status;
-  r.body = IsMessagesPath(path) ? AnthropicErrorJson(e) : e.Json();
-  return r;
+  return DialectForPath(path).error(MakeApiError(status, std::move(type), std::move(message), std::move(code)), -1);
 }
 
 const char* Reason(int status) {
@@ -481,7 +471,7 @@ struct HttpServer::Impl {
       return r;
     }
     if (h.path.rfind("/v1/", 0) == 0 && !service.Authorized(h.raw_authorization, h.raw_x_api_key)) {
-      return IsMessagesPath(h.path) ? service.MessagesUnauthorized() : service.Unauthorized();
+      return service.Unauthorized(DialectForPath(h.path));
     }
     if (c.route->json_body && h.Has("content-type")) {
       // application/json with any parameters (charset); a form or text/plain
@@ -580,7 +570,7 @@ struct HttpServer::Impl {
     c->deadline = Clock::now() + std::chrono::seconds(o.read_timeout_s);
     if (early) {
       // Refused before routing: the body is read and dropped within the caps,
-      // so the connection stays in step (issue 26) -- unless the client waits
+      // so the connection stays in step -- unless the client waits
       // for a 100 Continue, which it will not get: answer and close.
       if (has_body && c->head.expect_continue) return Answer(c, *early, false);
       c->reply = std::move(*early);

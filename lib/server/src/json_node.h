@@ -114,6 +114,17 @@ inline void TextPart(JsonWriter& j, std::string_view text) {
   j.BeginObject().Field("type", "text").Field("text", text).EndObject();
 }
 
+// The fields the twin takes as they are sent: stream, return_progress (k3's
+// extension), ignore_eos (llama-server's / vLLM's field); then closes it.
+inline void PassRunFlagsAndClose(const Node& root, JsonWriter& chat) {
+  bool stream = false;
+  if (auto s = Member(root, "stream")) stream = Flag(*s);
+  chat.Field("stream", stream);
+  if (auto rp = Member(root, "return_progress")) chat.Field("return_progress", Flag(*rp));
+  if (auto ie = Member(root, "ignore_eos")) chat.Field("ignore_eos", Flag(*ie));
+  chat.EndObject();
+}
+
 // Renames the field an error of the chat.completions twin's parser names: the
 // first pair whose `from` occurs is replaced (in the message and the param),
 // so a 400 speaks the API the client used.

@@ -463,14 +463,7 @@ MessagesRequest ParseMessagesRequestOrThrow(std::string_view body, const ApiPoli
     }
   }
   chat.Key("thinking").BeginObject().Field("type", thinking ? "enabled" : "disabled").EndObject();
-  bool stream = false;
-  if (auto s = Member(root, "stream")) stream = Flag(*s);
-  chat.Field("stream", stream);
-  if (auto rp = Member(root, "return_progress"))
-    chat.Field("return_progress", Flag(*rp));  // k3's extension
-  if (auto ie = Member(root, "ignore_eos"))
-    chat.Field("ignore_eos", Flag(*ie));  // llama-server's / vLLM's field
-  chat.EndObject();
+  PassRunFlagsAndClose(root, chat);
 
   std::vector<std::string> stop;
   if (auto ss = Member(root, "stop_sequences")) {

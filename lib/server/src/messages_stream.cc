@@ -9,33 +9,37 @@
 #include "k3/core/json_writer.h"
 #include "k3/server/messages.h"
 #include "k3/server/messages_stream.h"
+#include "segmenter.h"
+#include "sse.h"
 
 namespace k3::server {
 namespace {
 
-const char* KindName(MessageEvents::Block::Kind kind) {
-  switch (kind) {
-    case MessageEvents::Block::kThinking: return "thinking";
-    case MessageEvents::Block::kToolUse: return "tool_use";
-    case MessageEvents::Block::kText: break;
-  }
-  return "text";
+// A block's "type", by Channel.
+const char* KindName(Channel channel) {
+  static constexpr const char* kNames[] = {"thinking", "text", "tool_use"};
+  return kNames[static_cast<int>(channel)];
+}
+
+// Anthropic's ids are "toolu_..."; the engine's own id keeps it unique.
+std::string ToolUseId(const Segment& s, const MessageMeta& meta) {
+  return "toolu_" + (s.call_id.empty() ? meta.id + "_" + std::to_string(s.call_index) : s.call_id);
 }
 
 // A block as content_block_start announces it (empty) or as the whole
 // message carries it (complete).
-void BlockJson(JsonWriter& j, const MessageEvents::Block& b, bool complete, bool thinking_omitted) {
-  j.BeginObject().Field("type", KindName(b.kind));
-  switch (b.kind) {
-    case MessageEvents::Block::kThinking:
-      j.Field("thinking", complete && !thinking_omitted ? b.text : std::string());
+void BlockJson(JsonWriter& j, const Segment& b, bool complete, const MessageMeta& meta) {
+  j.BeginObject().Field("type", KindName(b.channel));
+  switch (b.channel) {
+    case Channel::kReasoning:
+      j.Field("thinking", complete && !meta.thinking_omitted ? b.text : std::string());
       j.Field("signature", complete ? ThinkingSignature(b.text) : std::string());
       break;
-    case MessageEvents::Block::kText:
+    case Channel::kText:
       j.Field("text", complete ? b.text : std::string());
       break;
-    case MessageEvents::Block::kToolUse:
-      j.Field("id", b.id).Field("name", b.name).Key("input").Raw(complete ? ToolInputJson(b.text) : "{}");
+    case Channel::kToolCall:
+      j.Field("id", ToolUseId(b, meta)).Field("name", b.name).Key("input").Raw(complete ? ToolInputJson(b.text) : "{}");
       break;
   }
   j.EndObject();
@@ -80,11 +84,14 @@ std::string ToolInputJson(std::string_view arguments) {
   return j.Take();
 }
 
-MessageEvents::MessageEvents(MessageMeta meta, bool stream) : meta_(std::move(meta)), stream_(stream) {}
+MessageEvents::MessageEvents(MessageMeta meta, bool stream)
+    : meta_(std::move(meta)), stream_(stream), blocks_(std::make_unique<Segmenter>(Runs::kPerChange)) {}
+
+MessageEvents::~MessageEvents() = default;
 
 std::string MessageEvents::Event(const char* type, const std::string& json) const {
   if (!stream_) return {};
-  return std::string("event: ") + type + "\ndata: " + json + "\n\n";
+  return SseEvent(type, json);
 }
 
 std::string MessageEvents::Begin() {
@@ -115,91 +122,62 @@ std::string MessageEvents::Progress(const engine::PrefillProgress& progress) {
   return out;
 }
 
-std::string MessageEvents::Open(Block::Kind kind, std::string id, std::string name) {
-  std::string out = CloseOpen();
-  Block b;
-  b.kind = kind;
-  b.id = std::move(id);
-  b.name = std::move(name);
-  blocks_.push_back(std::move(b));
-  holds_.emplace_back();
-  open_ = int(blocks_.size()) - 1;
+// Segment events as Anthropic's content_block_start / _delta / _stop.
+std::string MessageEvents::Opened(size_t index) {
   JsonWriter j;
-  j.BeginObject().Field("type", "content_block_start").Field("index", open_).Key("content_block");
-  BlockJson(j, blocks_.back(), /*complete=*/false, meta_.thinking_omitted);
+  j.BeginObject().Field("type", "content_block_start").Field("index", int64_t(index)).Key("content_block");
+  BlockJson(j, blocks_->segments()[index], /*complete=*/false, meta_);
   j.EndObject();
-  return out + Event("content_block_start", j.str());
+  return Event("content_block_start", j.str());
 }
 
-// Flushes what the open block holds back, signs a thinking block, stops it.
-std::string MessageEvents::CloseOpen() {
-  if (open_ < 0) return {};
-  size_t index = size_t(open_);
-  std::string out = Piece(index, holds_[index].Flush());
-  if (blocks_[index].kind == Block::kThinking) {
-    JsonWriter j;
-    j.BeginObject().Field("type", "content_block_delta").Field("index", open_).Key("delta").BeginObject();
-    j.Field("type", "signature_delta").Field("signature", ThinkingSignature(blocks_[index].text)).EndObject();
-    j.EndObject();
-    out += Event("content_block_delta", j.str());
-  }
-  JsonWriter j;
-  j.BeginObject().Field("type", "content_block_stop").Field("index", open_).EndObject();
-  out += Event("content_block_stop", j.str());
-  open_ = -1;
-  return out;
-}
-
-// A piece already released by the block's UTF-8 holder.
 std::string MessageEvents::Piece(size_t index, const std::string& piece) {
-  if (piece.empty()) return {};
-  Block& b = blocks_[index];
-  b.text += piece;
+  const Segment& b = blocks_->segments()[index];
   JsonWriter j;
   j.BeginObject().Field("type", "content_block_delta").Field("index", int64_t(index)).Key("delta").BeginObject();
-  switch (b.kind) {
-    case Block::kThinking:
+  switch (b.channel) {
+    case Channel::kReasoning:
       if (meta_.thinking_omitted) return {};  // the signature still covers the text
       j.Field("type", "thinking_delta").Field("thinking", piece);
       break;
-    case Block::kText: j.Field("type", "text_delta").Field("text", piece); break;
-    case Block::kToolUse: j.Field("type", "input_json_delta").Field("partial_json", piece); break;
+    case Channel::kText: j.Field("type", "text_delta").Field("text", piece); break;
+    case Channel::kToolCall: j.Field("type", "input_json_delta").Field("partial_json", piece); break;
   }
   j.EndObject().EndObject();
   return Event("content_block_delta", j.str());
 }
 
+// A thinking block is signed before it stops.
+std::string MessageEvents::Closed(size_t index) {
+  const Segment& b = blocks_->segments()[index];
+  std::string out;
+  if (b.channel == Channel::kReasoning) {
+    JsonWriter j;
+    j.BeginObject().Field("type", "content_block_delta").Field("index", int64_t(index)).Key("delta").BeginObject();
+    j.Field("type", "signature_delta").Field("signature", ThinkingSignature(b.text)).EndObject();
+    j.EndObject();
+    out = Event("content_block_delta", j.str());
+  }
+  JsonWriter j;
+  j.BeginObject().Field("type", "content_block_stop").Field("index", int64_t(index)).EndObject();
+  return out + Event("content_block_stop", j.str());
+}
+
 std::string MessageEvents::OnDelta(const engine::Delta& delta) {
   if (finished_) return {};
-  std::string out;
-  auto text = [&](Block::Kind kind, const std::string& bytes) {
-    if (bytes.empty()) return;
-    if (open_ < 0 || blocks_[size_t(open_)].kind != kind) out += Open(kind);
-    out += Piece(size_t(open_), holds_[size_t(open_)].Push(bytes));
-  };
-  text(Block::kThinking, delta.reasoning);
-  text(Block::kText, delta.content);
-  for (const engine::ToolCallDelta& tc : delta.tool_calls) {
-    auto it = call_block_.find(tc.index);
-    if (it == call_block_.end()) {
-      // Anthropic's ids are "toolu_..."; the engine's own id keeps it unique.
-      std::string id = "toolu_" + (tc.id.empty() ? meta_.id + "_" + std::to_string(tc.index) : tc.id);
-      out += Open(Block::kToolUse, std::move(id), tc.name);
-      it = call_block_.emplace(tc.index, size_t(open_)).first;
-    }
-    // Calls arrive one after another; a piece for an earlier call (not seen
-    // from K3's parser) still lands in its own block.
-    if (!tc.arguments.empty()) out += Piece(it->second, holds_[it->second].Push(tc.arguments));
-  }
-  return out;
+  WriterEvents events(*this);
+  return blocks_->Fold(delta, events);
 }
 
 std::string MessageEvents::Finish(const engine::GenerateResult& result, const ResponseStats& stats) {
   if (finished_) return {};
-  std::string out = CloseOpen();
-  for (size_t i = 0; i < blocks_.size(); ++i) out += Piece(i, holds_[i].Flush());  // earlier calls' leftovers
+  WriterEvents events(*this);
+  std::string out = blocks_->CloseOpen(events);
+  // Earlier calls' leftovers: a piece for an earlier call (not seen from
+  // K3's parser) still lands in its own block.
+  for (size_t i = 0; i < blocks_->segments().size(); ++i) out += blocks_->Flush(i, events);
   finished_ = true;
-  bool calls = !call_block_.empty();
+  bool calls = blocks_->has_calls();
   std::string reason = StopReasonName(result.finish, calls, !result.stop_matched.empty());
   auto stop_sequence = [&](JsonWriter& j) {
     j.Key("stop_sequence");
@@ -220,7 +198,7 @@ std::string MessageEvents::Finish(const engine::GenerateResult& result, const Re
   JsonWriter j;
   j.BeginObject().Field("id", meta_.id).Field("type", "message").Field("role", "assistant").Field("model", meta_.model);
   j.Key("content").BeginArray();
-  for (const Block& b : blocks_) BlockJson(j, b, /*complete=*/true, meta_.thinking_omitted);
+  for (const Segment& b : blocks_->segments()) BlockJson(j, b, /*complete=*/true, meta_);
   j.EndArray().Field("stop_reason", reason);
   stop_sequence(j);
   j.Key("usage");

@@ -11,6 +11,7 @@
 
 #include "k3/engine/engine.h"
 #include "k3/server/messages.h"
+#include "k3/server/dialect.h"
 #include "k3/server/server.h"
 
 namespace k3::server {
@@ -298,23 +299,23 @@ TEST_CASE("Service: Messages requests with Anthropic's errors, 529 when the queu
   CHECK(s.Authorized("Bearer sk-test", ""));
   CHECK_FALSE(s.Authorized("", "sk-tes"));
   CHECK_FALSE(s.Authorized("sk-test", "Bearer sk-test"));
-  HttpReply unauth = s.MessagesUnauthorized();
+  HttpReply unauth = s.Unauthorized(kMessagesDialect);
   CHECK(unauth.status == 401);
   CHECK(unauth.body.find(R"("type":"authentication_error")") != std::string::npos);
 
-  auto bad = s.PrepareMessages(R"({"model":"k3","messages":[]})");
+  auto bad = s.Prepare(kMessagesDialect, R"({"model":"k3","messages":[]})");
   REQUIRE(std::holds_alternative<HttpReply>(bad));
   CHECK(std::get<HttpReply>(bad).status == 400);
   CHECK(std::get<HttpReply>(bad).body.rfind(R"({"type":"error","error":{"type":"invalid_request_error")", 0) == 0);
 
   std::string body = R"({"model":"k3","max_tokens":9,"thinking":{"type":"enabled","budget_tokens":2000},)"
                      R"("messages":[{"role":"user","content":"hi"}]})";
-  auto first = s.PrepareMessages(body);
+  auto first = s.Prepare(kMessagesDialect, body);
   REQUIRE(std::holds_alternative<std::unique_ptr<Service::Job>>(first));
   auto& job = std::get<std::unique_ptr<Service::Job>>(first);
   CHECK(job->meta.id.rfind("msg_", 0) == 0);
   // The running request holds the only place (queue 0 waits behind none).
-  auto full = s.PrepareMessages(body);
+  auto full = s.Prepare(kMessagesDialect, body);
   REQUIRE(std::holds_alternative<HttpReply>(full));
   CHECK(std::get<HttpReply>(full).status == 529);
   CHECK(std::get<HttpReply>(full).body.find("overloaded_error") != std::string::npos);

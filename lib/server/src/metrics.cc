@@ -113,7 +113,7 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
                             const engine::CheckpointCacheStats& ck) const {
   std::lock_guard lock(mu_);
   std::string out;
-  // Every HTTP request once (issue 28): total = served + rejected + cancelled.
+  // Every HTTP request once: total = served + rejected + cancelled.
   uint64_t by_outcome[3] = {0, 0, 0};
   const char* outcomes[] = {"served", "rejected", "cancelled"};
   for (const HttpKey& k : http_) {

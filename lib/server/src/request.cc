@@ -214,7 +214,7 @@ void ValidateMessages(element messages, const ApiPolicy& policy, std::set<std::s
           if (!fn || !fn->is_object()) ThrowBadParam(cp + ".function", cp + ".function must be an object");
           auto name = Get(*fn, "name");
           if (!name || !name->is_string()) ThrowBadParam(cp + ".function.name", cp + ".function.name must be a string");
-          // Arguments are rendered as they are, even when not valid JSON (issue 11):
+          // Arguments are rendered as they are, even when not valid JSON:
           // only their JSON type is checked.
           if (auto a = GetSet(*fn, "arguments"); a && !a->is_string() && !a->is_object()) {
             ThrowBadParam(cp + ".function.arguments", cp + ".function.arguments must be a string");
@@ -378,7 +378,7 @@ element ParseBodyOrThrow(std::string_view body, const ApiPolicy& policy, simdjso
 
 // OpenAI fields that would change the answer and that k3 does not implement:
 // a 400 naming the field rather than an answer that silently ignores it
-// (issue 28; docs/server.md lists them). n and logprobs are checked with the
+// (docs/server.md lists them). n and logprobs are checked with the
 // sampling fields below. An empty/null/false/zero value asks for nothing.
 static void RefuseUnimplementedFields(element root) {
   auto asks = [](element v) {
@@ -430,7 +430,7 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
 
   // tool_choice: auto / none / required (KVV test_tool_choice.py: required
   // needs tools), or the named form {"type":"function","function":{"name"}},
-  // which k3 honours by constraint (issue 16; Moonshot's service ignores it,
+  // which k3 honours by constraint (Moonshot's service ignores it,
   // and its encoder renders no message for it).
   if (auto tc = GetSet(root, "tool_choice")) {
     if (tc->is_object()) {
@@ -570,7 +570,7 @@ ChatRequest ParseChatRequestOrThrow(std::string_view body, const ApiPolicy& poli
     throw Error(e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument,
                 e.detail(), {}, Error::kNoOffset, "messages");
   }
-  // Structured output (issue 16): every schema compiles now, or the request is a 400.
+  // Structured output: every schema compiles now, or the request is a 400.
   CompileStructuredOrThrow(out);
   return out;
 }

@@ -68,7 +68,7 @@ TEST_CASE("KVV request-validation cases are each exactly 400") {
       {"tool_choice required without tools", Body(R"("tool_choice":"required")")},
       {"tool_choice required with empty tools", Body(R"("tools":[],"tool_choice":"required")")},
       {"tool_choice invalid", Body(std::string(R"("tools":[)") + kWeather + R"(],"tool_choice":"bogus")")},
-      // The named form is honoured (issue 16), but only for a declared tool.
+      // The named form is honoured, but only for a declared tool.
       {"tool_choice named function not declared",
        Body(std::string(R"("tools":[)") + kWeather + R"(],"tool_choice":{"type":"function","function":{"name":"get_time"}})")},
       {"tool_choice named function without tools",
@@ -128,7 +128,7 @@ TEST_CASE("KVV accepted cases pass, and locked values follow --sampling free") {
   std::string dyn = std::string(R"([{"role":"system","content":"","tools":[)") + kWeather +
                     R"(]},{"role":"user","content":"weather?"}])";
   CHECK(StatusOf(Body(R"("tool_choice":"required")", dyn)) == 200);
-  // Malformed tool-call arguments in history are rendered as they are (issue 11).
+  // Malformed tool-call arguments in history are rendered as they are.
   CHECK(StatusOf(Body("", R"([{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[)"
                           R"({"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}}]},)"
                           R"({"role":"tool","tool_call_id":"c1","content":"r"}])")) == 200);
@@ -320,7 +320,7 @@ TEST_CASE(
     ChatRequest r = ParseChatRequestOrThrow(body, {});
     CHECK(r.structured != nullptr);
   }
-  // Real schemas that were refused before issue 26 are enforced even when strict.
+  // Real schemas are enforced even when strict.
   for (
       const std::string& body :
       {tool(

@@ -402,14 +402,7 @@ ResponsesRequest ParseResponsesRequestOrThrow(std::string_view body, const ApiPo
     MustBeObject(*md);
     echo.metadata = Minified(*md);
   }
-  bool stream = false;
-  if (auto s = Member(root, "stream")) stream = Flag(*s);
-  chat.Field("stream", stream);
-  if (auto rp = Member(root, "return_progress"))
-    chat.Field("return_progress", Flag(*rp));  // k3's extension
-  if (auto ie = Member(root, "ignore_eos"))
-    chat.Field("ignore_eos", Flag(*ie));  // llama-server's / vLLM's field
-  chat.EndObject();
+  PassRunFlagsAndClose(root, chat);
 
   out.openai_body = chat.Take();
   try {

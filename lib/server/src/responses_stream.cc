@@ -6,26 +6,22 @@
 
 #include "k3/core/json_writer.h"
 #include "k3/server/responses.h"
+#include "segmenter.h"
+#include "sse.h"
 
 namespace k3::server {
 namespace {
 
-const char* KindName(ResponseEvents::Item::Kind kind) {
-  switch (kind) {
-    case ResponseEvents::Item::kReasoning:
-      return "reasoning";
-    case ResponseEvents::Item::kFunctionCall:
-      return "function_call";
-    case ResponseEvents::Item::kMessage:
-      break;
-  }
-  return "message";
+// An item's "type", by Channel.
+const char* KindName(Channel channel) {
+  static constexpr const char* kNames[] = {"reasoning", "message", "function_call"};
+  return kNames[static_cast<int>(channel)];
 }
 
 // A content part: reasoning_text for reasoning, output_text for a message.
-std::string PartJson(ResponseEvents::Item::Kind kind, const std::string& text) {
+std::string PartJson(Channel channel, const std::string& text) {
   JsonWriter j;
-  if (kind == ResponseEvents::Item::kReasoning) {
+  if (channel == Channel::kReasoning) {
     j.BeginObject().Field("type", "reasoning_text").Field("text", text).EndObject();
   } else {
     j.BeginObject().Field("type", "output_text").Field("text", text).Key("annotations").Raw("[]");
@@ -34,30 +30,45 @@ std::string PartJson(ResponseEvents::Item::Kind kind, const std::string& text) {
   return j.Take();
 }
 
+// rs_ / msg_ / fc_ and the response id without its "resp_": every item id is unique.
+std::string ItemId(const Segment& item, size_t index, const ResponseObjectMeta& meta) {
+  const char* prefix = item.channel == Channel::kReasoning ? "rs_" : item.channel == Channel::kText ? "msg_" : "fc_";
+  return prefix + meta.id.substr(meta.id.rfind('_') + 1) + "_" + std::to_string(index);
+}
+
+std::string CallId(const Segment& item, const ResponseObjectMeta& meta) {
+  return item.call_id.empty() ? meta.id + "-call-" + std::to_string(item.call_index) : item.call_id;
+}
+
 // An item as output_item.added announces it (empty, in_progress) or as
 // output_item.done and the response carry it (complete).
-std::string ItemJson(const ResponseEvents::Item& item, bool complete) {
+std::string ItemJson(const Segment& item, size_t index, const ResponseObjectMeta& meta, bool complete) {
   JsonWriter j;
-  j.BeginObject().Field("id", item.id).Field("type", KindName(item.kind));
-  switch (item.kind) {
-    case ResponseEvents::Item::kReasoning:
+  j.BeginObject().Field("id", ItemId(item, index, meta)).Field("type", KindName(item.channel));
+  switch (item.channel) {
+    case Channel::kReasoning:
       j.Key("summary").Raw("[]").Key("content").BeginArray();
-      if (complete) j.Raw(PartJson(item.kind, item.text));
+      if (complete) j.Raw(PartJson(item.channel, item.text));
       j.EndArray();
       break;
-    case ResponseEvents::Item::kMessage:
+    case Channel::kText:
       j.Field("status", complete ? "completed" : "in_progress").Field("role", "assistant");
       j.Key("content").BeginArray();
-      if (complete) j.Raw(PartJson(item.kind, item.text));
+      if (complete) j.Raw(PartJson(item.channel, item.text));
       j.EndArray();
       break;
-    case ResponseEvents::Item::kFunctionCall:
-      j.Field("status", complete ? "completed" : "in_progress").Field("call_id", item.call_id);
+    case Channel::kToolCall:
+      j.Field("status", complete ? "completed" : "in_progress").Field("call_id", CallId(item, meta));
       j.Field("name", item.name).Field("arguments", complete ? item.text : std::string());
       break;
   }
   j.EndObject();
   return j.Take();
+}
+
+// Routing fields every item-scoped event carries.
+std::string ItemFields(const Segment& item, size_t index, const ResponseObjectMeta& meta) {
+  return ",\"item_id\":\"" + ItemId(item, index, meta) + "\",\"output_index\":" + std::to_string(index);
 }
 
 }  // namespace
@@ -81,13 +92,15 @@ std::string ResponsesUsageJson(const engine::Usage& usage) {
 }
 
 ResponseEvents::ResponseEvents(ResponseObjectMeta meta, bool stream)
-    : meta_(std::move(meta)), stream_(stream) {}
+    : meta_(std::move(meta)), stream_(stream), items_(std::make_unique<Segmenter>(Runs::kPerChange)) {}
+
+ResponseEvents::~ResponseEvents() = default;
 
 std::string ResponseEvents::Event(const char* type, const std::string& fields) {
   if (!stream_) return {};
   std::string json = "{\"type\":\"" + std::string(type) +
                      "\",\"sequence_number\":" + std::to_string(sequence_++) + fields + "}";
-  return std::string("event: ") + type + "\ndata: " + json + "\n\n";
+  return SseEvent(type, json);
 }
 
 // The Response object; `extra` adds ",\"output\":...,\"usage\":..." etc.
@@ -136,7 +149,7 @@ std::string ResponseEvents::Begin() {
 
 std::string ResponseEvents::Heartbeat(std::string_view what) {
   if (!stream_) return " ";
-  return ChatStream::Heartbeat(what) + Event("keepalive", "");
+  return SseComment(what) + Event("keepalive", "");
 }
 
 std::string ResponseEvents::Progress(const engine::PrefillProgress& progress) {
@@ -144,126 +157,87 @@ std::string ResponseEvents::Progress(const engine::PrefillProgress& progress) {
   if (!meta_.return_progress || finished_) return Heartbeat(ProgressText(progress));
   std::string r = ResponseJson(
       "in_progress", ",\"output\":[],\"error\":null,\"incomplete_details\":null,\"usage\":null");
-  return ChatStream::Heartbeat(ProgressText(progress)) +
+  return SseComment(ProgressText(progress)) +
          Event("response.in_progress",
                ",\"response\":" + r + ",\"prompt_progress\":" + PromptProgressJson(progress));
 }
 
-// Routing fields every item-scoped event carries.
-static std::string ItemFields(const ResponseEvents::Item& item, size_t index) {
-  return ",\"item_id\":\"" + item.id + "\",\"output_index\":" + std::to_string(index);
-}
-
-std::string ResponseEvents::Open(Item::Kind kind, std::string call_id, std::string name) {
-  std::string out = CloseOpen();
-  Item item;
-  item.kind = kind;
-  const char* prefix = kind == Item::kReasoning ? "rs_" : kind == Item::kMessage ? "msg_" : "fc_";
-  // The response id without its "resp_" makes every item id unique.
-  item.id = prefix + meta_.id.substr(meta_.id.rfind('_') + 1) + "_" + std::to_string(items_.size());
-  item.call_id = std::move(call_id);
-  item.name = std::move(name);
-  items_.push_back(std::move(item));
-  holds_.emplace_back();
-  open_ = int(items_.size()) - 1;
-  const Item& it = items_.back();
-  out += Event("response.output_item.added", ",\"output_index\":" + std::to_string(open_) +
-                                                 ",\"item\":" + ItemJson(it, /*complete=*/false));
-  if (kind != Item::kFunctionCall) {
-    out += Event(
-        "response.content_part.added",
-        ItemFields(it, size_t(open_)) + ",\"content_index\":0,\"part\":" + PartJson(kind, ""));
+// Segment events as output_item.added / .done, content_part.added / .done
+// and the text or arguments deltas between them.
+std::string ResponseEvents::Opened(size_t index) {
+  const Segment& it = items_->segments()[index];
+  std::string out = Event("response.output_item.added", ",\"output_index\":" + std::to_string(index) +
+                                                            ",\"item\":" + ItemJson(it, index, meta_, /*complete=*/false));
+  if (it.channel != Channel::kToolCall) {
+    out += Event("response.content_part.added",
+                 ItemFields(it, index, meta_) + ",\"content_index\":0,\"part\":" + PartJson(it.channel, ""));
   }
   return out;
 }
 
-// Flushes what the open item holds back and closes it with its done events.
-std::string ResponseEvents::CloseOpen() {
-  if (open_ < 0) return {};
-  size_t index = size_t(open_);
-  std::string out = Piece(index, holds_[index].Flush());
-  const Item& it = items_[index];
-  std::string fields = ItemFields(it, index);
-  std::string text;
-  AppendJsonString(text, it.text);
-  switch (it.kind) {
-    case Item::kReasoning:
-      out +=
-          Event("response.reasoning_text.done", fields + ",\"content_index\":0,\"text\":" + text);
-      break;
-    case Item::kMessage:
-      out += Event("response.output_text.done",
-                   fields + ",\"content_index\":0,\"text\":" + text + ",\"logprobs\":[]");
-      break;
-    case Item::kFunctionCall: {
-      std::string name;
-      AppendJsonString(name, it.name);
-      out += Event("response.function_call_arguments.done",
-                   fields + ",\"name\":" + name + ",\"arguments\":" + text);
-      break;
-    }
-  }
-  if (it.kind != Item::kFunctionCall) {
-    out += Event("response.content_part.done",
-                 fields + ",\"content_index\":0,\"part\":" + PartJson(it.kind, it.text));
-  }
-  out += Event("response.output_item.done", ",\"output_index\":" + std::to_string(index) +
-                                                ",\"item\":" + ItemJson(it, /*complete=*/true));
-  open_ = -1;
-  return out;
-}
-
-// A piece already released by the item's UTF-8 holder.
 std::string ResponseEvents::Piece(size_t index, const std::string& piece) {
-  if (piece.empty()) return {};
-  Item& it = items_[index];
-  it.text += piece;
+  const Segment& it = items_->segments()[index];
   std::string delta;
   AppendJsonString(delta, piece);
-  std::string fields = ItemFields(it, index) + ",\"delta\":" + delta;
-  switch (it.kind) {
-    case Item::kReasoning:
+  std::string fields = ItemFields(it, index, meta_) + ",\"delta\":" + delta;
+  switch (it.channel) {
+    case Channel::kReasoning:
       return Event("response.reasoning_text.delta", fields + ",\"content_index\":0");
-    case Item::kMessage:
+    case Channel::kText:
       return Event("response.output_text.delta", fields + ",\"content_index\":0,\"logprobs\":[]");
-    case Item::kFunctionCall:
+    case Channel::kToolCall:
       break;
   }
   return Event("response.function_call_arguments.delta", fields);
 }
 
+// The item's done events, with its whole text.
+std::string ResponseEvents::Closed(size_t index) {
+  const Segment& it = items_->segments()[index];
+  std::string fields = ItemFields(it, index, meta_);
+  std::string text;
+  AppendJsonString(text, it.text);
+  std::string out;
+  switch (it.channel) {
+    case Channel::kReasoning:
+      out = Event("response.reasoning_text.done", fields + ",\"content_index\":0,\"text\":" + text);
+      break;
+    case Channel::kText:
+      out = Event("response.output_text.done", fields + ",\"content_index\":0,\"text\":" + text + ",\"logprobs\":[]");
+      break;
+    case Channel::kToolCall: {
+      std::string name;
+      AppendJsonString(name, it.name);
+      out = Event("response.function_call_arguments.done", fields + ",\"name\":" + name + ",\"arguments\":" + text);
+      break;
+    }
+  }
+  if (it.channel != Channel::kToolCall) {
+    out += Event("response.content_part.done",
+                 fields + ",\"content_index\":0,\"part\":" + PartJson(it.channel, it.text));
+  }
+  return out + Event("response.output_item.done", ",\"output_index\":" + std::to_string(index) +
+                                                      ",\"item\":" + ItemJson(it, index, meta_, /*complete=*/true));
+}
+
 std::string ResponseEvents::OnDelta(const engine::Delta& delta) {
   if (finished_) return {};
-  std::string out;
-  auto text = [&](Item::Kind kind, const std::string& bytes) {
-    if (bytes.empty()) return;
-    if (open_ < 0 || items_[size_t(open_)].kind != kind) out += Open(kind);
-    out += Piece(size_t(open_), holds_[size_t(open_)].Push(bytes));
-  };
-  text(Item::kReasoning, delta.reasoning);
-  text(Item::kMessage, delta.content);
-  for (const engine::ToolCallDelta& tc : delta.tool_calls) {
-    auto it = call_item_.find(tc.index);
-    if (it == call_item_.end()) {
-      std::string call_id = tc.id.empty() ? meta_.id + "-call-" + std::to_string(tc.index) : tc.id;
-      out += Open(Item::kFunctionCall, std::move(call_id), tc.name);
-      it = call_item_.emplace(tc.index, size_t(open_)).first;
-    }
-    if (!tc.arguments.empty()) out += Piece(it->second, holds_[it->second].Push(tc.arguments));
-  }
-  return out;
+  WriterEvents events(*this);
+  return items_->Fold(delta, events);
 }
 
 std::string ResponseEvents::Finish(const engine::GenerateResult& result,
                                    const ResponseStats& stats) {
   if (finished_) return {};
-  std::string out = CloseOpen();
+  WriterEvents events(*this);
+  std::string out = items_->CloseOpen(events);
   finished_ = true;
   // Cut by max_output_tokens (or the context): OpenAI's "incomplete".
   const bool incomplete = result.finish == engine::FinishReason::kLength;
   std::string output = "[";
-  for (size_t i = 0; i < items_.size(); ++i)
-    output += (i ? "," : "") + ItemJson(items_[i], /*complete=*/true);
+  const std::vector<Segment>& items = items_->segments();
+  for (size_t i = 0; i < items.size(); ++i)
+    output += (i ? "," : "") + ItemJson(items[i], i, meta_, /*complete=*/true);
   output += "]";
   std::string extra = ",\"output\":" + output + ",\"error\":null,\"incomplete_details\":" +
                       (incomplete ? "{\"reason\":\"max_output_tokens\"}" : "null") +

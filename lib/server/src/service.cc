@@ -1,4 +1,4 @@
-// Route logic without sockets: admission, generation, response writing.
+// Route logic without sockets: admission by dialect, generation, response writing.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "k3/core/json_writer.h"
 #include "k3/core/log.h"
+#include "k3/server/dialect.h"
 #include "k3/server/server.h"
 
 namespace k3::server {
@@ -98,14 +99,12 @@ HttpReply Service::Page() const {
 }
 
 HttpReply Service::NotFound(std::string_view path) const {
-  return Json(404, MakeApiError(404, "invalid_request_error", "no route " + std::string(path), "not_found").Json());
+  return DialectForPath(path).error(
+      MakeApiError(404, "invalid_request_error", "no route " + std::string(path), "not_found"), -1);
 }
 
-HttpReply Service::ErrorReply(const ApiError& e) const {
-  HttpReply r = Json(e.status, e.Json());
-  if (e.status == 429) r.headers.push_back({"Retry-After", std::to_string(options_.retry_after_s)});
-  if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
-  return r;
+HttpReply Service::ErrorReply(const Dialect& dialect, const ApiError& e) const {
+  return dialect.error(e, options_.retry_after_s);
 }
 
 namespace {
@@ -130,71 +129,77 @@ bool Service::Authorized(std::string_view authorization, std::string_view x_api_
   return bearer || key;
 }
 
-HttpReply Service::Unauthorized() const {
-  return ErrorReply(MakeApiError(401, "authentication_error",
-                                 "missing or wrong API key: send Authorization: Bearer <key>", "invalid_api_key"));
+HttpReply Service::Unauthorized(const Dialect& dialect) const {
+  return ErrorReply(dialect, MakeApiError(401, "authentication_error",
+                                          std::string("missing or wrong API key: send ") + dialect.key_hint,
+                                          "invalid_api_key"));
 }
 
 bool Service::IsStream(const Job& job) { return job.request.stream; }
 
-std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::PrepareChat(std::string_view body) {
-  auto prepared = Admit(
-      body, [this](std::string_view b) { return ParseChatRequestOrThrow(b, options_.api); }, &Service::ErrorReply,
-      "chatcmpl-k3");
-  if (auto* job = std::get_if<std::unique_ptr<Job>>(&prepared)) {
-    const ChatRequest& r = (*job)->request;
-    (*job)->writer = MakeChatWriter((*job)->meta, r.stream, r.include_usage, r.return_progress);
-  }
-  return prepared;
-}
-
-std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Admit(
-    std::string_view body, const std::function<ChatRequest(std::string_view)>& parse,
-    HttpReply (Service::*reply)(const ApiError&) const, const char* id_prefix) {
+std::variant<HttpReply, std::unique_ptr<Service::Job>> Service::Prepare(const Dialect& dialect,
+                                                                         std::string_view body) {
   metrics_.CountRequest();
   // Counted here, once: total = completed + cancelled + rejected.
-  auto ErrorReply = [&](const ApiError& e) {
-    HttpReply r = (this->*reply)(e);
+  auto refuse = [&](const ApiError& e) {
+    HttpReply r = ErrorReply(dialect, e);
     metrics_.CountRejected(r.status);
     return r;
   };
   if (stopping_.load()) {
-    return ErrorReply(MakeApiError(503, "server_error", "the server is shutting down", "shutting_down"));
+    return refuse(MakeApiError(503, "server_error", "the server is shutting down", "shutting_down"));
   }
   Backend* backend = backend_.load();
   if (!backend) {
-    return ErrorReply(MakeApiError(503, "server_error", "the model is still loading", "loading"));
+    return refuse(MakeApiError(503, "server_error", "the model is still loading", "loading"));
   }
   auto job = std::make_unique<Job>();
+  ParsedRequest parsed;
   try {
-    job->request = parse(body);
+    parsed = dialect.parse(body, options_.api);
+    job->request = std::move(parsed.request);
     job->prompt_ids = backend->PromptIds(job->request.chat);
   } catch (const Error& e) {
-    return ErrorReply(ApiErrorFor(e));
+    return refuse(ApiErrorFor(e));
   }
   int64_t limit = backend->context_limit();
   if (limit > 0 && int64_t(job->prompt_ids.size()) >= limit) {
-    return ErrorReply(MakeApiError(400, "invalid_request_error",
-                                   "the prompt has " + std::to_string(job->prompt_ids.size()) +
-                                       " tokens; the context holds " + std::to_string(limit),
-                                   "context_length_exceeded", "messages"));
+    return refuse(MakeApiError(400, "invalid_request_error",
+                               "the prompt has " + std::to_string(job->prompt_ids.size()) +
+                                   " tokens; the context holds " + std::to_string(limit),
+                               "context_length_exceeded", "messages"));
   }
   job->ticket = queue_.TryEnqueue();
   if (!job->ticket) {
-    return ErrorReply(MakeApiError(429, "rate_limit_error",
-                                   "the queue is full (" + std::to_string(queue_.capacity()) +
-                                       " requests wait for the model); retry later",
-                                   "queue_full"));
+    return refuse(MakeApiError(429, "rate_limit_error",
+                               "the queue is full (" + std::to_string(queue_.capacity()) +
+                                   " requests wait for the model); retry later",
+                               "queue_full"));
   }
   uint64_t n = next_id_.fetch_add(1);
   char id[64];
-  std::snprintf(id, sizeof id, "%s-%llx-%llu", id_prefix, static_cast<unsigned long long>(std::time(nullptr)),
-                static_cast<unsigned long long>(n));
+  std::snprintf(id, sizeof id, "%s-%llx-%llu", dialect.id_prefix,
+                static_cast<unsigned long long>(std::time(nullptr)), static_cast<unsigned long long>(n));
   job->meta.id = id;
   job->meta.created = int64_t(std::time(nullptr));
   job->meta.model = options_.model_id;
   job->meta.thinking = job->request.thinking;
+  job->writer = parsed.writer(*job);
   return job;
+}
+
+HttpReply Service::CountTokens(const Dialect& dialect, std::string_view body) {
+  Backend* backend = backend_.load();
+  if (!backend) return ErrorReply(dialect, MakeApiError(503, "server_error", "the model is still loading", "loading"));
+  std::vector<int32_t> ids;
+  try {
+    ids = backend->PromptIds(dialect.count_parse(body, options_.api));
+  } catch (const Error& e) {
+    return ErrorReply(dialect, ApiErrorFor(e));
+  }
+  JsonWriter j;
+  j.BeginObject().Field("input_tokens", int64_t(ids.size())).EndObject();
+  return Json(200, j.Take());
 }
 
 void Service::BeginShutdown() {
@@ -278,7 +283,7 @@ RequestOutcome Service::RunChat(Job& job, const std::function<bool(std::string_v
   gen.sampling.temperature = job.request.temperature;
   gen.sampling.top_p = job.request.top_p;
   gen.sampling.seed = job.request.seed ? *job.request.seed : std::random_device{}();
-  gen.structured = job.request.structured;  // compiled at parse time (issue 16)
+  gen.structured = job.request.structured;  // compiled at parse time
 
   bool client_gone = false;
   auto last_write = Clock::now();

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "k3/server/dialect.h"
 #include "k3/server/server.h"
 
 namespace k3::server {
@@ -41,7 +42,7 @@ class ScriptedBackend : public Backend {
     r.usage.cached_tokens = cached;
     r.timings.prefill_s = 0.5;
     for (int64_t layer = 0; layer < 3; ++layer) {
-      // An engine with full reports (issue 25's windows) or one that counts
+      // An engine with full reports (prefill windows) or one that counts
       // tokens only: the service must serve both.
       engine::PrefillProgress p{};
       p.prompt_tokens = r.usage.prompt_tokens;
@@ -116,13 +117,13 @@ std::string Chat(const std::string& extra) {
 }
 
 std::unique_ptr<Service::Job> Admit(Service& s, const std::string& body) {
-  auto prepared = s.PrepareChat(body);
+  auto prepared = s.Prepare(kChatCompletionsDialect, body);
   REQUIRE(std::holds_alternative<std::unique_ptr<Service::Job>>(prepared));
   return std::move(std::get<std::unique_ptr<Service::Job>>(prepared));
 }
 
 int RejectStatus(Service& s, const std::string& body) {
-  auto prepared = s.PrepareChat(body);
+  auto prepared = s.Prepare(kChatCompletionsDialect, body);
   REQUIRE(std::holds_alternative<HttpReply>(prepared));
   return std::get<HttpReply>(prepared).status;
 }
@@ -155,7 +156,7 @@ TEST_CASE("invalid requests are 400 with an error object and take no queue place
   Service s(Options(0));
   ScriptedBackend b;
   s.SetBackend(&b);
-  auto prepared = s.PrepareChat(Chat(R"("n":3)"));
+  auto prepared = s.Prepare(kChatCompletionsDialect, Chat(R"("n":3)"));
   REQUIRE(std::holds_alternative<HttpReply>(prepared));
   HttpReply& r = std::get<HttpReply>(prepared);
   CHECK(r.status == 400);
@@ -203,7 +204,7 @@ TEST_CASE("FIFO: requests reach the model in arrival order; beyond the queue 429
     threads.emplace_back([&, j = jobs.back().get()] { Run(s, *j); });
   }
   CHECK(s.queue().waiting() == 3);
-  auto prepared = s.PrepareChat(Chat(R"("max_tokens":5)"));
+  auto prepared = s.Prepare(kChatCompletionsDialect, Chat(R"("max_tokens":5)"));
   REQUIRE(std::holds_alternative<HttpReply>(prepared));
   HttpReply& r = std::get<HttpReply>(prepared);
   CHECK(r.status == 429);
@@ -332,7 +333,7 @@ TEST_CASE("auth: constant-time Bearer compare; no key means any header is ignore
   CHECK_FALSE(keyed.Authorized("Bearer sk-loca"));
   CHECK_FALSE(keyed.Authorized("Bearer sk-local2"));
   CHECK_FALSE(keyed.Authorized(""));
-  HttpReply r = keyed.Unauthorized();
+  HttpReply r = keyed.Unauthorized(kChatCompletionsDialect);
   CHECK(r.status == 401);
   CHECK(r.body.find("\"type\":\"authentication_error\"") != std::string::npos);
 }

@@ -4,19 +4,11 @@
 #include <cstdio>
 
 #include "k3/core/json_writer.h"
+#include "segmenter.h"
+#include "sse.h"
 
 namespace k3::server {
 namespace {
-
-// Length of the UTF-8 sequence a lead byte opens (0 for a continuation or an
-// invalid lead, which is passed on and replaced by the JSON writer).
-int SequenceLength(unsigned char c) {
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return 2;
-  if (c >= 0xE0 && c <= 0xEF) return 3;
-  if (c >= 0xF0 && c <= 0xF4) return 4;
-  return 0;
-}
 
 // The fields every response object starts with.
 JsonWriter& Envelope(JsonWriter& j, const ResponseMeta& meta, const char* object) {
@@ -33,29 +25,6 @@ JsonWriter& UsageAndStats(JsonWriter& j, const engine::Usage& usage, const Respo
 }
 
 }  // namespace
-
-std::string Utf8Holder::Push(std::string_view bytes) {
-  held_.append(bytes);
-  // Look back at most 3 bytes for the lead of an unfinished sequence.
-  size_t n = held_.size();
-  size_t keep_from = n;
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    unsigned char c = static_cast<unsigned char>(held_[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation: keep looking for its lead
-    int len = SequenceLength(c);
-    if (len > int(back)) keep_from = n - back;  // the sequence is not complete yet
-    break;
-  }
-  std::string out = held_.substr(0, keep_from);
-  held_.erase(0, keep_from);
-  return out;
-}
-
-std::string Utf8Holder::Flush() {
-  std::string out;
-  out.swap(held_);
-  return out;
-}
 
 std::string FinishName(engine::FinishReason reason, bool had_tool_calls) {
   switch (reason) {
@@ -103,9 +72,27 @@ std::string StatsJson(const ResponseStats& s) {
 }
 
 ChatStream::ChatStream(ResponseMeta meta, bool include_usage)
-    : meta_(std::move(meta)), include_usage_(include_usage) {}
+    : meta_(std::move(meta)),
+      include_usage_(include_usage),
+      segments_(std::make_unique<Segmenter>(Runs::kPerChannel)) {}
 
-std::string ChatStream::Event(const std::string& json) { return "data: " + json + "\n\n"; }
+ChatStream::~ChatStream() = default;
+
+std::string ChatStream::CallId(int ordinal, const std::string& engine_id) const {
+  return engine_id.empty() ? meta_.id + "-call-" + std::to_string(ordinal) : engine_id;
+}
+
+AnswerState ChatStream::answer() const {
+  AnswerState a;
+  for (const Segment& seg : segments_->segments()) {
+    switch (seg.channel) {
+      case Channel::kReasoning: a.reasoning = seg.text; break;
+      case Channel::kText: a.content = seg.text; break;
+      case Channel::kToolCall: a.calls.push_back({CallId(seg.call_ordinal, seg.call_id), seg.name, seg.text}); break;
+    }
+  }
+  return a;
+}
 
 std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_reason,
                               const std::string& progress_json) {
@@ -125,7 +112,7 @@ std::string ChatStream::Chunk(const std::string& delta_json, const char* finish_
   j.EndObject().EndArray();
   if (!progress_json.empty()) j.Key("prompt_progress").Raw(progress_json);
   j.EndObject();
-  return Event(j.str());
+  return SseData(j.str());
 }
 
 std::string ChatStream::TextChunk(const char* field, const std::string& piece) {
@@ -137,72 +124,58 @@ std::string ChatStream::TextChunk(const char* field, const std::string& piece) {
   return Chunk(d.str(), nullptr);
 }
 
-std::string ChatStream::ArgumentsChunk(int position, const std::string& piece) {
-  answer_.calls[size_t(position)].arguments += piece;
+// Segment events as chat.completion.chunk deltas: reasoning_content and
+// content by field, a call's opening fragment, then its argument pieces.
+std::string ChatStream::Opened(size_t index) {
+  const Segment& seg = segments_->segments()[index];
+  if (seg.channel != Channel::kToolCall) return {};
+  // A call opens: id, type and name once, arguments "" (OpenAI's shape).
   JsonWriter d;
-  d.BeginObject().Key("tool_calls").BeginArray().BeginObject().Field("index", position);
+  d.BeginObject();
+  if (!role_sent_) d.Field("role", "assistant");
+  role_sent_ = true;
+  d.Key("tool_calls").BeginArray().BeginObject().Field("index", seg.call_ordinal);
+  d.Field("id", CallId(seg.call_ordinal, seg.call_id)).Field("type", "function");
+  d.Key("function").BeginObject().Field("name", seg.name);
+  d.Field("arguments", "").EndObject().EndObject().EndArray().EndObject();
+  return Chunk(d.str(), nullptr);
+}
+
+std::string ChatStream::Piece(size_t index, const std::string& piece) {
+  const Segment& seg = segments_->segments()[index];
+  switch (seg.channel) {
+    case Channel::kReasoning: return TextChunk("reasoning_content", piece);
+    case Channel::kText: return TextChunk("content", piece);
+    case Channel::kToolCall: break;
+  }
+  JsonWriter d;
+  d.BeginObject().Key("tool_calls").BeginArray().BeginObject().Field("index", seg.call_ordinal);
   d.Key("function").BeginObject().Field("arguments", piece).EndObject().EndObject().EndArray().EndObject();
   return Chunk(d.str(), nullptr);
 }
 
+std::string ChatStream::Closed(size_t) { return {}; }  // kPerChannel: nothing closes
+
 std::string ChatStream::OnDelta(const engine::Delta& delta) {
   if (finished_) return {};
-  std::string out;
-  if (!delta.reasoning.empty()) {
-    std::string piece = reasoning_hold_.Push(delta.reasoning);
-    answer_.reasoning += piece;
-    if (!piece.empty()) out += TextChunk("reasoning_content", piece);
-  }
-  if (!delta.content.empty()) {
-    std::string piece = content_hold_.Push(delta.content);
-    answer_.content += piece;
-    if (!piece.empty()) out += TextChunk("content", piece);
-  }
-  for (const engine::ToolCallDelta& tc : delta.tool_calls) {
-    auto slot = call_slot_.find(tc.index);
-    if (slot == call_slot_.end()) {
-      // A call opens: id, type and name once, arguments "" (OpenAI's shape).
-      int position = int(answer_.calls.size());
-      slot = call_slot_.emplace(tc.index, position).first;
-      AnswerState::Call call;
-      call.id = tc.id.empty() ? meta_.id + "-call-" + std::to_string(position) : tc.id;
-      call.name = tc.name;
-      answer_.calls.push_back(call);
-      JsonWriter d;
-      d.BeginObject();
-      if (!role_sent_) d.Field("role", "assistant");
-      role_sent_ = true;
-      d.Key("tool_calls").BeginArray().BeginObject().Field("index", position).Field("id", call.id);
-      d.Field("type", "function").Key("function").BeginObject().Field("name", call.name);
-      d.Field("arguments", "").EndObject().EndObject().EndArray().EndObject();
-      out += Chunk(d.str(), nullptr);
-    }
-    if (!tc.arguments.empty()) {
-      std::string piece = args_hold_[slot->second].Push(tc.arguments);
-      if (!piece.empty()) out += ArgumentsChunk(slot->second, piece);
-    }
-  }
-  return out;
+  WriterEvents events(*this);
+  return segments_->Fold(delta, events);
 }
 
 std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage& usage,
                                const ResponseStats& stats) {
   if (finished_) return {};
+  // Whatever UTF-8 was held back is flushed as it is: reasoning, content,
+  // then each call's arguments in call order.
+  WriterEvents events(*this);
   std::string out;
-  // Whatever UTF-8 was held back is flushed as it is (an incomplete sequence
-  // at the very end becomes U+FFFD in the JSON writer).
-  if (std::string rest = reasoning_hold_.Flush(); !rest.empty()) {
-    answer_.reasoning += rest;
-    out += TextChunk("reasoning_content", rest);
+  const std::vector<Segment>& segs = segments_->segments();
+  for (Channel channel : {Channel::kReasoning, Channel::kText, Channel::kToolCall}) {
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (segs[i].channel == channel) out += segments_->Flush(i, events);
+    }
   }
-  if (std::string rest = content_hold_.Flush(); !rest.empty()) {
-    answer_.content += rest;
-    out += TextChunk("content", rest);
-  }
-  for (auto& [position, hold] : args_hold_) {
-    if (std::string rest = hold.Flush(); !rest.empty()) out += ArgumentsChunk(position, rest);
-  }
-  std::string finish = FinishName(reason, !answer_.calls.empty());
+  std::string finish = FinishName(reason, segments_->has_calls());
   // The last choice chunk: role here when nothing was generated, so the first
   // chunk always carries role.
   std::string last_delta = role_sent_ ? "{}" : "{\"role\":\"assistant\",\"content\":\"\"}";
@@ -212,7 +185,7 @@ std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage&
     JsonWriter j;
     Envelope(j, meta_, "chat.completion.chunk").Key("choices").BeginArray().EndArray();
     UsageAndStats(j, usage, stats);
-    out += Event(j.str());
+    out += SseData(j.str());
   }
   out += "data: [DONE]\n\n";
   finished_ = true;
@@ -222,10 +195,8 @@ std::string ChatStream::Finish(engine::FinishReason reason, const engine::Usage&
 std::string ChatStream::Error(const ApiError& error) {
   if (finished_) return {};
   finished_ = true;
-  return Event(error.Json()) + "data: [DONE]\n\n";
+  return SseData(error.Json()) + "data: [DONE]\n\n";
 }
-
-std::string ChatStream::Heartbeat(std::string_view what) { return ": " + std::string(what) + "\n\n"; }
 
 std::string ChatStream::Opening() {
   if (finished_ || role_sent_) return {};
@@ -290,7 +261,7 @@ ChatAccumulator::ChatAccumulator(ResponseMeta meta) : stream_(meta, false), meta
 std::string ChatAccumulator::Finish(engine::FinishReason reason, const engine::Usage& usage,
                                     const ResponseStats& stats) {
   stream_.Finish(reason, usage, stats);
-  const AnswerState& a = stream_.answer();
+  const AnswerState a = stream_.answer();
   JsonWriter j;
   Envelope(j, meta_, "chat.completion")
       .Key("choices")

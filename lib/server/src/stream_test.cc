@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3/server/stream.h"
+#include "segmenter.h"
 
 namespace k3::server {
 namespace {

@@ -1,4 +1,4 @@
-// Request schemas -> the engine's structured-output spec (issue 16).
+// Request schemas -> the engine's structured-output spec.
 #include <simdjson.h>
 
 #include <chrono>
@@ -13,7 +13,7 @@
 namespace k3::server {
 namespace {
 
-// Compiled schemas by their text (issue 28): agents send the same tools on
+// Compiled schemas by their text: agents send the same tools on
 // every turn, so the second turn compiles nothing. Compiled schemas are
 // immutable and shared (constrain.h); a bounded LRU, thread-safe.
 class SchemaCache {
@@ -55,7 +55,7 @@ class SchemaCache {
   size_t bytes_ = 0;
 };
 
-// Per request, over all of its schemas together (issue 28: bounded work before
+// Per request, over all of its schemas together (bounded work before
 // the queue): schema text and compile time. Past either, a 400 naming the cap.
 constexpr size_t kMaxRequestSchemaBytes = 2u << 20;
 constexpr double kMaxRequestCompileSeconds = 10.0;

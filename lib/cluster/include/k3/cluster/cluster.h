@@ -134,6 +134,10 @@ class ClusterExecutor final : public model::ExpertExecutor {
   // Read-ahead only for the experts rank 0 computes itself (the workers read
   // their own when the work arrives).
   void Prefetch(int64_t layer, std::span<const int32_t> likely, model::ExpertStore& store) override;
+  // Rank 0's own experts first, then each worker's answer: pairs reach the
+  // combine (ExpertBatch::Emit) in no one order, and it sums them in expert
+  // order whatever order they came in.
+  model::PairOrder pair_order() const override { return model::PairOrder::kAnyOrder; }
   ClusterStats stats() const;
   const Placement& placement() const { return placement_; }
   // True after a worker was lost: every later Run() throws the same error.
@@ -146,9 +150,6 @@ class ClusterExecutor final : public model::ExpertExecutor {
   ClusterExecutor(Comm& comm, const ModelConfig& config, const ClusterOptions& options,
                   Placement placement);
   [[noreturn]] void Lose(int rank, const std::string& why);
-  // Writes one pair's LT outputs (f32) where the model's combine reads them.
-  // The one place that knows ExpertBatch's output layout.
-  void StorePair(const model::ExpertBatch& b, uint32_t pair, const float* src) const;
 
   Comm& comm_;
   const ModelConfig& config_;

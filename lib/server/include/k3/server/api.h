@@ -47,7 +47,7 @@ struct ApiPolicy {
   size_t max_tool_name = 256;          // KVV: a 257-character name is refused
 };
 
-// Structured output (issue 16, docs/constrain.md): what a request asks the
+// Structured output (docs/constrain.md): what a request asks the
 // decoder to guarantee. Filled by the OpenAI parser (tools[].function,
 // tool_choice, response_format) and by the Anthropic Messages parser (tools,
 // tool_choice auto/any/tool/none); the engine backend turns it into the

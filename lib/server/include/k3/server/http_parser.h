@@ -40,7 +40,7 @@ struct RequestHead {
   int version_minor = 1;  // HTTP/1.x
   // Field names lower-cased; values with surrounding spaces/tabs removed.
   std::vector<std::pair<std::string, std::string>> headers;
-  // Credentials compared exactly (issue 28: "Bearer KEY " is not the key):
+  // Credentials compared exactly ("Bearer KEY " is not the key):
   // the bytes after "Authorization:" / "x-api-key:" less one conventional
   // space, nothing trimmed.
   std::string raw_authorization, raw_x_api_key;

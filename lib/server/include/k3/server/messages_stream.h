@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "k3/engine/engine.h"
 #include "k3/server/api.h"
@@ -16,6 +15,8 @@
 #include "k3/server/stream.h"
 
 namespace k3::server {
+
+class Segmenter;  // segmenter.h (private)
 
 // What a Messages answer needs besides the deltas.
 struct MessageMeta {
@@ -37,10 +38,11 @@ std::string ThinkingSignature(std::string_view thinking);
 // The answer as content blocks, built from engine::Delta events; streamed as
 // Anthropic's SSE events or returned as one message object. A new block opens
 // whenever the kind of output changes (thinking -> text -> tool_use), each
-// tool call is its own tool_use block; incomplete UTF-8 is held back.
+// tool call is its own tool_use block (the segments of segmenter.h).
 class MessageEvents : public ResponseWriter {
  public:
   MessageEvents(MessageMeta meta, bool stream);
+  ~MessageEvents() override;
 
   std::string Begin() override;  // message_start (streamed); "" otherwise
   std::string OnDelta(const engine::Delta& delta) override;
@@ -50,25 +52,17 @@ class MessageEvents : public ResponseWriter {
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override;
   std::string Error(const ApiError& error) override;  // event: error / the error object
 
-  struct Block {
-    enum Kind { kThinking, kText, kToolUse } kind = kText;
-    std::string text;  // thinking, text, or the tool's arguments JSON text
-    std::string id, name;  // tool_use
-  };
-  const std::vector<Block>& blocks() const { return blocks_; }
-
  private:
-  std::string Open(Block::Kind kind, std::string id = {}, std::string name = {});
-  std::string CloseOpen();
+  template <class>
+  friend class WriterEvents;  // segmenter.h: the segment events as content_block_* events
+  std::string Opened(size_t index);
   std::string Piece(size_t index, const std::string& piece);
+  std::string Closed(size_t index);
   std::string Event(const char* type, const std::string& json) const;
   MessageMeta meta_;
   bool stream_;
   bool finished_ = false;
-  int open_ = -1;  // index of the open block
-  std::vector<Block> blocks_;
-  std::vector<Utf8Holder> holds_;  // per block
-  std::map<int, size_t> call_block_;  // engine call index -> block
+  std::unique_ptr<Segmenter> blocks_;
 };
 
 // The tool_use input object for arguments text: the text itself when it is a

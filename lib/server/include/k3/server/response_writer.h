@@ -1,9 +1,11 @@
 // The bytes one API writes for one request, whatever API it is: Service runs
 // every request the same way (queue turn, heartbeats, generation, cancel on a
-// failed write) and asks the request's writer what to send. The OpenAI writer
-// wraps ChatStream / ChatAccumulator (stream.h), the Anthropic one is
-// MessageEvents (messages.h). Per request, not thread-safe, never throws on
-// model output.
+// failed write) and asks the request's writer what to send; each dialect
+// (dialect.h) makes its own. The chat.completions writer wraps ChatStream /
+// ChatAccumulator (stream.h), the Anthropic one is MessageEvents
+// (messages_stream.h), the Responses one ResponseEvents (responses.h); all
+// three fold deltas with the private segmenter. Per request, not thread-safe,
+// never throws on model output.
 #pragma once
 
 #include <memory>

@@ -15,7 +15,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +26,8 @@
 #include "k3/server/stream.h"
 
 namespace k3::server {
+
+class Segmenter;  // segmenter.h (private)
 
 // What the response object echoes of the request (OpenAI's Response carries
 // its parameters), as JSON text ready to be written.
@@ -75,6 +77,7 @@ struct ResponseObjectMeta {
 class ResponseEvents : public ResponseWriter {
  public:
   ResponseEvents(ResponseObjectMeta meta, bool stream);
+  ~ResponseEvents() override;
 
   std::string Begin() override;  // response.created + response.in_progress (streamed)
   std::string OnDelta(const engine::Delta& delta) override;
@@ -87,29 +90,19 @@ class ResponseEvents : public ResponseWriter {
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override;
   std::string Error(const ApiError& error) override;
 
-  struct Item {
-    enum Kind { kReasoning, kMessage, kFunctionCall } kind = kMessage;
-    std::string id;       // rs_ / msg_ / fc_ ...
-    std::string text;     // reasoning text, output text, or the call's arguments
-    std::string call_id;  // function_call
-    std::string name;     // function_call
-  };
-  const std::vector<Item>& items() const { return items_; }
-
  private:
+  template <class>
+  friend class WriterEvents;  // segmenter.h: the segment events as output_item / content_part events
+  std::string Opened(size_t index);
+  std::string Piece(size_t index, const std::string& piece);
+  std::string Closed(size_t index);
   std::string Event(const char* type, const std::string& fields);  // fields: "" or ",\"k\":v..."
   std::string ResponseJson(const char* status, const std::string& extra) const;
-  std::string Open(Item::Kind kind, std::string call_id = {}, std::string name = {});
-  std::string CloseOpen();
-  std::string Piece(size_t index, const std::string& piece);
   ResponseObjectMeta meta_;
   bool stream_;
   bool finished_ = false;
   int64_t sequence_ = 0;
-  int open_ = -1;  // index of the open item
-  std::vector<Item> items_;
-  std::vector<Utf8Holder> holds_;
-  std::map<int, size_t> call_item_;  // engine call index -> item
+  std::unique_ptr<Segmenter> items_;
 };
 
 // The Responses API's usage object: input_tokens (+ details.cached_tokens),

@@ -32,6 +32,8 @@
 
 namespace k3::server {
 
+struct Dialect;  // dialect.h
+
 // What the server needs from a generation runtime (EngineBackend wraps
 // engine::Engine; tests script one).
 class Backend {
@@ -112,15 +114,13 @@ class Service {
   HttpReply MetricsText() const;
   HttpReply Page() const;
   HttpReply NotFound(std::string_view path) const;
-  HttpReply ErrorReply(const ApiError& e) const;
+  // `e` as `dialect` answers it (dialect.h), with this server's Retry-After.
+  HttpReply ErrorReply(const Dialect& dialect, const ApiError& e) const;
 
   // Constant-time compare of "Bearer <key>" (or of x_api_key, Anthropic's
   // header, with the key itself); always true without a key.
   bool Authorized(std::string_view authorization, std::string_view x_api_key = {}) const;
-  HttpReply Unauthorized() const;
-  // The Messages API's error replies: Anthropic's error shape (messages.h).
-  HttpReply MessagesErrorReply(const ApiError& e) const;
-  HttpReply MessagesUnauthorized() const;
+  HttpReply Unauthorized(const Dialect& dialect) const;
 
   // A validated, admitted chat request waiting to run.
   struct Job {
@@ -131,15 +131,12 @@ class Service {
     std::unique_ptr<ResponseWriter> writer;  // the API's bytes for this request
     std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   };
-  // On the handler thread: validate, render, count prompt tokens, take a queue
-  // place. An HttpReply is an answer already (400 / 413 / 429 / 503).
-  std::variant<HttpReply, std::unique_ptr<Job>> PrepareChat(std::string_view body);
-  // The same for POST /v1/messages (messages_service.cc).
-  std::variant<HttpReply, std::unique_ptr<Job>> PrepareMessages(std::string_view body);
-  // The same for POST /v1/responses (responses_service.cc).
-  std::variant<HttpReply, std::unique_ptr<Job>> PrepareResponses(std::string_view body);
-  // POST /v1/messages/count_tokens: {"input_tokens": N}.
-  HttpReply CountTokens(std::string_view body);
+  // On the handler thread: validate and render with `dialect`'s parser,
+  // count prompt tokens, take a queue place, make the dialect's writer. An
+  // HttpReply is an answer already (400 / 413 / 429 / 503), in its shape.
+  std::variant<HttpReply, std::unique_ptr<Job>> Prepare(const Dialect& dialect, std::string_view body);
+  // A dialect's count_tokens route: {"input_tokens": N}.
+  HttpReply CountTokens(const Dialect& dialect, std::string_view body);
   static bool IsStream(const Job& job);
   // What the connection tells RunChat besides accepting bytes (optional).
   struct ReplyHooks {
@@ -166,12 +163,6 @@ class Service {
   RequestQueue& queue() { return queue_; }
 
  private:
-  // Admission shared by both APIs: `parse` validates and renders, `reply`
-  // shapes an error, `id_prefix` starts the response id.
-  std::variant<HttpReply, std::unique_ptr<Job>> Admit(std::string_view body,
-                                                      const std::function<ChatRequest(std::string_view)>& parse,
-                                                      HttpReply (Service::*reply)(const ApiError&) const,
-                                                      const char* id_prefix);
   ServerOptions options_;
   std::atomic<Backend*> backend_{nullptr};
   RequestQueue queue_;

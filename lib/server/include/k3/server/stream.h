@@ -3,13 +3,14 @@
 // same answer. See docs/server.md "Responses" for the contract.
 //
 // ChatStream is a per-request state machine, not thread-safe, and never
-// throws on model output: it holds back incomplete UTF-8 so no chunk ever
-// splits a character, sends role once, tool calls as one opening fragment then
-// argument pieces, finish_reason exactly once, the usage chunk last.
+// throws on model output: the answer's segments (segmenter.h) hold back
+// incomplete UTF-8 so no chunk ever splits a character; it sends role once,
+// tool calls as one opening fragment then argument pieces, finish_reason
+// exactly once, the usage chunk last.
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "k3/server/api.h"
 
 namespace k3::server {
+
+class Segmenter;  // segmenter.h (private)
 
 struct ResponseMeta {
   std::string id;       // "chatcmpl-..."
@@ -37,15 +40,6 @@ struct ResponseStats {
   uint64_t expert_bytes_read = 0;
 };
 
-// Splits off a trailing incomplete UTF-8 sequence (kept for the next piece).
-class Utf8Holder {
- public:
-  std::string Push(std::string_view bytes);
-  std::string Flush();  // whatever is held (invalid bytes are replaced later)
- private:
-  std::string held_;
-};
-
 // The answer as the deltas built it (also the non-streamed message).
 struct AnswerState {
   std::string reasoning, content;
@@ -60,6 +54,7 @@ std::string FinishName(engine::FinishReason reason, bool had_tool_calls);
 class ChatStream {
  public:
   ChatStream(ResponseMeta meta, bool include_usage);
+  ~ChatStream();
 
   // SSE bytes for one delta (possibly empty when everything is held back).
   std::string OnDelta(const engine::Delta& delta);
@@ -67,8 +62,6 @@ class ChatStream {
   std::string Finish(engine::FinishReason reason, const engine::Usage& usage, const ResponseStats& stats);
   // After the stream started: one error event, then [DONE].
   std::string Error(const ApiError& error);
-  // An SSE comment line: clients ignore it, proxies and timeouts see traffic.
-  static std::string Heartbeat(std::string_view what);
   // The first chunk, sent as soon as the request is admitted: delta
   // {"role":"assistant","content":""}. Later chunks carry no role.
   std::string Opening();
@@ -80,24 +73,26 @@ class ChatStream {
   // "prompt_progress" (PromptProgressJson).
   std::string ProgressChunk(const engine::PrefillProgress& progress);
 
-  const AnswerState& answer() const { return answer_; }
+  // The answer the deltas built so far.
+  AnswerState answer() const;
   bool finished() const { return finished_; }
 
  private:
+  template <class>
+  friend class WriterEvents;  // segmenter.h: the segment events as chunks
+  std::string Opened(size_t index);
+  std::string Piece(size_t index, const std::string& piece);
+  std::string Closed(size_t index);
   // progress_json: llama-server's top-level prompt_progress, when not empty.
   std::string Chunk(const std::string& delta_json, const char* finish_reason,
                     const std::string& progress_json = {});
   std::string TextChunk(const char* field, const std::string& piece);  // role on the first
-  std::string ArgumentsChunk(int position, const std::string& piece);
-  std::string Event(const std::string& json);
+  std::string CallId(int ordinal, const std::string& engine_id) const;
   ResponseMeta meta_;
   bool include_usage_;
   bool role_sent_ = false;
   bool finished_ = false;
-  Utf8Holder reasoning_hold_, content_hold_;
-  std::map<int, Utf8Holder> args_hold_;
-  std::map<int, int> call_slot_;  // engine index -> position in answer_.calls
-  AnswerState answer_;
+  std::unique_ptr<Segmenter> segments_;
 };
 
 // The non-streamed response: folds deltas exactly as ChatStream does.

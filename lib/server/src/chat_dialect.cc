@@ -1,6 +1,9 @@
-// The chat.completions writer: ChatStream's SSE chunks, or ChatAccumulator's
-// whole object with JSON whitespace as the heartbeat (docs/server.md).
+// The chat.completions dialect: ParseChatRequestOrThrow, OpenAI's error
+// object, and the writer: ChatStream's SSE chunks, or ChatAccumulator's whole
+// object with JSON whitespace as the heartbeat (docs/server.md).
+#include "k3/server/dialect.h"
 #include "k3/server/response_writer.h"
+#include "sse.h"
 
 namespace k3::server {
 namespace {
@@ -22,11 +25,11 @@ class ChatWriter : public ResponseWriter {
     return {};
   }
   std::string Heartbeat(std::string_view what) override {
-    return stream_ ? ChatStream::Heartbeat(what) + sse_.KeepAlive() : " ";
+    return stream_ ? SseComment(what) + sse_.KeepAlive() : " ";
   }
   std::string Progress(const engine::PrefillProgress& p) override {
     if (!stream_) return " ";
-    return ChatStream::Heartbeat(ProgressText(p)) +
+    return SseComment(ProgressText(p)) +
            (return_progress_ ? sse_.ProgressChunk(p) : sse_.KeepAlive());
   }
   std::string Finish(const engine::GenerateResult& result, const ResponseStats& stats) override {
@@ -41,11 +44,34 @@ class ChatWriter : public ResponseWriter {
   ChatAccumulator whole_;
 };
 
+ParsedRequest ParseChat(std::string_view body, const ApiPolicy& policy) {
+  ParsedRequest p;
+  p.request = ParseChatRequestOrThrow(body, policy);
+  p.writer = [](const Service::Job& job) {
+    const ChatRequest& r = job.request;
+    return MakeChatWriter(job.meta, r.stream, r.include_usage, r.return_progress);
+  };
+  return p;
+}
+
 }  // namespace
 
 std::unique_ptr<ResponseWriter> MakeChatWriter(const ResponseMeta& meta, bool stream,
                                                bool include_usage, bool return_progress) {
   return std::make_unique<ChatWriter>(meta, stream, include_usage, return_progress);
 }
+
+HttpReply OpenAiErrorReply(const ApiError& e, int retry_after_s) {
+  HttpReply r;
+  r.status = e.status;
+  r.body = e.Json();
+  if (e.status == 429 && retry_after_s >= 0) r.headers.push_back({"Retry-After", std::to_string(retry_after_s)});
+  if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
+  return r;
+}
+
+constinit const Dialect kChatCompletionsDialect{.name = "chat.completions", .path = "/v1/chat/completions",
+                                                .id_prefix = "chatcmpl-k3", .parse = &ParseChat,
+                                                .error = &OpenAiErrorReply};
 
 }  // namespace k3::server
