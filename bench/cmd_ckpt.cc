@@ -1,4 +1,4 @@
-// k3-bench ckpt: recurrent-state checkpoints (issue 13, docs/checkpoints.md).
+// k3-bench ckpt: recurrent-state checkpoints (docs/checkpoints.md).
 //
 //   restore  Session::SaveCheckpoint / RestoreCheckpoint on MODEL after
 //            --tokens ids, against memcpy of the same bytes (same run).

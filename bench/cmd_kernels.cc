@@ -73,8 +73,8 @@ struct Options {
 // Plain streaming read: one pass summing 64-bit words, split across `threads`
 // like the kernels split rows. Returns seconds. With `prefetch` (bytes) it reads
 // with 16-byte loads and also touches the line that far ahead, as the kernels do
-// (K3_PREFETCH): on the dev VM that read is ~10-20% faster than the plain one,
-// so both are reported and the kernels' ratio against each.
+// (K3_PREFETCH): on a VM that read can be faster than the plain one, so both
+// are reported and the kernels' ratio against each.
 double StreamReadPass(const std::vector<uint64_t>& buf, int threads, size_t prefetch = 0) {
   static volatile uint64_t sink = 0;
   const double t0 = NowSeconds();

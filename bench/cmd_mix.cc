@@ -1,5 +1,5 @@
 // k3-bench mix: the nibble/int8 IDOT GEMM's instruction mix on this core
-// (docs/PERFORMANCE.md, thirteenth prefill session). The GEMM tile
+// (docs/PERFORMANCE.md, "Kernels, batched"). The GEMM tile
 // (kernels_avx512.cc NibGemmTile) runs, per 512-column block and (row,
 // activation) pair, 8 vpdpbusd and then one cvt + mul + fma (int8: cvt + fma).
 // This measures vpdpbusd throughput alone and with that float work at the same

@@ -1,10 +1,10 @@
-// k3-bench prefill (issue 25 §3): cold-cache prefill of long prompts against
+// k3-bench prefill (docs/PERFORMANCE.md, "Prefill"): cold-cache prefill of long prompts against
 // the two floors measured in the same run -- the I/O floor (expert bytes read /
 // the disk's sequential O_DIRECT rate, read by this bench from the model's own
 // shards) and the compute floor (the prompt's multiply-adds / the IDOT roof,
 // quant::RoofLoop on every thread; a second floor adds MLA attention's T^2
-// multiply-adds at the FMA roof) -- alternating with the old default chunk
-// (K3_CHUNK=32) in the same run. The old default at long prompts would run for
+// multiply-adds at the FMA roof) -- alternating with chunks of 32 tokens
+// (K3_CHUNK=32) in the same run. That baseline at long prompts would run for
 // hours, so it is measured on a prefix (--baseline-prefix tokens; its cost per
 // chunk is flat) and extrapolated linearly to the prompt; the line says so.
 // The roofs are the best of several passes (before the first prefill and after
@@ -51,8 +51,8 @@ struct PrefillArgs {
   std::vector<int> lengths = {512, 2048, 8192};
   int runs = 1;
   int chunk = 0;              // the measured setting: 0 = automatic windows (the budget's choice)
-  int baseline_chunk = 32;    // the old default
-  int baseline_prefix = 512;  // tokens the old default is timed on (0: the whole prompt)
+  int baseline_chunk = 32;    // K3_CHUNK of the baseline
+  int baseline_prefix = 512;  // tokens the baseline is timed on (0: the whole prompt)
   double disk_gb = 4;         // sequential O_DIRECT read for the disk rate
   int threads = 0;            // 0: every CPU
   bool no_drop = false;
@@ -248,9 +248,10 @@ Run Prefill(const PrefillArgs& a, int chunk, const std::vector<int32_t>& prompt,
   auto e = engine::Engine::LoadOrThrow(eo);
   if (!a.no_settle) {
     // The expert cache's buffers first touched (K3_PREFAULT), as they are by
-    // a server's first request; on a VM whose fresh pages cost 0.4-2 GB/s to
-    // fault in, a prefill that races the prefault thread measures that instead
-    // (docs/PERFORMANCE.md). Bounded: a store that cannot finish is timed as is.
+    // a server's first request; on a VM whose fresh pages fault in far below
+    // memory speed, a prefill that races the prefault thread measures that
+    // instead (docs/PERFORMANCE-history.md, twelfth prefill session). Bounded: a
+    // store that cannot finish is timed as is.
     const double t0 = NowSeconds();
     while (!e->streaming().prefault_done() && NowSeconds() - t0 < 600) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -310,8 +311,8 @@ void RunPrefillBench(const PrefillArgs& a) {
   // is the product of two arbitrary floats (s4 * sc), one more multiply (the
   // nibble ceiling); MXFP4's weight scale is a power of two, which an integer add
   // to the exponent can apply exactly, so the experts are held to the int8 one
-  // (a conservative choice: on Zen 5 that add measured no faster than the
-  // multiply, docs/PERFORMANCE.md, sixteenth prefill session).
+  // (a conservative choice: on Zen 5 that add is no faster than the multiply,
+  // docs/PERFORMANCE-history.md, sixteenth prefill session).
   auto bound_per_token = [&] {
     const double idot = roofs.Idot() * 1e9, fma = roofs.Fma() * 1e9;
     return by_format.int4 / (idot * mix.nibble) + (by_format.mxfp4 + by_format.int8) / (idot * mix.int8) +
@@ -387,7 +388,7 @@ void RunPrefillBench(const PrefillArgs& a) {
     const double roof = roofs.Idot(), fma_roof = roofs.Fma();
     const double compute_floor = macs_tok * len / (roof * 1e9);
     // The compute floor with attention: the GEMMs at the IDOT roof plus MLA's
-    // T^2 multiply-adds at the FMA roof (the issue's floor counts the GEMMs).
+    // T^2 multiply-adds at the FMA roof (the plain compute floor counts the GEMMs only).
     const double attn_floor = attn_macs / (fma_roof * 1e9);
     const double bound = bound_per_token() * len + attn_floor;
     std::vector<double> ratio_floor, ratio_floor_attn, ratio_bound;
@@ -420,8 +421,9 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("idot_roof_gmacs", roof)
         .Field("fma_roof_gmacs", fma_roof);
     if (mix.measured) {
-      // The issue's goal (1.25x max(floors)) against the bound: below 1, the
-      // goal asks for less time than the arithmetic itself takes here.
+      // The prefill goal (1.25x max(floors), docs/PERFORMANCE.md) against the
+      // bound: below 1, the goal asks for less time than the arithmetic itself
+      // takes here.
       j.Field("bound_s", bound)
           .Field("goal_s", 1.25 * std::max(io_floor, compute_floor))
           .Field("goal_vs_bound", 1.25 * std::max(io_floor, compute_floor) / std::max(io_floor, bound));
@@ -432,7 +434,7 @@ void RunPrefillBench(const PrefillArgs& a) {
     if (mix.measured) PutSummary(j, "vs_bound", ratio_bound);
     PutSummary(j, "expert_wait_s", waits);
     // The run with the median prefill time, by part (seconds and shares of the
-    // prefill; issue 25 §2 asks for MLA attention's and the KDA scan's share).
+    // prefill, so that MLA attention's and the KDA scan's shares show).
     {
       std::vector<size_t> idx(secs.size());
       std::iota(idx.begin(), idx.end(), size_t{0});

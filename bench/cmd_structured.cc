@@ -1,4 +1,4 @@
-// k3-bench structured: what structured output (issue 16) costs in decode.
+// k3-bench structured: what structured output costs in decode.
 // The same engine, prompt, sampler settings and max_tokens, run by run
 // interleaved: an unconstrained chat answer (the baseline) against answers
 // under a response_format json_schema and a required tool call. Reports decode

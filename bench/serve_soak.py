@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak of `k3-run serve` (issue 28; not in CI): CLIENTS concurrent clients for
+"""Soak of `k3-run serve` (docs/PERFORMANCE.md, "Server"; not in CI): CLIENTS concurrent clients for
 SECONDS mixing plain and streamed chat completions and Messages requests,
 clients that leave after the first event, and slow readers. Reports requests
 served, errors by kind, p50/p99 TTFT of the streamed ones, the server's RSS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# aarch64 check (issue 17): cross-builds k3 with Debian's crossbuild-essential-arm64
+# aarch64 check (docs/arm64.md): cross-builds k3 with Debian's crossbuild-essential-arm64
 # and the arm64 multiarch packages (scripts/install-deps.sh), then runs under qemu-user:
 #   1. the `unit` ctest label (every ISA qemu's CPU offers: scalar, neon, neondot),
 #      and quant_test again on a CPU without the dot-product extension;
@@ -129,8 +129,8 @@ step "k3-run generate on the int8 container (IDOT, neondot): runs, and its promp
 # path (MLA attention's scores and sums) differs in the last bits (docs/quant.md §4),
 # as x86-64's own SIMD path does. On this random-weight model such a difference
 # stays ~1e-6 until one int8 activation rounding or expert choice near a tie
-# flips, and x86-64's SIMD run departs from its scalar run at that same place
-# (2026-12-03: position 7, 0.086, for both). So the check is: the positions
+# flips, and x86-64's SIMD run departs from its scalar run at that same place.
+# So the check is: the positions
 # before x86-64's SIMD run departs (at least 4, at most 8) within 1e-4, and 16 ids.
 K3_LOG=info "${QEMU[@]}" "$A/k3-run" generate "$OUT/arm-8" --ids "$IDS" --ngen 16 --json \
   --logits "$OUT/arm8.f32" >"$OUT/arm8.json" 2>"$OUT/arm8.log"

@@ -25,7 +25,7 @@ struct RuntimeFlags {
   uint64_t seed = 1;
   int threads = 0;  // 0: every CPU
   bool quiet = false;
-  // Checkpoints (issue 13): --ckpt-slots, --ckpt-dir, --ckpt-disk-gb, --ckpt-every.
+  // Checkpoints (docs/checkpoints.md): --ckpt-slots, --ckpt-dir, --ckpt-disk-gb, --ckpt-every.
   int64_t ckpt_slots = -1;  // -1: sized from free memory; 0: off
   std::string ckpt_dir;
   double ckpt_disk_gb = 50.0;
@@ -49,7 +49,7 @@ void AddPrefillFlags(CLI::App* cmd, RuntimeFlags& flags);
 engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const RuntimeFlags& flags);
 
 // The `prefill 4096/16384 tokens · layer 41/93 · 12.3 GB read · 310 tok/s · ETA 0:52`
-// line (issue 25): one line, rewritten in place with \r at most every 0.2 s,
+// line: one line, rewritten in place with \r at most every 0.2 s,
 // on stderr; cleared by Clear() (before output follows, and at the end).
 class PrefillProgressLine {
  public:

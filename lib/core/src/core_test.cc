@@ -116,8 +116,8 @@ TEST_CASE("AtomicFileWriter never writes through a link planted at its temp or f
   const std::string dir = TempDir();
   const std::string path = JoinPath(dir, "victim.out");
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  // 28 planted links, as in issue 28's report, each at the temp name the next
-  // writer will use: to a file, a missing file, a directory, itself.
+  // 28 planted links, each at the temp name the next writer will use: to a
+  // file, a missing file, a directory, itself.
   int untouched = 0;
   for (int i = 0; i < 28; ++i) {
     const std::string target = JoinPath(dir, "target." + std::to_string(i));

@@ -33,7 +33,8 @@ constexpr size_t kUnitCols = U == F32Unit::kPlain ? Kit::kLanes
                                                   : 64;
 
 // Column block of the batched loop: a multiple of every unit times its slot
-// count; 256..16384 measured within 10% (the tiles are bound by loads and FMAs).
+// count; any size from 256 to 16384 runs alike (the tiles are bound by loads and
+// FMAs, not by the caches).
 inline constexpr size_t kF32BlockCols = 1024;
 
 template <typename Kit, F32Unit U>
@@ -45,7 +46,7 @@ size_t UnitCount(size_t n) {
 // loaded once for the R rows (an R x 1 tile over the whole row, accumulators in
 // registers). Per row the operations are DotF32's, so the result does not depend
 // on R; what R changes is the activation traffic per weight byte, which for a
-// 12288-column f32 row (48 KiB, beyond L1) was 8 bytes from L2 per int4 weight
+// 12288-column f32 row (48 KiB, beyond L1) is 8 bytes from L2 per int4 weight
 // byte at R = 1.
 template <typename Kit, F32Unit U, int R, typename Src>
 void DotF32Rows(const Src* w, const float* x, const float* const* gs, size_t n,

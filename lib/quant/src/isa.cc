@@ -98,7 +98,7 @@ CpuIdent ReadCpuIdent() {
 // best ISA is `best`, int8-weight MatMulQ8 at batch 1 (decode) comes from
 // `decode` when the CPU runs it. Only pairs whose int8 IDOT bits are identical
 // may appear here (avx2 and avx2vnni; AVX-512's int8 has its own block-layout
-// bits since 2026-12-02: quant_test.cc "int8 IDOT: decode gives the batched
+// bits: quant_test.cc "int8 IDOT: decode gives the batched
 // bits, across x86 ISAs of one bit family"), so a token decoded alone still
 // gives the bits of the same token in a batched prefill.
 struct CpuRule {
@@ -109,12 +109,8 @@ struct CpuRule {
   const char* why;
 };
 
-// None at present. The one measured candidate, int8 decode from avx2vnni on AMD
-// family 26 (its 256-bit kernel read the 7168x12288 row at 0.92 of the plain
-// read against 0.80 for the 512-bit one), went away when the AVX-512 int8
-// decode dropped its correction table (kernels_avx512.cc, the sign trick): it
-// then led avx2vnni on every int8 shape there (docs/PERFORMANCE.md). Batches
-// would keep AVX-512 in any case (18-39 % faster at batch 32 there).
+// None at present: on the CPUs measured, no other ISA's int8 kernel is faster
+// than the best ISA's (docs/PERFORMANCE.md, "Kernels"; docs/quant.md §3.5).
 constexpr std::array<CpuRule, 0> kCpuRules{};
 
 struct Choice {

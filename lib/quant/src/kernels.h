@@ -185,24 +185,24 @@ const KernelTable& ActiveKernels() noexcept;
 const KernelTable& Q8Kernels(WeightFormat format, size_t batch) noexcept;
 
 // Software prefetch of weight streams: the SIMD kernels touch the line this many
-// bytes ahead of the one they decode (K3_PREFETCH=bytes, 0 = off). Measured on
-// the 2-vCPU dev VM (docs/PERFORMANCE.md), the hardware prefetchers keep too few
-// lines in flight for one core to reach the memory bandwidth once a kernel does
-// real work per byte; the MXFP4 decode doubled with 2-8 KiB. Prefetching past a
-// matrix end is harmless (prefetches never fault).
+// bytes ahead of the one they decode (K3_PREFETCH=bytes, 0 = off). The hardware
+// prefetchers keep too few lines in flight for one core to reach the memory
+// bandwidth once a kernel does real work per byte (docs/quant.md, the prefetch
+// A/B in docs/PERFORMANCE-history.md). Prefetching past a matrix end is harmless
+// (prefetches never fault).
 inline constexpr size_t kDefaultPrefetchBytes = 4096;
 // KernelConfig::prefetch_bytes (K3_PREFETCH) when set, else `default_bytes`: a
 // kernel may default to its own distance where one was measured better
 // (kernels_avx512.cc).
 size_t PrefetchBytes(size_t default_bytes = kDefaultPrefetchBytes) noexcept;
-// KernelConfig::nibble64 (K3_QUANT_NIBBLE64): the previous int4/MXFP4 IDOT kernels.
+// KernelConfig::nibble64 (K3_QUANT_NIBBLE64): the 64-column-step int4/MXFP4 IDOT kernels.
 bool Nibble64() noexcept;
 
 // Rows of the f32-activation decode that share each activation load (1, 2, 4)
 // for rows of `act_bytes` of f32 activations: SetDecodeRowsForTesting's value,
-// else 1 while the activations fit in L1 and more rows beyond (measured on the
-// 2-vCPU Zen 5 VM, docs/PERFORMANCE.md: interleaved weight streams read slower
-// than one, so extra rows only pay once the activations come from L2).
+// else 1 while the activations fit in L1 and more rows beyond (interleaved
+// weight streams read slower than one, so extra rows only pay once the
+// activations come from L2; docs/PERFORMANCE-history.md, "Kernels").
 int DecodeRowsF32(size_t act_bytes) noexcept;
 inline void PrefetchLine(const void* p, size_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);

@@ -856,7 +856,7 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
                          [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
 }
 
-// K3_QUANT_NIBBLE64=1 selects the previous per-group int4/MXFP4 IDOT kernel
+// K3_QUANT_NIBBLE64=1 selects the per-group int4/MXFP4 IDOT kernel
 // (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
 bool LegacyNib() {
   return Nibble64();  // KernelConfig::nibble64

@@ -65,10 +65,10 @@ constexpr size_t kNibPanelBlocks = 8;
 // Where the GEMM layout keeps block k of activation row r (in blocks; xb holds
 // 512 bytes per block, cb and fb 16 values): panel-major, [panel][row][the
 // panel's blocks], so that one panel of a chunk of rows is one contiguous run.
-// Row-major, a panel's rows sat a whole row apart: at 8192 or 12288 columns
-// (16 or 24 KiB, a multiple of 4 KiB) they fell into a quarter or a half of
-// L2's sets, and a 128-row chunk did not stay in L2 (0.53 of the roof against
-// 0.71 for one-panel rows; docs/PERFORMANCE.md).
+// Row-major would put a panel's rows a whole row apart: at 8192 or 12288
+// columns (16 or 24 KiB, a multiple of 4 KiB) they fall into a quarter or a half
+// of L2's sets, and a 128-row chunk does not stay in L2 (the A/B is in
+// docs/PERFORMANCE-history.md, eleventh prefill session).
 inline size_t NibActBlock(size_t r, size_t k, size_t blocks, size_t batch) noexcept {
   const size_t k0 = k / kNibPanelBlocks * kNibPanelBlocks;
   const size_t pb = blocks - k0 < kNibPanelBlocks ? blocks - k0 : kNibPanelBlocks;
@@ -106,8 +106,8 @@ inline __mmask16 TailMask16(size_t n) { return static_cast<__mmask16>((1u << n) 
 // that decode reads side by side (DotDirectRows): past the row's end it goes on
 // in the same row of the next block (`skip` = (R-1) rows further), not into the
 // next row, which is another stream of this block that is already being read.
-// (Prefetching by address sent three of four streams' prefetches into the
-// neighbouring row: on the 12288-column int4 row (6 KiB) an 8 KiB distance was
+// (Prefetching by address would send three of four streams' prefetches into the
+// neighbouring row: on the 12288-column int4 row (6 KiB) an 8 KiB distance is
 // 2 KiB ahead in the neighbour and nothing ahead in the row itself.) One row
 // (R = 1): `row_bytes` is unbounded and this is the address-order prefetch.
 inline void PrefetchAlongRow(const void* row, size_t off, size_t pf, size_t row_bytes,
@@ -117,29 +117,28 @@ inline void PrefetchAlongRow(const void* row, size_t off, size_t pf, size_t row_
   __builtin_prefetch(static_cast<const char*>(row) + t, 0, 3);
 }
 
-// Decode prefetch distances (K3_PREFETCH overrides them all). Measured on the
-// 2-vCPU Zen 5 VM, same-run A/B (docs/PERFORMANCE.md): 8 KiB ahead beats 4 KiB
-// for the int4/MXFP4 rows on both paths and for one int8 row of the f32 path
-// (0.53-0.92 -> 0.62-1.08 of the plain read); the int8 IDOT row keeps 4 KiB
-// (8 KiB: 0.81-0.98 -> 0.81). Rows read side by side: per row, below.
+// Decode prefetch distances (K3_PREFETCH overrides them all), chosen by same-run
+// A/B on the 2-vCPU Zen 5 VM (docs/PERFORMANCE-history.md, "Kernels"): 8 KiB
+// ahead beats 4 KiB for the int4/MXFP4 rows on both paths and for one int8 row of
+// the f32 path; the int8 IDOT row keeps 4 KiB. Rows read side by side: per row,
+// below.
 constexpr size_t kPrefetchNibble = 8192;
 constexpr size_t kPrefetchI8Row = 8192;
 // Several rows per activation load (DotDirectRows, PrefetchAlongRow): bytes
-// ahead per row. 12288-column rows at 4 per load, 1 thread (docs/PERFORMANCE.md):
-// int4 2 KiB 0.91-0.93 of the plain read (1 KiB 0.86, 1.5 KiB 0.92, 4-8 KiB
-// 0.85-0.90); int8 2 KiB 0.89-1.01 (1 KiB 0.83-0.85, 3 KiB 0.94, 4 KiB
-// 0.84-0.85, 8 KiB 0.79-0.81); the address-order prefetch before: 0.74-0.77
-// (int4, 8 KiB) and 0.68-0.74 (int8, 4 KiB).
+// ahead per row. An address-order prefetch would land in the neighbouring row,
+// which the block already reads; along each row, 2 KiB read best of the 1-8 KiB
+// tried for both int4 and int8 (12288-column rows at 4 per load, 1 thread;
+// docs/PERFORMANCE-history.md, "Kernels").
 constexpr size_t kPrefetchNibbleRows = 2048;
 constexpr size_t kPrefetchI8Rows = 2048;
 // The IDOT GEMM decodes one panel of each row of a group in turn, so what it
 // reads next is the same columns a row or two further down, not the row's
 // later panels (those come after every tile of the panel): it prefetches
-// kGemmPrefetchRows rows ahead, at least kPrefetchNibble (8 KiB, as int8's). 1 thread, M = 64, rdtsc around
-// decode (docs/PERFORMANCE.md): int8 kda_o decode 0.29 -> 0.18-0.19 Gcycles
-// (one or two rows ahead; 8 KiB reached a later panel of the same row),
-// int4 kda_o 0.25 -> 0.19 and dense_down 0.27 -> 0.18 (two rows; one row
-// 0.22 / 0.19); the MXFP4 experts' short rows (8 KiB = 4.5 rows) unchanged.
+// kGemmPrefetchRows rows ahead, at least kPrefetchNibble (8 KiB, as int8's):
+// 8 KiB along the row would reach a later panel of the same row. Two rows ahead
+// cut the trunk rows' decode time, one row ahead a little less; the MXFP4
+// experts' short rows (8 KiB = 4.5 rows) do not notice (rdtsc A/B in
+// docs/PERFORMANCE-history.md, fourteenth prefill session).
 constexpr size_t kGemmPrefetchRows = 2;
 inline size_t GemmDecodePrefetch(size_t row_bytes) {
   return PrefetchBytes(std::max(kGemmPrefetchRows * row_bytes, kPrefetchNibble));
@@ -217,7 +216,7 @@ struct NibbleSrc {
 // tiles, 4 x 1 for int4, 1024-column blocks) agree bit for bit.
 // Pins a loaded vector in a register: otherwise GCC folds the same load into
 // every FMA that uses it (once per activation row of the tile), and the tiles
-// are bound by their loads (the int8 tile went 33 -> 43 GMAC/s in cache).
+// are bound by their loads.
 template <typename V>
 inline V InReg(V v) {
   __asm__("" : "+v"(v));
@@ -408,10 +407,10 @@ struct Avx512Kit {
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   // Two slots: 32 zmm hold a 4 x 3 tile of them (the group units also keep their
   // activation vectors, hence 4 x 2 there). (Four slots for the plain unit, to
-  // break decode's FMA chain, measured within the noise on decode and ~15%
-  // slower batched on the Zen 5 VM: not taken.) The int4 unit's four FMAs per
-  // group are one chain into one slot, so it has four slots, and 4 x 1 tiles
-  // (16 accumulators; 2 x 2 and 2 x 3 measured slower batched on the Zen 5 VM).
+  // break decode's FMA chain, gained nothing on decode and lost batched: not
+  // taken.) The int4 unit's four FMAs per group are one chain into one slot, so
+  // it has four slots, and 4 x 1 tiles (16 accumulators; 2 x 2 and 2 x 3 ran
+  // slower batched).
   template <F32Unit U>
   static constexpr int kSlots = U == F32Unit::kG64 ? 4 : 2;
   template <F32Unit U>
@@ -994,9 +993,9 @@ float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
 // instructions per 16 dpbusd's of a pair's 8.
 // 6 x 2: 12 int32 and 12 f32 accumulators beside 6 + 2 chunk loads. The
 // activations come from L2 (a chunk), the decoded rows from L1, so a tile's L2
-// bytes per dpbusd fall with R: 4 x 2 (16 B) measured 0.40-0.50 of the roof on
-// Zen 5, 6 x 2 (10.7 B) 0.51-0.61; 4 x 3, 4 x 4 and 8 x 1 were no better than
-// 4 x 2, 8 x 2 spills (docs/PERFORMANCE.md). The tile never changes a bit.
+// bytes per dpbusd fall with R: 6 x 2 (10.7 B) beats 4 x 2 (16 B); 4 x 3, 4 x 4
+// and 8 x 1 are no better than 4 x 2, and 8 x 2 spills (docs/PERFORMANCE-history.md,
+// tenth prefill session). The tile never changes a bit.
 constexpr int kNibGemmRows = 6;
 constexpr int kNibGemmActs = 2;
 
@@ -1143,13 +1142,12 @@ void NibPanelTiles(const uint8_t* const* wr, const float* const* gr, const NibAc
 // Rows of more than one panel are walked panel-major over a superblock of
 // kNibSuperGroups row groups: each panel's activation slice is read from L2 by
 // all of the superblock's groups before the next panel, and each group's tile
-// accumulators wait in scratch (48 KiB per group at 128 rows). The previous
-// order (a group's whole row against the chunk, chunks of whole rows) streamed
-// the 33792-column down projection's activations from L3 for every group
-// (0.46-0.49 of the roof at M = 64/256) and cut the 12288-column rows' chunks
-// to 42 rows (0.52-0.57); with NibActBlock's layout, 0.54-0.60 and 0.53-0.62
-// (docs/PERFORMANCE.md). Neither the chunks nor the order change a bit: every
-// (row, activation) pair sums its blocks in column order.
+// accumulators wait in scratch (48 KiB per group at 128 rows). A group's whole
+// row against a chunk of whole rows would stream the 33792-column down
+// projection's activations from L3 for every group and cut the 12288-column
+// rows' chunks to 42 rows (docs/PERFORMANCE-history.md, eleventh prefill
+// session). Neither the chunks nor the order change a bit: every (row,
+// activation) pair sums its blocks in column order.
 constexpr size_t kNibChunkBytes = size_t{512} << 10;
 constexpr size_t kNibSuperGroups = 4;
 
@@ -1217,8 +1215,8 @@ void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, si
 // Batch 1 forms G from natural-order dots (sign trick, no correction table);
 // the GEMM from the block layout through NibGemmTile with unit weight factors
 // (f = xs, as 1 * xs would be), so both give the same bits, whatever the batch. The
-// float work is one cvt and one fma per 16 groups instead of per 2 (the old
-// kernel's cvt + permute + fma per dpbusd bounded it at 0.13-0.29 of the roof).
+// float work is one cvt and one fma per 16 groups instead of per 2 (a cvt +
+// permute + fma per dpbusd would bound the GEMM far below the roof).
 // These bits are AVX-512's own; avx2/avx2vnni keep theirs (docs/quant.md §3.5).
 
 // Chunk c (64 bytes, natural order) of a block holds groups 2c (128-bit lanes
@@ -1359,7 +1357,7 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
   }
 }
 
-// K3_QUANT_NIBBLE64=1 selects the previous 64-column int4/MXFP4 IDOT kernel
+// K3_QUANT_NIBBLE64=1 selects the 64-columns-per-step int4/MXFP4 IDOT kernel
 // (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
 bool LegacyNib() {
   return Nibble64();  // KernelConfig::nibble64

@@ -198,7 +198,7 @@ TEST_CASE("the err/bound check fails on a NaN or any ratio over the bound") {
   ref.y = {0.0, 0.0, 0.0};
   ref.bound = {1.0, 1.0, 1.0};
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  RatioScan s = ScanRatios(ref, {2.0f, nan, 0.1f});  // the old tracker ended at 0.1
+  RatioScan s = ScanRatios(ref, {2.0f, nan, 0.1f});  // a last-ratio tracker would end at 0.1
   CHECK(s.bad == 2);
   CHECK(s.first_bad == 0);
   CHECK(s.nan);

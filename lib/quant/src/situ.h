@@ -77,7 +77,7 @@ inline void SituGluLoop(const float* g, const float* u, size_t n, float b1, floa
 // then a fixed tree); e_i = SituExp(v_i - m); s = the lanes' sums (element i
 // in lane i % 16) folded by the tree j + (j+8), + (j+4), + (j+2), + (j+1), then
 // the tail elements in order; v_i = e_i / s. MLA's scores are T^2/2 x heads
-// elements per window: libm's expf and one serial sum were most of the
+// elements per window: libm's expf and one serial sum would be most of the
 // softmax's time at 8192 tokens.
 inline constexpr size_t kSoftmaxLanes = 16;
 

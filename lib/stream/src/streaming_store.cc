@@ -190,9 +190,9 @@ struct StreamingExpertStore::Impl {
   }
 
   // A fresh buffer's first touch happens inside the O_DIRECT submit: the
-  // kernel pins its pages on the compute thread, which then zeroes them. On a
-  // cold 512-token prefill that was a third of the wall time (docs/
-  // PERFORMANCE.md). This thread touches the buffers the cache plan will hold
+  // kernel pins its pages on the compute thread, which then zeroes them, a
+  // large share of a cold prefill (docs/streaming.md). This thread touches the
+  // buffers the cache plan will hold
   // (every slot plus the read window) ahead of use, at a low priority, and
   // stops early when the store goes.
   void StartPrefault(uint64_t count) {
@@ -634,8 +634,8 @@ void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> ex
   if (m.ahead.layer == layer) SettleAhead();
 
   // Buffered files: ask for the whole slot now. Without it a cold 17.5 MB
-  // buffered read crawls through the default readahead window (measured 4x
-  // slower, docs/PERFORMANCE.md); with it the kernel queues the span at once.
+  // buffered read crawls through the default readahead window; with it the
+  // kernel queues the span at once (docs/streaming.md).
   {
     for (size_t i : m.miss_idx) {
       const int32_t e = m.pass[i].expert;

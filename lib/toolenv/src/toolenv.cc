@@ -39,8 +39,8 @@ quant::KernelConfig KernelConfigFromEnv(std::vector<std::string>* warnings) {
     }
     k.forced_isa = isa;
   }
-  // A bad K3_PREFETCH has always been a warning and the defaults (it was read
-  // inside the noexcept kernels); docs/environment.md notes the exception.
+  // A bad K3_PREFETCH is a warning and the defaults, not an error;
+  // docs/environment.md notes the exception.
   if (GetEnv("K3_PREFETCH")) {
     bool ok = false;
     try {
@@ -64,7 +64,7 @@ CrashAt CrashAtFromEnv() {
   CrashAt c;
   const std::optional<std::string> spec = GetEnv("K3_CRASH_AT");
   if (!spec) return c;
-  // A test hook, parsed as it always was: NAME, or NAME:N (atol; N <= 1 is the first pass).
+  // A test hook: NAME, or NAME:N (atol; N <= 1 is the first pass).
   const size_t colon = spec->find(':');
   c.name = spec->substr(0, colon);
   if (colon != std::string::npos) c.nth = std::atol(spec->c_str() + colon + 1);

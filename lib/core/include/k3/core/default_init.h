@@ -2,8 +2,8 @@
 // constructor default-initialises its elements instead of value-initialising
 // them, so for trivial types (float, int32_t, std::byte) nothing is written
 // until the caller writes. Used where a whole buffer is filled right after it
-// is sized (checkpoint loads: each byte written once, by the read; a zero-fill
-// first cost as much as the disk read itself, docs/PERFORMANCE.md).
+// is sized (checkpoint loads: each byte written once, by the read, instead of a
+// zero-fill that touches every fresh page before the read does; docs/checkpoints.md).
 // Every other operation is std::vector's; explicit values (resize(n, v),
 // assign, push_back) are still written.
 #pragma once

@@ -29,8 +29,9 @@ inline constexpr size_t kHugeScratchBytes = size_t{8} << 20;
 // Grows a scratch vector to at least n elements (never shrinks it). Contents do
 // not survive a growth (every user writes what it reads, and a growth moves the
 // block anyway): the old block is released first, and one of kHugeScratchBytes
-// or more is advised for huge pages before its first touch, which on a VM that
-// backs fresh 4 KiB pages lazily ran at 0.4-2 GB/s (docs/PERFORMANCE.md).
+// or more is advised for huge pages before its first touch: a VM that backs
+// fresh 4 KiB pages lazily faults them in far below memory speed
+// (docs/PERFORMANCE-history.md, twelfth prefill session).
 template <typename V>
 void GrowScratch(V& v, size_t n) {
   if (v.size() >= n) return;

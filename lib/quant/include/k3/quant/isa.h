@@ -37,8 +37,8 @@ struct KernelConfig {
   // Software prefetch distance of the decode kernels, for all of them; -1 = each
   // kernel's own default (kernels.h, kernels_avx512.cc). 0 to 1 MiB.
   int64_t prefetch_bytes = -1;
-  // The previous int4/MXFP4 IDOT kernels (64 columns per step), kept for
-  // same-run A/B benchmarks.
+  // The int4/MXFP4 IDOT kernels of 64 columns per step, kept for same-run A/B
+  // benchmarks.
   bool nibble64 = false;
 };
 inline constexpr int64_t kMaxPrefetchBytes = int64_t{1} << 20;
