@@ -255,7 +255,8 @@ void CheckNoPartial(const std::string& dst, const std::map<std::string, std::str
         if (!l.empty() && l.back() == ',') l.pop_back();
         CHECK_MESSAGE(wl.count(l), ("index line not in the final index: " + l));
       }
-    } else if (n == "checksums.xxh128" || n == "k3-repack.sources") {
+    } else if (n == "checksums.xxh128" || n == "k3-repack.sources" ||
+               n == "k3-repack.source-stats") {
       // Per-shard manifests: lines of the shards recorded so far.
       auto want = Lines(it->second);
       std::set<std::string> wl(want.begin(), want.end());
@@ -1182,4 +1183,71 @@ TEST_CASE(
   CHECK(r.find("\"event\":\"shard_skipped\",\"shard\":\"model-00004-of-000009.safetensors\","
                "\"detail\":\"complete, checksum and source verified\"") != std::string::npos);
   CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
+}
+
+namespace {
+
+// What cp or rsync does to a source shard: a new file (new inode, new times)
+// renamed over the old name, with the same size; `flip` changes one expert byte.
+void ReplaceSourceShard(const std::string& shard, bool flip) {
+  const std::string fresh = shard + ".new";
+  REQUIRE(std::system(("cp '" + shard + "' '" + fresh + "'").c_str()) == 0);
+  if (flip) FlipExpertByte(fresh);
+  REQUIRE(::rename(fresh.c_str(), shard.c_str()) == 0);
+}
+
+std::string SkippedDetail(const std::string& log, const std::string& shard) {
+  const std::string key = "\"event\":\"shard_skipped\",\"shard\":\"" + shard + "\",\"detail\":\"";
+  const size_t at = log.find(key);
+  if (at == std::string::npos) return "(not skipped)";
+  const size_t from = at + key.size();
+  return log.substr(from, log.find('"', from) - from);
+}
+
+}  // namespace
+
+TEST_CASE("a plain rerun converts again a shard whose source was replaced since it was converted") {
+  TempDir d;
+  const std::string src = Copy(TinySnapshot(), d / "src");
+  const std::string out = d / "out";
+  REQUIRE(Run({Bin("k3-repack"), src, out}) == 0);
+  const std::string stats = ReadAll(out + "/k3-repack.source-stats");
+  CHECK(stats.find("  model-00006-of-000009.safetensors\n") != std::string::npos);
+
+  // Shard 6's source: same size, one expert byte changed, a new inode and
+  // mtime. Shard 4's: the same bytes under a new inode (a copy), which a
+  // stat cannot tell from an edit, so its bytes are re-read and it is kept.
+  ReplaceSourceShard(src + "/model-00006-of-000011.safetensors", /*flip=*/true);
+  ReplaceSourceShard(src + "/model-00004-of-000011.safetensors", /*flip=*/false);
+  const std::string log = d / "log";
+  REQUIRE(Run({Bin("k3-repack"), src, out, "--json"}, {.log = log}) == 0);
+  const std::string l = ReadAll(log);
+  INFO(l);
+  CHECK(l.find("\"event\":\"shard_done\",\"shard\":\"model-00006-of-000009.safetensors\"") !=
+        std::string::npos);
+  CHECK(l.find("source stat ") != std::string::npos);
+  CHECK(l.find("model-00006-of-000011.safetensors changed since it was converted") !=
+        std::string::npos);
+  const std::string kept4 = SkippedDetail(l, "model-00004-of-000009.safetensors");
+  CHECK(kept4.find("its source was re-read after ") != std::string::npos);
+  CHECK(kept4.find("inode ") != std::string::npos);
+  CHECK(kept4.find("same bytes") != std::string::npos);
+  CHECK(SkippedDetail(l, "model-00005-of-000009.safetensors") == "complete and valid");
+  CHECK(Run({Bin("k3-verify"), out, "--full", "--source", src}) == 0);
+
+  // Both new stats were recorded: the next rerun reads no source.
+  const std::string log2 = d / "log2";
+  REQUIRE(Run({Bin("k3-repack"), src, out, "--json"}, {.log = log2}) == 0);
+  const std::string l2 = ReadAll(log2);
+  CHECK(SkippedDetail(l2, "model-00004-of-000009.safetensors") == "complete and valid");
+  CHECK(SkippedDetail(l2, "model-00006-of-000009.safetensors") == "complete and valid");
+
+  // A damaged record is named, not trusted.
+  {
+    std::ofstream bad(out + "/k3-repack.source-stats", std::ios::app);
+    bad << "12 nonsense\n";
+  }
+  const std::string log3 = d / "log3";
+  CHECK(Run({Bin("k3-repack"), src, out}, {.log = log3}) != 0);
+  CHECK(ReadAll(log3).find("k3-repack.source-stats") != std::string::npos);
 }

@@ -84,7 +84,8 @@ void Runner::ConvertShards(const std::vector<const ShardPlan*>& todo) {
         {
           std::lock_guard<std::mutex> container(container_mu_);
           ContainerLock lock(opt_.dst);
-          UpdateChecksums({{p->out_name, ev.shard_xxh128, ev.source_xxh128}}, /*finalize=*/false);
+          UpdateChecksums({{p->out_name, ev.shard_xxh128, ev.source_xxh128, p->src_stat}},
+                          /*finalize=*/false);
         }
         post(RepackEvent::Kind::kShardDone, ev, slot);
       }

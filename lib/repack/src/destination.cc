@@ -7,6 +7,7 @@
 
 #include "k3/repack/checksums.h"
 #include "runner.h"
+#include "source_stats.h"
 #include "shard_checks.h"
 
 namespace k3::repack {
@@ -30,7 +31,8 @@ void Runner::RemoveForForce() {
   for (const std::string& name : ListDirectory(opt_.dst)) {
     std::string base = name.substr(0, name.find(".tmp."));
     bool ours = ParseShardName(base).has_value() || base == kIndexName || base == kChecksumsName ||
-                base == kFingerprintName || base == kSourcesName;
+                base == kFingerprintName || base == kSourcesName ||
+                base == kSourceStatsName;
     for (auto m : kMetadataFiles) ours = ours || base == m;
     if (ours) victims.push_back(name);
   }
@@ -41,10 +43,10 @@ void Runner::RemoveForForce() {
   FsyncDirOrThrow(opt_.dst);
 }
 
-std::optional<std::string> Runner::SourceDigestNow(const std::string& name) {
+std::optional<ShardPlan> Runner::UnchangedSourcePlan(const std::string& name) {
   std::optional<ShardPlan> p = plan_for_ ? plan_for_(name) : std::nullopt;
   if (!p || SourceChange(*p)) return std::nullopt;
-  return HashShardSource(*p, kMaxAutoBlockBytes);
+  return p;
 }
 
 void Runner::CopyMetadata() {
@@ -62,24 +64,39 @@ void Runner::CopyMetadata() {
 void Runner::UpdateChecksums(const std::vector<Fresh>& fresh, bool finalize) {
   const std::string path = JoinPath(opt_.dst, kChecksumsName);
   const std::string sources_path = JoinPath(opt_.dst, kSourcesName);
+  const std::string stats_path = JoinPath(opt_.dst, kSourceStatsName);
   RemoveStaleTemps(std::string(kChecksumsName));
   RemoveStaleTemps(std::string(kSourcesName));
+  RemoveStaleTemps(std::string(kSourceStatsName));
   ChecksumManifest m = ReadChecksumManifest(path);
   ChecksumManifest sources = ReadChecksumManifest(sources_path);
+  SourceStatManifest stats = ReadSourceStats(stats_path);
   for (const Fresh& f : fresh) {
     m[f.shard] = f.xxh128;
     sources[f.shard] = f.source_xxh128;
+    stats[f.shard] = f.source_stat;
   }
   if (finalize) {
+    for (const auto& [shard, st] : restat_) stats[shard] = st;
     ChecksumManifest kept;
+    SourceStatManifest kept_stats;
     for (const auto& s : ListShardFiles(opt_.dst)) {
-      auto it = sources.find(s);
-      const std::optional<std::string> hex =
-          it != sources.end() ? std::optional<std::string>(it->second) : SourceDigestNow(s);
-      if (hex) kept[s] = *hex;
+      if (auto it = sources.find(s); it != sources.end()) {
+        kept[s] = it->second;
+        if (auto st = stats.find(s); st != stats.end()) kept_stats[s] = st->second;
+      } else if (std::optional<ShardPlan> p = UnchangedSourcePlan(s)) {
+        kept[s] = HashShardSource(*p, kMaxAutoBlockBytes);
+        kept_stats[s] = p->src_stat;
+      }
     }
     sources = std::move(kept);
+    stats = std::move(kept_stats);
   }
+  // A stat is trusted only beside a digest. Stats first: a pass killed
+  // between the two leaves a stat without a digest, which makes a rerun re-read
+  // (or, at the end, re-hash) that source; the other order would leave a digest
+  // without a stat, and that shard's source would never be stat-checked again.
+  WriteFileAtomic(stats_path, RenderSourceStats(stats));
   WriteFileAtomic(sources_path, RenderChecksumManifest(sources));
   if (finalize) {
     // Entries for files that are gone are dropped; shards published by a pass

@@ -10,6 +10,7 @@
 #include "model_check.h"
 #include "runner.h"
 #include "shard_checks.h"
+#include "source_stats.h"
 #include "shard_lock.h"
 
 namespace k3::repack {
@@ -156,23 +157,40 @@ std::vector<const ShardPlan*> Runner::PlanWork(const std::vector<ShardPlan>& sel
   // It also re-reads the source of each such shard against k3-repack.sources:
   // a source that changed after (or while) the shard was converted makes it
   // convert again, so the repair k3-verify --full suggests repairs that too.
+  // A plain rerun compares each kept shard's source stat with the one
+  // k3-repack.source-stats recorded, which costs no read: a source replaced or
+  // edited since (another inode, size, mtime or ctime) is re-read against its
+  // digest, and the shard is converted again if its bytes changed.
   ChecksumManifest recorded, sources;
-  if (recheck) {
-    recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
+  SourceStatManifest stats;
+  if (!force_clean) {
     sources = ReadChecksumManifest(JoinPath(opt_.dst, kSourcesName));
+    stats = ReadSourceStats(JoinPath(opt_.dst, kSourceStatsName));
   }
+  if (recheck) recorded = ReadChecksumManifest(JoinPath(opt_.dst, kChecksumsName));
   for (const auto& p : selected) {
     std::string path = JoinPath(opt_.dst, p.out_name);
     std::optional<Problem> why;  // why it is converted; --force converts every shard
     if (!force_clean) {
       why = ExistingShardProblem(path, p);
       if (!why && recheck) why = RecheckProblem(path, p.out_name, recorded);
-      if (!why && recheck) why = SourceRecheckProblem(p, sources, kMaxAutoBlockBytes);
+      const auto was = stats.find(p.out_name);
+      const std::optional<std::string> moved =
+          was == stats.end() ? std::nullopt : DescribeSourceChange(was->second, p.src_stat);
+      std::string detail = recheck ? "complete, checksum and source verified" : "complete and valid";
+      if (!why && (recheck || moved)) {
+        why = SourceRecheckProblem(p, sources, kMaxAutoBlockBytes);
+        if (why && moved) why->detail = "source stat " + *moved + "; " + why->detail;
+        if (!why && moved && !recheck) detail += "; its source was re-read after " + *moved + ": same bytes";
+      }
       if (!why) {
+        // A stat that changed (or was never recorded) but whose bytes were
+        // just proved is recorded, so the next rerun reads nothing.
+        if (moved || (recheck && was == stats.end())) restat_.emplace_back(p.out_name, p.src_stat);
         ++totals_.shards_skipped;
         RepackEvent ev;
         ev.shard = p.out_name;
-        ev.detail = recheck ? "complete, checksum and source verified" : "complete and valid";
+        ev.detail = detail;
         ev.shard_src_bytes = p.src_bytes;
         ev.shard_out_bytes = p.file_bytes;
         skipped->push_back(ev);

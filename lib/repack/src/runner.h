@@ -76,18 +76,21 @@ class Runner {
   void RemoveStaleTemps(const std::string& final_name);
   void RemoveForForce();
   void CopyMetadata();
-  // checksums.xxh128 and k3-repack.sources: `fresh` adds (shard, output
-  // digest, source digest) entries; `finalize` drops entries of files that are
-  // gone and fills in what a killed pass published without recording. The
-  // caller holds the ContainerLock.
+  // checksums.xxh128, k3-repack.sources and k3-repack.source-stats: `fresh`
+  // adds (shard, output digest, source digest, source stat) entries;
+  // `finalize` drops entries of files that are gone, records the stats PlanWork
+  // re-proved (restat_) and fills in what a killed pass published without
+  // recording. The caller holds the ContainerLock.
   struct Fresh {
     std::string shard, xxh128, source_xxh128;
+    SourceStat source_stat;
   };
   void UpdateChecksums(const std::vector<Fresh>& fresh, bool finalize);
-  // The source digest of output shard `name` computed now, for a shard
-  // published by a pass that died before recording it; nullopt when its source
-  // is not one this pass knows or changed since the pre-flight.
-  std::optional<std::string> SourceDigestNow(const std::string& name);
+  // The plan of output shard `name` when its source is one this pass knows
+  // and is unchanged since the pre-flight (so its digest and stat computed now
+  // are what the shard was made from), for a shard published by a pass that
+  // died before recording it; nullopt otherwise.
+  std::optional<ShardPlan> UnchangedSourcePlan(const std::string& name);
 
   const RepackOptions& opt_;
   const RepackObserver& observer_;
@@ -96,6 +99,9 @@ class Runner {
   // pass's), with its source's pre-flight stat; nullopt for a foreign name.
   std::function<std::optional<ShardPlan>(const std::string& name)> plan_for_;
   std::vector<ShardFailed> failed_;  // shards that failed on their own, in order
+  // Kept shards whose source stat changed but whose source bytes were re-read
+  // and found the same: their new stat is recorded at the end of the run.
+  std::vector<std::pair<std::string, SourceStat>> restat_;
   RepackEvent totals_;
   double t0_ = NowSeconds();
   double convert_t0_ = 0;  // when the first shard started
