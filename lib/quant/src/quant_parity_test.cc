@@ -18,6 +18,7 @@
 #include "k3/quant/quant.h"
 #include "k3_isa_test_support.h"
 #include "kernels.h"
+#include "quant_test_bytes.h"
 
 using namespace k3::quant;
 using k3::test::IsasToTest;
@@ -93,26 +94,10 @@ TEST_CASE("quantizers: the scalar bytes on every ISA for adversarial rows") {
   for (size_t cols : {size_t{64}, size_t{192}, size_t{448}, size_t{1088}}) {
     const size_t rows = 11;
     const std::vector<float> x = AdversarialRows(rows, cols, rng);
-    struct Out {
-      std::vector<int8_t> q8;
-      std::vector<float> s8, s4, ds4;
-      std::vector<uint8_t> p4, d4;
-      ActsQ8 acts;
-    };
+    using Out = k3::quant::test::QuantizerBytes;
     auto run = [&](Isa isa) {
       SetIsaForTesting(isa);
-      Out o;
-      o.q8.resize(rows * cols);
-      o.s8.resize(rows);
-      o.p4.resize(rows * cols / 2);
-      o.s4.resize(rows * cols / 64);
-      o.d4.resize(rows * cols / 2);
-      o.ds4.resize(rows * cols / 64);
-      QuantizeInt8Rows(x.data(), rows, cols, o.q8.data(), o.s8.data());
-      QuantizeInt4G64Rows(x.data(), rows, cols, o.p4.data(), o.s4.data());
-      DowncastInt8ToInt4G64(o.q8.data(), o.s8.data(), rows, cols, o.d4.data(), o.ds4.data());
-      QuantizeActs(x.data(), rows, cols, &o.acts);
-      return o;
+      return k3::quant::test::QuantizeAll(x.data(), rows, cols);
     };
     const Out ref = run(Isa::kScalar);
     for (Isa isa : isas) {
