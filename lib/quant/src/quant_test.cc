@@ -22,6 +22,7 @@
 #include "situ.h"
 #include "k3/quant/roof.h"
 #include "k3_isa_test_support.h"
+#include "quant_test_bytes.h"
 
 using namespace k3::quant;
 using k3::test::IsasToTest;
@@ -1345,27 +1346,10 @@ TEST_CASE("quantizers produce identical bytes on every ISA (ties, NaN, inf, zero
   // Row 5: huge values (x*inv stays within +-qmax by construction).
   for (size_t i = 0; i < cols; ++i) x[5 * cols + i] = float(int(i % 11) - 5) * 6e37f;
 
-  struct Out {
-    std::vector<int8_t> q8;
-    std::vector<float> s8;
-    std::vector<uint8_t> p4, d4;
-    std::vector<float> s4, ds4;
-    ActsQ8 acts;
-  };
+  using Out = test::QuantizerBytes;
   auto run = [&](Isa isa) {
     SetIsaForTesting(isa);
-    Out o;
-    o.q8.resize(rows * cols);
-    o.s8.resize(rows);
-    o.p4.resize(rows * cols / 2);
-    o.s4.resize(rows * cols / 64);
-    o.d4.resize(rows * cols / 2);
-    o.ds4.resize(rows * cols / 64);
-    QuantizeInt8Rows(x.data(), rows, cols, o.q8.data(), o.s8.data());
-    QuantizeInt4G64Rows(x.data(), rows, cols, o.p4.data(), o.s4.data());
-    DowncastInt8ToInt4G64(o.q8.data(), o.s8.data(), rows, cols, o.d4.data(), o.ds4.data());
-    QuantizeActs(x.data(), rows, cols, &o.acts);
-    return o;
+    return test::QuantizeAll(x.data(), rows, cols);
   };
   const Out ref = run(Isa::kScalar);
   CHECK(ref.q8[0] == 127);

@@ -25,10 +25,21 @@ namespace k3::quant::internal {
 // flags, so no TU may end up calling another TU's out-of-line copy.
 namespace {
 
+// c ? a : b, as bit masks. Written with `?:`, GCC moves the float operations
+// that use the result into the branches (c ? -104 * k : x * k), and as they may
+// trap (-ftrapping-math) the branches stay: the loop is then vectorized only
+// where the ISA has masked operations (AVX-512), not on AVX2 or NEON. The value
+// is the same either way.
+inline float SelectBits(bool c, float a, float b) noexcept {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
+}
+
 inline float SituExp(float x) noexcept {
-  x = x < -104.0f ? -104.0f : x;
-  x = x > 89.0f ? 89.0f : x;
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  x = SelectBits(x < -104.0f, -104.0f, x);
+  x = SelectBits(x > 89.0f, 89.0f, x);
+  const float k = x * 1.44269504f + 12582912.0f;  // in [2^23, 2^24): ulp 1
+  const float n = k - 12582912.0f;
   float r = x - n * 0.693145752f;
   r = r - n * 1.42860677e-6f;
   float q = 0.000198948052f;
@@ -38,7 +49,11 @@ inline float SituExp(float x) noexcept {
   q = q * r + 0.166666672f;
   q = q * r + 0.5f;
   const float p = (q * (r * r) + r) + 1.0f;
-  const int32_t ni = static_cast<int32_t>(n == n ? n : 0.0f);  // NaN: p is NaN already
+  // n as an integer from k's bits (k's ulp is 1, so they differ from
+  // 1.5 * 2^23's by exactly n), not by a float-to-int conversion, which needs
+  // a NaN guard (a branch, as in SelectBits). For a NaN x the integer is
+  // meaningless and p, hence the result, NaN already.
+  const int32_t ni = static_cast<int32_t>(std::bit_cast<uint32_t>(k) - 0x4b400000u);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
   const float s1 = std::bit_cast<float>((n1 + 127) << 23);
   const float s2 = std::bit_cast<float>((n2 + 127) << 23);
@@ -57,7 +72,7 @@ inline float SituTanh(float x) noexcept {
   q = q * y - 0.333333343f;
   const float small = ax + ax * (y * q);
   const float large = 1.0f - 2.0f / (SituExp(2.0f * ax) + 1.0f);
-  const float t = ax < 0.5625f ? small : large;
+  const float t = SelectBits(ax < 0.5625f, small, large);
   return std::bit_cast<float>(std::bit_cast<uint32_t>(t) | (bits & 0x80000000u));
 }
 
