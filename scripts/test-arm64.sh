@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# aarch64 check (issue 17): cross-builds k3 with Debian's crossbuild-essential-arm64
+# aarch64 check (docs/arm64.md): cross-builds k3 with Debian's crossbuild-essential-arm64
 # and the arm64 multiarch packages (scripts/install-deps.sh), then runs under qemu-user:
 #   1. the `unit` ctest label (every ISA qemu's CPU offers: scalar, neon, neondot),
 #      and quant_test again on a CPU without the dot-product extension;
