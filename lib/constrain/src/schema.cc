@@ -9,6 +9,10 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_set>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "k3/core/error.h"
 #include "k3/core/json_writer.h"
@@ -118,6 +122,26 @@ const std::set<std::string_view> kAnnotations = {
 
 void AppendCompact(std::string& out, element e) { AppendValue(out, e, false); }
 
+void CompileBudget::Charge(uint64_t work, uint64_t bytes) {
+  work_ += work;
+  bytes_ += bytes;
+  if (!spent()) return;
+  throw Error(ErrorCode::kInvalidArgument,
+              "compiling the schemas needs more than the schema compile budget of " + std::to_string(max_work_) +
+                  " steps and " + std::to_string(max_bytes_ >> 20) + " MiB of automata",
+              {}, Error::kNoOffset, kBudgetObject);
+}
+
+size_t NodeBytes(const SchemaNode& n) {
+  size_t b = sizeof(SchemaNode) + n.props.size() * sizeof(Property) + n.reserved.size() * sizeof(std::string) +
+             n.prefix.size() * sizeof(uint32_t) + n.alts.size() * sizeof(uint32_t) +
+             3 * n.literals.size() * sizeof(std::string);
+  for (const Property& p : n.props) b += p.key.size();
+  for (const std::string& r : n.reserved) b += r.size();
+  for (const std::string& l : n.literals) b += 3 * l.size();
+  return b;
+}
+
 void Compiler::Relaxed(const std::string& keyword, const std::string& ptr, const std::string& why,
                        const std::string& action) {
   if (!relax_) Unsupported(keyword, ptr, why);
@@ -136,6 +160,7 @@ uint32_t Compiler::CompileRoot() {
 }
 
 uint32_t Compiler::Add(SchemaNode n) {
+  budget_.Charge(kNodeWork, NodeBytes(n));
   if (nodes_.size() >= size_t(kMaxNodes))
     throw Error(ErrorCode::kUnsupported, "schema compiles to more than " + std::to_string(kMaxNodes) + " nodes", {},
                 Error::kNoOffset, "schema");
@@ -197,6 +222,7 @@ uint32_t Compiler::LiteralNode(std::vector<std::string> lits, const std::string&
   n.literals = std::move(uniq);
   n.raw_ok = true;
   for (auto& l : n.literals) {
+    budget_.Charge(kNodeWork / 4 + l.size(), 0);  // parsed back for its other spellings
     n.first[uint8_t(l[0])] = true;
     // The other spellings, from the compact text (valid JSON by construction).
     simdjson::padded_string padded(l);
@@ -333,6 +359,7 @@ void Compiler::FillUnion(uint32_t u, const std::vector<uint32_t>& alts_in, const
 }
 
 uint32_t Compiler::Compile(element e, const std::string& ptr, int depth, bool skip_literals) {
+  budget_.Charge(kNodeWork, 0);
   if (depth >= kMaxDepth)
     throw Error(ErrorCode::kUnsupported, "schema at " + Where(ptr) + " nests deeper than " + std::to_string(kMaxDepth),
                 {}, Error::kNoOffset, "schema");
@@ -525,6 +552,7 @@ bool Compiler::AcceptsText(uint32_t node, const std::string& text) {
   std::vector<State> cur = {m.Start()}, next;
   for (char c : text) {
     next.clear();
+    budget_.Charge(kMatchStepWork * cur.size(), 0);
     for (const State& st : cur) m.Step(st, uint8_t(c), next);
     m.Dedupe(next, 1024);
     if (next.empty()) return false;
@@ -545,7 +573,27 @@ CompiledSchema Finish(Compiler& c, uint32_t root) {
   for (SchemaNode& n : impl->nodes)
     for (int b = 0; b < 256; ++b)
       if (n.first[size_t(b)]) n.first_bits[size_t(b / 64)] |= uint64_t{1} << (b % 64);
+  // Nodes may share one pattern automaton (a propertyNames key node's copy).
+  std::unordered_set<const PatternDfa*> patterns;
+  impl->bytes = sizeof(CompiledSchema::Impl);
+  for (const SchemaNode& n : impl->nodes) {
+    impl->bytes += NodeBytes(n);
+    if (n.pattern && patterns.insert(n.pattern.get()).second) impl->bytes += n.pattern->bytes();
+  }
+  for (const Relaxation& r : impl->relaxations)
+    impl->bytes += sizeof(r) + r.keyword.size() + r.pointer.size() + r.what.size();
   return CompiledSchema(std::move(impl));
+}
+
+// After a refused compile that built much, the freed automata go back to the
+// system: glibc keeps freed memory in its arenas, so without a trim a refused
+// request's peak would stay in the server's RSS.
+void GiveBackMemory(uint64_t bytes_built) {
+  constexpr uint64_t kTrimAbove = uint64_t{8} << 20;
+  if (bytes_built < kTrimAbove) return;
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace
@@ -566,10 +614,13 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const Compil
   if (err)
     first = Error(ErrorCode::kCorrupt,
                   std::string("schema is not JSON: ") + simdjson::error_message(err));
+  CompileBudget own;
+  CompileBudget& budget = options.budget ? *options.budget : own;
+  const uint64_t bytes_before = budget.bytes();
   // A recursive $ref unrolls kMaxRefRecursion levels; when that exceeds the
   // node cap (or the nesting cap), fewer levels are tried before giving up.
   for (int levels = kMaxRefRecursion; levels >= 0 && !err; --levels) {
-    Compiler c(doc, levels, !options.strict);
+    Compiler c(doc, levels, !options.strict, budget);
     try {
       uint32_t root = c.CompileRoot();
       return Finish(c, root);
@@ -579,6 +630,7 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const Compil
       if (!retry) break;
     }
   }
+  GiveBackMemory(budget.bytes() - bytes_before);
   if (options.strict || first->code() == ErrorCode::kInternal) throw *first;
   // Not strict: what still does not compile (not a schema, no value satisfies
   // it, past a cap) is any value, a superset of every schema.
@@ -589,6 +641,8 @@ CompiledSchema Schema::CompileOrThrow(std::string_view schema_json, const Compil
 }
 
 const std::vector<Relaxation>& CompiledSchema::relaxations() const { return impl_->relaxations; }
+
+size_t CompiledSchema::bytes() const { return impl_->bytes; }
 
 CompiledSchema Schema::JsonObject() {
   return CompileOrThrow(R"({"type":"object"})");

@@ -47,8 +47,10 @@ class Compiler {
  public:
   // max_recursion: how many times a recursive $ref may be expanded inside itself.
   // relax: a non-strict compile (CompileOptions::strict false).
-  Compiler(element root, int max_recursion, bool relax)
-      : root_(root), max_recursion_(max_recursion), relax_(relax) {}
+  // budget: charged for the work and the memory of what is built (k3::Error
+  // past it); it must outlive the compiler.
+  Compiler(element root, int max_recursion, bool relax, CompileBudget& budget)
+      : root_(root), max_recursion_(max_recursion), budget_(budget), relax_(relax) {}
 
   // A keyword the subset cannot enforce as written: strict, kUnsupported
   // naming it; otherwise noted, and the caller relaxes it as `action` says.
@@ -173,7 +175,13 @@ class Compiler {
 
  private:
   element root_;
+  // Budget work for one schema object visited or one node made, and for one
+  // matcher state stepping one byte: in units of one step of the pattern
+  // compiler's subset construction, the budget's unit.
+  static constexpr uint64_t kNodeWork = 1024;
+  static constexpr uint64_t kMatchStepWork = 64;
   int max_recursion_;
+  CompileBudget& budget_;
   std::vector<SchemaNode> nodes_;
   int32_t any_ = -1;
   std::map<std::string, uint32_t> refs_;                     // acyclic references, compiled once

@@ -61,6 +61,8 @@ std::string Compiler::AllOfText(const std::string& a, const std::string& b) {
 
 element Compiler::Own(const std::string& text, const std::string& ptr) {
   merged_bytes_ += text.size();
+  // The text and its parsed document (simdjson's tape and string buffer).
+  budget_.Charge(text.size() / 8 + 1, 4 * text.size() + 256);
   if (merged_bytes_ > kMaxSchemaBytes)
     throw Error(ErrorCode::kUnsupported,
                 "allOf at " + Where(ptr) + " merges into more than " +

@@ -69,6 +69,7 @@ const std::vector<std::string>& Compiler::RefsBelow(const std::string& ref) {
     element e = todo.back();
     todo.pop_back();
     // Targets may overlap (every one lies inside "#"): bound the total work.
+    budget_.Charge(1, 0);
     if (++walked_ > kMaxRefWalk)
       Unsupported("$ref", "", "too many reference targets to search for recursion (" +
                                   std::to_string(kMaxRefWalk) + " schema values)");

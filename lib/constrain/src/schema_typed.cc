@@ -145,10 +145,10 @@ uint32_t Compiler::CompileTyped(object o, const std::string& type, const std::st
       std::shared_ptr<const PatternDfa> one;
       try {
         std::string left_out;
-        one = CompilePattern(text, mn, mx, relax_, &left_out);
+        one = CompilePattern(text, mn, mx, relax_, &left_out, &budget_);
         if (!left_out.empty())
           Relaxed("pattern", where, left_out, "left out of the pattern (a superset)");
-        if (dfa) one = IntersectPatterns(*dfa, *one, mn, mx);
+        if (dfa) one = IntersectPatterns(*dfa, *one, mn, mx, &budget_);
       } catch (const PatternRefused& r) {
         // A format is k3's own narrowing (validators do not assert it): past
         // a cap it is simply not enforced.
@@ -313,6 +313,15 @@ uint32_t Compiler::CompileTyped(object o, const std::string& type, const std::st
     }
     return add_node;
   };
+  // The cap on declared properties, counted before their schemas compile:
+  // past it the object is relaxed (or refused) whatever those schemas hold.
+  if (std::count_if(props.begin(), props.end(), [](const auto& kv) {
+        return !(kv.second.type() == element_type::BOOL && !bool(kv.second));
+      }) > kMaxProperties) {
+    Relaxed("properties", ptr, "more than " + std::to_string(kMaxProperties) + " properties",
+            "any object");
+    return AnyObject();
+  }
   std::vector<std::string> reserved;  // every key of properties, as generated
   for (auto& [key, schema] : props) {
     std::string p = ptr + "/properties/" + PointerEscape(key);
