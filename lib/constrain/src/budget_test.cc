@@ -50,7 +50,8 @@ std::string PatternString(const std::string& pattern) {
 
 // objects x props string properties, each with `pattern`.
 std::string Grid(int objects, int props, const std::string& pattern) {
-  const std::string inner = "{\"type\":\"object\",\"properties\":{" + Props(props, PatternString(pattern)) + "}}";
+  const std::string inner =
+      "{\"type\":\"object\",\"properties\":{" + Props(props, PatternString(pattern)) + "}}";
   return "{\"type\":\"object\",\"properties\":{" + Props(objects, inner, "o") + "}}";
 }
 
@@ -148,12 +149,14 @@ TEST_CASE("budget: a compile without a budget of its own gets the default one") 
 
 TEST_CASE("budget: non-strict schemas past the budget are relaxed to any value, as bounded") {
   CompileBudget budget;
-  const Cost c = Measure({Grid(64, 64, kHeavy), Grid(64, 64, kHeavy) + " ", "{\"type\":\"integer\"}"}, false, budget);
+  const Cost c = Measure(
+      {Grid(64, 64, kHeavy), Grid(64, 64, kHeavy) + " ", "{\"type\":\"integer\"}"}, false, budget);
   CHECK_FALSE(c.refused);
   CHECK(budget.spent());
   int budget_notes = 0;
   for (const auto& r : c.relaxations)
-    if (r.keyword == "schema" && r.what.find("schema compile budget") != std::string::npos) ++budget_notes;
+    if (r.keyword == "schema" && r.what.find("schema compile budget") != std::string::npos)
+      ++budget_notes;
   CHECK(budget_notes == 3);  // the third one too: a spent budget stays spent
   CHECK(c.cpu_s < 2.5);
   CHECK(c.heap_left < (1 << 20));
@@ -180,7 +183,8 @@ TEST_CASE("budget: many patterns spread over many tools share one budget") {
 TEST_CASE("budget: response_format after the tools draws on the same budget") {
   // Tools that fit on their own, then a response_format that would too.
   std::vector<std::string> request(3, Grid(1, 32, kHeavy));
-  for (size_t i = 0; i < request.size(); ++i) request[i] += std::string(i, ' ');  // three distinct texts
+  for (size_t i = 0; i < request.size(); ++i)
+    request[i] += std::string(i, ' ');  // three distinct texts
   {
     CompileBudget alone;
     CHECK_NOTHROW((void)Schema::CompileOrThrow(request[0], {.budget = &alone}));
@@ -193,7 +197,8 @@ TEST_CASE("budget: deep nesting, a patterned union at every level") {
   for (int i = 0; i < 8; ++i) alts += (i ? "," : "") + PatternString(HeavyVariant(i));
   std::string s = "{\"anyOf\":[" + alts + "]}";
   for (int d = 0; d < 60; ++d)
-    s = "{\"type\":\"object\",\"properties\":{\"x\":" + s + ",\"y\":{\"anyOf\":[" + alts + "]}},\"required\":[\"x\"]}";
+    s = "{\"type\":\"object\",\"properties\":{\"x\":" + s + ",\"y\":{\"anyOf\":[" + alts +
+        "]}},\"required\":[\"x\"]}";
   ExpectRefused({s});
 }
 
@@ -211,7 +216,8 @@ TEST_CASE("budget: mutually recursive $refs unrolled over patterned alternatives
 }
 
 TEST_CASE("budget: properties past the cap are counted before their schemas compile") {
-  const std::string s = "{\"type\":\"object\",\"properties\":{" + Props(2000, PatternString(kHeavy)) + "}}";
+  const std::string s =
+      "{\"type\":\"object\",\"properties\":{" + Props(2000, PatternString(kHeavy)) + "}}";
   for (bool strict : {true, false}) {
     CompileBudget budget;
     const double cpu0 = ThreadCpuSeconds();
@@ -231,8 +237,8 @@ TEST_CASE("budget: properties past the cap are counted before their schemas comp
 
 TEST_CASE("budget: ordinary schemas fit, and a compiled schema says what it holds") {
   CompileBudget budget;
-  const CompiledSchema small = Schema::CompileOrThrow(R"({"type":"object","properties":{"a":{"type":"string"}}})",
-                                                      {.budget = &budget});
+  const CompiledSchema small = Schema::CompileOrThrow(
+      R"({"type":"object","properties":{"a":{"type":"string"}}})", {.budget = &budget});
   CHECK_FALSE(budget.spent());
   CHECK(small.bytes() > 0);
   const CompiledSchema heavy = Schema::CompileOrThrow(PatternString(kHeavy), {.budget = &budget});

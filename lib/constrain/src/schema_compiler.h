@@ -43,6 +43,11 @@ void AppendCompact(std::string& out, element e);
 // and at the root it is kInvalidArgument (no finite value within the bound).
 struct RecursionCut {};
 
+// One compile of one schema document (Schema::CompileOrThrow makes one per
+// try): owns the nodes it builds, the merged allOf documents and the $ref
+// bookkeeping, and hands the nodes over with TakeNodes. Fails by throwing
+// k3::Error (kCorrupt, kUnsupported, kInvalidArgument: constrain.h). Not
+// thread-safe; used once.
 class Compiler {
  public:
   // max_recursion: how many times a recursive $ref may be expanded inside itself.
@@ -94,7 +99,11 @@ class Compiler {
   // their values by the other keywords).
   uint32_t Compile(element e, const std::string& ptr, int depth, bool skip_literals = false);
 
-  // ---- allOf: merging schemas into one (JSON text, parsed and compiled) ----
+  // Whether the automaton of `node` accepts `text` as a complete value
+  // (compact spelling): the filter of enum/const values by other keywords.
+  bool AcceptsText(uint32_t node, const std::string& text);
+
+  // ---- allOf (schema_merge.cc): schemas merged into one JSON text, parsed, compiled ----
   // A schema object as its keywords and their compact JSON texts, in order.
   using Keywords = std::vector<std::pair<std::string, std::string>>;
 
@@ -126,6 +135,7 @@ class Compiler {
   // Merges schema b into a (both plain keyword lists: no allOf left).
   Keywords MergeTwo(Keywords a, Keywords b, const std::string& ptr);
 
+  // ---- one type's keywords (schema_typed.cc) ----
   std::vector<std::string> TypeList(object o, const std::string& ptr);
 
   static uint32_t Count(object o, const char* key, const std::string& ptr, uint32_t dflt);
@@ -149,6 +159,7 @@ class Compiler {
 
   uint32_t CompileNumber(object o, bool integer, const std::string& ptr);
 
+  // ---- $ref (schema_ref.cc) ----
   // The element a local reference points to; kCorrupt when it resolves to nothing.
   element Resolve(const std::string& ref, const std::string& ptr);
 
@@ -168,10 +179,6 @@ class Compiler {
   // nodes depend on how often each reference is being expanded, so they are
   // shared only between uses with the same counts.
   uint32_t CompileRef(const std::string& ref, const std::string& ptr, int depth);
-
-  // Whether the automaton of `node` accepts `text` as a complete value
-  // (compact spelling): the filter of enum/const values by other keywords.
-  bool AcceptsText(uint32_t node, const std::string& text);
 
  private:
   element root_;
