@@ -15,6 +15,8 @@
 #include <limits>
 #include <map>
 
+#include "k3/constrain/constrain.h"
+
 namespace k3::constrain {
 namespace {
 
@@ -23,6 +25,35 @@ constexpr uint32_t kUnboundedLen = std::numeric_limits<uint32_t>::max();
 constexpr uint32_t kInf = std::numeric_limits<uint32_t>::max();
 
 [[noreturn]] void Refuse(std::string why) { throw PatternRefused{std::move(why)}; }
+
+// What one automaton's construction spends: its work against the pattern's own
+// cap (PatternRefused past it), and work and bytes against the request's
+// CompileBudget (k3::Error past it). Work reaches the budget in batches: the
+// steps are counted one closure state at a time.
+class Spend {
+ public:
+  explicit Spend(CompileBudget* budget) : budget_(budget) {}
+  void Work(uint64_t w) {
+    work_ += w;
+    if (work_ > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
+    pending_ += w;
+    if (pending_ >= kBatch) Flush();
+  }
+  void Bytes(uint64_t b) {
+    Flush();
+    if (budget_) budget_->Charge(0, b);
+  }
+  void Flush() {
+    if (budget_ && pending_) budget_->Charge(pending_, 0);
+    pending_ = 0;
+  }
+
+ private:
+  static constexpr uint64_t kMaxWork = uint64_t{1} << 26;  // per automaton
+  static constexpr uint64_t kBatch = 4096;
+  CompileBudget* budget_;
+  uint64_t work_ = 0, pending_ = 0;
+};
 
 // A set of code points: sorted, disjoint, non-adjacent inclusive ranges.
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
@@ -531,15 +562,13 @@ class NfaBuilder {
 // free states, and the length table for [min_len, max_len].
 std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
                                             std::vector<std::vector<PatternDfa::Edge>> raw_edges,
-                                            uint32_t min_len, uint32_t max_len, uint64_t work) {
-  constexpr uint64_t kMaxWork = uint64_t{1} << 26;
-  auto charge = [&](uint64_t w) {
-    work += w;
-    if (work > kMaxWork)
-      Refuse("the automaton would take too long to build (a simpler pattern is needed)");
-  };
+                                            uint32_t min_len, uint32_t max_len, Spend& spend) {
   auto dfa = std::make_shared<PatternDfa>();
   const size_t n = accept.size();
+  size_t num_raw = 0;
+  for (const auto& row : raw_edges) num_raw += row.size();
+  // The edges kept, their reverse lists and the per-state flags.
+  spend.Bytes(2 * n * (sizeof(std::vector<PatternDfa::Edge>) + 2) + num_raw * (sizeof(PatternDfa::Edge) + 4));
   dfa->edges.resize(n);
   dfa->accept = std::move(accept);
   dfa->free.assign(n, 0);
@@ -591,7 +620,9 @@ std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
            " would need a length table beyond " + std::to_string(kMaxPatternLengthBits) + " bits");
   size_t num_edges = 0;
   for (const auto& e : dfa->edges) num_edges += e.size();
-  charge(t * (num_edges + n));  // the table below
+  spend.Work(t * (num_edges + n));  // the table below
+  spend.Bytes(n * ((t + 63) / 64) * sizeof(uint64_t));
+  spend.Flush();
   dfa->table_len = uint32_t(t);
   dfa->words = size_t((t + 63) / 64);
   dfa->reach.assign(n * dfa->words, 0);
@@ -617,6 +648,13 @@ std::shared_ptr<const PatternDfa> FinishDfa(std::vector<uint8_t> accept,
 }
 
 }  // namespace
+
+size_t PatternDfa::bytes() const {
+  size_t b = sizeof(PatternDfa) + edges.size() * sizeof(edges[0]) + accept.size() + free.size() +
+             reach.size() * sizeof(uint64_t);
+  for (const auto& e : edges) b += e.size() * sizeof(Edge);
+  return b;
+}
 
 int32_t PatternDfa::Next(uint32_t s, uint32_t cp) const {
   const std::vector<Edge>& e = edges[s];
@@ -650,7 +688,7 @@ int64_t PatternDfa::BestLen(uint32_t s, uint32_t count) const {
 
 std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len,
                                                  uint32_t max_len, bool relax,
-                                                 std::string* left_out) {
+                                                 std::string* left_out, CompileBudget* budget) {
   if (pattern.size() > kMaxPatternBytes)
     Refuse("a pattern longer than " + std::to_string(kMaxPatternBytes) + " bytes");
   Parser parser(pattern, relax);
@@ -679,6 +717,12 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
   }
   NfaBuilder::Frag whole = nb.Build(top);
   const int32_t nfa_accept = whole.out;
+  Spend spend(budget);
+  {
+    size_t ranges = 0;
+    for (const NfaState& s : nb.states) ranges += s.set.size();
+    spend.Bytes(nb.states.size() * sizeof(NfaState) + ranges * sizeof(Ranges::value_type));
+  }
   // No surrogate code points anywhere (JSON strings never decode to one alone).
   for (NfaState& s : nb.states) {
     if (!s.is_char) continue;
@@ -712,12 +756,8 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
 
   // Work cap: the subset construction touches states x intervals, and each
   // closure the NFA's states.
-  uint64_t work = 0;
-  constexpr uint64_t kMaxWork = uint64_t{1} << 26;
-  auto charge = [&](uint64_t w) {
-    work += w;
-    if (work > kMaxWork) Refuse("the automaton would take too long to build (a simpler pattern is needed)");
-  };
+  auto charge = [&](uint64_t w) { spend.Work(w); };
+  spend.Bytes(num_iv * sizeof(std::vector<int32_t>) + nb.states.size() * 2 * sizeof(uint32_t));
   auto closure = [&](std::vector<int32_t> seeds) {
     charge(nb.states.size() / 8 + seeds.size());
     std::vector<uint8_t> seen(nb.states.size(), 0);
@@ -745,6 +785,8 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     if (sets.size() >= kMaxPatternDfaStates)
       Refuse("the automaton would exceed " + std::to_string(kMaxPatternDfaStates) + " DFA states");
     uint32_t id = uint32_t(sets.size());
+    // The set twice (its map key and the list), with the map node.
+    spend.Bytes(2 * set.size() * sizeof(int32_t) + 128);
     ids.emplace(set, id);
     sets.push_back(std::move(set));
     return id;
@@ -778,6 +820,7 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
       }
       row.push_back({k, int32_t(to)});
     }
+    spend.Bytes(row.size() * sizeof(row[0]) + sizeof(row));
     raw_edges.push_back(std::move(row));
   }
   std::vector<uint8_t> accept(sets.size());
@@ -786,11 +829,13 @@ std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint3
     accept[d] = std::binary_search(sets[d].begin(), sets[d].end(), nfa_accept);
     for (auto [k, to] : raw_edges[d]) edges[d].push_back({cuts[k], cuts[k + 1] - 1, uint32_t(to)});
   }
-  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, work);
+  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, spend);
 }
 
 std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b,
-                                                    uint32_t min_len, uint32_t max_len) {
+                                                    uint32_t min_len, uint32_t max_len,
+                                                    CompileBudget* budget) {
+  Spend spend(budget);
   // The product automaton over the reachable pairs: on a code point both
   // move, and a pair accepts when both do.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> ids;
@@ -802,13 +847,13 @@ std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const P
         Refuse("the patterns together would exceed " + std::to_string(kMaxPatternDfaStates) +
                " DFA states");
       pairs.emplace_back(x, y);
+      spend.Bytes(96);  // the pair, its map node
     }
     return it->second;
   };
   intern(0, 0);
   std::vector<uint8_t> accept;
   std::vector<std::vector<PatternDfa::Edge>> edges;
-  uint64_t work = 0;
   for (size_t d = 0; d < pairs.size(); ++d) {
     const auto [x, y] = pairs[d];
     accept.push_back(a.accept[x] && b.accept[y]);
@@ -821,11 +866,11 @@ std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const P
         ++i;
       else
         ++j;
-      ++work;
+      spend.Work(1);
     }
     edges.push_back(std::move(row));
   }
-  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, work);
+  return FinishDfa(std::move(accept), std::move(edges), min_len, max_len, spend);
 }
 
 }  // namespace k3::constrain

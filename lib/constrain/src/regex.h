@@ -13,6 +13,8 @@
 
 namespace k3::constrain {
 
+class CompileBudget;
+
 // Caps that bound compile time and memory for hostile patterns (a pattern
 // beyond them is refused, never approximated).
 inline constexpr size_t kMaxPatternBytes = 4096;       // pattern text
@@ -53,6 +55,8 @@ struct PatternDfa {
   bool Viable(uint32_t s, uint32_t count) const { return BestLen(s, count) >= 0; }
   // The fewest code points still needed from s after `count` ones, or -1.
   int64_t BestLen(uint32_t s, uint32_t count) const;
+  // About the memory the automaton holds.
+  size_t bytes() const;
 };
 
 // Compiles `pattern` (UTF-8, as decoded from the schema's JSON) for strings of
@@ -61,13 +65,16 @@ struct PatternDfa {
 // superset of the pattern where it uses lookaround, \b/\B, misplaced anchors
 // (all left out: they only restrict), \p{..} (any code point), backreferences
 // (any text) or named groups (plain groups); *left_out then names them.
+// budget: the request's, charged as the automaton is built (k3::Error past it).
 std::shared_ptr<const PatternDfa> CompilePattern(std::string_view pattern, uint32_t min_len,
                                                  uint32_t max_len, bool relax = false,
-                                                 std::string* left_out = nullptr);
+                                                 std::string* left_out = nullptr,
+                                                 CompileBudget* budget = nullptr);
 
 // Strings both accept (an allOf of patterns, a pattern with a format), with
 // the length table for min_len..max_len. Throws PatternRefused past the caps.
 std::shared_ptr<const PatternDfa> IntersectPatterns(const PatternDfa& a, const PatternDfa& b,
-                                                    uint32_t min_len, uint32_t max_len);
+                                                    uint32_t min_len, uint32_t max_len,
+                                                    CompileBudget* budget = nullptr);
 
 }  // namespace k3::constrain

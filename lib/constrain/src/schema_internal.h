@@ -98,7 +98,12 @@ struct CompiledSchema::Impl {
   std::vector<SchemaNode> nodes;
   uint32_t root = 0;
   std::vector<Relaxation> relaxations;  // non-strict compiles only
+  size_t bytes = 0;                     // CompiledSchema::bytes()
 };
+
+// About the memory a node holds beyond its pattern automaton (the budget's
+// and the cache's measure).
+size_t NodeBytes(const SchemaNode& n);
 
 // ---- string lexer (inside the quotes) ----
 // States 0..7 carry no escape in progress ("plain" states; the vocabulary keeps

@@ -15,7 +15,9 @@ namespace {
 
 // Compiled schemas by their text: agents send the same tools on
 // every turn, so the second turn compiles nothing. Compiled schemas are
-// immutable and shared (constrain.h); a bounded LRU, thread-safe.
+// immutable and shared (constrain.h); an LRU bounded by entries and by the
+// memory the compiled automata hold (a short text can compile to megabytes),
+// thread-safe.
 class SchemaCache {
  public:
   static SchemaCache& Get() {
@@ -30,14 +32,14 @@ class SchemaCache {
     return it->second->second;
   }
   void Put(const std::string& text, const constrain::CompiledSchema& schema) {
-    if (text.size() > kMaxEntryBytes) return;
+    if (text.size() > kMaxEntryBytes || Held(text, schema) > kMaxHeldBytes / 8) return;
     std::lock_guard lock(mu_);
     if (index_.count(text)) return;
     lru_.emplace_front(text, schema);
     index_.emplace(lru_.front().first, lru_.begin());
-    bytes_ += text.size();
-    while (lru_.size() > kMaxEntries || bytes_ > kMaxTextBytes) {
-      bytes_ -= lru_.back().first.size();
+    bytes_ += Held(text, schema);
+    while (lru_.size() > kMaxEntries || bytes_ > kMaxHeldBytes) {
+      bytes_ -= Held(lru_.back().first, lru_.back().second);
       index_.erase(lru_.back().first);
       lru_.pop_back();
     }
@@ -46,7 +48,10 @@ class SchemaCache {
  private:
   static constexpr size_t kMaxEntries = 512;
   static constexpr size_t kMaxEntryBytes = 256u << 10;
-  static constexpr size_t kMaxTextBytes = 16u << 20;
+  static constexpr size_t kMaxHeldBytes = 64u << 20;  // text (twice: key and index) + compiled
+  static size_t Held(const std::string& text, const constrain::CompiledSchema& schema) {
+    return 2 * text.size() + schema.bytes();
+  }
   std::mutex mu_;
   std::list<std::pair<std::string, constrain::CompiledSchema>> lru_;
   std::unordered_map<std::string_view,
@@ -64,14 +69,25 @@ constexpr double kMaxRequestCompileSeconds = 10.0;
 // enforce is a 400. Otherwise it is relaxed to a superset (docs/constrain.md
 // "Relaxed keywords"), so a client's schema is never refused. The cache is
 // keyed by the policy too: the same text compiles differently strict or not.
-constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param, bool strict) {
+// budget: the request's, shared by all of its schemas (a cache hit spends
+// nothing); past it a strict schema is a 400 naming it, a non-strict one is
+// relaxed to any value and not cached (with a fresh budget it may compile).
+constrain::CompiledSchema CompileAt(const std::string& schema_json, std::string_view param, bool strict,
+                                    constrain::CompileBudget& budget) {
   const std::string key = (strict ? "s:" : "r:") + schema_json;
   if (auto cached = SchemaCache::Get().Find(key)) return *cached;
   try {
-    constrain::CompiledSchema compiled = constrain::Schema::CompileOrThrow(schema_json, {.strict = strict});
-    SchemaCache::Get().Put(key, compiled);
+    constrain::CompiledSchema compiled =
+        constrain::Schema::CompileOrThrow(schema_json, {.strict = strict, .budget = &budget});
+    if (!budget.spent()) SchemaCache::Get().Put(key, compiled);
     return compiled;
   } catch (const Error& e) {
+    if (e.object() == constrain::kBudgetObject)
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(param) + ": " + e.detail() +
+                      " (one budget for all of a request's schemas: every tool's parameters and "
+                      "response_format together; docs/constrain.md, \"Compile budget\")",
+                  {}, Error::kNoOffset, std::string(param));
     // kUnsupported stays (the error's code "unsupported"); a schema that is not
     // JSON or cannot be satisfied is the client's invalid value. Both are 400s.
     const ErrorCode code = e.code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kInvalidArgument;
@@ -126,6 +142,7 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
                     " bytes per request (tools and response_format together)",
                 {}, Error::kNoOffset, "tools");
   }
+  constrain::CompileBudget budget;
   const auto start = std::chrono::steady_clock::now();
   for (const ToolSpec& t : r.tools) {
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
@@ -138,7 +155,7 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
     engine::ToolConstraint c;
     c.name = t.name;
     if (!t.parameters_json.empty()) {
-      c.parameters = CompileAt(t.parameters_json, t.param, t.strict);
+      c.parameters = CompileAt(t.parameters_json, t.param, t.strict, budget);
       if (t.strict) {
         RequireObjectSchema(t.parameters_json, t.param);
       } else if (IsNotObjectSchema(t.parameters_json) || WhollyRelaxed(c.parameters)) {
@@ -174,7 +191,7 @@ void CompileStructuredOrThrow(ChatRequest& r, std::string_view response_param, s
   if (r.response_format == ResponseFormat::kJsonObject) {
     spec->response = constrain::Schema::JsonObject();
   } else if (r.response_format == ResponseFormat::kJsonSchema) {
-    spec->response = CompileAt(r.response_schema_json, response_param, r.response_strict);
+    spec->response = CompileAt(r.response_schema_json, response_param, r.response_strict, budget);
   }
   if (r.thinking && r.think_budget >= 0) spec->think_budget = r.think_budget;
   r.structured = spec->active() ? std::move(spec) : nullptr;

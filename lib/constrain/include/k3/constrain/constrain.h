@@ -10,7 +10,8 @@
 // Failures: Schema::CompileOrThrow throws k3::Error — kCorrupt for text that is
 // not JSON or not a schema, kUnsupported naming the keyword and the JSON pointer
 // for a schema that needs what k3 does not constrain (docs/constrain.md lists the
-// subset), kInvalidArgument for a schema no value can satisfy. Advance() throws
+// subset), kInvalidArgument for a schema no value can satisfy or one whose
+// automata would cost more than its CompileBudget (object kBudgetObject). Advance() throws
 // kInvalidArgument for a token that is not allowed (and leaves the state as it
 // was). Mask queries never throw.
 #pragma once
@@ -46,6 +47,9 @@ class CompiledSchema {
   const Impl& impl() const { return *impl_; }
   // Empty for a strict compile (and for a non-strict one that relaxed nothing).
   const std::vector<Relaxation>& relaxations() const;
+  // About the memory the nodes and pattern automata hold (what a cache of
+  // compiled schemas should count, not the schema's text).
+  size_t bytes() const;
 
  private:
   std::shared_ptr<const Impl> impl_;
@@ -64,6 +68,39 @@ inline constexpr int kMaxAlternatives = 64;  // anyOf / oneOf / type alternative
 inline constexpr int kMaxNodes = 20000;      // compiled nodes per schema (bounds compile time and memory)
 inline constexpr size_t kMaxSchemaBytes = 4u << 20;  // schema text
 
+// What one request may spend compiling schemas: every compile given the same
+// budget (each tool's parameters, response_format's schema) draws on it. Work
+// counts the steps that build automata (schema objects visited, nodes made,
+// NFA/DFA states and the code point intervals each DFA state examines, length
+// table cells, product pairs, matcher steps that filter enum values); bytes
+// count the memory those structures take as they are made (a refused compile
+// frees all of it). The caps bound one compile to about a second of one core
+// and tens of MB, whatever the schema (docs/constrain.md, "Compile budget").
+// Not thread-safe: one request's compiles run one after another.
+class CompileBudget {
+ public:
+  static constexpr uint64_t kDefaultWork = uint64_t{1} << 27;
+  static constexpr uint64_t kDefaultBytes = uint64_t{64} << 20;
+  CompileBudget() = default;
+  CompileBudget(uint64_t max_work, uint64_t max_bytes) : max_work_(max_work), max_bytes_(max_bytes) {}
+
+  // Adds to the spend; throws k3::Error (kInvalidArgument, object
+  // kBudgetObject, naming both caps) once either passes its cap, and on every
+  // later call: a spent budget stays spent.
+  void Charge(uint64_t work, uint64_t bytes);
+  bool spent() const { return work_ > max_work_ || bytes_ > max_bytes_; }
+  uint64_t work() const { return work_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t max_work() const { return max_work_; }
+  uint64_t max_bytes() const { return max_bytes_; }
+
+ private:
+  uint64_t max_work_ = kDefaultWork, max_bytes_ = kDefaultBytes;
+  uint64_t work_ = 0, bytes_ = 0;
+};
+// The Error::object of a compile refused for its budget.
+inline constexpr const char* kBudgetObject = "schema budget";
+
 struct CompileOptions {
   // true: a keyword the subset cannot enforce is refused (kUnsupported naming
   // the keyword and its JSON pointer). false: it is relaxed to a superset
@@ -72,6 +109,10 @@ struct CompileOptions {
   // compile (not a schema, unsatisfiable, past a cap) becomes "any value" (a
   // Relaxation with keyword "schema"), so only oversized text is refused.
   bool strict = true;
+  // Shared by every schema of one request; nullptr: this compile has a budget
+  // of its own with the default caps. A non-strict compile past the budget is
+  // "any value" like any other that does not compile (never refused).
+  CompileBudget* budget = nullptr;
 };
 
 struct Schema {
