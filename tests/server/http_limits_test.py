@@ -154,9 +154,40 @@ def test_lingering_close() -> None:
         check(st == 200 and srv.alive(), f"the server serves on after the lingering closes ({st})")
 
 
+# ---------------------------------------------------------------------------
+# The connection cap
+
+def test_connection_cap() -> None:
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--max-connections", "4",
+                "--max-connections-per-client", "4") as srv:
+        # Every connection mid-request (a head begun): the next one is refused
+        # with a 503 whose Content-Length is its body's.
+        busy = [raw_socket(srv.port) for _ in range(4)]
+        for s in busy:
+            s.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.3)
+        extra = raw_socket(srv.port)
+        st, h, body = read_response(extra)
+        extra.close()
+        try:
+            err = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            err = {}
+        check(st == 503 and int(h.get("content-length", -1)) == len(body) and err.get("code") == "busy"
+              and h.get("retry-after", "").isdigit() and h.get("connection") == "close",
+              f"past the cap with every connection mid-request: a whole 503 busy ({st} {h} {body[:120]!r})")
+        # The mid-request connections are still served.
+        for s in busy:
+            s.sendall(b"Host: 127.0.0.1\r\n\r\n")
+        served = sum(1 for s in busy if read_response(s)[0] == 200)
+        check(served == 4, f"the 4 connections mid-request are answered ({served}/4)")
+        for s in busy:
+            s.close()
+
+
 def main() -> int:
     t_start = time.monotonic()
-    for test in [test_lingering_close]:
+    for test in [test_connection_cap, test_lingering_close]:
         t0 = time.monotonic()
         test()
         print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)

@@ -782,15 +782,13 @@ struct HttpServer::Impl {
       }
       std::string peer = host;
       if (!MakeRoom(peer)) {
-        // Refused quickly: a canned 503 on a best-effort write, then close.
-        static const char kBusy[] =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: "
-            "close\r\n"
-            "Retry-After: 1\r\nContent-Length: 99\r\n\r\n"
-            "{\"error\":{\"message\":\"too many "
-            "connections\",\"type\":\"server_error\",\"param\":null,"
-            "\"code\":\"busy\"}}";
-        (void)!::send(fd, kBusy, sizeof kBusy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        // Refused quickly: a 503 on a best-effort write, then close. Nothing
+        // of a request is read yet, so the reply is serialized as for a bare
+        // connection (its length counted like every other reply's).
+        HttpReply busy = ErrorFor({}, 503, "server_error", "too many connections", "busy");
+        busy.headers.push_back({"Retry-After", std::to_string(o.retry_after_s)});
+        const std::string bytes = Serialize(Conn(limits), busy, false);
+        (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         ::close(fd);
         service.metrics().CountHttp("-", "rejected", "503");
         continue;
