@@ -185,9 +185,21 @@ def test_connection_cap() -> None:
             s.close()
 
 
+# ---------------------------------------------------------------------------
+# The web page
+
+def test_page_not_framed() -> None:
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny") as srv:
+        st, h, _ = request(srv.port, "GET", "/")
+        csp = [d.strip() for d in h.get("content-security-policy", "").split(";")]
+        check(st == 200 and "frame-ancestors 'none'" in csp and "default-src 'none'" in csp,
+              f"the page's CSP forbids framing ({h.get('content-security-policy')})")
+        check(h.get("x-frame-options") == "DENY", f"X-Frame-Options DENY ({h.get('x-frame-options')})")
+
+
 def main() -> int:
     t_start = time.monotonic()
-    for test in [test_connection_cap, test_lingering_close]:
+    for test in [test_page_not_framed, test_connection_cap, test_lingering_close]:
         t0 = time.monotonic()
         test()
         print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)

@@ -89,10 +89,13 @@ HttpReply Service::Page() const {
   r.content_type = "text/html; charset=utf-8";
   r.body = std::string(WebPage());
   // The page is self-contained: nothing may load from elsewhere, and model
-  // text is inserted as text (the page never uses innerHTML for it).
+  // text is inserted as text (the page never uses innerHTML for it). No site
+  // may frame it (clickjacking: a hidden page under a decoy's clicks);
+  // X-Frame-Options says the same to browsers that ignore frame-ancestors.
   r.headers.push_back({"Content-Security-Policy",
                        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                       "connect-src 'self'; img-src 'self' data:"});
+                       "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"});
+  r.headers.push_back({"X-Frame-Options", "DENY"});
   r.headers.push_back({"X-Content-Type-Options", "nosniff"});
   return r;
 }
