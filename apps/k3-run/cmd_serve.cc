@@ -35,6 +35,46 @@ struct ServeArgs {
   ClusterFlags cluster;
 };
 
+// While start-up runs, a thread takes the (blocked) stop signals and ends the
+// process the way the signal's default action would have; Done() hands the
+// signals back to the caller's sigwait (one still pending stays pending).
+class StartupWatch {
+ public:
+  explicit StartupWatch(const sigset_t& signals) : signals_(signals), watch_([this] { Run(); }) {}
+  ~StartupWatch() { Done(); }
+  StartupWatch(const StartupWatch&) = delete;
+  StartupWatch& operator=(const StartupWatch&) = delete;
+
+  void Done() {
+    done_ = true;
+    if (watch_.joinable()) watch_.join();
+  }
+
+ private:
+  void Run() {
+    const timespec step{0, 100000000};  // 100 ms: a stop within a second, at any point
+    while (!done_.load()) {
+      const int sig = sigtimedwait(&signals_, nullptr, &step);
+      if (sig <= 0) continue;
+      std::fprintf(stderr, "k3-run serve: stopping (signal %d) during start-up\n", sig);
+      std::fflush(stderr);
+      // Unblocked on this thread with the default action: the process ends
+      // as by that signal (exit status and all), not by an error exit.
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      signal(sig, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      raise(sig);
+      std::_Exit(128 + sig);  // not reached
+    }
+  }
+
+  sigset_t signals_;
+  std::atomic<bool> done_{false};
+  std::thread watch_;
+};
+
 void RunServe(ServeArgs args) {
   server::ServerOptions& o = args.server;
   if (o.api_key.empty()) {
@@ -86,14 +126,18 @@ void RunServe(ServeArgs args) {
     return c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
   };
 
-  // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
-  // below inherits the blocked mask.
+  // SIGINT / SIGTERM are taken by sigwait on this thread once the model is
+  // up; every thread started below inherits the blocked mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Until then (binding, a load that may take minutes) a stop signal ends the
+  // process within StartupWatch's step: nothing is served or held that a stop
+  // would have to finish, and parked checkpoints survive a kill by design.
+  StartupWatch startup(stop_signals);
 
   server::Service service(o);
   server::HttpServer http(service);
@@ -106,6 +150,7 @@ void RunServe(ServeArgs args) {
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<server::Backend> backend;
   try {
+    StallPoint("serve-load");
     engine = engine::Engine::LoadOrThrow(eo);
     if (!engine->tokenizer()) {
       throw Error(ErrorCode::kNotFound, "serve needs tiktoken.model in the model directory", args.model_dir);
@@ -114,9 +159,11 @@ void RunServe(ServeArgs args) {
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
     cl.store(ClusterOf(*engine));
     service.SetBackend(backend.get());
+    startup.Done();  // a signal from here on is sigwait's: the ordinary stop below
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
   } catch (...) {
+    startup.Done();
     http.Stop();
     serving.join();
     throw;

@@ -186,6 +186,46 @@ def test_connection_cap() -> None:
 
 
 # ---------------------------------------------------------------------------
+# Start-up signals
+
+def test_signals_during_load() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        log = f"/tmp/k3-limits-{os.getpid()}-{int(sig)}.log"
+        env = dict(os.environ, K3_STALL_AT="serve-load:60", K3_LOG="warn")
+        proc = subprocess.Popen([K3_RUN, "serve", MODEL, "--host", HOST, "--port", "0"], stdout=open(log, "wb"),
+                                stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                if re.search(rb"listening on", open(log, "rb").read()):
+                    break
+                time.sleep(0.05)
+            port = int(re.search(rb"127\.0\.0\.1:(\d+)", open(log, "rb").read()).group(1))
+            st, _, body = request(port, "GET", "/health", timeout=10)
+            check(st == 503 and b"loading" in body, f"{sig.name}: /health says loading ({st} {body!r})")
+            t0 = time.monotonic()
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            dt = time.monotonic() - t0
+            text = open(log, "rb").read().decode("utf-8", "replace")
+            check(proc.returncode == -sig and dt < 1.0,
+                  f"{sig.name} while the model loads: ended by it in {dt:.2f} s (status {proc.returncode})")
+            check("during start-up" in text, f"{sig.name}: the server says it stopped during start-up")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.unlink(log)
+    # The hook itself only delays: a short stall, then ready and an ordinary stop.
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", env={"K3_STALL_AT": "serve-load:1"}) as srv:
+        st, _, _ = request(srv.port, "GET", "/health")
+        check(st == 200, f"after a 1 s stall the model is served ({st})")
+
+
+# ---------------------------------------------------------------------------
 # The web page
 
 def test_page_not_framed() -> None:
@@ -199,7 +239,7 @@ def test_page_not_framed() -> None:
 
 def main() -> int:
     t_start = time.monotonic()
-    for test in [test_page_not_framed, test_connection_cap, test_lingering_close]:
+    for test in [test_page_not_framed, test_connection_cap, test_lingering_close, test_signals_during_load]:
         t0 = time.monotonic()
         test()
         print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
