@@ -155,6 +155,90 @@ def test_lingering_close() -> None:
 
 
 # ---------------------------------------------------------------------------
+# Deadlines
+
+def test_deadlines() -> None:
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--head-timeout", "1", "--idle-timeout", "1",
+                "--write-timeout", "1", "--read-timeout", "1") as srv:
+        # The head deadline: a head trickled a byte per 100 ms never ends; 408 after 1 s.
+        s = raw_socket(srv.port)
+        t0 = time.monotonic()
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        s.setblocking(False)
+        answered = b""
+        while time.monotonic() - t0 < 1 + SLACK_S + 2:
+            r, _, _ = select.select([s], [], [], 0.1)
+            if r:
+                try:
+                    got = s.recv(65536)
+                except OSError:
+                    break
+                if not got:
+                    break
+                answered += got
+                if b"\r\n\r\n" in answered:
+                    break
+            try:
+                s.send(b"a")
+            except OSError:
+                break
+        dt = time.monotonic() - t0
+        s.close()
+        check(answered.startswith(b"HTTP/1.1 408 ") and 0.9 <= dt <= 1 + SLACK_S,
+              f"--head-timeout 1: a trickled head gets 408 after {dt:.2f} s ({answered[:30]!r})")
+
+        # The idle keep-alive timeout: open after a request, closed 1 s later.
+        s = raw_socket(srv.port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        st, h, _ = read_response(s)
+        check(st == 200 and h.get("connection") == "keep-alive", f"a kept-alive /health ({st})")
+        dt = closed_within(s, 1 + SLACK_S + 3)
+        s.close()
+        check(dt is not None and 0.8 <= dt <= 1 + SLACK_S,
+              f"--idle-timeout 1: the idle kept-alive connection is closed after {dt} s")
+
+        # The body deadline: a body that stops arriving gets 408 after 1 s.
+        s = raw_socket(srv.port)
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{")
+        st, _, _ = read_response(s, 1 + SLACK_S + 3)
+        dt = time.monotonic() - t0
+        s.close()
+        check(st == 408 and 0.9 <= dt <= 1 + SLACK_S, f"--read-timeout 1: a stalled body gets 408 after {dt:.2f} s")
+
+        # The write deadline: 400 pipelined page requests (~26 MB of answers)
+        # from a client that never reads; dropped 1 s after the buffers fill.
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((HOST, srv.port))
+        page = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        s.sendall(page * 400)
+        time.sleep(1 + SLACK_S + 1)
+        total = 0
+        ended = False
+        s.settimeout(5)
+        try:
+            while True:
+                got = s.recv(1 << 20)
+                if not got:
+                    ended = True
+                    break
+                total += len(got)
+        except socket.timeout:
+            pass
+        except OSError:
+            ended = True
+        s.close()
+        _, _, one = request(srv.port, "GET", "/")
+        check(ended and total < 400 * len(one),
+              f"--write-timeout 1: a client that stops reading is dropped ({total >> 10} KiB of "
+              f"{400 * len(one) >> 10} KiB read, then {'the end' if ended else 'still open'})")
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        check(st == 200, f"served on after the deadlines ({st})")
+
+
+# ---------------------------------------------------------------------------
 # The connection cap
 
 def test_connection_cap() -> None:
@@ -239,7 +323,8 @@ def test_page_not_framed() -> None:
 
 def main() -> int:
     t_start = time.monotonic()
-    for test in [test_page_not_framed, test_connection_cap, test_lingering_close, test_signals_during_load]:
+    for test in [test_page_not_framed, test_connection_cap, test_deadlines, test_lingering_close,
+                 test_signals_during_load]:
         t0 = time.monotonic()
         test()
         print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
