@@ -26,6 +26,7 @@ from serve_lib import HOST, Check, Server, chat, raw_socket, request, run_thread
 K3_RUN, MODEL = sys.argv[1], sys.argv[2]
 check = Check()
 NORMAL = {"model": "k3-tiny", "messages": user("hi"), "max_tokens": 3}
+HEAD_TIMEOUT_S = 2  # the main server's --head-timeout: the slow-header senders see it fire
 JSON = {"Content-Type": "application/json"}
 
 
@@ -151,14 +152,27 @@ def test_slow_header_senders(srv):
             time.sleep(0.1)
 
     t = threading.Thread(target=trickle)
+    t0 = time.monotonic()
     t.start()
     time.sleep(0.5)
     health_fast(srv, "12 byte-at-a-time senders")
     chat_ok(srv, "12 byte-at-a-time senders")
+    # Each is answered 408 at the head deadline (--head-timeout 2) and closed.
+    time.sleep(max(0.0, HEAD_TIMEOUT_S + 1 - (time.monotonic() - t0)))
     stop.set()
     t.join()
+    dropped = 0
     for s in socks:
+        st, _, _ = read_response(s, 5)
+        try:
+            s.shutdown(socket.SHUT_WR)  # done sending: the lingering server closes at once
+            s.settimeout(5)
+            ended = s.recv(65536) == b""
+        except OSError:
+            ended = True
+        dropped += st == 408 and ended
         s.close()
+    check(dropped == len(socks), f"the byte-at-a-time senders got 408 and were closed ({dropped}/{len(socks)})")
 
 
 def test_idle_connections(srv):
@@ -589,7 +603,8 @@ def test_access_log():
 
 def main() -> int:
     t_start = time.monotonic()
-    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--read-timeout", "3") as srv:
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--read-timeout", "3", "--head-timeout",
+                str(HEAD_TIMEOUT_S)) as srv:
         chat_ok(srv, "start")
         srv.rss0 = srv.rss_kib()
         for test in [test_slow_header_senders, test_idle_connections, test_endless_lines, test_chunked_over_cap,
