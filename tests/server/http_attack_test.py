@@ -530,14 +530,41 @@ def test_crowd():
         check(peak - rss0 < 128 * 1024, f"crowd: RSS {rss0} -> peak {peak} KiB (< +128 MiB)")
         for s in idle + slow:
             s.close()
-        # Past the cap: the oldest idle connection makes room, /health still answers.
-        with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--max-connections", "100",
-                    "--max-connections-per-client", "100") as capped:
-            held = [raw_socket(capped.port) for _ in range(150)]
-            time.sleep(0.3)
-            health_fast(capped, "150 idle sockets against a cap of 100")
-            for s in held:
-                s.close()
+
+
+def open_or_closed(socks: list) -> list:
+    """Per socket: True while the server keeps it open (nothing to read yet), False once it ended it."""
+    out = []
+    for s in socks:
+        s.setblocking(False)
+        try:
+            out.append(s.recv(65536) != b"")
+        except BlockingIOError:
+            out.append(True)
+        except OSError:
+            out.append(False)
+    return out
+
+
+def test_connection_cap():
+    """150 idle sockets against a cap of 100: the 50 idle longest are closed to
+    make room (in arrival order), the other 100 stay, /health answers."""
+    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--max-connections", "100",
+                "--max-connections-per-client", "100") as capped:
+        held = []
+        for i in range(150):
+            held.append(raw_socket(capped.port))
+            if i % 10 == 9:
+                time.sleep(0.02)  # accepted in order: the loop sees them arrive
+        time.sleep(0.5)
+        state = open_or_closed(held)
+        closed = [i for i, alive in enumerate(state) if not alive]
+        check(closed == list(range(50)),
+              f"past the cap the 50 idle longest were closed, the rest kept (closed: {len(closed)}, "
+              f"first {closed[:3]}, last {closed[-3:]})")
+        health_fast(capped, "150 idle sockets against a cap of 100")
+        for s in held:
+            s.close()
 
 
 def test_sigterm():
@@ -623,7 +650,8 @@ def main() -> int:
             test(srv)
             print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
             check(srv.alive(), f"alive after {test.__name__}")
-    for test in [test_allow_flags, test_key_exact_and_keepalive_discard, test_crowd, test_sigterm, test_access_log]:
+    for test in [test_allow_flags, test_key_exact_and_keepalive_discard, test_crowd, test_connection_cap, test_sigterm,
+                 test_access_log]:
         t0 = time.monotonic()
         test()
         print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
