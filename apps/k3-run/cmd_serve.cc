@@ -107,7 +107,9 @@ void RunServe(ServeArgs args) {
                   std::string(name) + " must be " + std::to_string(lo) + ".." + std::to_string(hi));
     }
   }
-  if (o.api.default_max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  if (o.api.default_max_tokens < 0) {
+    throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0 (0: up to the context limit)");
+  }
   if (o.model_id.empty()) {
     std::string dir = args.model_dir;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -232,7 +234,8 @@ void SetupServe(CLI::App& root) {
                   "k3: temperature/top_p locked to K3's values (as Moonshot's API); free: any value");
   cmd->add_flag("--no-webui", args->no_webui, "do not serve the web page at /");
   cmd->add_option("--max-tokens", args->server.api.default_max_tokens,
-                  "completion cap for requests that set no max_tokens (default 512)");
+                  "completion cap for requests that set no max_tokens (default 0: none, up to the "
+                  "context limit)");
   cmd->add_option("--max-body-mb", args->max_body_mb, "request body cap in MiB; larger is 413 (default 16)");
   cmd->add_option("--read-timeout", args->server.read_timeout_s,
                   "seconds a client may stall while sending a request body (default 10)");

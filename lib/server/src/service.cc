@@ -52,7 +52,12 @@ HttpReply Service::Models() const {
   // The sampling policy (clients ignore unknown fields; the web page shows it).
   const ApiPolicy& api = options_.api;
   j.Key("k3").BeginObject().Field("sampling", api.sampling_free ? "free" : "k3");
-  j.Field("max_tokens", api.default_max_tokens);
+  // null: no default cap (the answer runs to its end or the context's).
+  if (api.default_max_tokens > 0) {
+    j.Field("max_tokens", api.default_max_tokens);
+  } else {
+    j.Key("max_tokens").Null();
+  }
   auto range = [&](const char* key, float dflt, std::span<const double> locked, double hi) {
     j.Key(key).BeginObject().Field("default", double(dflt));
     if (api.sampling_free) {
