@@ -108,7 +108,8 @@ void RunServe(ServeArgs args) {
     }
   }
   if (o.api.default_max_tokens < 0) {
-    throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0 (0: up to the context limit)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "--max-tokens must be >= 0 (0: up to the context limit)");
   }
   if (o.model_id.empty()) {
     std::string dir = args.model_dir;

@@ -224,8 +224,8 @@ TEST_CASE("K3_STALL_AT: NAME:SECONDS, anything else refused naming the variable"
     CHECK(toolenv::StallAtFromEnv().name == "serve-load");
     CHECK(toolenv::StallAtFromEnv().seconds == 2.5);
   }
-  for (const char* bad : {"serve-load", ":3", "serve-load:", "serve-load:0", "serve-load:-1", "serve-load:3x",
-                          "serve-load:9999"}) {
+  for (const char* bad : {"serve-load", ":3", "serve-load:", "serve-load:0", "serve-load:-1",
+                          "serve-load:3x", "serve-load:9999"}) {
     EnvScope e("K3_STALL_AT", bad);
     CAPTURE(bad);
     try {
