@@ -3,6 +3,7 @@
 // load, serve until SIGINT / SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -56,6 +57,11 @@ class StartupWatch {
     while (!done_.load()) {
       const int sig = sigtimedwait(&signals_, nullptr, &step);
       if (sig <= 0) continue;
+      if (done_.load()) {
+        // Taken just as start-up ended: pending again, for the caller's sigwait.
+        ::kill(::getpid(), sig);
+        return;
+      }
       std::fprintf(stderr, "k3-run serve: stopping (signal %d) during start-up\n", sig);
       std::fflush(stderr);
       // Unblocked on this thread with the default action: the process ends
@@ -161,8 +167,10 @@ void RunServe(ServeArgs args) {
     backend = server::MakeEngineBackend(*engine);
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
     cl.store(ClusterOf(*engine));
+    // Before the first request can be admitted: a signal from here on is
+    // sigwait's, the ordinary stop below that answers every request.
+    startup.Done();
     service.SetBackend(backend.get());
-    startup.Done();  // a signal from here on is sigwait's: the ordinary stop below
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
   } catch (...) {
