@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_lib import HOST, Check, Server, chat, raw_socket, request, run_threads, user  # noqa: E402
+from serve_lib import HOST, Check, Server, chat, raw_socket, request, run_threads, run_timed, user  # noqa: E402
 
 K3_RUN, MODEL = sys.argv[1], sys.argv[2]
 check = Check()
@@ -650,11 +650,8 @@ def main() -> int:
             test(srv)
             print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
             check(srv.alive(), f"alive after {test.__name__}")
-    for test in [test_allow_flags, test_key_exact_and_keepalive_discard, test_crowd, test_connection_cap, test_sigterm,
-                 test_access_log]:
-        t0 = time.monotonic()
-        test()
-        print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
+    run_timed([test_allow_flags, test_key_exact_and_keepalive_discard, test_crowd, test_connection_cap, test_sigterm,
+               test_access_log])
     print(f"total {time.monotonic() - t_start:.1f} s", flush=True)
     return check.done()
 

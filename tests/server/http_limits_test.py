@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_lib import HOST, Check, Server, raw_socket, request  # noqa: E402
+from serve_lib import HOST, Check, Server, raw_socket, request, run_timed  # noqa: E402
 
 K3_RUN, MODEL = sys.argv[1], sys.argv[2]
 check = Check()
@@ -323,11 +323,8 @@ def test_page_not_framed() -> None:
 
 def main() -> int:
     t_start = time.monotonic()
-    for test in [test_page_not_framed, test_connection_cap, test_deadlines, test_lingering_close,
-                 test_signals_during_load]:
-        t0 = time.monotonic()
-        test()
-        print(f"{test.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
+    run_timed([test_page_not_framed, test_connection_cap, test_deadlines, test_lingering_close,
+               test_signals_during_load])
     print(f"total {time.monotonic() - t_start:.1f} s", flush=True)
     return check.done()
 
