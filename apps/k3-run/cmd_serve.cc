@@ -3,6 +3,7 @@
 // load, serve until SIGINT / SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -33,6 +34,51 @@ struct ServeArgs {
   double hold_status_s = 30;
   RuntimeFlags runtime;  // --threads and the --ckpt-* flags
   ClusterFlags cluster;
+};
+
+// While start-up runs, a thread takes the (blocked) stop signals and ends the
+// process the way the signal's default action would have; Done() hands the
+// signals back to the caller's sigwait (one still pending stays pending).
+class StartupWatch {
+ public:
+  explicit StartupWatch(const sigset_t& signals) : signals_(signals), watch_([this] { Run(); }) {}
+  ~StartupWatch() { Done(); }
+  StartupWatch(const StartupWatch&) = delete;
+  StartupWatch& operator=(const StartupWatch&) = delete;
+
+  void Done() {
+    done_ = true;
+    if (watch_.joinable()) watch_.join();
+  }
+
+ private:
+  void Run() {
+    const timespec step{0, 100000000};  // 100 ms: a stop within a second, at any point
+    while (!done_.load()) {
+      const int sig = sigtimedwait(&signals_, nullptr, &step);
+      if (sig <= 0) continue;
+      if (done_.load()) {
+        // Taken just as start-up ended: pending again, for the caller's sigwait.
+        ::kill(::getpid(), sig);
+        return;
+      }
+      std::fprintf(stderr, "k3-run serve: stopping (signal %d) during start-up\n", sig);
+      std::fflush(stderr);
+      // Unblocked on this thread with the default action: the process ends
+      // as by that signal (exit status and all), not by an error exit.
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      signal(sig, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      raise(sig);
+      std::_Exit(128 + sig);  // not reached
+    }
+  }
+
+  sigset_t signals_;
+  std::atomic<bool> done_{false};
+  std::thread watch_;
 };
 
 void RunServe(ServeArgs args) {
@@ -67,7 +113,10 @@ void RunServe(ServeArgs args) {
                   std::string(name) + " must be " + std::to_string(lo) + ".." + std::to_string(hi));
     }
   }
-  if (o.api.default_max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  if (o.api.default_max_tokens < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--max-tokens must be >= 0 (0: up to the context limit)");
+  }
   if (o.model_id.empty()) {
     std::string dir = args.model_dir;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -86,14 +135,18 @@ void RunServe(ServeArgs args) {
     return c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
   };
 
-  // SIGINT / SIGTERM are taken by sigwait on this thread; every thread started
-  // below inherits the blocked mask.
+  // SIGINT / SIGTERM are taken by sigwait on this thread once the model is
+  // up; every thread started below inherits the blocked mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Until then (binding, a load that may take minutes) a stop signal ends the
+  // process within StartupWatch's step: nothing is served or held that a stop
+  // would have to finish, and parked checkpoints survive a kill by design.
+  StartupWatch startup(stop_signals);
 
   server::Service service(o);
   server::HttpServer http(service);
@@ -106,6 +159,7 @@ void RunServe(ServeArgs args) {
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<server::Backend> backend;
   try {
+    StallPoint("serve-load");
     engine = engine::Engine::LoadOrThrow(eo);
     if (!engine->tokenizer()) {
       throw Error(ErrorCode::kNotFound, "serve needs tiktoken.model in the model directory", args.model_dir);
@@ -113,10 +167,14 @@ void RunServe(ServeArgs args) {
     backend = server::MakeEngineBackend(*engine);
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
     cl.store(ClusterOf(*engine));
+    // Before the first request can be admitted: a signal from here on is
+    // sigwait's, the ordinary stop below that answers every request.
+    startup.Done();
     service.SetBackend(backend.get());
     std::fprintf(stderr, "k3-run serve: ready\n");
     std::fflush(stderr);
   } catch (...) {
+    startup.Done();
     http.Stop();
     serving.join();
     throw;
@@ -185,7 +243,8 @@ void SetupServe(CLI::App& root) {
                   "k3: temperature/top_p locked to K3's values (as Moonshot's API); free: any value");
   cmd->add_flag("--no-webui", args->no_webui, "do not serve the web page at /");
   cmd->add_option("--max-tokens", args->server.api.default_max_tokens,
-                  "completion cap for requests that set no max_tokens (default 512)");
+                  "completion cap for requests that set no max_tokens (default 0: none, up to the "
+                  "context limit)");
   cmd->add_option("--max-body-mb", args->max_body_mb, "request body cap in MiB; larger is 413 (default 16)");
   cmd->add_option("--read-timeout", args->server.read_timeout_s,
                   "seconds a client may stall while sending a request body (default 10)");

@@ -36,6 +36,11 @@ SCRIPT_SERVE, MODEL, MODULES = sys.argv[1:4]
 BIN = os.path.join(MODULES, ".bin")
 MARKER = "k3-agent-marker-42"
 FINAL = "The file holds the marker."
+# The final answer runs past 512 tokens (LONG_TAIL, then END): none of these
+# CLIs needs to set a cap for it to arrive whole (Codex sets none), so a
+# server that cuts answers at a default cap fails here.
+END = "k3-answer-end-7"
+LONG_TAIL = " ".join(f"line{i} of the long answer," for i in range(300))
 failures: list[str] = []
 
 
@@ -88,6 +93,7 @@ def run_cli(name: str, srv: ScriptServer, argv: list[str], env: dict, cwd: str, 
         print(f"  server: request -> {turn}")
     check(p.returncode == 0, f"{name}: exits 0")
     check(FINAL in p.stdout, f"{name}: prints the answer that follows the tool result")
+    check(END in p.stdout, f"{name}: prints that answer to its end, past 512 tokens ({END})")
     turns = [t for t, _ in reqs]
     check(f"tool_turn {tool}" in turns, f"{name}: the model's {tool} call was sent to the CLI")
     after = [tail for t, tail in reqs if t == "final_turn"]
@@ -148,7 +154,7 @@ def main() -> int:
             {"name": "exec_command", "arguments": {"cmd": "cat hello.txt"}},
             {"name": "shell_command", "arguments": {"command": "cat hello.txt"}},
             {"name": "shell", "arguments": {"command": ["cat", "hello.txt"]}}]},
-        "final_turn": {"reasoning": "I have it.", "content": FINAL},
+        "final_turn": {"reasoning": "I have it.", "content": FINAL + " " + LONG_TAIL + " " + END},
         "plain_turn": {"content": "k3 title"},
     }
     script = os.path.join(work, "turns.json")

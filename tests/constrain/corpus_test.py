@@ -33,6 +33,19 @@ import jsonschema
 from check_outputs import outside_strings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Caps on what goes unchecked, each at today's count for corpus/ (the
+# schemas are printed by name at the end of main):
+# - every relaxation the corpus needs maps to a schema python-jsonschema can
+#   validate, so no generation is left as "any value";
+# - zod/emoji's \p{Extended_Pictographic}: Python's re has no \p{..};
+# - the candidate generator draws strings from STRINGS and keys from
+#   `properties`: pydantic/Event and zod/formats require several formatted
+#   strings at once (uuid, date-time, date...), which 300 draws never all
+#   hit, and zod/record-enum-keys requires keys that only propertyNames
+#   names. The agent CLIs' tools (tests/agents/tool_schemas.sh) fit the same caps.
+MAX_UNVALIDATED = 0
+MAX_UNREADABLE = 1
+MAX_WITHOUT_CANDIDATES = 3
 
 # k3's format patterns (lib/constrain/src/schema.cc FormatPattern): validity
 # in step 2 asserts the formats as k3 enforces them (it narrows by design).
@@ -184,6 +197,8 @@ def main():
                             (len(corpus) * runs, len(lines), proc.returncode, proc.stderr[-500:]))
         by_name = {c["name"]: c["schema"] for c in corpus}
         relaxed_by_name = {}
+        unvalidated = set()  # relaxed to "any value": the generation parses, nothing more is checked
+        validated = 0
         for line in lines:
             name = line["name"]
             if not line.get("ok"):
@@ -195,13 +210,17 @@ def main():
                 failures.append("%s: not compact: %r" % (name, text))
             value = json.loads(text)
             schema = relaxed_schema(by_name[name], line["relaxations"])
-            if schema is not None:
+            if schema is None:
+                unvalidated.add(name)
+            else:
+                validated += 1
                 errs = list(validator(schema).iter_errors(value))
                 if errs:
                     failures.append("%s: %r fails the relaxed schema: %s" % (name, text, errs[0].message))
         # 2. superset: candidates valid under the original are accepted.
         rng = random.Random(26)
         cases, checked = [], 0
+        unreadable = []  # a pattern Python's re cannot read (\p{..}): validity unknown, no candidates
         for c in corpus:
             v = validator(c["schema"], K3_FORMATS)
             texts = []
@@ -210,7 +229,8 @@ def main():
                 try:
                     valid = v.is_valid(inst)
                 except re.error:
-                    break  # a pattern Python cannot read (\p{..}): validity is unknown here
+                    unreadable.append(c["name"])  # validity is unknown here
+                    break
                 if valid:
                     texts.append(json.dumps(inst, separators=(",", ":"), ensure_ascii=False))
             texts = sorted(set(texts))[:40]
@@ -222,11 +242,14 @@ def main():
         if len(results) != len(cases):
             failures.append("--accept answered %d of %d: %s" % (len(results), len(cases), proc.stderr[-500:]))
         with_valid = 0
+        without = []
         for case, res in zip(cases, results):
             if "error" in res:
                 failures.append("%s: --accept: %s" % (case["name"], res["error"]))
                 continue
             with_valid += bool(case["texts"])
+            if not case["texts"] and case["name"] not in unreadable:
+                without.append(case["name"])
             for text, ok in zip(case["texts"], res["accepted"]):
                 checked += 1
                 if not ok:
@@ -234,10 +257,22 @@ def main():
     for c in corpus:
         notes = relaxed_by_name.get(c["name"], [])
         print("%-50s %s" % (c["name"], "; ".join("%s at %s" % (r["keyword"], r["pointer"]) for r in notes) or "enforced as written"))
-    print("corpus: %d schemas, %d generations validated, %d valid instances accepted (%d schemas with some)" %
-          (len(corpus), len(lines), checked, with_valid))
-    if with_valid < len(corpus) * 3 // 4:
-        failures.append("too few schemas got valid candidate instances (%d of %d)" % (with_valid, len(corpus)))
+    print("corpus: %d schemas, %d of %d generations validated, %d valid instances accepted (%d schemas with some)" %
+          (len(corpus), validated, len(lines), checked, with_valid))
+    # What the two checks could not check, by name, each under a cap a little
+    # above today's count, so a change that widens a gap fails here:
+    # - generations relaxed to any value (a "schema", allOf, $ref or
+    #   properties relaxation): only parsed and compact, not validated;
+    # - schemas with a pattern Python's re cannot read: no superset check;
+    # - schemas none of whose 300 random candidates is valid (the candidate
+    #   generator does not know their keywords): no superset check either.
+    gaps = [("generations relaxed to any value, not validated", sorted(unvalidated), MAX_UNVALIDATED),
+            ("schemas with a pattern Python cannot read, no superset check", sorted(set(unreadable)), MAX_UNREADABLE),
+            ("schemas without a valid candidate, no superset check", sorted(without), MAX_WITHOUT_CANDIDATES)]
+    for what, names, cap in gaps:
+        print("%s: %d (cap %d)%s" % (what, len(names), cap, "".join("\n  " + n for n in names)))
+        if len(names) > cap:
+            failures.append("%s: %d, over the cap of %d" % (what, len(names), cap))
     for f in failures:
         print("FAIL:", f)
     sys.exit(1 if failures else 0)

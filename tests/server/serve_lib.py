@@ -217,3 +217,11 @@ def run_threads(fns) -> list:
 
 def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
+
+
+def run_timed(cases, *args) -> None:
+    """Runs each case with `args`, printing how long it took."""
+    for case in cases:
+        t0 = time.monotonic()
+        case(*args)
+        print(f"{case.__name__}: {time.monotonic() - t0:.1f} s", flush=True)

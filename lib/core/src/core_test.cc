@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "k3/core/default_init.h"
+#include "k3/core/direct_io.h"
 #include "k3/core/error.h"
 #include "k3/core/file.h"
 #include "k3/core/json_writer.h"
@@ -183,6 +184,32 @@ TEST_CASE("OpenRegularFileOrThrow: FIFOs, directories and links are refused at o
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kNotFound);
   }
+}
+
+TEST_CASE("ReopenDirect never follows a link planted at the name, even to the same file") {
+  const std::string dir = TempDir();
+  const std::string name = JoinPath(dir, "shard.tmp");
+  WriteFileAtomic(name, std::string(8192, 'x'));
+  UniqueFd fd = OpenOrThrow(name, O_RDONLY);
+  {
+    UniqueFd direct = ReopenDirect(name, fd.get(), O_RDONLY);
+    // A filesystem without O_DIRECT (tmpfs) refuses either way: nothing to prove there.
+    if (!direct.valid() && errno == EINVAL) {
+      MESSAGE("O_DIRECT refused in " << dir << "; the link case is not reached");
+      return;
+    }
+    REQUIRE(direct.valid());
+  }
+  // The file moved aside and a link to it planted at its name: the inode
+  // check alone passes (the link leads to the same file), so only a reopen
+  // that refuses links keeps a writer from following whatever the link names.
+  const std::string moved = JoinPath(dir, "elsewhere");
+  REQUIRE(::rename(name.c_str(), moved.c_str()) == 0);
+  REQUIRE(::symlink(moved.c_str(), name.c_str()) == 0);
+  errno = 0;
+  UniqueFd through_link = ReopenDirect(name, fd.get(), O_RDONLY);
+  CHECK_FALSE(through_link.valid());
+  CHECK(errno == ELOOP);
 }
 
 TEST_CASE("PreadFull reports truncation with the offset") {

@@ -53,7 +53,9 @@ bool ReadDirect(int fd, AlignedBuffer* buf, uint64_t off, uint64_t len, const st
 }
 
 UniqueFd ReopenDirect(const std::string& path, int fd, int access) {
-  UniqueFd d = TryOpen(path, access | O_DIRECT | O_NONBLOCK | O_NOCTTY);
+  // O_NOFOLLOW: the inode check below would pass a link that leads back to
+  // fd's file, and following a name that is now a link is what it refuses.
+  UniqueFd d = TryOpen(path, access | O_DIRECT | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
   if (!d.valid()) return d;
   struct stat a {
   }, b{};

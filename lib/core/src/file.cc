@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "k3/core/error.h"
 
@@ -420,6 +422,35 @@ void CrashPoint(const char* name) {
   if (++c.hits >= c.nth) {
     ::kill(::getpid(), SIGKILL);
   }
+}
+
+namespace {
+
+struct StallState {
+  std::atomic<bool> armed{false};
+  std::string name;  // written before `armed` is set
+  double seconds = 0;
+};
+
+StallState& Stall() {
+  static StallState s;
+  return s;
+}
+
+}  // namespace
+
+void SetStallPoint(std::string_view name, double seconds) {
+  StallState& s = Stall();
+  s.armed.store(false, std::memory_order_release);
+  s.name = std::string(name);
+  s.seconds = seconds;
+  s.armed.store(!name.empty() && seconds > 0, std::memory_order_release);
+}
+
+void StallPoint(const char* name) {
+  StallState& s = Stall();
+  if (!s.armed.load(std::memory_order_acquire) || s.name != name) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>(s.seconds));
 }
 
 uint64_t FreeSpaceBytes(const std::string& path) {

@@ -46,8 +46,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What a refused client may still send while its answer drains (Linger).
+// Lingering close (Linger), as nginx does it: after an answer that closes,
+// what the client still sends is read and dropped, so a client that writes its
+// whole body before it reads (Python's http.client, Node's fetch, the SDKs on
+// them) reads its 413 instead of a reset. Bounded three ways: bytes (the body
+// its head announced, up to kMaxLingerBody, plus kMaxLingerBytes of slack; a
+// request line or head without an end gets only the slack), a gap without a
+// byte, and a total time.
 constexpr size_t kMaxLingerBytes = 256 << 10;
+constexpr uint64_t kMaxLingerBody = uint64_t(1) << 30;
+constexpr auto kLingerGap = std::chrono::seconds(5);
+constexpr auto kLingerTime = std::chrono::seconds(30);
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -205,6 +214,8 @@ struct Conn {
   bool in_epoll_out = false;
   bool registered = false;  // in the epoll set (not while a worker owns it)
   size_t lingered_bytes = 0;
+  uint64_t linger_allowance = 0;    // bytes Linger reads before it gives up
+  Clock::time_point linger_end;     // Linger reads until then at most
   Clock::time_point deadline;       // of the current phase
   Clock::time_point last_activity;  // idle ordering for eviction
   Clock::time_point started;        // of the current request
@@ -675,13 +686,16 @@ struct HttpServer::Impl {
   }
 
   // Closing with unread bytes would send a RST that can destroy the answer
-  // before the client reads it: shut the write side, drain for a moment.
+  // before the client reads it: shut the write side, drain within the bounds
+  // of kMaxLingerBytes / kMaxLingerBody / kLingerGap / kLingerTime.
   void Linger(const std::shared_ptr<Conn>& c) {
     if (c->peer_eof) return Close(c);
     ::shutdown(c->fd, SHUT_WR);
     c->phase = Phase::kLinger;
     c->in.clear();
-    c->deadline = Clock::now() + std::chrono::seconds(2);
+    c->linger_allowance = kMaxLingerBytes + std::min(c->head.content_length, kMaxLingerBody);
+    c->linger_end = Clock::now() + kLingerTime;
+    c->deadline = std::min(Clock::now() + kLingerGap, c->linger_end);
     Watch(*c, true, false);
   }
 
@@ -696,7 +710,8 @@ struct HttpServer::Impl {
           // Drained up to a bound, then closed: a client that keeps sending
           // after its refusal gets a reset, not our reading time.
           c->lingered_bytes += size_t(n);
-          if (c->lingered_bytes > kMaxLingerBytes) return Close(c);
+          if (c->lingered_bytes > c->linger_allowance) return Close(c);
+          c->deadline = std::min(c->last_activity + kLingerGap, c->linger_end);
           continue;
         }
         c->in.append(buf, size_t(n));
@@ -757,15 +772,13 @@ struct HttpServer::Impl {
       }
       std::string peer = host;
       if (!MakeRoom(peer)) {
-        // Refused quickly: a canned 503 on a best-effort write, then close.
-        static const char kBusy[] =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: "
-            "close\r\n"
-            "Retry-After: 1\r\nContent-Length: 99\r\n\r\n"
-            "{\"error\":{\"message\":\"too many "
-            "connections\",\"type\":\"server_error\",\"param\":null,"
-            "\"code\":\"busy\"}}";
-        (void)!::send(fd, kBusy, sizeof kBusy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        // Refused quickly: a 503 on a best-effort write, then close. Nothing
+        // of a request is read yet, so the reply is serialized as for a bare
+        // connection (its length counted like every other reply's).
+        HttpReply busy = ErrorFor({}, 503, "server_error", "too many connections", "busy");
+        busy.headers.push_back({"Retry-After", std::to_string(o.retry_after_s)});
+        const std::string bytes = Serialize(Conn(limits), busy, false);
+        (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         ::close(fd);
         service.metrics().CountHttp("-", "rejected", "503");
         continue;

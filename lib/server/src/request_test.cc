@@ -183,6 +183,17 @@ TEST_CASE("max_tokens: max_completion_tokens wins, else the operator's default")
   CHECK(ParseChatRequestOrThrow(Body(R"("max_tokens":5,"max_completion_tokens":6)"), p).max_tokens == 6);
 }
 
+TEST_CASE("max_tokens: with no operator cap, a request that sets none runs to the context limit") {
+  // Codex and other agents set no cap; OpenAI, llama-server and vLLM then
+  // stop only at the end of the answer or of the context (0 to the engine).
+  const ApiPolicy p;
+  CHECK(p.default_max_tokens == 0);
+  const ChatRequest r = ParseChatRequestOrThrow(Body(""), p);
+  CHECK(r.max_tokens == 0);
+  CHECK_FALSE(r.max_tokens_from_request);
+  CHECK(ParseChatRequestOrThrow(Body(R"("max_tokens":700)"), p).max_tokens == 700);
+}
+
 TEST_CASE("the prompt is rendered exactly as the renderer renders the equivalent request") {
   // The renderer's own request form (what `k3-run render --request` reads)
   // against the OpenAI form the server takes, for a conversation with tools,

@@ -53,7 +53,12 @@ HttpReply Service::Models() const {
   // The sampling policy (clients ignore unknown fields; the web page shows it).
   const ApiPolicy& api = options_.api;
   j.Key("k3").BeginObject().Field("sampling", api.sampling_free ? "free" : "k3");
-  j.Field("max_tokens", api.default_max_tokens);
+  // null: no default cap (the answer runs to its end or the context's).
+  if (api.default_max_tokens > 0) {
+    j.Field("max_tokens", api.default_max_tokens);
+  } else {
+    j.Key("max_tokens").Null();
+  }
   auto range = [&](const char* key, float dflt, std::span<const double> locked, double hi) {
     j.Key(key).BeginObject().Field("default", double(dflt));
     if (api.sampling_free) {
@@ -90,10 +95,13 @@ HttpReply Service::Page() const {
   r.content_type = "text/html; charset=utf-8";
   r.body = std::string(WebPage());
   // The page is self-contained: nothing may load from elsewhere, and model
-  // text is inserted as text (the page never uses innerHTML for it).
+  // text is inserted as text (the page never uses innerHTML for it). No site
+  // may frame it (clickjacking: a hidden page under a decoy's clicks);
+  // X-Frame-Options says the same to browsers that ignore frame-ancestors.
   r.headers.push_back({"Content-Security-Policy",
                        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                       "connect-src 'self'; img-src 'self' data:"});
+                       "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"});
+  r.headers.push_back({"X-Frame-Options", "DENY"});
   r.headers.push_back({"X-Content-Type-Options", "nosniff"});
   return r;
 }

@@ -71,11 +71,30 @@ CrashAt CrashAtFromEnv() {
   return c;
 }
 
+StallAt StallAtFromEnv() {
+  StallAt s;
+  const std::optional<std::string> spec = GetEnv("K3_STALL_AT");
+  if (!spec || spec->empty()) return s;
+  const size_t colon = spec->find(':');
+  char* end = nullptr;
+  const double seconds =
+      colon == std::string::npos ? 0 : std::strtod(spec->c_str() + colon + 1, &end);
+  if (colon == 0 || colon == std::string::npos || end == nullptr || *end != '\0' ||
+      !(seconds > 0 && seconds <= 3600)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "K3_STALL_AT='" + *spec + "' is not NAME:SECONDS with SECONDS in (0, 3600]");
+  }
+  s.name = spec->substr(0, colon);
+  s.seconds = seconds;
+  return s;
+}
+
 ToolEnv ToolEnv::FromEnv() {
   ToolEnv e;
   e.log_level = LogLevelFromEnv();
   e.kernels = KernelConfigFromEnv(&e.warnings);
   e.crash_at = CrashAtFromEnv();
+  e.stall_at = StallAtFromEnv();
   return e;
 }
 
@@ -84,6 +103,7 @@ void Apply(const ToolEnv& env) {
   for (const std::string& w : env.warnings) K3_LOG_WARN("%s", w.c_str());
   quant::ConfigureKernels(env.kernels);
   SetCrashPoint(env.crash_at.name, env.crash_at.nth);
+  SetStallPoint(env.stall_at.name, env.stall_at.seconds);
 }
 
 void ApplyFromEnv() { Apply(ToolEnv::FromEnv()); }

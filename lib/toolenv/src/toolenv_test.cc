@@ -214,6 +214,30 @@ TEST_CASE("K3_QUANT_NIBBLE64 and K3_CRASH_AT") {
   CHECK(toolenv::CrashAtFromEnv().nth == 3);
 }
 
+TEST_CASE("K3_STALL_AT: NAME:SECONDS, anything else refused naming the variable") {
+  {
+    EnvScope e("K3_STALL_AT", nullptr);
+    CHECK(toolenv::StallAtFromEnv().name.empty());
+  }
+  {
+    EnvScope e("K3_STALL_AT", "serve-load:2.5");
+    CHECK(toolenv::StallAtFromEnv().name == "serve-load");
+    CHECK(toolenv::StallAtFromEnv().seconds == 2.5);
+  }
+  for (const char* bad : {"serve-load", ":3", "serve-load:", "serve-load:0", "serve-load:-1",
+                          "serve-load:3x", "serve-load:9999"}) {
+    EnvScope e("K3_STALL_AT", bad);
+    CAPTURE(bad);
+    try {
+      toolenv::StallAtFromEnv();
+      FAIL("accepted");
+    } catch (const Error& err) {
+      CHECK(err.code() == ErrorCode::kInvalidArgument);
+      CHECK(std::string(err.what()).find("K3_STALL_AT") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("ToolEnv::FromEnv refuses before applying anything") {
   const LogLevel before = CurrentLogLevel();
   const KernelConfig kernels_before = quant::CurrentKernelConfig();

@@ -39,9 +39,11 @@ class AlignedBuffer {
 // A second descriptor, with O_DIRECT, of the file `fd` has open as `path`
 // (access: O_RDONLY or O_WRONLY). Invalid (errno kept) when the filesystem
 // refuses O_DIRECT or when `path` no longer names that file: the open is
-// O_NONBLOCK (a FIFO put there would block it) and its device and inode must
-// equal fd's, so a name swapped for a link, a hard link or a FIFO since `fd`
-// was opened is never read or written through. The caller keeps using `fd`.
+// O_NONBLOCK (a FIFO put there would block it) and O_NOFOLLOW (a link there is
+// refused with ELOOP, even one that leads back to fd's file), and its device
+// and inode must equal fd's, so a name swapped for a link, a hard link or a
+// FIFO since `fd` was opened is never read or written through. The caller
+// keeps using `fd`.
 UniqueFd ReopenDirect(const std::string& path, int fd, int access);
 
 // O_DIRECT read of [off, off+len) through the aligned superset of the range;

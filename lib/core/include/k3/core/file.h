@@ -179,6 +179,14 @@ void CrashPoint(const char* name);
 // pass crash points start.
 void SetCrashPoint(std::string_view name, long nth = 1);
 
+// Named stall point, the crash point's twin for slow paths: once armed for
+// `name` (SetStallPoint), every pass through StallPoint(name) sleeps `seconds`
+// (tests of what a long start-up must still do, e.g. stop at a signal); armed
+// at start-up from K3_STALL_AT=name:seconds (k3::toolenv). Free while disarmed.
+void StallPoint(const char* name);
+// Arms the stall point `name` (empty: disarms). Call before threads start.
+void SetStallPoint(std::string_view name, double seconds);
+
 // Free bytes available to an unprivileged writer on the filesystem of `path`.
 uint64_t FreeSpaceBytes(const std::string& path);
 

@@ -38,7 +38,10 @@ struct ApiPolicy {
   float default_temperature = 1.0f;
   float default_top_p = 1.0f;
   bool sampling_free = false;          // --sampling free: any temperature in [0,2], top_p in (0,1]
-  int64_t default_max_tokens = 512;    // --max-tokens: the cap when the request sets none
+  // --max-tokens: the cap when the request sets none; 0: none, the answer runs
+  // to its end or the context's (as OpenAI, llama-server and vLLM do; an
+  // agent that sets no cap must not see its answer cut).
+  int64_t default_max_tokens = 0;
   size_t max_body_bytes = 16u << 20;   // checked by the HTTP layer (413) and again here
   size_t max_depth = 64;               // JSON nesting
   size_t max_messages = 4096;          // longer conversations are 400 (tests: 10,000 messages)
@@ -72,7 +75,9 @@ struct ChatRequest {
   bool include_usage = false;
   bool return_progress = false;  // llama-server's return_progress: prompt_progress during prefill
   bool ignore_eos = false;       // llama-server's / vLLM's ignore_eos (engine::GenerateRequest)
-  int64_t max_tokens = 0;  // resolved: max_completion_tokens, max_tokens or the policy default
+  // resolved: max_completion_tokens, max_tokens or the policy default; 0: up
+  // to the context limit (engine::GenerateRequest::max_tokens)
+  int64_t max_tokens = 0;
   bool max_tokens_from_request = false;
   std::vector<std::string> stop;
   std::optional<uint64_t> seed;

@@ -1,7 +1,7 @@
 // k3::toolenv — what every k3 program reads from the environment at start-up
 // besides the runtime's EngineOptions::FromEnv and vulkan::TierOptions::FromEnv:
 // the log threshold (K3_LOG), the kernel configuration (K3_FORCE_ISA,
-// K3_PREFETCH, K3_QUANT_NIBBLE64) and the crash-point test hook (K3_CRASH_AT).
+// K3_PREFETCH, K3_QUANT_NIBBLE64) and the test hooks (K3_CRASH_AT, K3_STALL_AT).
 // The libraries read no environment (scripts/check-env-reads.sh); each main
 // (apps/, bench/, the shared doctest main, the test drivers) calls
 // ApplyFromEnv once, before its first log line or kernel. docs/environment.md.
@@ -25,10 +25,17 @@ struct CrashAt {
   long nth = 1;
 };
 
+// K3_STALL_AT=NAME:SECONDS (k3/core/file.h StallPoint); an empty name is off.
+struct StallAt {
+  std::string name;
+  double seconds = 0;
+};
+
 struct ToolEnv {
   LogLevel log_level = LogLevel::kInfo;  // K3_LOG
   quant::KernelConfig kernels;           // K3_FORCE_ISA, K3_PREFETCH, K3_QUANT_NIBBLE64
   CrashAt crash_at;                      // K3_CRASH_AT
+  StallAt stall_at;                      // K3_STALL_AT
   // Values that are not errors but are not used either (a bad K3_PREFETCH: the
   // kernels' defaults), logged as warnings by Apply once the level is set.
   std::vector<std::string> warnings;
@@ -47,9 +54,12 @@ LogLevel LogLevelFromEnv();
 quant::KernelConfig KernelConfigFromEnv(std::vector<std::string>* warnings);
 // K3_CRASH_AT.
 CrashAt CrashAtFromEnv();
+// K3_STALL_AT: NAME:SECONDS, SECONDS in (0, 3600]; anything else is
+// kInvalidArgument naming the variable.
+StallAt StallAtFromEnv();
 
 // SetLogLevel, the warnings, quant::ConfigureKernels (which neither chooses nor
-// logs the kernels: the first dispatch does), SetCrashPoint.
+// logs the kernels: the first dispatch does), SetCrashPoint, SetStallPoint.
 void Apply(const ToolEnv& env);
 // Apply(ToolEnv::FromEnv()).
 void ApplyFromEnv();
