@@ -146,16 +146,6 @@ class Combiner final : public PairSink {
     }
   }
 
-  // Feeds a [C*K][LT] buffer (an executor without a sink) in sum order.
-  void FromBuffer(const float* contrib) {
-    for (size_t t = 0; t < count_.size(); ++t) {
-      for (uint32_t i = 0; i < count_[t]; ++i) {
-        const uint32_t pair = static_cast<uint32_t>(t * K_ + order_[t * K_ + i]);
-        Put(pair, contrib + static_cast<size_t>(pair) * LT_);
-      }
-    }
-  }
-
   // Every kept pair folded (a pass that was not stopped delivers them all).
   bool complete() const {
     for (size_t t = 0; t < count_.size(); ++t) {
@@ -335,20 +325,16 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   ExpertExecutor* ex = &Executor();
   const PairOrder order = ex->pair_order();
 
-  // The combine folds outputs as they arrive (Combiner); only an executor
-  // without a sink still needs the [C*K][LT] buffer of every pair. Held rows
-  // (or the executor's buffer) are the layer scratch's, kept by the session,
-  // so a MoE layer does not fault in a fresh [rows][LT] block (docs/model.md).
+  // The combine folds outputs as they arrive (Combiner). Held rows are the
+  // layer scratch's, kept by the session, so a MoE layer does not fault in a
+  // fresh [rows][LT] block (docs/model.md).
   float* lat = buf.latent_out(C * LT);  // zeroed by the Combiner
   Combiner combine(C, K, LT, sel.data(), sel_w.data(), keep.data(), lat);
-  float* contrib = nullptr;
   if (order == PairOrder::kExpertOrder) {
     const size_t peak = combine.Plan(uni, users);
     combine.Hold(peak > 0 ? buf.held(peak * LT) : nullptr, peak);
-  } else if (order == PairOrder::kAnyOrder) {
-    combine.Hold(buf.held(C * K * LT), C * K);
   } else {
-    contrib = buf.held(C * K * LT);
+    combine.Hold(buf.held(C * K * LT), C * K);
   }
   ExpertBatch batch;
   batch.layer = layer;
@@ -359,11 +345,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   batch.users = &users;
   batch.int8_acts = idot;
   batch.latent_dim = LT;
-  if (order == PairOrder::kBuffer) {
-    batch.out = contrib;
-  } else {
-    batch.sink = &combine;
-  }
+  batch.sink = &combine;
   // Cancel and progress between experts (PollInterrupt resets the session).
   const std::function<bool(size_t)> stop = [&](size_t done) {
     return PollInterrupt(layer, static_cast<int64_t>(done), static_cast<int64_t>(uni.size()));
@@ -372,7 +354,6 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   ex->Run(batch, store);
   if (interrupted_) return;
   ReadAhead(layer + 1, C);  // the next MoE layer's reads overlap the rest of this one
-  if (order == PairOrder::kBuffer) combine.FromBuffer(contrib);
   K3_CHECK(combine.complete());
   clk.Lap(phases_.moe_experts);
   // Then the latent norm per token.

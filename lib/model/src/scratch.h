@@ -98,7 +98,7 @@ class LayerScratch {
     float* latent_in(size_t n) { return s.latent_in_.Take(n); }   // [C][LT]
     float* latent_out(size_t n) { return s.latent_out_.Take(n); }  // [C][LT]
     float* shared_out(size_t n) { return s.shared_out_.Take(n); }  // [C][D]
-    // Outputs the combine holds, or a kBuffer executor's [C*K][LT] rows.
+    // Outputs the combine holds until their turn in the sum.
     float* held(size_t n) { return s.held_.Take(n); }
   };
 

@@ -57,8 +57,8 @@ struct ExpertBatch {
   // The CPU executor's choice of activations (RunOptions::idot). Executors
   // with one fixed precision (the Vulkan tier: f32) ignore it.
   bool int8_acts = false;
-  // Where outputs go: `sink` when set (executors whose pair_order() is not
-  // kBuffer get one), else the [C * K][LT] buffer `out`.
+  // Where outputs go: the model's combine (`sink`) when set; without one
+  // (a cluster worker, a test collecting rows) the [C * K][LT] buffer `out`.
   float* out = nullptr;
   PairSink* sink = nullptr;
   size_t latent_dim = 0;  // LT: the row length Emit copies into `out`
@@ -79,7 +79,6 @@ struct ExpertBatch {
 
 // How an executor delivers pairs; decides what the combine must hold.
 enum class PairOrder {
-  kBuffer,       // writes batch.out only (no sink): the caller keeps the [C*K][LT] buffer
   kAnyOrder,     // calls Emit in any order
   kExpertOrder,  // calls Emit expert by expert in batch.experts order
 };
@@ -90,8 +89,8 @@ class ExpertExecutor {
   // Computes every pair of `batch`. `store` is the model's expert store, where
   // an executor that needs the MXFP4 bytes on this host gets them.
   virtual void Run(const ExpertBatch& batch, ExpertStore& store) = 0;
-  // kBuffer (the default) keeps executors written before the sink working.
-  virtual PairOrder pair_order() const { return PairOrder::kBuffer; }
+  // Every executor delivers through Emit; any order is the safe default.
+  virtual PairOrder pair_order() const { return PairOrder::kAnyOrder; }
   // The model expects the next pass of `layer` to use most of `likely` (disk
   // order): start what can start now. The default hands the hint to the
   // store; an executor that computes some experts elsewhere (the cluster)
