@@ -1234,7 +1234,7 @@ TEST_CASE("NextBytes is a superset of the bytes AdvanceBytes takes, in objects, 
     }
   }
   MESSAGE("NextBytes known at " << known << " of " << states << " states");
-  CHECK(known * 4 > states);  // coverage of the walk (a third before issue 26 bounded exponents)
+  CHECK(known * 4 > states);  // coverage of the walk: bounded exponents keep most states reachable
   // A complete value takes nothing.
   TokenConstraint done(Schema::CompileOrThrow(R"({"type":"object"})"), Bytes());
   REQUIRE(done.AdvanceBytes("{}"));
@@ -1285,7 +1285,7 @@ TEST_CASE("a vocabulary without most single bytes: the mask equals the direct ch
   CHECK(checked > 100);
 }
 
-// ---- issue 26: numbers stay finite; the widened subset; relaxed (non-strict) compiles ----
+// ---- numbers stay finite; the widened subset; relaxed (non-strict) compiles ----
 
 namespace {
 
