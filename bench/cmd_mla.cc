@@ -1,5 +1,5 @@
-// k3-bench mla: one block of MLA's absorbed attention at K3's shapes (issue
-// 25 §2): all heads of a few tokens (5 x 96 query rows) against N cached rows
+// k3-bench mla: one block of MLA's absorbed attention at K3's shapes
+// (docs/model.md §4): all heads of a few tokens (5 x 96 query rows) against N cached rows
 // of the latent (512) and rope (64) caches. Per part, the time and its share
 // of the FMA roof measured in the same run (quant::RoofLoop on the same
 // threads): the scores (quant::AttnScores, alternating with the f32 MatMul pair

@@ -49,7 +49,7 @@ const model::StateFingerprint& CheckpointFuzzFingerprint() {
 engine::CheckpointFileStatus ReadCheckpointBytes(const uint8_t* data, size_t size) {
   // One file for the process, rewritten for every input; on tmpfs where there
   // is one (no disk I/O). A real path, not /proc/self/fd/N of a memfd: the
-  // reader opens only regular files without following links (issue 28).
+  // reader opens only regular files without following links (docs/checkpoints.md).
   static const std::string path =
       std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + "/k3-ckpt-fuzz." +
       std::to_string(getpid());

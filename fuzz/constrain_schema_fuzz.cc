@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     schemas.push_back(k3::constrain::Schema::CompileOrThrow(schema_text));
   } catch (const k3::Error&) {
   }
-  // Non-strict (issue 26): refuses nothing but oversized text, and the relaxed
+  // Non-strict (docs/constrain.md): refuses nothing but oversized text, and the relaxed
   // automaton meets the same invariants.
   try {
     schemas.push_back(k3::constrain::Schema::CompileOrThrow(schema_text, {.strict = false}));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The agent CLIs against k3's server, unchanged (issue 26 §4): Claude Code
+"""The agent CLIs against k3's server, unchanged: Claude Code
 (`claude -p`, Messages API), Codex (`codex exec`, Responses API) and Qwen Code
 (headless, chat completions), each pointed at the server the documented way,
 each completing one turn with a tool call and its result; plus the prefill

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tool schemas the pinned agent CLIs send (captured from their first
 # requests by capture_tools.py) through the schema corpus test: each accepted
-# non-strict, constrained answers valid, the relaxation a superset (issue 26).
+# non-strict, constrained answers valid, the relaxation a superset.
 # usage: tool_schemas.sh CONSTRAIN_DRIVE MODEL_DIR OUT_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

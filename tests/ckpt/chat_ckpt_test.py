@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`k3-run chat` driven over a pipe (issue 13): /retry, /edit and /undo restore a
+"""`k3-run chat` driven over a pipe: /retry, /edit and /undo restore a
 checkpoint instead of prefilling the conversation again, and the answers are
 those of a fresh run of the same conversation with checkpoints off:
 

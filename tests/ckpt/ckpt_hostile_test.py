@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parked checkpoints under attack and under kill -9 (issue 28), against the
+"""Parked checkpoints under attack and under kill -9, against the
 real `k3-run chat` binary on k3-tiny:
 
 - kill -9 while parking, at several points of the write (crash points

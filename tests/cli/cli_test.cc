@@ -1,4 +1,4 @@
-// Every k3 tool as a command-line program (issue 14): --version, failed writes
+// Every k3 tool as a command-line program (docs/errors.md): --version, failed writes
 // to stdout (a full disk is an error, a closed pipe is quiet), --quiet, and
 // --help without the kernel log line.
 #include <doctest/doctest.h>
@@ -143,7 +143,7 @@ TEST_CASE("usage errors: readable, and exit 2 whatever their kind") {
     std::vector<std::string> argv;
     const char* says;
   } cases[] = {
-      // CLI11 checks required positionals first and used to say "SRC is required".
+      // CLI11 checks required positionals first; an unknown option must be named, not "SRC is required".
       {{Bin("k3-repack"), "--bogus"}, "unknown option or extra argument: --bogus"},
       {{Bin("k3-verify"), "--bogus"}, "unknown option or extra argument: --bogus"},
       {{Bin("k3-repack")}, "SRC is required"},

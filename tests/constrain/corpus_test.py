@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Corpus test (issue 26): real tool schemas (corpus/*.json: Claude Code's tool
+"""Corpus test: real tool schemas (corpus/*.json: Claude Code's tool
 inputs and common zod types as zod 4 emits them, pydantic models, Qwen Code's
 tool declarations, and hand-made schemas that need relaxing).
 

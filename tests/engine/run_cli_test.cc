@@ -102,8 +102,8 @@ TEST_CASE("k3-run generate: --ngen past the context length is warned about and c
 }
 
 TEST_CASE("k3-run generate --ngen 10000000: memory grows with the answer, nothing reserved for the request") {
-  // Before issue 14 the request's whole cache was reserved up front (3.1 GB,
-  // then std::bad_alloc and exit 1). Under a 400 MB address-space limit the
+  // Nothing is reserved for the request up front (the whole cache would be
+  // 3.1 GB, then std::bad_alloc). Under a 400 MB address-space limit the
   // answer (greedy, ends at EOS after 1015 tokens) must still come.
   Result r = Run("K3_LOG=warn prlimit --as=400000000", "generate " + kTiny + " --ids 1,2,3 --ngen 10000000 --json");
   CHECK(r.code == 0);

@@ -888,7 +888,7 @@ TEST_CASE(
 }
 
 // ---------------------------------------------------------------------------
-// Data safety (issue 14)
+// Data safety (docs/repack.md)
 
 namespace {
 // The file with its first `from` replaced by `to`.

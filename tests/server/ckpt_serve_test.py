@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recurrent-state checkpoints through `k3-run serve` (issue 13, docs/checkpoints.md),
+"""Recurrent-state checkpoints through `k3-run serve` (docs/checkpoints.md),
 black-box on the tiny model:
 
 1. three conversations (two agents with tool results, one chat) alternating

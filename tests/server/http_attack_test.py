@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The server under attack (issue 28) and the keep-alive fix (issue 26), black
-box against the real `k3-run serve` on the tiny model: each row of issue 28's
-table (bar the checkpoint and repack rows, tested elsewhere), then 1,000 idle
+"""The server under attack and the keep-alive rules, black
+box against the real `k3-run serve` on the tiny model: each row of the attack
+table in docs/server.md (bar the checkpoint and repack rows, tested elsewhere), then 1,000 idle
 connections and 50 slow senders while a normal client is served, with the
 server's RSS sampled throughout. Every socket is loopback; every server is
 stopped by PID.
@@ -133,7 +133,7 @@ class RssSampler:
 
 
 # ---------------------------------------------------------------------------
-# Rows of issue 28's table.
+# Rows of the attack table (docs/server.md).
 
 def test_slow_header_senders(srv):
     """12 (and then 50) connections sending their head a byte at a time."""
@@ -329,7 +329,7 @@ def test_allow_flags():
 
 
 def test_key_exact_and_keepalive_discard():
-    """Keys compared exactly; a 401 before routing leaves nothing on the connection (issue 26)."""
+    """Keys compared exactly; a 401 before routing leaves nothing on the connection."""
     with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--api-key", "KEY") as srv:
         for auth, want in [("Bearer KEY", 200), ("Bearer KEY ", 401), (" Bearer KEY", 401), ("Bearer  KEY", 401),
                            ("bearer KEY", 401), ("Bearer KE", 401)]:

@@ -58,7 +58,7 @@ BAD = {
     "tool message without tool_call_id": body(messages=[{"role": "tool", "content": "r"}, {"role": "user", "content": "q"}]),
     "tool_choice required without tools": body(tool_choice="required"),
     "tool_choice invalid": body(tools=[WEATHER], tool_choice="bogus"),
-    # The named form is honoured (issue 16, tests/server/structured_test.py), for declared tools only.
+    # The named form is honoured (tests/server/structured_test.py), for declared tools only.
     "tool_choice named function not declared": body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_time"}}),
     "response_format bogus": body(response_format={"type": "bogus"}),
     "json_schema without name": body(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Structured output through `k3-run serve` on the random-weight tiny model
-(issue 16), whose unconstrained output is garbage, checked with Debian's
+(docs/server.md, "Structured output"), whose unconstrained output is garbage, checked with Debian's
 python3-jsonschema, an implementation independent of k3:
 
 * every schema of tests/constrain/schemas.json (42 hand-written tool and
@@ -190,7 +190,7 @@ def main():
                 ok = s == 400 and isinstance(r, dict) and r["error"]["param"] == param and \
                     keyword in r["error"]["message"]
                 check(ok, f"unsupported {param} {keyword} stream={stream}: {s} {r}")
-        # Not strict (issue 26): the same lookahead schema is relaxed, never refused; the forced
+        # Not strict: the same lookahead schema is relaxed, never refused; the forced
         # call's arguments meet what is enforced (the [a-z0-9]{8} part).
         for stream in (False, True):
             s, _, r = chat(srv.port, {"messages": user("x"), "stream": stream, "tool_choice": "required",
