@@ -16,17 +16,6 @@
 namespace k3::repack {
 namespace {
 
-// "1764630000.123456789"
-std::string TimeText(const struct timespec& t) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%lld.%09ld", static_cast<long long>(t.tv_sec), t.tv_nsec);
-  return buf;
-}
-
-bool SameTime(const struct timespec& a, const struct timespec& b) {
-  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
-}
-
 // Calls fn(item, offset in the tensor, bytes) for the shard's kept source
 // bytes in output order, block by block: the order the pipeline hashes them
 // in (k3-repack.sources).

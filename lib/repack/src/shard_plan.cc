@@ -1,6 +1,7 @@
 #include "shard_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <utility>
 
@@ -26,6 +27,16 @@ SourceStat SourceStatOf(const struct stat& st) {
   s.dev = st.st_dev;
   s.ino = st.st_ino;
   return s;
+}
+
+std::string TimeText(const struct timespec& t) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%lld.%09ld", static_cast<long long>(t.tv_sec), t.tv_nsec);
+  return buf;
+}
+
+bool SameTime(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
 ShardPlan PlanShard(const SafetensorsFile& src, int64_t number, int64_t total,

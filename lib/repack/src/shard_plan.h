@@ -38,6 +38,10 @@ struct SourceStat {
 };
 
 SourceStat SourceStatOf(const struct stat& st);
+// "1764630000.123456789": seconds and 9 digits of nanoseconds, as messages and
+// k3-repack.source-stats write a time.
+std::string TimeText(const struct timespec& t);
+bool SameTime(const struct timespec& a, const struct timespec& b);
 
 struct ShardPlan {
   int64_t number = 0;

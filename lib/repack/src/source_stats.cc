@@ -12,12 +12,6 @@ namespace {
 
 constexpr uint64_t kMaxStatsFileBytes = 16u << 20;
 
-std::string TimeText(const struct timespec& t) {
-  std::string ns = std::to_string(t.tv_nsec);
-  return std::to_string(static_cast<long long>(t.tv_sec)) + "." + std::string(9 - ns.size(), '0') +
-         ns;
-}
-
 bool ParseU64(std::string_view s, uint64_t* v) {
   if (s.empty() || s.size() > 20) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
@@ -35,10 +29,6 @@ bool ParseTime(std::string_view s, struct timespec* t) {
   t->tv_sec = static_cast<time_t>(sec);
   t->tv_nsec = static_cast<long>(nsec);
   return true;
-}
-
-bool SameTime(const struct timespec& a, const struct timespec& b) {
-  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
 }  // namespace
