@@ -7,12 +7,12 @@
 // weight rows against B activation rows (Kit::Tile<U, R, B, Src>::Step does one
 // unit); per pair the operations do not depend on R, B or the column blocking
 // (a block's accumulators only go to memory and back), so decode (1 x 1, weights
-// decoded in registers) and batched (decoded rows, Kit::kRows x
+// decoded in registers) and batched (decoded rows, Kit::kRows<U> x
 // Kit::kTileActs<U> tiles over kF32BlockCols-column blocks) agree bit for bit.
 //
 // A Kit (one per ISA file) provides:
 //   V, kLanes, Zero(), Load(const float*), Store(float*, V)
-//   template <F32Unit U> static constexpr int kSlots, kTileActs;  static constexpr int kRows
+//   template <F32Unit U> static constexpr int kSlots, kTileActs, kRows
 //   template <F32Unit U, int R, int B, typename Src> using Tile   (aggregate {w, x, gs, n})
 //   using RowSrc (the decoded-row source), template <int S> float Reduce(const V*)
 //   DecodeRow(w, o, float* out) -> const float*, MxScales(e8m0, groups, float* out)
@@ -197,7 +197,7 @@ void MatMulF32Rows(const WeightView& w, const float* xl, size_t batch, float* y,
   }
   for (size_t b0 = 0; b0 < batch; b0 += chunk) {
     const size_t nb = batch - b0 < chunk ? batch - b0 : chunk;
-    ForRowBlocks<Kit::kRows>(r0, r1, [&]<int N>(size_t o) {
+    ForRowBlocks<Kit::template kRows<U>>(r0, r1, [&]<int N>(size_t o) {
       F32RowBlock<Kit, U, N>(w, xl + b0 * w.cols, nb, o, y + b0 * w.rows, s);
     });
   }

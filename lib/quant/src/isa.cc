@@ -5,8 +5,8 @@
 // the architecture being built exist, so every table reference is guarded.
 //
 // Per-CPU kernel preferences (kCpuRules): on a CPU where another ISA's kernel for
-// one (format, batch class) was measured faster than the best ISA's, and the two
-// give identical bits (quant_test.cc proves it for every pair a rule may mix),
+// one (format, batch class) was measured faster than the best ISA's (every ISA
+// gives the one order's bits, so mixing changes none; quant_test.cc proves it),
 // MatMulQ8 takes that kernel from the other table; everything else stays on the
 // best ISA. A forced ISA (and SetIsaForTesting) force one table for everything.
 #include "k3/quant/isa.h"
@@ -96,11 +96,10 @@ CpuIdent ReadCpuIdent() {
 
 // One measured preference: on `vendor` CPUs of display family `family` whose
 // best ISA is `best`, int8-weight MatMulQ8 at batch 1 (decode) comes from
-// `decode` when the CPU runs it. Only pairs whose int8 IDOT bits are identical
-// may appear here (avx2 and avx2vnni; AVX-512's int8 has its own block-layout
-// bits: quant_test.cc "int8 IDOT: decode gives the batched
-// bits, across x86 ISAs of one bit family"), so a token decoded alone still
-// gives the bits of the same token in a batched prefill.
+// `decode` when the CPU runs it. Every ISA's int8 IDOT gives the one order's
+// bits (kernels_scalar.cc; quant_test.cc "int8 IDOT: decode gives the batched
+// bits, across every x86 ISA and scalar"), so a token decoded alone still gives
+// the bits of the same token in a batched prefill.
 struct CpuRule {
   const char* vendor;
   int family;
@@ -163,9 +162,8 @@ DispatchState& State() {
   return s;
 }
 
-// The kernels' copies of the scalar settings, read on every kernel call.
+// The kernels' copy of the prefetch setting, read on every kernel call.
 std::atomic<int64_t> g_prefetch_bytes{-1};
-std::atomic<bool> g_nibble64{false};
 
 const Choice& CurrentChoice() {
   DispatchState& st = State();
@@ -214,7 +212,6 @@ void ConfigureKernels(const KernelConfig& config) {
   std::lock_guard<std::mutex> lock(st.mu);
   st.config = config;
   g_prefetch_bytes.store(config.prefetch_bytes, std::memory_order_relaxed);
-  g_nibble64.store(config.nibble64, std::memory_order_relaxed);
   st.current.store(nullptr, std::memory_order_release);  // the next dispatch chooses again
 }
 
@@ -338,8 +335,6 @@ size_t PrefetchBytes(size_t default_bytes) noexcept {
   const int64_t forced = g_prefetch_bytes.load(std::memory_order_relaxed);
   return forced >= 0 ? static_cast<size_t>(forced) : default_bytes;
 }
-
-bool Nibble64() noexcept { return g_nibble64.load(std::memory_order_relaxed); }
 
 }  // namespace internal
 }  // namespace k3::quant

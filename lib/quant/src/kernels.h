@@ -195,8 +195,6 @@ inline constexpr size_t kDefaultPrefetchBytes = 4096;
 // kernel may default to its own distance where one was measured better
 // (kernels_avx512.cc).
 size_t PrefetchBytes(size_t default_bytes = kDefaultPrefetchBytes) noexcept;
-// KernelConfig::nibble64 (K3_QUANT_NIBBLE64): the 64-column-step int4/MXFP4 IDOT kernels.
-bool Nibble64() noexcept;
 
 // Rows of the f32-activation decode that share each activation load (1, 2, 4)
 // for rows of `act_bytes` of f32 activations: SetDecodeRowsForTesting's value,
@@ -249,9 +247,33 @@ inline void SplitEvenOdd32(const int8_t* q, int8_t* even, int8_t* odd) {
 inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 inline constexpr int8_t kE2m1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// The doubled codes as f32, code 8 = -0 (the f32-activation path's table).
+inline constexpr float kE2m1x2f[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
+                                       -0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, -12.0f};
 
 inline constexpr size_t kActGroup = 32;   // QuantizeActs group (§6.5)
 inline constexpr size_t kInt4Group = 64;  // int4-g64 group (§6.2)
 inline constexpr size_t kMxGroup = 32;    // MXFP4 scale group (§6.4)
+
+// The one order of the matrix kernels (docs/quant.md §3, "The one order"):
+// the scalar reference defines it, every ISA gives its bits.
+// Plain rows (f32, int8; f32-activation path): column i into lane i % 32.
+inline constexpr size_t kPlainLanes = 32;
+// Groups (int4/MXFP4 f32 path, every IDOT format) and the final tree: 16 lanes.
+inline constexpr size_t kTreeLanes = 16;
+// IDOT: activation group g into lane BlockLane(g): within each block of 16
+// groups, group 4m + L goes to lane 4L + m ("block lane order", what one
+// 128-bit lane per group of a 4-group step gives after summing four steps).
+inline constexpr size_t BlockLane(size_t g) {
+  const size_t i = g % 16;
+  return 4 * (i % 4) + i / 4;
+}
+// The final reduction of 16 lanes: j + (j+8), then + (j+4), + (j+2), + (j+1).
+inline float Tree16(float* a) {
+  for (size_t h = kTreeLanes / 2; h >= 1; h /= 2) {
+    for (size_t j = 0; j < h; ++j) a[j] = a[j] + a[j + h];
+  }
+  return a[0];
+}
 
 }  // namespace k3::quant::internal

@@ -1,31 +1,32 @@
 // AVX2 + FMA kernels for x86-64 CPUs without AVX-512 (Haswell .. Zen 3, client
 // cores); built twice, the second time with AVX-VNNI (kernels_avx2_vnni.cc,
 // K3_AVXVNNI: vpdpbusd in place of maddubs + madd, the same exact int32 lanes).
-// Same structure as kernels_avx512.cc with 8 lanes: a row is decoded on the fly
+// Same structure as kernels_avx512.cc, a zmm's 16 lanes held in two ymm: a row is decoded on the fly
 // (batch 1) or once per chunk into 64-byte aligned scratch, several rows sharing
 // each activation load (batched), and every (row, activation) pair runs the same
 // floating-point operations either way (the dot routines are templates over the
 // tile shape; decode is the 1 x 1 case). Weight lines are prefetched
 // K3_PREFETCH bytes ahead.
 //
-// f32-activation path: units of 8 columns (slot k mod 4) or one int4/MXFP4 group
-// (slot k mod 2), see F32Tile. int4/MXFP4 nibbles are widened with vpmovzxbd (8
+// f32-activation path: the one order's 16-lane slots as pairs of ymm -- units of
+// 16 columns (slot k mod 2), one MXFP4 group (slot k mod 2) or one int4 group
+// (slot k mod 4), see F32Tile. int4/MXFP4 nibbles are widened with vpmovzxbd (8
 // bytes -> 8 lanes: low nibbles = even columns, high = odd), and the activations
 // are re-laid out once per call to match.
 //
-// IDOT path: one ymm = one 32-column activation group; maddubs (u8 x s8 pairs to
-// saturating int16) then madd with ones gives 8 int32 lanes. int4/MXFP4 weights
-// are biased to unsigned bytes (nibble = v+8; a table gives 2v+12), so the pair
-// sums stay below 2^15 (24*127*2), and the activation-only term -B*Σxq is added
-// per lane from a table built once per call. int8 weights would overflow int16
-// with a +128 bias, so they use the sign trick maddubs(|w|, sign(xq, w))
-// (|w|·|xq| <= 127*127). Every lane is exact either way.
+// IDOT path: the exact int32 dot of each 32-column group (maddubs + madd, or
+// vpdpbusd), gathered per block of 16 groups into the one order's 16 float
+// lanes (kernels.h BlockLane) by in-lane horizontal adds, then one cvt and one
+// FMA per 8 groups. int4/MXFP4 take 64 columns per step (the nibble IDOT below);
+// int8 one group per ymm (without AVX-VNNI by the sign trick, as a +128 bias
+// would overflow maddubs' int16 pair sums). Every lane is exact.
 #include <immintrin.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "f32_tiles.h"
@@ -41,12 +42,11 @@ struct Scratch {
   AlignedVec<float> xp;      // f32 path: activations in kernel layout
   AlignedVec<float> wrow;    // f32 path: decoded row
   AlignedVec<float> gscale;  // per-group factors of the row
-  AlignedVec<int8_t> wq;     // IDOT: weight bytes of one row (as Q8Direct gives them)
-  AlignedVec<int32_t> corr;  // IDOT: -B*Σxq per 4-column lane [batch][groups][8]
-  AlignedVec<int8_t> xn;     // nibble IDOT: activations in step layout [batch][steps*64]
-  AlignedVec<float> xse;     // nibble IDOT: activation factors, 4 lanes per group
-  AlignedVec<float> wgs;     // nibble IDOT: decoded weight factors of one row
-  AlignedVec<float> xsg;     // nibble IDOT: activation factors, once per group
+  AlignedVec<int8_t> wq;     // batched IDOT: decoded weight bytes of a row block
+  AlignedVec<int32_t> corr;  // IDOT: activation-only terms -B·Σxq
+  AlignedVec<int8_t> xn;     // nibble IDOT: activations in step layout [batch][psteps*64]
+  AlignedVec<float> wgs;     // batched nibble IDOT: weight block factors of a row block
+  AlignedVec<float> xsg;     // IDOT: activation block factors (ActBlockFactors)
   AlignedVec<float> acc;     // batched f32 path: tile accumulators between column blocks
 };
 
@@ -61,21 +61,20 @@ inline float Hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-inline float Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  return Hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
 // ---------------------------------------------------------------------------
 // f32-activation path
 
+// The one order's 16 float lanes as two ymm: lanes 0-7 and 8-15.
+struct Y2 {
+  __m256 lo, hi;
+};
+
+inline Y2 Add(Y2 a, Y2 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+
 struct F32Src {  // f32 values (small or in cache: no prefetch)
+  static constexpr bool kScaled = true;  // int4 rows: decoded with the group scale applied
   const float* w;
-  __m256 Load(size_t i) const { return _mm256_loadu_ps(w + i); }
-  __m256 LoadTail(size_t i, size_t m) const {
-    alignas(32) float t[8] = {};
-    std::memcpy(t, w + i, m * sizeof(float));
-    return _mm256_load_ps(t);
-  }
+  Y2 Load16(size_t i) const { return {_mm256_loadu_ps(w + i), _mm256_loadu_ps(w + i + 8)}; }
   void Block16(size_t c, __m256& even, __m256& odd) const {
     even = _mm256_loadu_ps(w + c);
     odd = _mm256_loadu_ps(w + c + 8);
@@ -86,24 +85,21 @@ struct F32Src {  // f32 values (small or in cache: no prefetch)
 struct I8Src {
   const int8_t* q;
   size_t pf = 0;  // PrefetchBytes()
-  __m256 Load(size_t i) const {
+  static __m256 Cvt8(const int8_t* p) {
     return _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))));
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  __m256 LoadTail(size_t i, size_t m) const {
-    alignas(16) int8_t t[16] = {};
-    std::memcpy(t, q + i, m);
-    return _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t))));
-  }
+  Y2 Load16(size_t i) const { return {Cvt8(q + i), Cvt8(q + i + 8)}; }
   void Prefetch(size_t i) const {
     if (pf != 0) PrefetchLine(q + i, pf);
   }
 };
 
 // 8 packed bytes (16 columns): lane j holds byte j; low nibble = column 2j.
+// int4 gives v - 8 (the tile multiplies by the group scale).
 template <bool kMx>
 struct NibbleSrc {
+  static constexpr bool kScaled = false;
   const uint8_t* p;
   size_t pf = 0;  // PrefetchBytes()
   static __m256 Value(__m256i nib) {
@@ -127,15 +123,17 @@ struct NibbleSrc {
   }
 };
 
-// f32-activation dot products as R x B tiles (the AVX-512 scheme with 8 lanes):
-// a row is a sequence of units -- 8-column chunks (f32, int8), 32-column MXFP4
-// groups, 64-column int4 groups -- and unit k of a (row, activation) pair goes to
-// that pair's accumulator slot k mod S (S = 4 for the one-FMA chunks, whose
-// latency would otherwise bound decode, 2 for groups), the result being
-// Hsum((slot0 + slot1) + (slot2 + slot3)) or Hsum(slot0 + slot1). The operations
-// per pair do not depend on R, B or the column blocking, so batch 1 (1 x 1,
-// decoded in registers) and batched (tiles over decoded rows, accumulators in
-// scratch between 1024-column blocks) agree bit for bit.
+// f32-activation dot products as R x B tiles (f32_tiles.h) in the one order
+// (kernels_scalar.cc), every slot 16 lanes = one Y2:
+// - plain rows (f32, int8): unit k = 16 columns into slot k mod 2, so column i
+//   is in lane i mod 32; a = fma(x, w, a).
+// - MXFP4: unit k = group k into slot k mod 2; lanes 0-7 take bytes 0-7 of the
+//   group, 8-15 bytes 8-15: p = fma(x_odd, w_odd, x_even * w_even), then
+//   a = fma(p, E8M0 * 0.5, a).
+// - int4: unit k = group k into slot k mod 4; the weights are (v-8)·s_k and
+//   each lane a chain of four FMAs, columns 2l, 2l+1, 32+2l, 33+2l.
+// The activations are in PermuteEvenOdd16's layout for the nibble formats, so
+// that the widened nibbles (even columns, odd columns) meet their columns.
 // Pins a loaded vector in a register: otherwise GCC folds the same load into
 // every FMA that uses it, once per activation row of the tile.
 template <typename V>
@@ -151,36 +149,38 @@ struct F32Tile {
   const float* const* gs;  // R group-factor rows (group units only)
   size_t n;                // columns (the plain unit's tail)
 
-  // p = x_even*w_even + x_odd*w_odd of the 16-column block at column c.
-  static __m256 Block(const float* xb, __m256 we, __m256 wo) {
+  // p = x_even*w_even + x_odd*w_odd of the 16-column block at xb.
+  static __m256 Pair(const float* xb, __m256 we, __m256 wo) {
     return _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wo, _mm256_mul_ps(_mm256_loadu_ps(xb), we));
   }
 
-  void Step(size_t k, __m256 (&a)[R][B]) const {
+  void Step(size_t k, Y2 (&a)[R][B]) const {
     if constexpr (U == F32Unit::kPlain) {
-      const size_t i = k * 8;
-      if (i + 8 <= n) {
+      const size_t i = k * 16;
+      if (i + 16 <= n) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          if ((k & 7) == 0) w[r].Prefetch(i);
-          const __m256 wv = InReg(w[r].Load(i));
+          if ((k & 3) == 0) w[r].Prefetch(i);
+          const Y2 wv = w[r].Load16(i);
+          const __m256 lo = InReg(wv.lo), hi = InReg(wv.hi);
 #pragma GCC unroll 4
-          for (int b = 0; b < B; ++b)
-            a[r][b] = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), wv, a[r][b]);
+          for (int b = 0; b < B; ++b) {
+            a[r][b].lo = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i), lo, a[r][b].lo);
+            a[r][b].hi = _mm256_fmadd_ps(_mm256_loadu_ps(x[b] + i + 8), hi, a[r][b].hi);
+          }
         }
-      } else {
-        __m256 xv[B];
+      } else {  // the tail, zero padded: fma(0, 0, a) = a (a is never -0)
+        alignas(32) float xt[B][16] = {};
 #pragma GCC unroll 4
-        for (int b = 0; b < B; ++b) {
-          alignas(32) float t[8] = {};
-          std::memcpy(t, x[b] + i, (n - i) * sizeof(float));
-          xv[b] = _mm256_load_ps(t);
-        }
+        for (int b = 0; b < B; ++b) std::memcpy(xt[b], x[b] + i, (n - i) * sizeof(float));
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          const __m256 wv = w[r].LoadTail(i, n - i);
+          const Y2 wv = TailWeights(w[r], i, n - i);
 #pragma GCC unroll 4
-          for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(xv[b], wv, a[r][b]);
+          for (int b = 0; b < B; ++b) {
+            a[r][b].lo = _mm256_fmadd_ps(_mm256_load_ps(xt[b]), wv.lo, a[r][b].lo);
+            a[r][b].hi = _mm256_fmadd_ps(_mm256_load_ps(xt[b] + 8), wv.hi, a[r][b].hi);
+          }
         }
       }
     } else if constexpr (U == F32Unit::kG32) {
@@ -194,37 +194,55 @@ struct F32Tile {
 #pragma GCC unroll 4
         for (int b = 0; b < B; ++b) {
           const float* xg = x[b] + k * 32;
-          const __m256 p = _mm256_add_ps(Block(xg, w0, w1), Block(xg + 16, w2, w3));
-          a[r][b] = _mm256_fmadd_ps(p, g, a[r][b]);
+          a[r][b].lo = _mm256_fmadd_ps(Pair(xg, w0, w1), g, a[r][b].lo);
+          a[r][b].hi = _mm256_fmadd_ps(Pair(xg + 16, w2, w3), g, a[r][b].hi);
         }
       }
     } else {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         if ((k & 1) == 0) w[r].Prefetch(k * 64);
-        __m256 s01[B];
-        {
-          __m256 w0, w1, w2, w3;
-          w[r].Block16(k * 64, w0, w1);
-          w[r].Block16(k * 64 + 16, w2, w3);
+        __m256 wv[8];  // [16-column block][even, odd]
 #pragma GCC unroll 4
-          for (int b = 0; b < B; ++b) {
-            const float* xg = x[b] + k * 64;
-            s01[b] = _mm256_add_ps(Block(xg, w0, w1), Block(xg + 16, w2, w3));
-          }
+        for (int j = 0; j < 4; ++j) w[r].Block16(k * 64 + 16 * j, wv[2 * j], wv[2 * j + 1]);
+        if constexpr (!Src::kScaled) {
+          const __m256 s = _mm256_set1_ps(gs[r][k]);
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) wv[j] = _mm256_mul_ps(wv[j], s);
         }
-        __m256 w4, w5, w6, w7;
-        w[r].Block16(k * 64 + 32, w4, w5);
-        w[r].Block16(k * 64 + 48, w6, w7);
-        const __m256 g = _mm256_set1_ps(gs[r][k]);
 #pragma GCC unroll 4
         for (int b = 0; b < B; ++b) {
           const float* xg = x[b] + k * 64;
-          const __m256 s23 = _mm256_add_ps(Block(xg + 32, w4, w5), Block(xg + 48, w6, w7));
-          a[r][b] = _mm256_fmadd_ps(_mm256_add_ps(s01[b], s23), g, a[r][b]);
+          __m256 lo = a[r][b].lo, hi = a[r][b].hi;
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {  // columns 32h + 2l, 32h + 2l + 1
+            const float* xh = xg + 32 * h;
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(xh), wv[4 * h], lo);
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(xh + 8), wv[4 * h + 1], lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(xh + 16), wv[4 * h + 2], hi);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(xh + 24), wv[4 * h + 3], hi);
+          }
+          a[r][b].lo = lo;
+          a[r][b].hi = hi;
         }
       }
     }
+  }
+
+  // The last m < 16 weights of a plain row, zero padded.
+  static Y2 TailWeights(const Src& src, size_t i, size_t m) {
+    alignas(32) float t[16] = {};
+    const Y2 all = [&] {
+      if constexpr (std::is_same_v<Src, I8Src>) {
+        alignas(16) int8_t b[16] = {};
+        std::memcpy(b, src.q + i, m);
+        return I8Src{b}.Load16(0);
+      } else {
+        std::memcpy(t, src.w + i, m * sizeof(float));
+        return F32Src{t}.Load16(0);
+      }
+    }();
+    return all;
   }
 };
 
@@ -255,7 +273,8 @@ const float* GroupScalesF32(const WeightView& w, size_t o, Scratch& s) noexcept 
 }
 
 // Row o in the kernel layout into `out` for the batched loop; f32 rows are used
-// in place.
+// in place, int4 rows get their group scales applied ((v-8)·s, the product the
+// decode path forms).
 const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   const size_t n = w.cols;
   if (w.format == WeightFormat::kF32) return static_cast<const float*>(w.data) + o * n;
@@ -265,12 +284,16 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
     return out;
   }
   const uint8_t* packed = static_cast<const uint8_t*>(w.data) + o * (n / 2);
+  const float* s4 = w.scales + o * (n / kInt4Group);
   for (size_t c = 0; c < n; c += 16) {
     __m256 even, odd;
     if (w.format == WeightFormat::kMxfp4) {
       NibbleSrc<true>{packed}.Block16(c, even, odd);
     } else {
       NibbleSrc<false>{packed}.Block16(c, even, odd);
+      const __m256 s = _mm256_set1_ps(s4[c / kInt4Group]);
+      even = _mm256_mul_ps(even, s);
+      odd = _mm256_mul_ps(odd, s);
     }
     _mm256_storeu_ps(out + c, even);
     _mm256_storeu_ps(out + c + 8, odd);
@@ -278,30 +301,35 @@ const float* DecodeRowF32(const WeightView& w, size_t o, float* out) noexcept {
   return out;
 }
 
-// The f32 tiles' ISA kit (f32_tiles.h). Sixteen ymm registers: 2 x 2 pairs x 2
-// slots for groups; the one-FMA 8-column chunks keep four slots (so that one FMA
-// chain per chunk does not bound decode) in 2 x 1 tiles.
+// The f32 tiles' ISA kit (f32_tiles.h). Sixteen ymm registers; a slot is two.
+// Plain rows: 2 x 1 tiles (8 accumulators); MXFP4: 1 x 2 (8, the four weight
+// vectors of a group shared by both activation rows); int4's four slots take 8
+// ymm per pair, so 1 x 1.
 struct Avx2Kit {
-  using V = __m256;
-  static constexpr int kLanes = 8;
-  static V Zero() { return _mm256_setzero_ps(); }
-  static V Load(const float* p) { return _mm256_loadu_ps(p); }
-  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  using V = Y2;
+  static constexpr int kLanes = 16;
+  static V Zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static V Load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void Store(float* p, V v) {
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+  }
   template <F32Unit U>
-  static constexpr int kSlots = U == F32Unit::kPlain ? 4 : 2;
+  static constexpr int kSlots = U == F32Unit::kG64 ? 4 : 2;
   template <F32Unit U>
-  static constexpr int kTileActs = U == F32Unit::kPlain ? 1 : 2;
-  static constexpr int kRows = 2;
+  static constexpr int kTileActs = U == F32Unit::kG32 ? 2 : 1;
+  template <F32Unit U>
+  static constexpr int kRows = U == F32Unit::kPlain ? 2 : 1;
   template <F32Unit U, int R, int B, typename Src>
   using Tile = F32Tile<U, R, B, Src>;
   using RowSrc = F32Src;
+  // Plain: slot 0 + slot 1 is lane j + lane j+16; MXFP4 the slots' sum; int4
+  // (s0 + s1) + (s2 + s3). Then the 16-lane tree: lo + hi (j + (j+8)) and Hsum.
   template <int S>
   static float Reduce(const V* v) {
-    if constexpr (S == 4) {
-      return Reduce4(v[0], v[1], v[2], v[3]);
-    } else {
-      return Hsum(_mm256_add_ps(v[0], v[1]));
-    }
+    static_assert(S == 2 || S == 4);
+    const Y2 t = S == 4 ? Add(Add(v[0], v[1]), Add(v[2], v[3])) : Add(v[0], v[1]);
+    return Hsum(_mm256_add_ps(t.lo, t.hi));
   }
   static const float* DecodeRow(const WeightView& w, size_t o, float* out) {
     return DecodeRowF32(w, o, out);
@@ -363,7 +391,55 @@ float RowDotAvx2(const WeightView& w, size_t row, const float* x) noexcept {
 }
 
 // ---------------------------------------------------------------------------
-// IDOT path
+// IDOT path (§6.5) in the one order (kernels.h, BlockLane): every 32-column
+// group's exact int32 dot gi, then per block of 16 groups one float vector of 16
+// lanes -- two ymm, A = lanes 0-7, B = lanes 8-15 -- with group 4m + L of the
+// block in lane 4L + m, a = fma(cvt(G), f, a) with the block's factors f in the
+// same lane order, and at the end Tree16: A + B (j + (j+8)), then Hsum (+ (j+4),
+// + (j+2), + (j+1)). The integer sums are exact, so how the lanes are gathered
+// into G changes no bit; the factors are the scalar reference's IEEE products.
+
+// Lane 4h + m of the result = the sum of the four int32 lanes of 128-bit lane h
+// of s_m (exact): three in-lane horizontal adds ...
+inline __m256i SumLanes4(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+}
+
+// ... or the same sums by an in-lane 4 x 4 transpose folded into adds, which
+// the int8 GEMM (four sums per block and row where the nibble kernel has one)
+// ran faster with on Zen 3.
+inline __m256i SumLanes4Unpack(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
+  const __m256i e01 =
+      _mm256_add_epi32(_mm256_unpacklo_epi32(s0, s1), _mm256_unpackhi_epi32(s0, s1));
+  const __m256i e23 =
+      _mm256_add_epi32(_mm256_unpacklo_epi32(s2, s3), _mm256_unpackhi_epi32(s2, s3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(e01, e23), _mm256_unpackhi_epi64(e01, e23));
+}
+
+// Tree16 of the 16 lanes held as A (0-7) and B (8-15).
+inline float Tree16(__m256 a, __m256 b) { return Hsum(_mm256_add_ps(a, b)); }
+
+// Block lane order of 16 natural-order bytes (lane 4L + m <- byte 4m + L).
+inline __m128i BlockLaneBytes(__m128i v) {
+  return _mm_shuffle_epi8(v, _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+}
+
+// The activations' part of every group factor, per block in block lane order
+// (xs_g, times 0.5 for MXFP4's doubled codes; 0 past the row's end):
+// [batch][blocks * 16].
+const float* ActBlockFactors(const ActsQ8& x, float mult, AlignedVec<float>& buf) noexcept {
+  const size_t groups = x.cols / kActGroup;
+  const size_t blocks = (groups + 15) / 16;
+  float* out = Grow(buf, x.batch * blocks * 16);
+  for (size_t r = 0; r < x.batch; ++r) {
+    const float* xs = x.scales.data() + r * groups;
+    float* o = out + r * blocks * 16;
+    for (size_t g = 0; g < blocks * 16; ++g) {
+      o[g - g % 16 + BlockLane(g)] = g < groups ? xs[g] * mult : 0.0f;
+    }
+  }
+  return out;
+}
 
 // 16 packed bytes -> 32 nibbles in column order.
 inline __m256i NibblesToBytes(__m128i p) {
@@ -373,49 +449,19 @@ inline __m256i NibblesToBytes(__m128i p) {
   return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
 }
 
-// Signed weight bytes of the 32-column group starting at column c.
+// Signed weight bytes of the 32-column group starting at column c (AddRow).
 template <WeightFormat F>
 inline __m256i WeightBytes32(const uint8_t* row, size_t c) {
-  if constexpr (F == WeightFormat::kInt8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-  } else {
-    const __m256i nib =
-        NibblesToBytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
-    if constexpr (F == WeightFormat::kInt4G64) {
-      return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-    } else {
-      const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-      return _mm256_shuffle_epi8(lut, nib);
-    }
-  }
-}
-
-// int4/MXFP4 weights as unsigned bytes w + B (B = 8 / 12) for maddubs.
-template <WeightFormat F>
-inline __m256i WeightBytesU32(const uint8_t* row, size_t c) {
   const __m256i nib =
       NibblesToBytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
   if constexpr (F == WeightFormat::kInt4G64) {
-    return nib;
+    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
   } else {
-    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     return _mm256_shuffle_epi8(lut, nib);
   }
 }
-
-template <WeightFormat F>
-constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : F == WeightFormat::kMxfp4 ? 12 : 128;
-
-// int8 rows in the IDOT path: with AVX-VNNI the weights are biased like the
-// nibbles (w ^ 0x80 = w + 128, unsigned) and vpdpbusd starts from -128*Σxq (no
-// int16 step to overflow); plain AVX2 keeps signed bytes for the sign trick.
-#ifdef K3_AVXVNNI
-constexpr bool kInt8Biased = true;
-#else
-constexpr bool kInt8Biased = false;
-#endif
 
 template <WeightFormat F>
 const uint8_t* RowBytes(const WeightView& w, size_t o) {
@@ -423,19 +469,29 @@ const uint8_t* RowBytes(const WeightView& w, size_t o) {
   return static_cast<const uint8_t*>(w.data) + o * stride;
 }
 
-// Signed bytes for int8, biased unsigned bytes for int4/MXFP4.
-template <WeightFormat F>
+// ---------------------------------------------------------------------------
+// int8 IDOT: one ymm = one group, 8 int32 lanes of 4 columns. Without AVX-VNNI
+// the sign trick maddubs(|w|, sign(xq, w)) keeps the int16 pair sums exact
+// (|w|·|xq| <= 127*127; a +128 bias would overflow them); with AVX-VNNI the
+// weights are biased (w ^ 0x80 = w + 128) and vpdpbusd starts from the
+// activation-only term -128·Σxq of each lane. Per block, the 16 group vectors
+// are summed into block lane order: SumLanes4 over groups L, L+4, L+8, L+12
+// gives the two 128-bit halves' sums of those groups, and adding the halves
+// (two vperm2i128) puts L = 0, 1 into A and L = 2, 3 into B.
+#ifdef K3_AVXVNNI
+constexpr bool kInt8Biased = true;
+#else
+constexpr bool kInt8Biased = false;
+#endif
+
+// Weight bytes as the dot takes them (biased with AVX-VNNI).
 struct Q8Direct {
   const uint8_t* row;
-  size_t pf = 0;  // PrefetchBytes() (int8: one line per two groups)
+  size_t pf = 0;  // PrefetchBytes() (one line per two groups)
   __m256i Group(size_t g) const {
-    if constexpr (F == WeightFormat::kInt8) {
-      if (pf != 0 && (g & 1) == 0) PrefetchLine(row + g * 32, pf);
-      const __m256i w = WeightBytes32<F>(row, g * 32);
-      return kInt8Biased ? _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80))) : w;
-    } else {
-      return WeightBytesU32<F>(row, g * 32);
-    }
+    if (pf != 0 && (g & 1) == 0) PrefetchLine(row + g * 32, pf);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * 32));
+    return kInt8Biased ? _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80))) : w;
   }
 };
 
@@ -446,195 +502,230 @@ struct Q8Buffered {
   }
 };
 
-// Group factor gs_g (E8M0*0.5 for MXFP4, the g64 scale for int4).
-const float* GroupScalesQ8(const WeightView& w, size_t o, Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  if (w.format == WeightFormat::kInt8) return nullptr;
-  float* gs = Grow(s.gscale, groups);
-  if (w.format == WeightFormat::kMxfp4) {
-    MxGroupScales(w.e8m0 + o * (n / kMxGroup), groups, gs);
+// -128·(sum of each lane's 4 activations), per group of every row (AVX-VNNI's
+// dpbusd start values); null without AVX-VNNI.
+const int32_t* Int8Corrections(const ActsQ8& x, Scratch& s) noexcept {
+  if constexpr (!kInt8Biased) {
+    return nullptr;
   } else {
-    const float* s4 = w.scales + o * (n / kInt4Group);
-    for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];
+    const size_t groups = x.cols / kActGroup;
+    int32_t* out = Grow(s.corr, x.batch * groups * 8);
+    const __m256i b = _mm256_set1_epi8(static_cast<char>(128));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < x.batch * groups; ++i) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * 32));
+      const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(b, v), ones);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * 8),
+                          _mm256_sub_epi32(_mm256_setzero_si256(), sum));
+    }
+    return out;
   }
-  return gs;
 }
 
-// -B*(sum of each lane's 4 activations) for every 32-column group of every row.
-const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
-  const size_t groups = x.cols / kActGroup;
-  int32_t* out = Grow(s.corr, x.batch * groups * 8);
-  const __m256i b = _mm256_set1_epi8(static_cast<char>(bias));
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (size_t i = 0; i < x.batch * groups; ++i) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * 32));
-    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(b, v), ones);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * 8),
-                        _mm256_sub_epi32(_mm256_setzero_si256(), sum));
-  }
-  return out;
+// One group's int32 lanes (exact): sign trick, or vpdpbusd from the correction.
+inline __m256i Int8Dot(__m256i wv, __m256i x, [[maybe_unused]] const int32_t* corr) {
+#ifdef K3_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)), wv,
+                                 x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv)),
+                           _mm256_set1_epi16(1));
+#endif
 }
 
-// One activation row against R weight rows (R = 1 for decode, kQ8Rows for
-// batched int8), group g into slot g & 1 of each row, Hsum(slot0 + slot1): the
-// same operations per row whatever R is.
-template <WeightFormat F, int R, typename Src>
-void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
-               const float* xs, size_t groups, float* out) noexcept {
-  constexpr bool kInt8 = F == WeightFormat::kInt8;
+// Block g0 (16 groups) of one activation row against R rows: a[h][r] gets
+// half h (A: L = 0, 1; B: L = 2, 3). kTail: groups may pass the row's end.
+template <int R, bool kTail, typename Src>
+__attribute__((always_inline)) inline void Int8Block(const Src* w, const int8_t* xq,
+                                                     const int32_t* corr, const float* xf,
+                                                     size_t groups, size_t g0,
+                                                     __m256 (&a)[2][R]) {
+  // Groups l, l+4, l+8, l+12 of the block, summed per 128-bit half (SumLanes4).
+  auto quad = [&](size_t l, __m256i (&q)[R]) {
+    __m256i d[4][R];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      const size_t g = g0 + l + 4 * m;
+      if (kTail && g >= groups) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) d[m][r] = _mm256_setzero_si256();
+        continue;
+      }
+      const __m256i x = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32)));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) d[m][r] = Int8Dot(w[r].Group(g), x, corr + g * 8);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) q[r] = SumLanes4Unpack(d[0][r], d[1][r], d[2][r], d[3][r]);
+  };
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256i q0[R], q1[R];
+    quad(2 * h, q0);
+    quad(2 * h + 1, q1);
+    const __m256 fv = _mm256_loadu_ps(xf + g0 + 8 * h);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      // Both halves' sums of groups 4m + 2h (low lane) and 4m + 2h + 1 (high).
+      const __m256i g = _mm256_add_epi32(_mm256_permute2x128_si256(q0[r], q1[r], 0x20),
+                                         _mm256_permute2x128_si256(q0[r], q1[r], 0x31));
+      a[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), fv, a[h][r]);
+    }
+  }
+}
+
+// One activation row against R int8 weight rows (R = 1 for decode, kQ8Rows
+// batched): the same operations per row whatever R is. xf: the row's block
+// factors (ActBlockFactors); out: Tree16 before the row scale.
+template <int R, typename Src>
+void DotQ8Rows(const Src* w, const int8_t* xq, const int32_t* corr, const float* xf,
+               size_t groups, float* out) noexcept {
   __m256 a[2][R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
-  auto step = [&](size_t g, __m256 (&acc)[R]) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
-    [[maybe_unused]] __m256i c;
-    if constexpr (!kInt8 || kInt8Biased) {
-      c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + g * 8));
-    }
+  size_t g0 = 0;
+  for (; g0 + 16 <= groups; g0 += 16) Int8Block<R, false>(w, xq, corr, xf, groups, g0, a);
+  if (g0 < groups) Int8Block<R, true>(w, xq, corr, xf, groups, g0, a);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i wv = w[r].Group(g);
-      __m256i d;
-#ifdef K3_AVXVNNI
-      d = _mm256_dpbusd_avx_epi32(c, wv, x);  // every format biased: exact int32 lanes
-#else
-      const __m256i ones = _mm256_set1_epi16(1);
-      if constexpr (kInt8) {
-        d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv)),
-                              ones);
-      } else {
-        d = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones), c);
-      }
-#endif
-      const float f = kInt8 ? xs[g] : gs[r][g] * xs[g];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(f), acc[r]);
-    }
-  };
-  ForSlots(0, groups, a, step);
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
+  for (int r = 0; r < R; ++r) out[r] = Tree16(a[0][r], a[1][r]);
 }
 
-// Batched int8: rows decoded kQ8Rows at a time share each activation load.
+// Batched int8: rows copied (AVX-VNNI: biased) kQ8Rows at a time share each
+// activation load.
 constexpr int kQ8Rows = 4;
 
-template <WeightFormat F, int R>
-void Q8RowBlock(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
+struct Int8Acts {
+  const int32_t* corr;  // [batch][groups * 8] or null
+  const float* xf;      // [batch][blocks * 16]
+  size_t xf_stride;     // blocks * 16
+};
+
+template <int R>
+void Q8RowBlock(const WeightView& w, const ActsQ8& x, const Int8Acts& acts, size_t o, float* y,
                 Scratch& s) noexcept {
-  constexpr bool kI8 = F == WeightFormat::kInt8;
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
   int8_t* wq = Grow(s.wq, R * n);
-  float* gsb = Grow(s.wgs, R * groups + 1);
   Q8Buffered src[R];
-  const float* gs[R];
   for (int r = 0; r < R; ++r) {
-    const Q8Direct<F> d{RowBytes<F>(w, o + r), PrefetchBytes()};
+    const Q8Direct d{RowBytes<WeightFormat::kInt8>(w, o + r), PrefetchBytes()};
     int8_t* wr = wq + r * n;
     for (size_t g = 0; g < groups; ++g) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + g * 32), d.Group(g));
     }
     src[r] = Q8Buffered{wr};
-    gs[r] = nullptr;
-    if constexpr (!kI8) {
-      const float* g1 = GroupScalesQ8(w, o + r, s);
-      std::memcpy(gsb + r * groups, g1, groups * sizeof(float));
-      gs[r] = gsb + r * groups;
-    }
   }
   for (size_t b = 0; b < x.batch; ++b) {
     float d[R];
-    DotQ8Rows<F, R>(src, gs, x.q.data() + b * n, corr ? corr + b * groups * 8 : nullptr,
-                    x.scales.data() + b * groups, groups, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = kI8 ? d[r] * w.scales[o + r] : d[r];
+    DotQ8Rows<R>(src, x.q.data() + b * n, acts.corr ? acts.corr + b * groups * 8 : nullptr,
+                 acts.xf + b * acts.xf_stride, groups, d);
+    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r] * w.scales[o + r];
   }
 }
 
-template <WeightFormat F>
-void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+void MatMulQ8Int8(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
                   Scratch& s) noexcept {
-  constexpr bool kI8 = F == WeightFormat::kInt8;
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  const int32_t* corr = kI8 && !kInt8Biased ? nullptr : ActCorrections(x, kBias<F>, s);
+  const size_t groups = w.cols / kActGroup;
+  const Int8Acts acts{Int8Corrections(x, s), ActBlockFactors(x, 1.0f, s.xsg),
+                      (groups + 15) / 16 * 16};
   if (x.batch == 1) {
     for (size_t o = r0; o < r1; ++o) {
-      const float* gs[1] = {GroupScalesQ8(w, o, s)};
-      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
+      const Q8Direct src[1] = {{RowBytes<WeightFormat::kInt8>(w, o), PrefetchBytes()}};
       float d;
-      DotQ8Rows<F, 1>(src, gs, x.q.data(), corr, x.scales.data(), groups, &d);
-      y[o] = kI8 ? d * w.scales[o] : d;
+      DotQ8Rows<1>(src, x.q.data(), acts.corr, acts.xf, groups, &d);
+      y[o] = d * w.scales[o];
     }
     return;
   }
-  ForRowBlocks<kQ8Rows>(r0, r1, [&]<int N>(size_t o) { Q8RowBlock<F, N>(w, x, corr, o, y, s); });
+  ForRowBlocks<kQ8Rows>(r0, r1, [&]<int N>(size_t o) { Q8RowBlock<N>(w, x, acts, o, y, s); });
 }
 
 // ---------------------------------------------------------------------------
 // Nibble IDOT (int4-g64, MXFP4): 64 columns (two groups) per step from one
 // 32-byte load, with no shuffle across or within lanes on the weights. The low
 // nibbles of the step's 32 bytes are its even columns and the high nibbles its
-// odd ones; 128-bit lane L holds group L of the step. The activations are stored
-// once per call in that layout ("xe": the even columns of each group, "xo": the
-// odd ones), so `and`/shift (MXFP4 then a byte LUT) gives bytes that maddubs
-// pairs directly with xe and xo. The two maddubs results are added as int16
-// (|sum| <= 4*24*127 < 2^15, exact) and one madd gives int32 lanes 0-3 = group 0
-// (8 columns each), 4-7 = group 1, scaled by one factor vector f = gs*xs.
-// Per element: even steps accumulate into a0, odd ones into a1,
-// a = fma(cvt(d_t), f_t, a) in step order, then a0+a1 and a fixed reduction,
-// whether the row is decoded on the fly (batch 1) or from a buffer (batched).
+// odd ones; 128-bit lane h holds group 2t + h of step t. The activations are
+// stored once per call in that layout (per group its 16 even-column bytes, and
+// 32 bytes on its 16 odd-column bytes), so `and`/shift (MXFP4 then a byte LUT)
+// gives unsigned biased bytes (nibble = v + 8; the LUT gives 2v + 12) that
+// maddubs pairs with the activations directly; the two maddubs results add as
+// int16 (|sum| <= 4*24*127 < 2^15, exact) and one madd gives int32 lanes of 8
+// columns, lane (h, j) of step t in group 2t + h. Σ(w+B)·xq = Σw·xq + B·Σxq, so
+// the activation-only term -B·Σxq is added per block from a table built once
+// per call, and every group sum is exact.
+//
+// A block (16 groups) is 8 steps: group 4m + L is step 2m + L/2, half L%2, so
+// SumLanes4 of steps 0, 2, 4, 6 is A in block lane order (lane 4h + m = group
+// 4m + h) and of steps 1, 3, 5, 7 is B (group 4m + 2 + h). Batch 1 decodes a row
+// on the fly, batched runs rows decoded once; per (row, activation) pair the
+// operations are the same.
 
 constexpr size_t kStep = 64;
+constexpr size_t kBlockSteps = 8;
 
 struct NibActs {
-  const int8_t* xq;     // [batch][steps*64]: per step xe (32 bytes) then xo, zero padded
-  const int32_t* corr;  // [batch][steps*8]
-  const float* xse;     // [batch][steps*8]: xs_g (x0.5 for MXFP4's doubled codes) x4
-  const float* xsg;     // [batch][xsg_stride]: the same factors once per group
-  size_t steps;
-  size_t xsg_stride;    // steps*2 rounded up to 8
+  const int8_t* xq;     // [batch][psteps * 64]: per step the even bytes then the odd, zero padded
+  const int32_t* corr;  // [batch][blocks * 16]: -B·Σxq per block, block lane order
+  const float* xf;      // [batch][blocks * 16]: ActBlockFactors
+  size_t steps;         // steps holding columns
+  size_t blocks;
+  size_t full;          // blocks of 16 whole groups
 };
 
 template <WeightFormat F>
+constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : 12;
+
+template <WeightFormat F>
 NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
-  const float mult = F == WeightFormat::kMxfp4 ? 0.5f : 1.0f;
   const size_t n = x.cols;
   const size_t groups = n / kActGroup;
   const size_t steps = (n + kStep - 1) / kStep;
-  const size_t xsg_stride = (steps * 2 + 7) / 8 * 8;
-  int8_t* xq = Grow(s.xn, x.batch * steps * kStep);
-  int32_t* corr = Grow(s.corr, x.batch * steps * 8);
-  float* xse = Grow(s.xse, x.batch * steps * 8);
-  float* xsg = Grow(s.xsg, x.batch * xsg_stride);
+  const size_t blocks = (groups + 15) / 16;
+  const size_t psteps = blocks * kBlockSteps;
+  int8_t* xq = Grow(s.xn, x.batch * psteps * kStep);
+  int32_t* corr = Grow(s.corr, x.batch * blocks * 16);
+  const float* xf = ActBlockFactors(x, F == WeightFormat::kMxfp4 ? 0.5f : 1.0f, s.xsg);
   const __m256i b = _mm256_set1_epi8(static_cast<char>(kBias<F>));
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t r = 0; r < x.batch; ++r) {
     const int8_t* q = x.q.data() + r * n;
-    const float* xs = x.scales.data() + r * groups;
-    for (size_t t = 0; t < steps; ++t) {
-      int8_t* d = xq + (r * steps + t) * kStep;
-      for (size_t l = 0; l < 2; ++l) {
-        const size_t g = t * 2 + l;
-        if (g < groups) {
-          SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 32 + 16 * l);
-        } else {
-          std::memset(d + 16 * l, 0, 16);
-          std::memset(d + 32 + 16 * l, 0, 16);
+    for (size_t k = 0; k < blocks; ++k) {
+      __m256i c[kBlockSteps];
+      for (size_t m = 0; m < kBlockSteps; ++m) {
+        const size_t t = k * kBlockSteps + m;
+        int8_t* d = xq + (r * psteps + t) * kStep;
+        for (size_t l = 0; l < 2; ++l) {
+          const size_t g = t * 2 + l;
+          if (g < groups) {
+            SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 32 + 16 * l);
+          } else {
+            std::memset(d + 16 * l, 0, 16);
+            std::memset(d + 32 + 16 * l, 0, 16);
+          }
         }
-        const float f = g < groups ? xs[g] * mult : 0.0f;
-        for (size_t m = 0; m < 4; ++m) xse[(r * steps + t) * 8 + 4 * l + m] = f;
-        xsg[r * xsg_stride + g] = f;
+        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 32));
+        const __m256i p =
+            _mm256_add_epi16(_mm256_maddubs_epi16(b, xa), _mm256_maddubs_epi16(b, xb));
+        c[m] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(p, ones));
       }
-      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
-      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 32));
-      const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(b, xa), _mm256_maddubs_epi16(b, xb));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(corr + (r * steps + t) * 8),
-                          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(p, ones)));
+      int32_t* dc = corr + (r * blocks + k) * 16;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dc), SumLanes4(c[0], c[2], c[4], c[6]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dc + 8), SumLanes4(c[1], c[3], c[5], c[7]));
     }
-    for (size_t g = steps * 2; g < xsg_stride; ++g) xsg[r * xsg_stride + g] = 0.0f;
   }
-  return {xq, corr, xse, xsg, steps, xsg_stride};
+  return {xq, corr, xf, steps, blocks, groups / 16};
+}
+
+// One step's int32 lanes Σ(w+B)·xq (exact).
+inline __m256i NibDot(__m256i we, __m256i wo, __m256i xe, __m256i xo) {
+#ifdef K3_AVXVNNI
+  // vpdpbusd: the same exact int32 lanes in two instructions instead of four.
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), we, xe), wo, xo);
+#else
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we, xe), _mm256_maddubs_epi16(wo, xo));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
 }
 
 // Row o decoded step by step straight from the stored bytes and factors.
@@ -646,12 +737,14 @@ struct NibDirect {
   size_t groups;        // factor count
   size_t pf;            // PrefetchBytes()
 
-  // Biased weight bytes: even columns (low nibbles) and odd columns (high).
+  // Biased weight bytes: even columns (low nibbles) and odd columns (high);
+  // kCheck: the step may hold the row's end.
+  template <bool kCheck = true>
   void Weights(size_t t, __m256i* we, __m256i* wo) const {
     const size_t off = t * 32;
     if (pf != 0) PrefetchLine(row + off, pf);
     __m256i raw;
-    if (off + 32 <= bytes) {
+    if (!kCheck || off + 32 <= bytes) {
       raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + off));
     } else {
       alignas(32) uint8_t tmp[32] = {};
@@ -672,15 +765,38 @@ struct NibDirect {
     *wo = hi;
   }
 
-  // gs per lane: lanes 0-3 group 2t, lanes 4-7 group 2t+1 (0 past the end).
-  __m256 Factors(size_t t) const {
+  // The weight factors of block k in block lane order, A and B (0 past the
+  // row's end): MXFP4 2^(s-127) (the 0.5 is in the activations' part), int4 the
+  // g64 scale of each group (group 4m + L has scale 2m + L/2 of the block).
+  template <bool kCheck = true>
+  void BlockFactors(size_t k, __m256* fa, __m256* fb) const {
     if constexpr (F == WeightFormat::kMxfp4) {
-      const uint8_t* e = static_cast<const uint8_t*>(factors) + t * 2;
-      const int e0 = e[0], e1 = t * 2 + 1 < groups ? e[1] : 0;
-      const __m256i v = _mm256_setr_epi32(e0, e0, e0, e0, e1, e1, e1, e1);
-      return _mm256_castsi256_ps(_mm256_slli_epi32(v, 23));
+      const uint8_t* e = static_cast<const uint8_t*>(factors) + k * 16;
+      if (pf != 0) PrefetchLine(e, pf / 16);  // 1 E8M0 byte per 16 weight bytes
+      __m128i eb;
+      if (!kCheck || k * 16 + 16 <= groups) {
+        eb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e));
+      } else {
+        alignas(16) uint8_t tmp[16] = {};
+        std::memcpy(tmp, e, groups - k * 16);
+        eb = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+      }
+      eb = BlockLaneBytes(eb);
+      *fa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(eb), 23));
+      *fb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(eb, eb)), 23));
     } else {
-      return _mm256_set1_ps(static_cast<const float*>(factors)[t]);
+      const float* sc = static_cast<const float*>(factors) + k * 8;
+      if (pf != 0) PrefetchLine(sc, pf / 8);  // 4 scale bytes per 32 weight bytes
+      __m256 v;
+      if (!kCheck || k * 8 + 8 <= groups) {
+        v = _mm256_loadu_ps(sc);
+      } else {
+        alignas(32) float tmp[8] = {};
+        std::memcpy(tmp, sc, (groups - k * 8) * sizeof(float));
+        v = _mm256_load_ps(tmp);
+      }
+      *fa = _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+      *fb = _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
     }
   }
 };
@@ -696,60 +812,103 @@ NibDirect<F> NibRow(const WeightView& w, size_t o) {
   }
 }
 
-// One step: int32 lanes of the exact group dots, scaled and accumulated.
-inline __m256 NibStep(__m256i we, __m256i wo, __m256i xe, __m256i xo, __m256i c, __m256 f,
-                      __m256 acc) {
-#ifdef K3_AVXVNNI
-  // vpdpbusd: the same exact int32 lanes in two instructions instead of five.
-  const __m256i d = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(c, we, xe), wo, xo);
-#else
-  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(we, xe), _mm256_maddubs_epi16(wo, xo));
-  const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), c);
-#endif
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), f, acc);
+// Batch 1: per block and half (A: even steps, B: odd), four step dots,
+// SumLanes4, the correction, one cvt and one FMA with f = gs·xf. Steps past the
+// row's end contribute 0 (as the batched path's zero padding does); only the
+// last block (kTail) checks for them.
+template <WeightFormat F, bool kTail>
+__attribute__((always_inline)) inline void NibBlock1(const NibDirect<F>& w, const NibActs& x,
+                                                     size_t k, __m256& a0, __m256& a1) {
+  auto dot = [&](size_t t) {
+    if (kTail && t >= x.steps) return _mm256_setzero_si256();
+    __m256i we, wo;
+    w.template Weights<kTail>(t, &we, &wo);
+    const int8_t* xq = x.xq + t * kStep;
+    return NibDot(we, wo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)),
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
+  };
+  __m256 wf0, wf1;
+  w.template BlockFactors<kTail>(k, &wf0, &wf1);
+  const size_t t0 = k * kBlockSteps;
+  const __m256i g0 = _mm256_add_epi32(
+      SumLanes4(dot(t0), dot(t0 + 2), dot(t0 + 4), dot(t0 + 6)),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr + k * 16)));
+  a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g0), _mm256_mul_ps(wf0, _mm256_loadu_ps(x.xf + k * 16)),
+                       a0);
+  const __m256i g1 = _mm256_add_epi32(
+      SumLanes4(dot(t0 + 1), dot(t0 + 3), dot(t0 + 5), dot(t0 + 7)),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr + k * 16 + 8)));
+  a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g1),
+                       _mm256_mul_ps(wf1, _mm256_loadu_ps(x.xf + k * 16 + 8)), a1);
 }
 
-inline __m256 NibStep(__m256i we, __m256i wo, const int8_t* xq, const int32_t* corr, __m256 f,
-                      __m256 acc) {
-  return NibStep(we, wo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)),
-                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)),
-                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr)), f, acc);
+template <WeightFormat F>
+float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  size_t k = 0;
+  for (; k < x.full; ++k) NibBlock1<F, false>(w, x, k, a0, a1);
+  if (k < x.blocks) NibBlock1<F, true>(w, x, k, a0, a1);
+  return Tree16(a0, a1);
 }
 
-// A row decoded once: xe|xo-layout bytes and the factor vector of every step.
+// A row decoded once: per step the even then the odd biased bytes (zero padded
+// to whole blocks), per block the weight factors A then B.
 struct NibBuffered {
   const int8_t* wb;
-  const float* gs;
+  const float* wf;
 };
 
 // Batched: one activation row against R decoded rows, sharing each step's
-// activation loads; per row the operations are those of the decode path (even
-// steps into slot 0, odd into slot 1, Hsum(slot0 + slot1)).
+// activation loads; per row DotNib1's operations.
 template <int R>
 void DotNibBuffered(const NibBuffered* w, const NibActs& x, size_t b, float* out) noexcept {
-  const int8_t* xq = x.xq + b * x.steps * kStep;
-  const int32_t* corr = x.corr + b * x.steps * 8;
-  const float* xse = x.xse + b * x.steps * 8;
+  const size_t psteps = x.blocks * kBlockSteps;
+  const int8_t* xq = x.xq + b * psteps * kStep;
+  const int32_t* corr = x.corr + b * x.blocks * 16;
+  const float* xf = x.xf + b * x.blocks * 16;
   __m256 a[2][R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
-  auto step = [&](size_t t, __m256 (&acc)[R]) {
-    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep));
-    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kStep + 32));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + t * 8));
-    const __m256 xs = _mm256_loadu_ps(xse + t * 8);
+  // hadd of steps t and t+2 for every row, the activations loaded once.
+  auto pair = [&](size_t t, __m256i (&h)[R]) {
+    const int8_t* x0 = xq + t * kStep;
+    const int8_t* x2 = x0 + 2 * kStep;
+    const __m256i xe0 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0)));
+    const __m256i xo0 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + 32)));
+    const __m256i xe2 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x2)));
+    const __m256i xo2 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x2 + 32)));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const int8_t* wb = w[r].wb + t * kStep;
-      const __m256i we = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb));
-      const __m256i wo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32));
-      const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w[r].gs + t * 8), xs);
-      acc[r] = NibStep(we, wo, xe, xo, c, f, acc[r]);
+      const int8_t* w0 = w[r].wb + t * kStep;
+      const int8_t* w2 = w0 + 2 * kStep;
+      const __m256i d0 =
+          NibDot(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0)),
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + 32)), xe0, xo0);
+      const __m256i d2 =
+          NibDot(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2)),
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2 + 32)), xe2, xo2);
+      h[r] = _mm256_hadd_epi32(d0, d2);
     }
   };
-  ForSlots(0, x.steps, a, step);
+  for (size_t k = 0; k < x.blocks; ++k) {
+    const size_t t0 = k * kBlockSteps;
+#pragma GCC unroll 2
+    for (size_t h = 0; h < 2; ++h) {
+      __m256i lo[R], hi[R];
+      pair(t0 + h, lo);
+      pair(t0 + h + 4, hi);
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + k * 16 + 8 * h));
+      const __m256 xv = _mm256_loadu_ps(xf + k * 16 + 8 * h);
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) out[r] = Hsum(_mm256_add_ps(a[0][r], a[1][r]));
+      for (int r = 0; r < R; ++r) {
+        const __m256i g = _mm256_add_epi32(_mm256_hadd_epi32(lo[r], hi[r]), c);
+        const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w[r].wf + k * 16 + 8 * h), xv);
+        a[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), f, a[h][r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Tree16(a[0][r], a[1][r]);
 }
 
 // Rows decoded R at a time for the batched loop.
@@ -758,22 +917,27 @@ constexpr int kNibRows = 4;
 template <WeightFormat F, int R>
 void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
                  Scratch& s) noexcept {
-  const size_t steps = x.steps;
-  int8_t* wbuf = Grow(s.wq, R * steps * kStep);
-  float* gbuf = Grow(s.wgs, R * steps * 8);
+  const size_t psteps = x.blocks * kBlockSteps;
+  int8_t* wbuf = Grow(s.wq, R * psteps * kStep);
+  float* fbuf = Grow(s.wgs, R * x.blocks * 16);
   NibBuffered src[R];
   for (int r = 0; r < R; ++r) {
     const NibDirect<F> d = NibRow<F>(w, o + r);
-    int8_t* wr = wbuf + r * steps * kStep;
-    float* gr = gbuf + r * steps * 8;
-    for (size_t t = 0; t < steps; ++t) {
-      __m256i we, wo;
-      d.Weights(t, &we, &wo);
+    int8_t* wr = wbuf + r * psteps * kStep;
+    float* fr = fbuf + r * x.blocks * 16;
+    for (size_t t = 0; t < psteps; ++t) {
+      __m256i we = _mm256_setzero_si256(), wo = _mm256_setzero_si256();
+      if (t < x.steps) d.Weights(t, &we, &wo);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep), we);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep + 32), wo);
-      _mm256_storeu_ps(gr + t * 8, d.Factors(t));
     }
-    src[r] = NibBuffered{wr, gr};
+    for (size_t k = 0; k < x.blocks; ++k) {
+      __m256 fa, fb;
+      d.BlockFactors(k, &fa, &fb);
+      _mm256_storeu_ps(fr + k * 16, fa);
+      _mm256_storeu_ps(fr + k * 16 + 8, fb);
+    }
+    src[r] = NibBuffered{wr, fr};
   }
   for (size_t b = 0; b < batch; ++b) {
     float d[R];
@@ -782,102 +946,31 @@ void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, 
   }
 }
 
-// Batch 1, decoded on the fly. int4: gs is one broadcast scale per step. MXFP4:
-// the factors of 8 groups (4 steps) come from one vpmovzxbd of their E8M0 bytes
-// and one multiply by xs, and each step's f is a vpermps of that. Each lane's f
-// is gs*xse as in the batched path (IEEE multiply is lane-wise), so batch 1 and
-// batched agree bit for bit.
-template <WeightFormat F>
-float DotNibDirect(const NibDirect<F>& w, const NibActs& x) noexcept {
-  __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  if constexpr (F == WeightFormat::kMxfp4) {
-    const uint8_t* e = static_cast<const uint8_t*>(w.factors);
-    const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    const __m256i i1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-    const __m256i i2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5);
-    const __m256i i3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
-    auto step = [&](size_t t, __m256 f, __m256 acc) {
-      __m256i we, wo;
-      w.Weights(t, &we, &wo);
-      return NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
-    };
-    size_t t0 = 0;
-    for (; t0 < x.steps; t0 += 4) {
-      const size_t g0 = t0 * 2;
-      if (w.pf != 0) PrefetchLine(e + g0, w.pf / 16);  // 1 E8M0 byte per 16 weight bytes
-      __m128i eb;
-      if (g0 + 8 <= w.groups) {
-        eb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + g0));
-      } else {
-        alignas(16) uint8_t tmp[16] = {};
-        std::memcpy(tmp, e + g0, w.groups - g0);
-        eb = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
-      }
-      const __m256 f8 =
-          _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(eb), 23)),
-                        _mm256_loadu_ps(x.xsg + g0));
-      if (t0 + 4 <= x.steps) {
-        a[0] = step(t0, _mm256_permutevar8x32_ps(f8, i0), a[0]);
-        a[1] = step(t0 + 1, _mm256_permutevar8x32_ps(f8, i1), a[1]);
-        a[0] = step(t0 + 2, _mm256_permutevar8x32_ps(f8, i2), a[0]);
-        a[1] = step(t0 + 3, _mm256_permutevar8x32_ps(f8, i3), a[1]);
-      } else {
-        const __m256i idx[4] = {i0, i1, i2, i3};
-        for (size_t t = t0; t < x.steps; ++t) {
-          const __m256 f = _mm256_permutevar8x32_ps(f8, idx[t - t0]);
-          if ((t & 1) == 0) {
-            a[0] = step(t, f, a[0]);
-          } else {
-            a[1] = step(t, f, a[1]);
-          }
-        }
-      }
-    }
-  } else {
-    ForSlots(0, x.steps, a, [&](size_t t, __m256& acc) {
-      __m256i we, wo;
-      w.Weights(t, &we, &wo);
-      const __m256 f = _mm256_mul_ps(w.Factors(t), _mm256_loadu_ps(x.xse + t * 8));
-      acc = NibStep(we, wo, x.xq + t * kStep, x.corr + t * 8, f, acc);
-    });
-  }
-  return Hsum(_mm256_add_ps(a[0], a[1]));
-}
-
 template <WeightFormat F>
 void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
                    Scratch& s) noexcept {
   const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
-    for (size_t o = r0; o < r1; ++o) y[o] = DotNibDirect<F>(NibRow<F>(w, o), acts);
+    for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
     return;
   }
   ForRowBlocks<kNibRows>(r0, r1,
                          [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
 }
 
-// K3_QUANT_NIBBLE64=1 selects the per-group int4/MXFP4 IDOT kernel
-// (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
-bool LegacyNib() {
-  return Nibble64();  // KernelConfig::nibble64
-}
-
 void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1) noexcept {
   Scratch& s = Tls();
   switch (w.format) {
     case WeightFormat::kInt8:
-      return MatMulQ8Impl<WeightFormat::kInt8>(w, x, y, r0, r1, s);
+      return MatMulQ8Int8(w, x, y, r0, r1, s);
     case WeightFormat::kInt4G64:
-      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
       return MatMulNibImpl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
     case WeightFormat::kMxfp4:
-      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
       return MatMulNibImpl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
     case WeightFormat::kF32:
       return;
   }
 }
-
 // ---------------------------------------------------------------------------
 // AddRow: acc[i] += k_i * w_i, one FMA per element, natural column order.
 
@@ -900,7 +993,7 @@ void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
     const __m256 kv = _mm256_set1_ps(k);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-      const __m256 wv = I8Src{q}.Load(i);
+      const __m256 wv = I8Src::Cvt8(q + i);
       _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(kv, wv, _mm256_loadu_ps(acc + i)));
     }
     for (; i < n; ++i) acc[i] = std::fma(k, static_cast<float>(q[i]), acc[i]);
@@ -919,7 +1012,7 @@ void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
     const float k = mx ? c * E8m0Half(e[c0 / kMxGroup]) : c * s4[c0 / kInt4Group];
     const __m256 kv = _mm256_set1_ps(k);
     for (size_t j = 0; j < 4; ++j) {
-      const __m256 wv = I8Src{bytes}.Load(8 * j);
+      const __m256 wv = I8Src::Cvt8(bytes + 8 * j);
       float* a = acc + c0 + 8 * j;
       _mm256_storeu_ps(a, _mm256_fmadd_ps(kv, wv, _mm256_loadu_ps(a)));
     }

@@ -79,8 +79,8 @@ struct Scratch {
   AlignedVec<float> xp;       // f32 path: activations in kernel layout [batch][cols]
   AlignedVec<float> wrow;     // f32 path: decoded row
   AlignedVec<float> gscale;   // per-group factor of the row
-  AlignedVec<uint8_t> wu;     // IDOT: biased weight bytes of one row, padded to 64
-  AlignedVec<int32_t> corr;   // IDOT: -B*Σxq per 4-column lane [batch][chunks*16]
+  AlignedVec<uint8_t> wu;     // nibble GEMM: decoded weight panels of a row group
+  AlignedVec<int32_t> corr;   // nibble IDOT: -B*Σxq per 4-column lane [batch][steps*16]
   AlignedVec<int8_t> xn;      // nibble IDOT: activations in step layout [batch][steps*128]
   AlignedVec<float> wgs;      // nibble IDOT: decoded weight factors of R rows
   AlignedVec<float> xsg;      // nibble IDOT: activation factors, once per group
@@ -415,6 +415,7 @@ struct Avx512Kit {
   static constexpr int kSlots = U == F32Unit::kG64 ? 4 : 2;
   template <F32Unit U>
   static constexpr int kTileActs = U == F32Unit::kPlain ? 3 : U == F32Unit::kG64 ? 1 : 2;
+  template <F32Unit U>
   static constexpr int kRows = 4;
   template <F32Unit U, int R, int B, typename Src>
   using Tile = F32Tile<U, R, B, Src>;
@@ -587,9 +588,6 @@ inline __m512i NibblesToBytes(__m256i packed) {
   return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(v, 4), _mm512_set1_epi16(0x0F0F), 0xA8);
 }
 
-template <WeightFormat F>
-constexpr int kBias = F == WeightFormat::kInt4G64 ? 8 : 12;
-
 // Biased (unsigned) weight bytes of 64 columns starting at column c of a
 // nibble row whose bytes start at `row`; `half`: only 32 columns remain (the
 // rest must multiply zero activations).
@@ -611,151 +609,6 @@ template <WeightFormat F>
 const uint8_t* RowBytes(const WeightView& w, size_t o) {
   const size_t stride = F == WeightFormat::kInt8 ? w.cols : w.cols / 2;
   return static_cast<const uint8_t*>(w.data) + o * stride;
-}
-
-// IDOT weight sources: decoded on the fly, or from the row decoded once.
-template <WeightFormat F>
-struct Q8Direct {
-  const uint8_t* row;
-  size_t pf = 0;  // PrefetchBytes()
-  __m512i Chunk(size_t k, bool half) const {
-    if (pf != 0) PrefetchLine(row + k * 32, pf);
-    return WeightBytesU<F>(row, k * 64, half);
-  }
-};
-
-struct Q8Buffered {
-  const uint8_t* wu;
-  __m512i Chunk(size_t k, bool) const { return _mm512_loadu_si512(wu + k * 64); }
-};
-
-// Row o's per-32-group weight factor into `gs`: E8M0*0.5 for MXFP4 (doubled
-// codes), the g64 scale for int4; int8 has none (its row scale multiplies the total).
-void GroupScalesQ8(const WeightView& w, size_t o, float* gs) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  if (w.format == WeightFormat::kMxfp4) {
-    MxGroupScales(w.e8m0 + o * (n / kMxGroup), groups, gs);
-  } else if (w.format == WeightFormat::kInt4G64) {
-    const float* s4 = w.scales + o * (n / kInt4Group);
-    for (size_t g = 0; g < groups; ++g) gs[g] = s4[g / 2];
-  }
-}
-
-// -B·(sum of each lane's 4 activations), 16 lanes per 64 columns, per batch row.
-const int32_t* ActCorrections(const ActsQ8& x, int bias, Scratch& s) noexcept {
-  const size_t chunks = (x.cols + 63) / 64;
-  s.nib_call = 0;  // s.corr is the nibble IDOT's too
-  int32_t* out = Grow(s.corr, x.batch * chunks * 16);
-  const __m512i b = _mm512_set1_epi8(static_cast<char>(bias));
-  for (size_t r = 0; r < x.batch; ++r) {
-    const int8_t* q = x.q.data() + r * x.cols;
-    for (size_t k = 0; k < chunks; ++k) {
-      const bool half = (k + 1) * 64 > x.cols;
-      const __m512i v = half ? _mm512_maskz_loadu_epi8(0xffffffffull, q + k * 64)
-                             : _mm512_loadu_si512(q + k * 64);
-      const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b, v);
-      _mm512_storeu_si512(out + (r * chunks + k) * 16,
-                          _mm512_sub_epi32(_mm512_setzero_si512(), sum));
-    }
-  }
-  return out;
-}
-
-// One activation row against R weight rows (R = 1 for batch 1, 4 in the
-// batched loop so each activation load feeds four dot products): the legacy
-// 64-column nibble kernel (K3_QUANT_NIBBLE64). Per element the operations are
-// fixed whatever R is: groups are taken 16 at a time, factors f_g = gs_g*xs_g
-// come from one multiply, pair k's vector [f_2k x8, f_2k+1 x8] is a lane
-// permute of it, and one accumulator collects cvt(dot)*f over the pairs in
-// column order before a fixed-order reduction.
-template <int R, typename Src>
-void DotQ8Rows(const Src* w, const float* const* gs, const int8_t* xq, const int32_t* corr,
-               const float* xs, size_t groups, float* out) noexcept {
-  __m512 a[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
-  const __m512i pair_base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  for (size_t g0 = 0; g0 < groups; g0 += 16) {
-    const size_t ng = groups - g0 >= 16 ? 16 : groups - g0;
-    const __mmask16 gm = TailMask16(ng);
-    const __m512 xs16 = _mm512_maskz_loadu_ps(gm, xs + g0);
-    __m512 f16[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      f16[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, gs[r] + g0), xs16);
-    }
-    const size_t pairs = (ng + 1) / 2;
-    for (size_t k = 0; k < pairs; ++k) {
-      const size_t c = (g0 + 2 * k) * 32;
-      const bool half = 2 * k + 1 >= ng;
-      const __m512i x = half ? _mm512_maskz_loadu_epi8(0xffffffffull, xq + c)
-                             : _mm512_loadu_si512(xq + c);
-      const __m512i idx = _mm512_add_epi32(pair_base, _mm512_set1_epi32(static_cast<int>(2 * k)));
-      const __m512i cv = _mm512_loadu_si512(corr + c / 4);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512i d = _mm512_dpbusd_epi32(cv, w[r].Chunk(c / 64, half), x);
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, f16[r]), a[r]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
-}
-
-// Rows decoded once per chunk are reused by every activation row; kRowBlock rows
-// at a time share each activation load.
-constexpr int kRowBlock = 4;
-
-// The legacy nibble kernel's rows (K3_QUANT_NIBBLE64 only): decoded once per
-// call, kRowBlock rows sharing each activation load.
-template <WeightFormat F, int R>
-void RowBlockQ8(const WeightView& w, const ActsQ8& x, const int32_t* corr, size_t o, float* y,
-                Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  const size_t chunks = (n + 63) / 64;
-  uint8_t* wu = Grow(s.wu, R * chunks * 64);
-  float* gsb = Grow(s.gscale, R * groups);
-  Q8Buffered src[R];
-  const float* gs[R];
-  for (int r = 0; r < R; ++r) {
-    const Q8Direct<F> d{RowBytes<F>(w, o + r), PrefetchBytes()};
-    uint8_t* wr = wu + r * chunks * 64;
-    for (size_t k = 0; k < chunks; ++k)
-      _mm512_storeu_si512(wr + k * 64, d.Chunk(k, (k + 1) * 64 > n));
-    src[r] = Q8Buffered{wr};
-    gs[r] = gsb + r * groups;
-    GroupScalesQ8(w, o + r, gsb + r * groups);
-  }
-  for (size_t b = 0; b < x.batch; ++b) {
-    float d[R];
-    DotQ8Rows<R>(src, gs, x.q.data() + b * n, corr + b * chunks * 16,
-                 x.scales.data() + b * groups, groups, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
-  }
-}
-
-// The 64-column int4/MXFP4 IDOT kernel (K3_QUANT_NIBBLE64=1: same-run A/B
-// benchmarks against the block GEMM below).
-template <WeightFormat F>
-void MatMulQ8Impl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
-                  Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  const int32_t* corr = ActCorrections(x, kBias<F>, s);
-  if (x.batch == 1) {
-    float* gs = Grow(s.gscale, groups);
-    for (size_t o = r0; o < r1; ++o) {
-      const Q8Direct<F> src[1] = {{RowBytes<F>(w, o), PrefetchBytes()}};
-      const float* gsp[1] = {gs};
-      GroupScalesQ8(w, o, gs);
-      DotQ8Rows<1>(src, gsp, x.q.data(), corr, x.scales.data(), groups, y + o);
-    }
-    return;
-  }
-  ForRowBlocks<kRowBlock>(r0, r1, [&]<int N>(size_t o) { RowBlockQ8<F, N>(w, x, corr, o, y, s); });
 }
 
 // ---------------------------------------------------------------------------
@@ -1357,12 +1210,6 @@ void MatMulI8Blocks(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
   }
 }
 
-// K3_QUANT_NIBBLE64=1 selects the 64-columns-per-step int4/MXFP4 IDOT kernel
-// (MatMulQ8Impl), kept for same-run A/B benchmarks; both are deterministic.
-bool LegacyNib() {
-  return Nibble64();  // KernelConfig::nibble64
-}
-
 void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
                     size_t r1) noexcept {
   Scratch& s = Tls();
@@ -1370,10 +1217,8 @@ void MatMulQ8Avx512(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
     case WeightFormat::kInt8:
       return MatMulI8Blocks(w, x, y, r0, r1, s);
     case WeightFormat::kInt4G64:
-      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
       return MatMulNibImpl<WeightFormat::kInt4G64>(w, x, y, r0, r1, s);
     case WeightFormat::kMxfp4:
-      if (LegacyNib()) return MatMulQ8Impl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
       return MatMulNibImpl<WeightFormat::kMxfp4>(w, x, y, r0, r1, s);
     case WeightFormat::kF32:
       return;

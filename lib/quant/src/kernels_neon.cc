@@ -5,17 +5,18 @@
 // place of the widening multiply-add), plus the f32-activation path (MatMul,
 // RowDot, AddRow; the same in both builds).
 //
-// IDOT. Per output element the scalar reference computes, group by group,
-// gi = Σ w·xq as an exact int32, then total += (float)gi · factor_g in group
-// order. Here the int32 dots of four groups are computed in vector lanes (any
-// order is exact: |gi| <= 32·127·128 < 2^31), converted together (exact, |gi| <
-// 2^24), multiplied by a vector of factors that are the scalar's IEEE products
-// lane for lane, and then added to the running total one lane at a time in
-// group order. So every output is bit-identical to the scalar reference (not
-// only within the tolerance the x86 kernels are held to), and therefore also
-// independent of the batch, the row split and the thread count. Each (row,
-// activation) pair runs one routine; batched calls loop it (the row stays in
-// L1 between the activations).
+// IDOT. Every output element is the scalar reference's sum (kernels_scalar.cc,
+// "the one order"): per 32-column group g the exact int32 dot gi, fused as
+// fma((float)gi, factor_g, lane) into lane BlockLane(g) of 16, then Tree16.
+// Here the dots of groups 4m .. 4m+3 of each block of 16 fill the four int32
+// lanes of one vector (any order is exact: |gi| <= 32·127·128 < 2^24, so the
+// conversion is exact too), and one vector FMA with the four factors (the
+// scalar's IEEE products, lane for lane) adds them to accumulator m; lane L of
+// accumulator m is then block lane 4L + m, and Tree16Block reduces the four
+// accumulators in the scalar tree's order. So every output has the scalar bits,
+// whatever the batch, the row split, the thread count or the build (with or
+// without the dot product). Each (row, activation) pair runs one routine;
+// batched calls loop it (the row stays in L1 between the activations).
 //
 // Nibble rows (int4, MXFP4): the 16 packed bytes of a 32-column group are split
 // into low nibbles (even columns) and high nibbles (odd columns); vld2q_s8
@@ -109,12 +110,12 @@ Q8Row<F> RowOf(const WeightView& w, size_t o) {
   }
 }
 
-// The scalar reference's factor of group g: E8M0·0.5·xs (MXFP4), s4·xs (int4),
-// xs (int8, whose row scale multiplies the total).
+// The scalar reference's factor of group g: E8M0·(xs·0.5) (MXFP4), s4·xs
+// (int4), xs (int8, whose row scale multiplies the total).
 template <WeightFormat F>
 inline float Factor(const Q8Row<F>& r, const float* xs, size_t g) {
   if constexpr (F == WeightFormat::kMxfp4) {
-    return E8m0ToF32(r.e[g]) * 0.5f * xs[g];
+    return E8m0ToF32(r.e[g]) * (xs[g] * 0.5f);
   } else if constexpr (F == WeightFormat::kInt4G64) {
     return r.s4[g / 2] * xs[g];
   } else {
@@ -131,7 +132,7 @@ inline float32x4_t Factors4(const Q8Row<F>& r, const float* xs, size_t g) {
     std::memcpy(&four, r.e + g, 4);
     const uint32x4_t e = vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(four))));
     const float32x4_t scale = vreinterpretq_f32_u32(vshlq_n_u32(e, 23));  // E8m0ToF32
-    return vmulq_f32(vmulq_f32(scale, vdupq_n_f32(0.5f)), x);
+    return vmulq_f32(scale, vmulq_n_f32(x, 0.5f));
   } else if constexpr (F == WeightFormat::kInt4G64) {
     const float32x4_t s = vcombine_f32(vdup_n_f32(r.s4[g / 2]), vdup_n_f32(r.s4[g / 2 + 1]));
     return vmulq_f32(s, x);
@@ -140,13 +141,33 @@ inline float32x4_t Factors4(const Q8Row<F>& r, const float* xs, size_t g) {
   }
 }
 
+// Tree16 of the 16 block lanes held as a[m] lane L = lane 4L + m: j + (j+8)
+// pairs lanes L, L+2 of each a[m]; j + (j+4) lanes 0, 1 of that; j + (j+2)
+// a[0] with a[2], a[1] with a[3]; then the last two (addition commutes, so
+// operand order inside a pair is free).
+inline float Tree16Block(const float32x4_t (&a)[4]) {
+  const float32x4_t h01 = vcombine_f32(vadd_f32(vget_low_f32(a[0]), vget_high_f32(a[0])),
+                                       vadd_f32(vget_low_f32(a[1]), vget_high_f32(a[1])));
+  const float32x4_t h23 = vcombine_f32(vadd_f32(vget_low_f32(a[2]), vget_high_f32(a[2])),
+                                       vadd_f32(vget_low_f32(a[3]), vget_high_f32(a[3])));
+  const float32x4_t u = vpaddq_f32(h01, h23);  // u[m] = lane m + lane m+4
+  const float32x2_t v = vadd_f32(vget_low_f32(u), vget_high_f32(u));
+  return vget_lane_f32(v, 0) + vget_lane_f32(v, 1);
+}
+
+// One (row, activation) dot: four groups per step, their exact int32 dots in
+// the lanes of one vector, converted (exact: |gi| <= 32·127·128 < 2^24) and
+// fused into accumulator (g/4) % 4 with their factors. Lane L of a[m] is then
+// the scalar's block lane 4L + m (BlockLane), so the tree of Tree16Block is
+// the scalar tree.
 template <WeightFormat F>
 float RowDotQ8(const Q8Row<F>& r, const int8_t* xq, const float* xs, size_t groups,
                size_t pf) noexcept {
   constexpr size_t kRowBytesPerGroup = F == WeightFormat::kInt8 ? kActGroup : kActGroup / 2;
-  float total = 0.0f;
-  size_t g = 0;
-  for (; g + 4 <= groups; g += 4) {
+  float32x4_t a[4] = {};  // +0 lanes
+  const size_t quads = groups / 4;
+  ForSlots<4>(0, quads, a, [&](size_t q, float32x4_t& acc) {
+    const size_t g = 4 * q;
     if (pf != 0) {  // 64 bytes of nibbles or 128 of int8 per four groups
       PrefetchLine(r.bytes + g * kRowBytesPerGroup, pf);
       if constexpr (F == WeightFormat::kInt8)
@@ -157,17 +178,28 @@ float RowDotQ8(const Q8Row<F>& r, const int8_t* xq, const float* xs, size_t grou
     const int32x4_t a2 = GroupDot<F>(r.bytes, xq, g + 2);
     const int32x4_t a3 = GroupDot<F>(r.bytes, xq, g + 3);
     const int32x4_t gi = vpaddq_s32(vpaddq_s32(a0, a1), vpaddq_s32(a2, a3));  // [gi_g .. gi_g+3]
-    const float32x4_t p = vmulq_f32(vcvtq_f32_s32(gi), Factors4<F>(r, xs, g));
-    // In group order, one rounding each, as the scalar loop adds them.
-    total += vgetq_lane_f32(p, 0);
-    total += vgetq_lane_f32(p, 1);
-    total += vgetq_lane_f32(p, 2);
-    total += vgetq_lane_f32(p, 3);
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(gi), Factors4<F>(r, xs, g));
+  });
+  // The last groups % 4 groups, each into its lane of the next quad's slot
+  // (a switch, not a[quads % 4]: a run-time index would keep a[] in memory).
+  const auto tail = [&](float32x4_t& acc) {
+    float lanes[4];
+    vst1q_f32(lanes, acc);
+    for (size_t g = 4 * quads; g < groups; ++g) {
+      const int32_t gi = vaddvq_s32(GroupDot<F>(r.bytes, xq, g));
+      lanes[g % 4] = std::fma(static_cast<float>(gi), Factor<F>(r, xs, g), lanes[g % 4]);
+    }
+    acc = vld1q_f32(lanes);
+  };
+  if (groups % 4 != 0) {
+    switch (quads % 4) {
+      case 0: tail(a[0]); break;
+      case 1: tail(a[1]); break;
+      case 2: tail(a[2]); break;
+      default: tail(a[3]); break;
+    }
   }
-  for (; g < groups; ++g) {
-    const int32_t gi = vaddvq_s32(GroupDot<F>(r.bytes, xq, g));
-    total += static_cast<float>(gi) * Factor<F>(r, xs, g);
-  }
+  const float total = Tree16Block(a);
   if constexpr (F == WeightFormat::kInt8) return total * r.s8;
   return total;
 }
@@ -201,63 +233,74 @@ void MatMulQ8Neon(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
 // ---------------------------------------------------------------------------
 // f32-activation path (MatMul, RowDot, AddRow)
 //
-// One routine per (row, activation): 16 columns per step into four FMA
-// accumulators (a 4-column step into the first, then a scalar FMA tail), the
-// result ((a0 + a1) + (a2 + a3)) summed across lanes. int4/MXFP4 rows sum each
-// group in lanes first (two accumulators), scale it (MXFP4: the doubled codes'
-// 0.5 folded into E8M0), and add it to a vector total. Batched MatMul loops the
-// same routine, so batch, row split and threads cannot change a bit, and RowDot
-// is MatMul's element; the summation order differs from scalar (within the
-// documented tolerance, exact on the exact domains).
+// The scalar reference's lanes, one q register per four of them, so every
+// element has the scalar bits: plain rows put column i into lane i % 32 (eight
+// accumulators), int4 groups into 16 lanes of slot g % 4, MXFP4 groups into 16
+// lanes of slot g % 2; the slots and lanes are then folded in the scalar
+// order. One routine per (row, activation); batched MatMul loops it, so batch,
+// row split and threads cannot change a bit, and RowDot is MatMul's element.
 
 inline float32x4_t I8ToF32x4(int8x8_t v, bool high) {
   const int16x8_t w = vmovl_s8(v);
   return vcvtq_f32_s32(high ? vmovl_high_s16(w) : vmovl_s16(vget_low_s16(w)));
 }
 
-// Plain rows: f32 (`q8` null) or int8 (`f` null, the row scale applied by the caller).
+// Tree16 of 16 lanes held as v[k] lane j = lane 4k + j: j + (j+8) is v[k] +
+// v[k+2], j + (j+4) is v[0] + v[1], then the halves and the last pair.
+inline float Tree16Lanes(const float32x4_t (&v)[4]) {
+  const float32x4_t t = vaddq_f32(vaddq_f32(v[0], v[2]), vaddq_f32(v[1], v[3]));
+  const float32x2_t u = vadd_f32(vget_low_f32(t), vget_high_f32(t));
+  return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
+}
+
+// 32 columns at x into the plain lanes a[k] (lane 4k + j = column 4k + j).
+inline void Plain32(float32x4_t (&a)[8], const float* x, const float32x4_t (&w)[8]) {
+  for (int k = 0; k < 8; ++k) a[k] = vfmaq_f32(a[k], vld1q_f32(x + 4 * k), w[k]);
+}
+
+// Plain rows: f32 (`q8` null) or int8 (`f` null, the row scale applied by the
+// caller). Column i into lane i % 32; the last n % 32 columns zero-padded, as
+// fma(0, 0, a) = a (a lane is never -0: it starts +0 and a sum is -0 only if
+// both addends are).
 float DotPlain(const float* f, const int8_t* q8, const float* x, size_t n, size_t pf) noexcept {
-  float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+  float32x4_t a[8] = {};  // +0 lanes
+  float32x4_t w[8];
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    float32x4_t w0, w1, w2, w3;
+  for (; i + 32 <= n; i += 32) {
     if (f != nullptr) {
-      w0 = vld1q_f32(f + i);
-      w1 = vld1q_f32(f + i + 4);
-      w2 = vld1q_f32(f + i + 8);
-      w3 = vld1q_f32(f + i + 12);
+      for (int k = 0; k < 8; ++k) w[k] = vld1q_f32(f + i + 4 * k);
     } else {
       if (pf != 0 && (i & 63) == 0) PrefetchLine(q8 + i, pf);
-      const int8x16_t b = vld1q_s8(q8 + i);
-      w0 = I8ToF32x4(vget_low_s8(b), false);
-      w1 = I8ToF32x4(vget_low_s8(b), true);
-      w2 = I8ToF32x4(vget_high_s8(b), false);
-      w3 = I8ToF32x4(vget_high_s8(b), true);
+      for (int h = 0; h < 2; ++h) {
+        const int8x16_t b = vld1q_s8(q8 + i + 16 * h);
+        w[4 * h] = I8ToF32x4(vget_low_s8(b), false);
+        w[4 * h + 1] = I8ToF32x4(vget_low_s8(b), true);
+        w[4 * h + 2] = I8ToF32x4(vget_high_s8(b), false);
+        w[4 * h + 3] = I8ToF32x4(vget_high_s8(b), true);
+      }
     }
-    a0 = vfmaq_f32(a0, vld1q_f32(x + i), w0);
-    a1 = vfmaq_f32(a1, vld1q_f32(x + i + 4), w1);
-    a2 = vfmaq_f32(a2, vld1q_f32(x + i + 8), w2);
-    a3 = vfmaq_f32(a3, vld1q_f32(x + i + 12), w3);
+    Plain32(a, x + i, w);
   }
-  for (; i + 4 <= n; i += 4) {
-    float32x4_t w;
-    if (f != nullptr) {
-      w = vld1q_f32(f + i);
-    } else {
-      int8_t t[8] = {q8[i], q8[i + 1], q8[i + 2], q8[i + 3], 0, 0, 0, 0};
-      w = I8ToF32x4(vld1_s8(t), false);
+  if (i < n) {
+    alignas(16) float xt[kPlainLanes] = {}, wt[kPlainLanes] = {};
+    for (size_t j = 0; i + j < n; ++j) {
+      xt[j] = x[i + j];
+      wt[j] = f != nullptr ? f[i + j] : static_cast<float>(q8[i + j]);
     }
-    a0 = vfmaq_f32(a0, vld1q_f32(x + i), w);
+    for (int k = 0; k < 8; ++k) w[k] = vld1q_f32(wt + 4 * k);
+    Plain32(a, xt, w);
   }
-  float total = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
-  for (; i < n; ++i) {
-    total = std::fma(x[i], f != nullptr ? f[i] : static_cast<float>(q8[i]), total);
-  }
-  return total;
+  const float32x4_t h[4] = {vaddq_f32(a[0], a[4]), vaddq_f32(a[1], a[5]), vaddq_f32(a[2], a[6]),
+                            vaddq_f32(a[3], a[7])};  // lane j + lane j+16
+  return Tree16Lanes(h);
 }
 
 // 16 packed bytes (32 columns) as f32 values: ev[k] = even columns 8k..8k+6,
 // od[k] = odd columns, matching vld2q_f32 of the activations at column 8k.
+// MXFP4 values are the doubled codes, code 8 giving +0 where the scalar table
+// has -0: its lane's product x·(±0) is a zero (or NaN for x = ±inf, NaN either
+// way) that can change only the sign of a zero pair sum p, and fma(p, k, a)
+// with a never -0 gives the same a (or NaN) for either sign.
 template <WeightFormat F>
 inline void NibbleValues32(const uint8_t* p, float32x4_t (&ev)[4], float32x4_t (&od)[4]) {
   const uint8x16_t b = vld1q_u8(p);
@@ -281,42 +324,48 @@ inline void NibbleValues32(const uint8_t* p, float32x4_t (&ev)[4], float32x4_t (
   od[3] = I8ToF32x4(vget_high_s8(hi), true);
 }
 
-// Lanes of Σ x·w over the 32 columns at c (nibble row bytes at p).
-template <WeightFormat F>
-inline void Nibble32(const uint8_t* p, const float* x, float32x4_t& s0, float32x4_t& s1) {
-  float32x4_t ev[4], od[4];
-  NibbleValues32<F>(p, ev, od);
-  for (int k = 0; k < 4; ++k) {
-    const float32x4x2_t xv = vld2q_f32(x + 8 * k);
-    s0 = vfmaq_f32(s0, xv.val[0], ev[k]);
-    s1 = vfmaq_f32(s1, xv.val[1], od[k]);
-  }
+// MXFP4: group g into slot g % 2; lane l (register l / 4) takes p = fma(x_odd,
+// w_odd, x_even·w_even) of columns 2l, 2l+1, then fma(p, E8M0·0.5, lane).
+float DotMx(const uint8_t* p, const uint8_t* e, const float* x, size_t n, size_t pf) noexcept {
+  float32x4_t a[2][4] = {};  // +0 lanes
+  ForSlots<2>(0, n / kMxGroup, a, [&](size_t g, float32x4_t (&slot)[4]) {
+    if (pf != 0 && (g & 3) == 0) PrefetchLine(p + g * 16, pf);
+    float32x4_t ev[4], od[4];
+    NibbleValues32<WeightFormat::kMxfp4>(p + g * 16, ev, od);
+    const float gk = E8m0ToF32(e[g]) * 0.5f;
+    for (int k = 0; k < 4; ++k) {
+      const float32x4x2_t xv = vld2q_f32(x + g * kMxGroup + 8 * k);
+      const float32x4_t pr = vfmaq_f32(vmulq_f32(xv.val[0], ev[k]), xv.val[1], od[k]);
+      slot[k] = vfmaq_n_f32(slot[k], pr, gk);
+    }
+  });
+  const float32x4_t r[4] = {vaddq_f32(a[0][0], a[1][0]), vaddq_f32(a[0][1], a[1][1]),
+                            vaddq_f32(a[0][2], a[1][2]), vaddq_f32(a[0][3], a[1][3])};
+  return Tree16Lanes(r);
 }
 
-template <WeightFormat F>
-float DotNibble(const WeightView& w, size_t o, const float* x, size_t pf) noexcept {
-  const size_t n = w.cols;
-  const uint8_t* p = static_cast<const uint8_t*>(w.data) + o * (n / 2);
-  float32x4_t total = vdupq_n_f32(0.0f);
-  if constexpr (F == WeightFormat::kMxfp4) {
-    const uint8_t* e = w.e8m0 + o * (n / kMxGroup);
-    for (size_t g = 0; g < n / kMxGroup; ++g) {
-      if (pf != 0 && (g & 3) == 0) PrefetchLine(p + g * 16, pf);
-      float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
-      Nibble32<F>(p + g * 16, x + g * 32, s0, s1);
-      total = vfmaq_n_f32(total, vaddq_f32(s0, s1), E8m0ToF32(e[g]) * 0.5f);
+// int4-g64: group g into slot g % 4; weights (v-8)·s_g, and lane l takes
+// columns 2l, 2l+1, 32+2l, 33+2l by a chain of four FMAs in that order.
+float DotI4(const uint8_t* p, const float* sc, const float* x, size_t n, size_t pf) noexcept {
+  float32x4_t a[4][4] = {};  // +0 lanes
+  ForSlots<4>(0, n / kInt4Group, a, [&](size_t g, float32x4_t (&slot)[4]) {
+    if (pf != 0 && (g & 1) == 0) PrefetchLine(p + g * 32, pf);
+    const float s = sc[g];
+    for (int h = 0; h < 2; ++h) {
+      float32x4_t ev[4], od[4];
+      NibbleValues32<WeightFormat::kInt4G64>(p + g * 32 + 16 * h, ev, od);
+      for (int k = 0; k < 4; ++k) {
+        const float32x4x2_t xv = vld2q_f32(x + g * kInt4Group + 32 * h + 8 * k);
+        slot[k] = vfmaq_f32(slot[k], xv.val[0], vmulq_n_f32(ev[k], s));
+        slot[k] = vfmaq_f32(slot[k], xv.val[1], vmulq_n_f32(od[k], s));
+      }
     }
-  } else {
-    const float* sc = w.scales + o * (n / kInt4Group);
-    for (size_t g = 0; g < n / kInt4Group; ++g) {
-      if (pf != 0 && (g & 1) == 0) PrefetchLine(p + g * 32, pf);
-      float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
-      Nibble32<F>(p + g * 32, x + g * 64, s0, s1);
-      Nibble32<F>(p + g * 32 + 16, x + g * 64 + 32, s0, s1);
-      total = vfmaq_n_f32(total, vaddq_f32(s0, s1), sc[g]);
-    }
+  });
+  float32x4_t r[4];
+  for (int k = 0; k < 4; ++k) {
+    r[k] = vaddq_f32(vaddq_f32(a[0][k], a[1][k]), vaddq_f32(a[2][k], a[3][k]));
   }
-  return vaddvq_f32(total);
+  return Tree16Lanes(r);
 }
 
 float RowDotNeon(const WeightView& w, size_t o, const float* x) noexcept {
@@ -328,9 +377,11 @@ float RowDotNeon(const WeightView& w, size_t o, const float* x) noexcept {
     case WeightFormat::kInt8:
       return DotPlain(nullptr, static_cast<const int8_t*>(w.data) + o * n, x, n, pf) * w.scales[o];
     case WeightFormat::kInt4G64:
-      return DotNibble<WeightFormat::kInt4G64>(w, o, x, pf);
+      return DotI4(static_cast<const uint8_t*>(w.data) + o * (n / 2),
+                   w.scales + o * (n / kInt4Group), x, n, pf);
     case WeightFormat::kMxfp4:
-      return DotNibble<WeightFormat::kMxfp4>(w, o, x, pf);
+      return DotMx(static_cast<const uint8_t*>(w.data) + o * (n / 2), w.e8m0 + o * (n / kMxGroup),
+                   x, n, pf);
   }
   return 0.0f;
 }

@@ -1,6 +1,11 @@
-// Scalar reference kernels: the spec's definitions (§4, §6.3-§6.5) written as
-// plainly as possible, sequential in i, one f32 accumulator, no FMA. Always
-// compiled; every SIMD kernel is tested against these.
+// Scalar reference kernels: they define the bits every ISA's kernels must give
+// (docs/quant.md §3, "The one order"). The matrix kernels sum in a fixed lane
+// order with fused multiply-adds -- 32 lanes for plain rows, 16 for groups, a
+// halving tree at the end -- which SIMD registers of 4, 8 or 16 floats all
+// reach without a shuffle, so a row's bits depend on neither the ISA nor the
+// batch. std::fma is the fused operation (glibc runs the FMA instruction where
+// the CPU has one). Always compiled; every SIMD kernel is tested against these.
+#include <cmath>
 #include <cstring>
 
 #include "kernels.h"
@@ -13,53 +18,68 @@ namespace {
 
 inline int Nibble(const uint8_t* p, size_t i) { return (i & 1) ? (p[i / 2] >> 4) : (p[i / 2] & 15); }
 
-float DotF32(const float* w, const float* x, size_t n) noexcept {
-  float acc = 0.0f;
-  for (size_t i = 0; i < n; ++i) acc += x[i] * w[i];
-  return acc;
-}
-
-// (Σ x·q) · s, the scale applied once at the end (§6.3 fmt 1).
-float DotI8(const int8_t* q, float s, const float* x, size_t n) noexcept {
-  float acc = 0.0f;
-  for (size_t i = 0; i < n; ++i) acc += x[i] * static_cast<float>(q[i]);
-  return acc * s;
-}
-
-// Σ_g (Σ_{i∈g} x·(nib−8)) · s_g, group partial first (§6.3 fmt 4).
-float DotI4(const uint8_t* p, const float* s, const float* x, size_t n) noexcept {
-  float total = 0.0f;
-  for (size_t g = 0; g < n / kInt4Group; ++g) {
-    float part = 0.0f;
-    for (size_t i = g * kInt4Group; i < (g + 1) * kInt4Group; ++i) {
-      part += x[i] * static_cast<float>(Nibble(p, i) - 8);
-    }
-    total += part * s[g];
+// Plain rows (f32, int8): element i into lane i % 32, a[i % 32] = fma(x, w, a),
+// then lane j + lane j+16 and the 16-lane tree.
+template <typename T>
+float DotPlain(const T* w, const float* x, size_t n) noexcept {
+  float a[kPlainLanes] = {};
+  for (size_t i = 0; i < n; ++i) {
+    a[i % kPlainLanes] = std::fma(x[i], static_cast<float>(w[i]), a[i % kPlainLanes]);
   }
-  return total;
+  for (size_t j = 0; j < kTreeLanes; ++j) a[j] = a[j] + a[j + kTreeLanes];
+  return Tree16(a);
 }
 
-// Σ_g (Σ_{i∈g} x·e2m1) · 2^(s_g−127), columns in even/odd pairs (§6.4 float kernel).
+// MXFP4, one 32-column group g per step into slot g % 2: lane l takes the
+// pair p = fma(x_odd, w_odd, x_even * w_even) of columns 2l, 2l+1 (doubled
+// codes), then a = fma(p, 2^(s-127) * 0.5, a); the slots added, then the tree.
 float DotMx(const uint8_t* p, const uint8_t* e, const float* x, size_t n) noexcept {
-  float total = 0.0f;
+  float a[2][kTreeLanes] = {};
   for (size_t g = 0; g < n / kMxGroup; ++g) {
-    float part = 0.0f;
-    for (size_t j = g * kMxGroup / 2; j < (g + 1) * kMxGroup / 2; ++j) {
-      part += x[2 * j] * kE2m1[p[j] & 15];
-      part += x[2 * j + 1] * kE2m1[p[j] >> 4];
+    const float gk = E8m0ToF32(e[g]) * 0.5f;
+    const uint8_t* b = p + g * (kMxGroup / 2);
+    const float* xg = x + g * kMxGroup;
+    float* slot = a[g % 2];
+    for (size_t l = 0; l < kTreeLanes; ++l) {
+      const float pr = std::fma(xg[2 * l + 1], kE2m1x2f[b[l] >> 4], xg[2 * l] * kE2m1x2f[b[l] & 15]);
+      slot[l] = std::fma(pr, gk, slot[l]);
     }
-    total += part * E8m0ToF32(e[g]);
   }
-  return total;
+  for (size_t l = 0; l < kTreeLanes; ++l) a[0][l] = a[0][l] + a[1][l];
+  return Tree16(a[0]);
+}
+
+// int4-g64, one 64-column group g per step into slot g % 4: the weights are
+// (v-8)*s_g, and lane l takes columns 2l, 2l+1, 32+2l, 33+2l by a chain of four
+// FMAs; then ((slot0 + slot1) + (slot2 + slot3)) and the tree.
+float DotI4(const uint8_t* p, const float* s, const float* x, size_t n) noexcept {
+  float a[4][kTreeLanes] = {};
+  for (size_t g = 0; g < n / kInt4Group; ++g) {
+    const float* xg = x + g * kInt4Group;
+    const uint8_t* b = p + g * (kInt4Group / 2);
+    float* slot = a[g % 4];
+    for (size_t l = 0; l < kTreeLanes; ++l) {
+      for (size_t h = 0; h < 2; ++h) {
+        const uint8_t byte = b[16 * h + l];
+        const float we = static_cast<float>((byte & 15) - 8) * s[g];
+        const float wo = static_cast<float>((byte >> 4) - 8) * s[g];
+        slot[l] = std::fma(xg[32 * h + 2 * l], we, slot[l]);
+        slot[l] = std::fma(xg[32 * h + 2 * l + 1], wo, slot[l]);
+      }
+    }
+  }
+  float r[kTreeLanes];
+  for (size_t l = 0; l < kTreeLanes; ++l) r[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
+  return Tree16(r);
 }
 
 float RowDotScalar(const WeightView& w, size_t row, const float* x) noexcept {
   const size_t n = w.cols;
   switch (w.format) {
     case WeightFormat::kF32:
-      return DotF32(static_cast<const float*>(w.data) + row * n, x, n);
+      return DotPlain(static_cast<const float*>(w.data) + row * n, x, n);
     case WeightFormat::kInt8:
-      return DotI8(static_cast<const int8_t*>(w.data) + row * n, w.scales[row], x, n);
+      return DotPlain(static_cast<const int8_t*>(w.data) + row * n, x, n) * w.scales[row];
     case WeightFormat::kInt4G64:
       return DotI4(static_cast<const uint8_t*>(w.data) + row * (n / 2),
                    w.scales + row * (n / kInt4Group), x, n);
@@ -77,13 +97,18 @@ void MatMulScalar(const WeightView& w, const float* x, size_t batch, float* y, s
   }
 }
 
-// §6.5: per 32-group exact int32 dot gi, then y = Σ_g (float)gi · factor_g in
-// group order, factor_g = (2^(s−127)·0.5)·sc_g for MXFP4 (doubled codes),
-// s4[g/2]·sc_g for int4, sc_g for int8 (whose row scale multiplies the total).
+// §6.5: per 32-group exact int32 dot gi; group g goes to lane BlockLane(g) by
+// a = fma((float)gi, factor_g, a), factor_g = 2^(s-127)·(0.5·sc_g) for MXFP4
+// (doubled codes), s4[g/2]·sc_g for int4, sc_g for int8 (whose row scale
+// multiplies the total); then the 16-lane tree.
 float RowDotQ8Scalar(const WeightView& w, size_t row, const int8_t* xq, const float* xs) noexcept {
   const size_t n = w.cols;
   const size_t groups = n / kActGroup;
-  float total = 0.0f;
+  float a[kTreeLanes] = {};
+  const auto add = [&](size_t g, int32_t gi, float f) {
+    float& lane = a[BlockLane(g)];
+    lane = std::fma(static_cast<float>(gi), f, lane);
+  };
   switch (w.format) {
     case WeightFormat::kF32:
       return 0.0f;  // rejected by MatMulQ8
@@ -92,9 +117,9 @@ float RowDotQ8Scalar(const WeightView& w, size_t row, const int8_t* xq, const fl
       for (size_t g = 0; g < groups; ++g) {
         int32_t gi = 0;
         for (size_t i = g * kActGroup; i < (g + 1) * kActGroup; ++i) gi += int32_t{q[i]} * xq[i];
-        total += static_cast<float>(gi) * xs[g];
+        add(g, gi, xs[g]);
       }
-      return total * w.scales[row];
+      return Tree16(a) * w.scales[row];
     }
     case WeightFormat::kInt4G64: {
       const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
@@ -104,9 +129,9 @@ float RowDotQ8Scalar(const WeightView& w, size_t row, const int8_t* xq, const fl
         for (size_t i = g * kActGroup; i < (g + 1) * kActGroup; ++i) {
           gi += (Nibble(p, i) - 8) * int32_t{xq[i]};
         }
-        total += static_cast<float>(gi) * (s[g / 2] * xs[g]);
+        add(g, gi, s[g / 2] * xs[g]);
       }
-      return total;
+      return Tree16(a);
     }
     case WeightFormat::kMxfp4: {
       const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
@@ -116,12 +141,12 @@ float RowDotQ8Scalar(const WeightView& w, size_t row, const int8_t* xq, const fl
         for (size_t i = g * kActGroup; i < (g + 1) * kActGroup; ++i) {
           gi += int32_t{kE2m1x2[Nibble(p, i)]} * xq[i];
         }
-        total += static_cast<float>(gi) * (E8m0ToF32(e[g]) * 0.5f * xs[g]);
+        add(g, gi, E8m0ToF32(e[g]) * (xs[g] * 0.5f));
       }
-      return total;
+      return Tree16(a);
     }
   }
-  return total;
+  return 0.0f;
 }
 
 void MatMulQ8Scalar(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
@@ -135,26 +160,28 @@ void MatMulQ8Scalar(const WeightView& w, const ActsQ8& x, float* y, size_t r0,
   }
 }
 
-// acc[i] += (c·scale)·w_int (§6.3 addrow); one coefficient per row or group.
+// acc[i] = fma(k, w_i, acc[i]) (§6.3 addrow), k = c (f32), c·scale (int8),
+// c·s_g (int4), c·(2^(s-127)·0.5) with the doubled integer codes (MXFP4).
 void AddRowScalar(const WeightView& w, size_t row, float c, float* acc) noexcept {
   const size_t n = w.cols;
   switch (w.format) {
     case WeightFormat::kF32: {
       const float* r = static_cast<const float*>(w.data) + row * n;
-      for (size_t i = 0; i < n; ++i) acc[i] += c * r[i];
+      for (size_t i = 0; i < n; ++i) acc[i] = std::fma(c, r[i], acc[i]);
       return;
     }
     case WeightFormat::kInt8: {
       const int8_t* q = static_cast<const int8_t*>(w.data) + row * n;
       const float k = c * w.scales[row];
-      for (size_t i = 0; i < n; ++i) acc[i] += k * static_cast<float>(q[i]);
+      for (size_t i = 0; i < n; ++i) acc[i] = std::fma(k, static_cast<float>(q[i]), acc[i]);
       return;
     }
     case WeightFormat::kInt4G64: {
       const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
       const float* s = w.scales + row * (n / kInt4Group);
       for (size_t i = 0; i < n; ++i) {
-        acc[i] += (c * s[i / kInt4Group]) * static_cast<float>(Nibble(p, i) - 8);
+        const float k = c * s[i / kInt4Group];
+        acc[i] = std::fma(k, static_cast<float>(Nibble(p, i) - 8), acc[i]);
       }
       return;
     }
@@ -162,7 +189,8 @@ void AddRowScalar(const WeightView& w, size_t row, float c, float* acc) noexcept
       const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * (n / 2);
       const uint8_t* e = w.e8m0 + row * (n / kMxGroup);
       for (size_t i = 0; i < n; ++i) {
-        acc[i] += (c * E8m0ToF32(e[i / kMxGroup])) * kE2m1[Nibble(p, i)];
+        const float k = c * (E8m0ToF32(e[i / kMxGroup]) * 0.5f);
+        acc[i] = std::fma(k, static_cast<float>(kE2m1x2[Nibble(p, i)]), acc[i]);
       }
       return;
     }

@@ -116,50 +116,139 @@ TEST_CASE("quantizers: the scalar bytes on every ISA for adversarial rows") {
   }
 }
 
-// The IDOT contract differs by ISA: NEON and scalar share bits (kernels_neon.cc);
-// the x86 kernels have their own (docs/quant.md §4) and are left out here.
-TEST_CASE("NEON IDOT: the scalar bits on adversarial weights, scales and activations" *
-          doctest::skip(k3::test::SkipUnlessCpuRuns(Isa::kNeon, "NEON IDOT adversarial"))) {
-  IsaRestore restore;
-  std::vector<Isa> neon;
-  for (Isa i : {Isa::kNeon, Isa::kNeonDot}) {
-    if (IsaSupported(i)) neon.push_back(i);
+namespace {
+
+// An adversarial weight matrix: int8 with -128 in one byte in seven and scales
+// from subnormal to huge; int4 with negative, zero and subnormal group scales;
+// MXFP4 with every E8M0 byte but 255; f32 from EdgeFloat.
+OwnedWeight AdversarialWeight(WeightFormat fmt, size_t rows, size_t cols, std::mt19937& rng) {
+  OwnedWeight w;
+  w.format = fmt;
+  w.rows = rows;
+  w.cols = cols;
+  if (fmt == WeightFormat::kF32) {
+    w.data.resize(rows * cols * 4);
+    for (size_t i = 0; i < rows * cols; ++i) {
+      const float v = EdgeFloat(rng);
+      std::memcpy(w.data.data() + 4 * i, &v, 4);
+    }
+  } else if (fmt == WeightFormat::kInt8) {
+    w.data.resize(rows * cols);
+    for (auto& b : w.data) b = uint8_t(rng() % 7 == 0 ? 0x80 : rng());
+    for (size_t r = 0; r < rows; ++r) w.scales.push_back(std::fabs(EdgeFloat(rng)));
+  } else {
+    w.data.resize(rows * cols / 2);
+    for (auto& b : w.data) b = uint8_t(rng());
+    if (fmt == WeightFormat::kInt4G64) {
+      for (size_t i = 0; i < rows * cols / 64; ++i) w.scales.push_back(EdgeFloat(rng));
+    } else {
+      for (size_t i = 0; i < rows * cols / 32; ++i) w.e8m0.push_back(uint8_t(rng() % 255));
+    }
   }
+  return w;
+}
+
+std::string FmtStr(WeightFormat fmt) {
+  switch (fmt) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kInt4G64: return "int4";
+    case WeightFormat::kMxfp4: return "mxfp4";
+  }
+  return "?";
+}
+
+// Runs `f` with the scalar table, then with every ISA's and with the start-up
+// dispatch (which may take a kernel from another table, isa.cc), comparing the
+// floats it returns with memcmp (NaN as NaN).
+template <typename F>
+void CheckScalarBits(const std::vector<Isa>& isas, const std::string& what, F&& f) {
+  SetIsaForTesting(Isa::kScalar);
+  const std::vector<float> ref = f();
+  auto check = [&](const std::vector<float>& y, const std::string& who) {
+    const size_t d = FirstDiff(y.data(), ref.data(), y.size());
+    std::string at = std::to_string(d) + " of " + std::to_string(y.size());
+    if (d < y.size()) at += " (" + std::to_string(y[d]) + " vs " + std::to_string(ref[d]) + ")";
+    CHECK_MESSAGE(d == y.size(), what << " " << who << ": first diff at " << at);
+  };
+  for (Isa isa : isas) {
+    SetIsaForTesting(isa);
+    check(f(), IsaStr(isa));
+  }
+  ResetIsaForTesting();
+  check(f(), "start-up dispatch");
+}
+
+}  // namespace
+
+// The one order (docs/quant.md §3): the matrix kernels of every ISA give the
+// scalar reference's bits -- the IDOT path and the f32-activation path, batch 1
+// (decode kernels) and batched (GEMM kernels), RowDot, AddRow and AddRows -- so
+// a row's bits depend on neither the ISA nor the batch. Lengths: plain rows off
+// every vector width; groups not a multiple of a 16-group block.
+TEST_CASE("matrix kernels: the scalar bits on every ISA (IDOT and f32 paths, decode and batched)") {
+  IsaRestore restore;
+  const std::vector<Isa> isas = IsasToTest("matrix kernel bits");
   std::mt19937 rng(103);
-  for (WeightFormat fmt : {WeightFormat::kInt8, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
-    for (size_t cols : {size_t{64}, size_t{128}, size_t{192}, size_t{320}, size_t{1088}}) {
-      const size_t rows = 19, batch = 5;
-      OwnedWeight w;
-      w.format = fmt;
-      w.rows = rows;
-      w.cols = cols;
-      if (fmt == WeightFormat::kInt8) {
-        w.data.resize(rows * cols);
-        for (auto& b : w.data) b = uint8_t(rng() % 7 == 0 ? 0x80 : rng());  // −128 often
-        for (size_t r = 0; r < rows; ++r) w.scales.push_back(std::fabs(EdgeFloat(rng)));
-      } else {
-        w.data.resize(rows * cols / 2);
-        for (auto& b : w.data) b = uint8_t(rng());
-        if (fmt == WeightFormat::kInt4G64) {
-          for (size_t i = 0; i < rows * cols / 64; ++i) w.scales.push_back(EdgeFloat(rng));
-        } else {
-          for (size_t i = 0; i < rows * cols / 32; ++i) w.e8m0.push_back(uint8_t(rng() % 255));
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8, WeightFormat::kInt4G64,
+                           WeightFormat::kMxfp4}) {
+    std::vector<size_t> widths = {64, 128, 192, 320, 1088, 4160};
+    if (fmt == WeightFormat::kF32 || fmt == WeightFormat::kInt8) {
+      for (size_t c : {size_t{1}, size_t{7}, size_t{33}, size_t{100}, size_t{517}}) widths.push_back(c);
+    }
+    for (size_t cols : widths) {
+      const size_t rows = 19;
+      const OwnedWeight w = AdversarialWeight(fmt, rows, cols, rng);
+      const std::string tag = FmtStr(fmt) + " cols " + std::to_string(cols);
+      for (size_t batch : {size_t{1}, size_t{5}, size_t{37}}) {
+        const std::vector<float> x = cols % 64 == 0 ? AdversarialRows(batch, cols, rng) : [&] {
+          std::vector<float> v(batch * cols);
+          for (auto& f : v) f = EdgeFloat(rng);
+          return v;
+        }();
+        const std::string bt = tag + " batch " + std::to_string(batch);
+        CheckScalarBits(isas, "MatMul " + bt, [&] {
+          std::vector<float> y(batch * rows, -1.0f);
+          MatMul(w.View(), x.data(), batch, y.data());
+          return y;
+        });
+        if (fmt != WeightFormat::kF32 && cols % 32 == 0) {
+          ActsQ8 a;
+          SetIsaForTesting(Isa::kScalar);
+          QuantizeActs(x.data(), batch, cols, &a);
+          CheckScalarBits(isas, "MatMulQ8 " + bt, [&] {
+            std::vector<float> y(batch * rows, -1.0f);
+            MatMulQ8(w.View(), a, y.data());
+            return y;
+          });
         }
       }
-      const std::vector<float> x = AdversarialRows(batch, cols, rng);
-      ActsQ8 a;
-      SetIsaForTesting(Isa::kScalar);
-      QuantizeActs(x.data(), batch, cols, &a);
-      std::vector<float> ys(batch * rows);
-      MatMulQ8(w.View(), a, ys.data());
-      for (Isa isa : neon) {
-        SetIsaForTesting(isa);
-        std::vector<float> y(batch * rows, -1.0f);
-        MatMulQ8(w.View(), a, y.data());
-        const size_t d = FirstDiff(y.data(), ys.data(), y.size());
-        INFO(IsaStr(isa) << " fmt " << int(fmt) << " cols " << cols << " first diff " << d);
-        CHECK(d == y.size());
-      }
+      const std::vector<float> x1 = [&] {
+        std::vector<float> v(cols);
+        for (auto& f : v) f = EdgeFloat(rng);
+        return v;
+      }();
+      CheckScalarBits(isas, "RowDot " + tag, [&] {
+        std::vector<float> y(rows);
+        for (size_t r = 0; r < rows; ++r) y[r] = RowDot(w.View(), r, x1.data());
+        return y;
+      });
+      std::vector<float> coef(rows);
+      for (auto& c : coef) c = EdgeFloat(rng);
+      CheckScalarBits(isas, "AddRow " + tag, [&] {
+        std::vector<float> acc = x1;
+        for (size_t r = 0; r < rows; ++r) AddRow(w.View(), r, coef[r], acc.data());
+        return acc;
+      });
+      const size_t tokens = 7, nrows = rows - 3;
+      std::vector<float> tc(tokens * rows);
+      for (auto& c : tc) c = EdgeFloat(rng);
+      CheckScalarBits(isas, "AddRows " + tag, [&] {
+        std::vector<float> acc(tokens * cols);
+        for (size_t t = 0; t < tokens; ++t) std::copy(x1.begin(), x1.end(), acc.begin() + t * cols);
+        AddRows(w.View(), 2, nrows, tc.data(), rows, tokens, acc.data(), cols);
+        return acc;
+      });
     }
   }
 }

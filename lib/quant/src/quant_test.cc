@@ -1233,22 +1233,18 @@ TEST_CASE("the AVX-VNNI build of the AVX2 kernels gives the AVX2 bits" *
 }
 
 // A CPU without AVX2 reports this case as skipped, with a line on stderr.
-TEST_CASE("int8 IDOT: decode gives the batched bits, across x86 ISAs of one bit family" *
+TEST_CASE("int8 IDOT: decode gives the batched bits, across every x86 ISA and scalar" *
           doctest::skip(k3::test::SkipUnlessCpuRuns(Isa::kAvx2, "x86 int8 IDOT bits"))) {
-  // avx2 and avx2vnni run the same operations per output: exact int32 per
-  // 4-column lane of each 32-column group, group g into accumulator slot g mod 2
-  // by fma(cvt(d), xs_g, slot), then the same reduction tree and the row scale;
-  // so the dispatch may take int8 IDOT from one of them for decode and from the
-  // other for batches (isa.cc). avx512 has its own bits (whole-group int32, one
-  // fma per 16 groups in block lane order, docs/quant.md §3.3): its decode and
-  // batched kernels must agree with each other. Either way a token decoded alone
-  // gives the bits of the same token inside a chunked prefill.
-  const auto family = [](Isa i) { return i == Isa::kAvx512 ? 1 : 0; };
-  std::vector<Isa> x86;
+  // Every ISA sums in the one order (kernels.h): exact int32 per 32-column
+  // group, group g into lane BlockLane(g) by fma(cvt(gi), xs_g, lane), the
+  // 16-lane tree, then the row scale. So the dispatch may take int8 IDOT from
+  // any ISA for decode and from any other for batches (isa.cc), and a token
+  // decoded alone gives the bits of the same token inside a chunked prefill.
+  std::vector<Isa> x86 = {Isa::kScalar};
   for (Isa i : {Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512}) {
     if (IsaSupported(i)) x86.push_back(i);
   }
-  MESSAGE("x86 int8 IDOT bits: " << x86.size() << " SIMD ISA(s) on this CPU");
+  MESSAGE("x86 int8 IDOT bits: " << x86.size() - 1 << " SIMD ISA(s) on this CPU, and scalar");
   IsaGuard guard;
   std::mt19937 rng(47);
   // 32/96/160: 1, 3, 5 groups (odd: half chunks, partial 16-group blocks);
@@ -1275,7 +1271,6 @@ TEST_CASE("int8 IDOT: decode gives the batched bits, across x86 ISAs of one bit 
         std::vector<float> y(m.rows, -1.0f);
         MatMulQ8(m.View(), one, y.data());
         for (size_t j = 0; j < x86.size(); ++j) {
-          if (family(x86[k]) != family(x86[j])) continue;
           INFO("cols " << cols << " b" << b << ": decode " << IsaStr(x86[k]) << " vs batched "
                        << IsaStr(x86[j]));
           CHECK(std::memcmp(y.data(), batched[j].data() + b * m.rows, m.rows * 4) == 0);

@@ -56,7 +56,6 @@ quant::KernelConfig KernelConfigFromEnv(std::vector<std::string>* warnings) {
                           std::to_string(quant::kMaxPrefetchBytes) + "]; using the defaults");
     }
   }
-  k.nibble64 = GetEnv("K3_QUANT_NIBBLE64").has_value();
   return k;
 }
 

@@ -191,15 +191,7 @@ TEST_CASE("K3_PREFETCH: a byte count in [0, 1 MiB]; anything else is a warning a
   }
 }
 
-TEST_CASE("K3_QUANT_NIBBLE64 and K3_CRASH_AT") {
-  {
-    EnvScope e("K3_QUANT_NIBBLE64", nullptr);
-    CHECK_FALSE(toolenv::KernelConfigFromEnv(nullptr).nibble64);
-  }
-  {
-    EnvScope e("K3_QUANT_NIBBLE64", "1");
-    CHECK(toolenv::KernelConfigFromEnv(nullptr).nibble64);
-  }
+TEST_CASE("K3_CRASH_AT: NAME or NAME:N") {
   {
     EnvScope e("K3_CRASH_AT", nullptr);
     CHECK(toolenv::CrashAtFromEnv().name.empty());
@@ -272,7 +264,7 @@ TEST_CASE("ConfigureKernels: a forced ISA changes what is dispatched, also after
 TEST_CASE("ConfigureKernels refuses bad values and keeps the configuration") {
   KernelConfigGuard guard;
   quant::ConfigureKernels(
-      KernelConfig{.forced_isa = std::nullopt, .prefetch_bytes = 8192, .nibble64 = true});
+      KernelConfig{.forced_isa = std::nullopt, .prefetch_bytes = 8192});
   const std::optional<Isa> missing = UnsupportedIsa();
   REQUIRE(missing.has_value());
   try {
@@ -295,7 +287,6 @@ TEST_CASE("ConfigureKernels refuses bad values and keeps the configuration") {
   const KernelConfig now = quant::CurrentKernelConfig();
   CHECK_FALSE(now.forced_isa.has_value());
   CHECK(now.prefetch_bytes == 8192);
-  CHECK(now.nibble64);
 }
 
 TEST_CASE("SetCrashPoint: the N-th pass through the named point kills with SIGKILL") {

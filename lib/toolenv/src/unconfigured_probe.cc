@@ -1,8 +1,8 @@
 // A program that uses lib/quant and lib/core without k3::toolenv (as a fuzzer
 // or any library user does): whatever the environment says, it must get the
 // defaults, also from a static initialiser that dispatches before main. Run by
-// ctest (toolenv_unconfigured) with K3_FORCE_ISA, K3_LOG, K3_PREFETCH and
-// K3_QUANT_NIBBLE64 set; exits 1 naming what was not the default.
+// ctest (toolenv_unconfigured) with K3_FORCE_ISA, K3_LOG and K3_PREFETCH set;
+// exits 1 naming what was not the default.
 #include <cstdio>
 
 #include "k3/core/log.h"
@@ -29,7 +29,6 @@ int main() {
   const KernelConfig c = CurrentKernelConfig();
   expect(!c.forced_isa.has_value(), "forced_isa");
   expect(c.prefetch_bytes == -1, "prefetch_bytes");
-  expect(!c.nibble64, "nibble64");
   expect(k3::CurrentLogLevel() == k3::LogLevel::kInfo, "the log level");
   if (bad == 0) std::printf("toolenv_unconfigured: defaults, whatever the environment says\n");
   return bad;

@@ -1,8 +1,8 @@
 // Run-time ISA selection for the kernels: chosen at first use from CPUID (x86-64)
 // or getauxval(AT_HWCAP) (aarch64), overridable through KernelConfig (which the
-// tools fill from K3_FORCE_ISA=scalar|avx2|avx2vnni|avx512|neon|neondot,
-// K3_PREFETCH and K3_QUANT_NIBBLE64 at start-up: lib/toolenv; this library reads
-// no environment), logged once per choice. Preference on x86-64: avx512 (F/BW/VL + VNNI) >
+// tools fill from K3_FORCE_ISA=scalar|avx2|avx2vnni|avx512|neon|neondot and
+// K3_PREFETCH at start-up: lib/toolenv; this library reads no environment),
+// logged once per choice. Preference on x86-64: avx512 (F/BW/VL + VNNI) >
 // avx2vnni (AVX2 + AVX-VNNI, e.g. Alder Lake and later client cores) > avx2 >
 // scalar; on aarch64: neondot (ASIMD + the dot-product extension, sdot/udot) >
 // neon (baseline armv8-a ASIMD) > scalar. The other architecture's ISAs are
@@ -27,7 +27,7 @@ inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx2Vnni,
 
 // How the kernels are configured. The library never reads the environment:
 // each program's main fills this (k3::toolenv::KernelConfigFromEnv, from
-// K3_FORCE_ISA, K3_PREFETCH, K3_QUANT_NIBBLE64; docs/environment.md) and calls
+// K3_FORCE_ISA, K3_PREFETCH; docs/environment.md) and calls
 // ConfigureKernels once at start-up. A program that never configures gets the
 // defaults below, deterministically.
 struct KernelConfig {
@@ -37,9 +37,6 @@ struct KernelConfig {
   // Software prefetch distance of the decode kernels, for all of them; -1 = each
   // kernel's own default (kernels.h, kernels_avx512.cc). 0 to 1 MiB.
   int64_t prefetch_bytes = -1;
-  // The int4/MXFP4 IDOT kernels of 64 columns per step, kept for same-run A/B
-  // benchmarks.
-  bool nibble64 = false;
 };
 inline constexpr int64_t kMaxPrefetchBytes = int64_t{1} << 20;
 

@@ -2,12 +2,13 @@
 // docs/quant.md). This header is the contract between lib/quant and its users
 // (lib/model, k3-repack): the implementations may change, these semantics may not.
 //
-// Determinism contract: every output element of MatMul / MatMulQ8 is computed by
-// the same sequence of floating-point operations whatever the batch size and the
-// thread count, so chunked prefill is bit-identical to token-at-a-time. Different
-// ISAs may differ from each other (within documented tolerances) but each ISA is
-// deterministic. Kernels are noexcept and thread-safe (they parallelise internally
-// with OpenMP over output rows).
+// Determinism contract: every output element of MatMul / MatMulQ8 / RowDot /
+// AddRow / AddRows is computed by one sequence of floating-point operations (the
+// one order, docs/quant.md §3) whatever the ISA, the batch size and the thread
+// count: a row's bits depend on none of them, so chunked prefill is bit-identical
+// to token-at-a-time and every machine gives the same answer. Kernels are
+// noexcept and thread-safe (they parallelise internally with OpenMP over output
+// rows).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // k3::toolenv — what every k3 program reads from the environment at start-up
 // besides the runtime's EngineOptions::FromEnv and vulkan::TierOptions::FromEnv:
 // the log threshold (K3_LOG), the kernel configuration (K3_FORCE_ISA,
-// K3_PREFETCH, K3_QUANT_NIBBLE64) and the test hooks (K3_CRASH_AT, K3_STALL_AT).
+// K3_PREFETCH) and the test hooks (K3_CRASH_AT, K3_STALL_AT).
 // The libraries read no environment (scripts/check-env-reads.sh); each main
 // (apps/, bench/, the shared doctest main, the test drivers) calls
 // ApplyFromEnv once, before its first log line or kernel. docs/environment.md.
@@ -33,7 +33,7 @@ struct StallAt {
 
 struct ToolEnv {
   LogLevel log_level = LogLevel::kInfo;  // K3_LOG
-  quant::KernelConfig kernels;           // K3_FORCE_ISA, K3_PREFETCH, K3_QUANT_NIBBLE64
+  quant::KernelConfig kernels;           // K3_FORCE_ISA, K3_PREFETCH
   CrashAt crash_at;                      // K3_CRASH_AT
   StallAt stall_at;                      // K3_STALL_AT
   // Values that are not errors but are not used either (a bad K3_PREFETCH: the
@@ -49,8 +49,7 @@ struct ToolEnv {
 LogLevel LogLevelFromEnv();
 // K3_FORCE_ISA (an ISA name this CPU runs), K3_PREFETCH (a byte count in
 // [0, quant::kMaxPrefetchBytes]; otherwise a warning appended to `warnings`
-// and the defaults, as before this moved here), K3_QUANT_NIBBLE64 (any
-// non-empty value).
+// and the defaults, as before this moved here).
 quant::KernelConfig KernelConfigFromEnv(std::vector<std::string>* warnings);
 // K3_CRASH_AT.
 CrashAt CrashAtFromEnv();
