@@ -170,6 +170,9 @@ void RunGenerate(const GenerateArgs& args) {
     j.Field("expert_hits", es.hits);
     j.Field("expert_misses", es.misses);
     j.Field("expert_hit_rate", es.hit_rate());
+    // Distinct (layer, expert) pairs this request routed to that no earlier one
+    // of the process had: one pass over them is the least the disk must read.
+    j.Field("experts_distinct_routed", es.distinct_routed);
     j.Field("peak_rss_bytes", PeakRssBytes());
     j.Field("idot", eo.run.idot);
     j.Field("chunk", static_cast<int64_t>(eo.run.chunk));

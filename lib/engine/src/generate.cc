@@ -34,6 +34,7 @@ model::ExpertStoreStats Minus(const model::ExpertStoreStats& a, const model::Exp
   d.hits = a.hits - b.hits;
   d.misses = a.misses - b.misses;
   d.blocked_seconds = a.blocked_seconds - b.blocked_seconds;
+  d.distinct_routed = a.distinct_routed - b.distinct_routed;
   return d;
 }
 

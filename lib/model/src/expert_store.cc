@@ -136,8 +136,22 @@ SimpleExpertStore::SimpleExpertStore(const Snapshot& snapshot, const ModelConfig
   layers_.resize(static_cast<size_t>(config.num_hidden_layers));
 }
 
+void ExpertStore::NoteRouted(int64_t layer, std::span<const int32_t> experts) {
+  const ExpertTable& t = table();
+  if (routed_.empty()) routed_.assign(static_cast<size_t>(t.num_layers() * t.num_experts()), false);
+  for (int32_t e : experts) {
+    if (layer < 0 || layer >= t.num_layers() || e < 0 || e >= t.num_experts()) continue;
+    const size_t i = static_cast<size_t>(layer * t.num_experts() + e);
+    if (!routed_[i]) {
+      routed_[i] = true;
+      ++distinct_routed_;
+    }
+  }
+}
+
 void SimpleExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> experts) {
   // No read-ahead: reads happen in Acquire, in the order the caller asks.
+  NoteRouted(layer, experts);
 }
 
 ExpertView SimpleExpertStore::Acquire(int64_t layer, int64_t expert) {

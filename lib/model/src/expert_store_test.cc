@@ -98,6 +98,8 @@ TEST_CASE("SimpleExpertStore: per-layer LRU hits, misses and bytes") {
   CHECK(s.misses == 5);
   CHECK(s.bytes_read == 5 * slot);
   CHECK(s.hit_rate() == doctest::Approx(2.0 / 7.0));
+  // (1,0), (1,1), (1,2), (2,0): a re-read of (1,1) is a miss, not a new expert.
+  CHECK(s.distinct_routed == 4);
 
   // Holding more experts than slots at once still works (temporary extra slots).
   std::vector<int32_t> all = {3, 4, 5, 6};
@@ -108,4 +110,5 @@ TEST_CASE("SimpleExpertStore: per-layer LRU hits, misses and bytes") {
   CHECK(std::unique(data.begin(), data.end()) == data.end());  // distinct buffers
   for (int32_t e : all) store.Release(3, e);
   store.EndLayer(3);
+  CHECK(store.stats().distinct_routed == 8);
 }

@@ -167,6 +167,8 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   decode_.Render(out, "k3_decode_seconds_per_token", "Decode time per generated token.");
   queue_wait_.Render(out, "k3_queue_wait_seconds", "Time a request waited for the model.");
   Counter(out, "k3_expert_bytes_read_total", "Expert bytes read from disk.", experts.bytes_read);
+  Counter(out, "k3_experts_distinct_routed_total",
+          "Distinct (layer, expert) pairs requests have routed to since load.", experts.distinct_routed);
   Counter(out, "k3_expert_cache_hits_total", "Expert acquisitions served from the cache.", experts.hits);
   Counter(out, "k3_expert_cache_misses_total", "Expert acquisitions that needed a read.", experts.misses);
   Gauge(out, "k3_expert_cache_hit_rate", "Expert cache hit rate since load.", experts.hit_rate());

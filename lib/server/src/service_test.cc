@@ -349,7 +349,8 @@ TEST_CASE("metrics name every required series") {
        {"k3_requests_total 1", "k3_requests_cancelled_total 0", "k3_requests_rejected_total 0",
         "k3_prompt_tokens_total", "k3_completion_tokens_total 3", "k3_cached_tokens_total",
         "k3_queue_depth 0", "k3_ttft_seconds_bucket", "k3_decode_seconds_per_token_count",
-        "k3_expert_bytes_read_total", "k3_expert_cache_hit_rate", "k3_prefill_tokens_total",
+        "k3_expert_bytes_read_total", "k3_experts_distinct_routed_total",
+        "k3_expert_cache_hit_rate", "k3_prefill_tokens_total",
         "k3_prefill_seconds_total 0.5", "k3_prefill_tokens_per_second"}) {
     CAPTURE(name);
     CHECK(m.find(name) != std::string::npos);

@@ -335,7 +335,7 @@ bool StreamingExpertStore::direct() const {
   return false;
 }
 
-model::ExpertStoreStats StreamingExpertStore::stats() const {
+model::ExpertStoreStats StreamingExpertStore::CounterStats() const {
   model::ExpertStoreStats s;
   s.bytes_read = stats_.total.bytes_read;
   s.hits = stats_.total.hits;
@@ -575,6 +575,7 @@ void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> ex
   AbandonPass();  // only does something after an exception mid-pass
   m.deferred = nullptr;
   K3_CHECK(layer >= 0 && layer < static_cast<int64_t>(m.cache.size()));
+  NoteRouted(layer, experts);
   if (layer <= m.last_layer || stats_.steps.empty()) stats_.steps.emplace_back();
   // Read-ahead of this layer: index by expert, adopted below.
   std::vector<int> ahead_of;

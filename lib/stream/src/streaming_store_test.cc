@@ -216,10 +216,15 @@ TEST_CASE("streaming store: an everything-resident cache reads each expert once"
   StreamingExpertStore& store = Install(*model, o);
   std::vector<float> a = Run(*model, 32);
   const uint64_t misses = store.stream_stats().total.misses;
+  // Read-ahead off nothing and no eviction: the experts read are exactly the
+  // distinct ones the run routed to, and the second run routes to no new one.
+  const uint64_t distinct = store.stats().distinct_routed;
+  CHECK(distinct == misses);
   std::vector<float> b = Run(*model, 32);
   CHECK(SameBits(a, Baseline()));
   CHECK(SameBits(b, Baseline()));
   CHECK(store.stream_stats().total.misses == misses);  // second run: all hits
+  CHECK(store.stats().distinct_routed == distinct);
   CHECK(misses <= static_cast<uint64_t>(model->config().num_experts *
                                         model->config().num_moe_layers()));
   // Per-step stats: prefill chunk first, then one step per decode token.

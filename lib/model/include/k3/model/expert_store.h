@@ -67,6 +67,11 @@ struct ExpertStoreStats {
   uint64_t hits = 0;           // Acquire() served from the cache
   uint64_t misses = 0;         // Acquire() that needed a read
   double blocked_seconds = 0;  // time Acquire() waited for I/O
+  // (layer, expert) pairs a pass asked for (BeginLayer's lists) for the first
+  // time since load: on a fresh store, the distinct experts the prompts so far
+  // routed to, so distinct_routed x slot bytes is one pass over them -- the
+  // bytes an I/O floor divides by, whatever read-ahead and re-reads added.
+  uint64_t distinct_routed = 0;
   double hit_rate() const {
     uint64_t n = hits + misses;
     return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
@@ -157,13 +162,27 @@ class ExpertStore {
   virtual ExpertView Acquire(int64_t layer, int64_t expert) = 0;
   virtual void Release(int64_t layer, int64_t expert) noexcept = 0;
   virtual void EndLayer(int64_t layer) = 0;
-  virtual ExpertStoreStats stats() const = 0;
+  // The implementation's counters, with distinct_routed filled in here.
+  ExpertStoreStats stats() const {
+    ExpertStoreStats s = CounterStats();
+    s.distinct_routed = distinct_routed_;
+    return s;
+  }
   // Read-ahead hint for the next pass of `layer` (protocol above): `likely`
   // in the order to read them (disk order). Not during a pass. Default: none.
   virtual void Prefetch(int64_t layer, std::span<const int32_t> likely) {
     (void)layer;
     (void)likely;
   }
+
+ protected:
+  virtual ExpertStoreStats CounterStats() const = 0;
+  // Every BeginLayer calls this with its list (one consumer, as the protocol says).
+  void NoteRouted(int64_t layer, std::span<const int32_t> experts);
+
+ private:
+  std::vector<bool> routed_;  // [layer * num_experts + expert], sized on first use
+  uint64_t distinct_routed_ = 0;
 };
 
 // The simple correct store: a per-layer LRU of `slots_per_layer` experts read
@@ -184,7 +203,7 @@ class SimpleExpertStore final : public ExpertStore {
   ExpertView Acquire(int64_t layer, int64_t expert) override;
   void Release(int64_t layer, int64_t expert) noexcept override;
   void EndLayer(int64_t layer) override;
-  ExpertStoreStats stats() const override { return stats_; }
+  ExpertStoreStats CounterStats() const override { return stats_; }
 
  private:
   struct Slot {

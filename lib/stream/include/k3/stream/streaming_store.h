@@ -136,7 +136,6 @@ class StreamingExpertStore final : public model::ExpertStore {
   model::ExpertView Acquire(int64_t layer, int64_t expert) override;
   void Release(int64_t layer, int64_t expert) noexcept override;
   void EndLayer(int64_t layer) override;
-  model::ExpertStoreStats stats() const override;
   void Prefetch(int64_t layer, std::span<const int32_t> likely) override;
 
   const StreamStats& stream_stats() const { return stats_; }
@@ -156,6 +155,9 @@ class StreamingExpertStore final : public model::ExpertStore {
   const StreamOptions& options() const { return options_; }
 
   struct Impl;
+
+ protected:
+  model::ExpertStoreStats CounterStats() const override;
 
  private:
   void AbandonPass() noexcept;
