@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -254,6 +255,23 @@ inline constexpr float kE2m1x2f[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f, 
 inline constexpr size_t kActGroup = 32;   // QuantizeActs group (§6.5)
 inline constexpr size_t kInt4Group = 64;  // int4-g64 group (§6.2)
 inline constexpr size_t kMxGroup = 32;    // MXFP4 scale group (§6.4)
+
+// Step t of the nibble IDOT's activation layout, `lanes` groups per step (one
+// per 128-bit lane): group t*lanes + l's even-column bytes at d + 16l, its odd
+// ones at d + 16*lanes + 16l; zeros for groups past the row's `groups`.
+inline void NibbleStepActs(const int8_t* q, size_t groups, size_t t, size_t lanes, int8_t* d) {
+  for (size_t l = 0; l < lanes; ++l) {
+    const size_t g = t * lanes + l;
+    int8_t* even = d + 16 * l;
+    int8_t* odd = d + 16 * lanes + 16 * l;
+    if (g < groups) {
+      SplitEvenOdd32(q + g * kActGroup, even, odd);
+    } else {
+      std::memset(even, 0, 16);
+      std::memset(odd, 0, 16);
+    }
+  }
+}
 
 // The one order of the matrix kernels (docs/quant.md §3, "The one order"):
 // the scalar reference defines it, every ISA gives its bits.

@@ -694,15 +694,7 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
       for (size_t m = 0; m < kBlockSteps; ++m) {
         const size_t t = k * kBlockSteps + m;
         int8_t* d = xq + (r * psteps + t) * kStep;
-        for (size_t l = 0; l < 2; ++l) {
-          const size_t g = t * 2 + l;
-          if (g < groups) {
-            SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 32 + 16 * l);
-          } else {
-            std::memset(d + 16 * l, 0, 16);
-            std::memset(d + 32 + 16 * l, 0, 16);
-          }
-        }
+        NibbleStepActs(q, groups, t, 2, d);
         const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d));
         const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 32));
         const __m256i p =

@@ -698,16 +698,8 @@ NibActs PrepareNibActs(const ActsQ8& x, Scratch& s) noexcept {
     float* dx = xsg + r * xsg_stride;
     for (size_t t = 0; t < psteps; ++t) {
       int8_t* d = dq + t * kStep;
-      for (size_t l = 0; l < 4; ++l) {
-        const size_t g = t * 4 + l;
-        if (g < groups) {
-          SplitEvenOdd32(q + g * kActGroup, d + 16 * l, d + 64 + 16 * l);
-        } else {
-          std::memset(d + 16 * l, 0, 16);
-          std::memset(d + 64 + 16 * l, 0, 16);
-        }
-        dx[g] = g < groups ? xs[g] * mult : 0.0f;
-      }
+      NibbleStepActs(q, groups, t, 4, d);
+      for (size_t g = t * 4; g < t * 4 + 4; ++g) dx[g] = g < groups ? xs[g] * mult : 0.0f;
       const __m512i xa = _mm512_load_si512(d);
       const __m512i xo = _mm512_load_si512(d + 64);
       const __m512i sum =
