@@ -1085,6 +1085,135 @@ void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, do
   DotSumSquaresTail(x, w, i, n, fold(d), fold(q), dot, ss);
 }
 
+// ---------------------------------------------------------------------------
+// AddRows for f32 rows (MLA's latent sum): tiles of T tokens x 16 columns keep
+// their accumulators in registers across the chunk's rows. Each element still
+// takes one FMA per row in row order, k = c: AddRowAvx2's bits (the compiled
+// loop of AddRow calls reloaded and stored every accumulator once per row and
+// ran MLA's latent sum at about 0.2 of the FMA roof). Other formats: the loop.
+template <int T>
+void AddRowsF32Tokens(const WeightView& w, size_t row0, size_t nrows, const float* coef,
+                      size_t coef_ld, float* acc, size_t acc_ld) noexcept {
+  const size_t n = w.cols;
+  const float* base = static_cast<const float*>(w.data) + row0 * n;
+  size_t c0 = 0;
+  for (; c0 + 16 <= n; c0 += 16) {
+    __m256 a[T][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      a[t][0] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + c0);
+      a[t][1] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + c0 + 8);
+    }
+    for (size_t j = 0; j < nrows; ++j) {
+      const float* r = base + j * n + c0;
+      const __m256 w0 = _mm256_loadu_ps(r), w1 = _mm256_loadu_ps(r + 8);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m256 k = _mm256_broadcast_ss(coef + size_t(t) * coef_ld + j);
+        a[t][0] = _mm256_fmadd_ps(k, w0, a[t][0]);
+        a[t][1] = _mm256_fmadd_ps(k, w1, a[t][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(acc + size_t(t) * acc_ld + c0, a[t][0]);
+      _mm256_storeu_ps(acc + size_t(t) * acc_ld + c0 + 8, a[t][1]);
+    }
+  }
+  if (c0 == n) return;
+  for (int t = 0; t < T; ++t) {
+    float* at = acc + size_t(t) * acc_ld;
+    for (size_t j = 0; j < nrows; ++j) {
+      const float k = coef[size_t(t) * coef_ld + j];
+      const float* r = base + j * n;
+      for (size_t i = c0; i < n; ++i) at[i] = std::fma(k, r[i], at[i]);
+    }
+  }
+}
+
+void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
+                 size_t tokens, float* acc, size_t acc_ld) noexcept {
+  if (w.format != WeightFormat::kF32) {
+    return AddRowsLoop(AddRowAvx2, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
+  }
+  size_t t = 0;
+  for (; t + 6 <= tokens; t += 6) {
+    AddRowsF32Tokens<6>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+  }
+  for (; t < tokens; ++t) {
+    AddRowsF32Tokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+  }
+}
+
+// MLA's attention scores in attn.h's order (one FMA chain per (query, key)
+// pair over the first part's columns then the second's, then the scale; the
+// same bits as every ISA): attn.h's 16-key panels, a panel column as two ymm,
+// tiles of R queries x 16 keys in registers, each query's column value one
+// broadcast. attn.h's plain loops, which GCC left scalar here, ran MLA's scores
+// at about 0.04 of the FMA roof.
+constexpr int kScoreTileQ = 6;
+
+template <int R>
+void ScoreTileAvx2(const float* qa, size_t da, const float* qb, size_t db, const float* kt,
+                   size_t n, float scale, float* s, size_t s_ld) noexcept {
+  __m256 a[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  auto part = [&](const float* q, size_t d, const float* k) {
+    for (size_t c = 0; c < d; ++c) {
+      const __m256 k0 = _mm256_loadu_ps(k + c * kScoreLanes);
+      const __m256 k1 = _mm256_loadu_ps(k + c * kScoreLanes + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = _mm256_broadcast_ss(q + size_t(r) * d + c);
+        a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
+      }
+    }
+  };
+  part(qa, da, kt);
+  if (db > 0) part(qb, db, kt + da * kScoreLanes);
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* out = s + size_t(r) * s_ld;
+    const __m256 v0 = _mm256_mul_ps(a[r][0], sc), v1 = _mm256_mul_ps(a[r][1], sc);
+    if (n == kScoreLanes) {
+      _mm256_storeu_ps(out, v0);
+      _mm256_storeu_ps(out + 8, v1);
+    } else {
+      alignas(32) float tmp[kScoreLanes];
+      _mm256_store_ps(tmp, v0);
+      _mm256_store_ps(tmp + 8, v1);
+      std::memcpy(out, tmp, n * sizeof(float));
+    }
+  }
+}
+
+void AttnScoresAvx2(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
+                    size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
+                    float* kt) noexcept {
+  for (size_t p = j0; p < j1; p += kScoreLanes) {
+    const size_t n = j1 - p < kScoreLanes ? j1 - p : kScoreLanes;
+    ScorePanel(ka, da, kb, db, p, n, kt);
+    size_t q = 0;
+    for (; q + kScoreTileQ <= nq; q += kScoreTileQ) {
+      ScoreTileAvx2<kScoreTileQ>(qa + q * da, da, qb + q * db, db, kt, n, scale, s + q * s_ld + p,
+                                 s_ld);
+    }
+    const float *qa1 = qa + q * da, *qb1 = qb + q * db;
+    float* s1 = s + q * s_ld + p;
+    switch (nq - q) {
+      case 5: ScoreTileAvx2<5>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 4: ScoreTileAvx2<4>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 3: ScoreTileAvx2<3>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 2: ScoreTileAvx2<2>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      case 1: ScoreTileAvx2<1>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
+      default: break;
+    }
+  }
+}
+
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
 constexpr KernelTable kAvx2Table = {
 #ifdef K3_AVXVNNI
@@ -1095,9 +1224,9 @@ constexpr KernelTable kAvx2Table = {
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
     DowncastScalar, QuantizeActsScalar,     RoofAvx2,
-    nullptr,        DotSumSquaresAvx2,      SituGluLoop,
+    AddRowsAvx2,    DotSumSquaresAvx2,      SituGluLoop,
     KdaDecayLoop,   KdaUpdateLoop,          SoftmaxLoop,
-    AttnScoresLoop};
+    AttnScoresAvx2};
 
 }  // namespace
 
