@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <utility>
 
 namespace k3::quant::internal {
 namespace {
@@ -58,21 +59,37 @@ inline void ScoreRows(const float* qa, size_t da, const float* qb, size_t db, co
   }
 }
 
-// Keys [j0, j1) against all nq queries; kt: (da + db) * kScoreLanes floats.
-inline void AttnScoresLoop(const float* qa, const float* ka, size_t da, const float* qb,
-                           const float* kb, size_t db, size_t nq, size_t j0, size_t j1, float scale,
-                           float* s, size_t s_ld, float* kt) noexcept {
+// The panel loop every ISA but AVX-512 runs: keys [j0, j1) in panels of
+// kScoreLanes, transposed into kt ((da + db) * kScoreLanes floats), then the
+// queries in tiles of Q and one tile of the rest. `tile` is a generic lambda
+// `[&]<size_t R>(qa, qb, n, s)` scoring R queries against the panel's n keys;
+// a tile's shape never changes a pair's operations.
+template <size_t Q, typename Tile>
+inline void ScorePanels(const float* qa, const float* ka, size_t da, const float* qb,
+                        const float* kb, size_t db, size_t nq, size_t j0, size_t j1, float* s,
+                        size_t s_ld, float* kt, Tile&& tile) noexcept {
   for (size_t p = j0; p < j1; p += kScoreLanes) {
     const size_t n = j1 - p < kScoreLanes ? j1 - p : kScoreLanes;
     ScorePanel(ka, da, kb, db, p, n, kt);
     size_t q = 0;
-    for (; q + kScoreQueries <= nq; q += kScoreQueries) {
-      ScoreRows<kScoreQueries>(qa + q * da, da, qb + q * db, db, kt, n, scale, s + q * s_ld + p,
-                               s_ld);
-    }
-    for (; q < nq; ++q)
-      ScoreRows<1>(qa + q * da, da, qb + q * db, db, kt, n, scale, s + q * s_ld + p, s_ld);
+    for (; q + Q <= nq; q += Q) tile.template operator()<Q>(qa + q * da, qb + q * db, n, s + q * s_ld + p);
+    [&]<size_t... R>(std::index_sequence<R...>) {
+      const size_t left = nq - q;
+      ((left == R + 1 ? tile.template operator()<R + 1>(qa + q * da, qb + q * db, n, s + q * s_ld + p)
+                      : void()),
+       ...);
+    }(std::make_index_sequence<Q - 1>());
   }
+}
+
+inline void AttnScoresLoop(const float* qa, const float* ka, size_t da, const float* qb,
+                           const float* kb, size_t db, size_t nq, size_t j0, size_t j1, float scale,
+                           float* s, size_t s_ld, float* kt) noexcept {
+  ScorePanels<kScoreQueries>(
+      qa, ka, da, qb, kb, db, nq, j0, j1, s, s_ld, kt,
+      [&]<size_t R>(const float* qa1, const float* qb1, size_t n, float* s1) {
+        ScoreRows<R>(qa1, da, qb1, db, kt, n, scale, s1, s_ld);
+      });
 }
 
 }  // namespace

@@ -1151,20 +1151,20 @@ void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* co
 // tiles of R queries x 16 keys in registers, each query's column value one
 // broadcast. attn.h's plain loops, which GCC left scalar here, ran MLA's scores
 // at about 0.04 of the FMA roof.
-constexpr int kScoreTileQ = 6;
+constexpr size_t kScoreTileQ = 6;
 
-template <int R>
+template <size_t R>
 void ScoreTileAvx2(const float* qa, size_t da, const float* qb, size_t db, const float* kt,
                    size_t n, float scale, float* s, size_t s_ld) noexcept {
   __m256 a[R][2];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  for (size_t r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
   auto part = [&](const float* q, size_t d, const float* k) {
     for (size_t c = 0; c < d; ++c) {
       const __m256 k0 = _mm256_loadu_ps(k + c * kScoreLanes);
       const __m256 k1 = _mm256_loadu_ps(k + c * kScoreLanes + 8);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
+      for (size_t r = 0; r < R; ++r) {
         const __m256 x = _mm256_broadcast_ss(q + size_t(r) * d + c);
         a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
         a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
@@ -1175,7 +1175,7 @@ void ScoreTileAvx2(const float* qa, size_t da, const float* qb, size_t db, const
   if (db > 0) part(qb, db, kt + da * kScoreLanes);
   const __m256 sc = _mm256_set1_ps(scale);
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+  for (size_t r = 0; r < R; ++r) {
     float* out = s + size_t(r) * s_ld;
     const __m256 v0 = _mm256_mul_ps(a[r][0], sc), v1 = _mm256_mul_ps(a[r][1], sc);
     if (n == kScoreLanes) {
@@ -1193,25 +1193,10 @@ void ScoreTileAvx2(const float* qa, size_t da, const float* qb, size_t db, const
 void AttnScoresAvx2(const float* qa, const float* ka, size_t da, const float* qb, const float* kb,
                     size_t db, size_t nq, size_t j0, size_t j1, float scale, float* s, size_t s_ld,
                     float* kt) noexcept {
-  for (size_t p = j0; p < j1; p += kScoreLanes) {
-    const size_t n = j1 - p < kScoreLanes ? j1 - p : kScoreLanes;
-    ScorePanel(ka, da, kb, db, p, n, kt);
-    size_t q = 0;
-    for (; q + kScoreTileQ <= nq; q += kScoreTileQ) {
-      ScoreTileAvx2<kScoreTileQ>(qa + q * da, da, qb + q * db, db, kt, n, scale, s + q * s_ld + p,
-                                 s_ld);
-    }
-    const float *qa1 = qa + q * da, *qb1 = qb + q * db;
-    float* s1 = s + q * s_ld + p;
-    switch (nq - q) {
-      case 5: ScoreTileAvx2<5>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
-      case 4: ScoreTileAvx2<4>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
-      case 3: ScoreTileAvx2<3>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
-      case 2: ScoreTileAvx2<2>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
-      case 1: ScoreTileAvx2<1>(qa1, da, qb1, db, kt, n, scale, s1, s_ld); break;
-      default: break;
-    }
-  }
+  ScorePanels<kScoreTileQ>(qa, ka, da, qb, kb, db, nq, j0, j1, s, s_ld, kt,
+                           [&]<size_t R>(const float* qa1, const float* qb1, size_t n, float* s1) {
+                             ScoreTileAvx2<R>(qa1, da, qb1, db, kt, n, scale, s1, s_ld);
+                           });
 }
 
 // Quantizers stay scalar on AVX2 (load-time only; AVX-512 machines get SIMD ones).
