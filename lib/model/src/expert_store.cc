@@ -149,9 +149,8 @@ void ExpertStore::NoteRouted(int64_t layer, std::span<const int32_t> experts) {
   }
 }
 
-void SimpleExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> experts) {
+void SimpleExpertStore::BeginPass(int64_t layer, std::span<const int32_t> experts) {
   // No read-ahead: reads happen in Acquire, in the order the caller asks.
-  NoteRouted(layer, experts);
 }
 
 ExpertView SimpleExpertStore::Acquire(int64_t layer, int64_t expert) {

@@ -570,12 +570,11 @@ void StreamingExpertStore::Prefetch(int64_t layer, std::span<const int32_t> like
   }
 }
 
-void StreamingExpertStore::BeginLayer(int64_t layer, std::span<const int32_t> experts) {
+void StreamingExpertStore::BeginPass(int64_t layer, std::span<const int32_t> experts) {
   Impl& m = *impl_;
   AbandonPass();  // only does something after an exception mid-pass
   m.deferred = nullptr;
   K3_CHECK(layer >= 0 && layer < static_cast<int64_t>(m.cache.size()));
-  NoteRouted(layer, experts);
   if (layer <= m.last_layer || stats_.steps.empty()) stats_.steps.emplace_back();
   // Read-ahead of this layer: index by expert, adopted below.
   std::vector<int> ahead_of;

@@ -157,7 +157,11 @@ class ExpertStore {
   // Sort key for a layer's union: ascending (file, offset of w1p).
   DiskKey DiskOrder(int64_t layer, int64_t expert) const { return table().disk_key(layer, expert); }
   // `experts` = the unique experts this pass will Acquire, in that order.
-  virtual void BeginLayer(int64_t layer, std::span<const int32_t> experts) = 0;
+  // Counts the newly routed ones (distinct_routed), then the store's own BeginPass.
+  void BeginLayer(int64_t layer, std::span<const int32_t> experts) {
+    NoteRouted(layer, experts);
+    BeginPass(layer, experts);
+  }
   // Blocks until the expert is resident; the view stays valid until Release().
   virtual ExpertView Acquire(int64_t layer, int64_t expert) = 0;
   virtual void Release(int64_t layer, int64_t expert) noexcept = 0;
@@ -177,10 +181,11 @@ class ExpertStore {
 
  protected:
   virtual ExpertStoreStats CounterStats() const = 0;
-  // Every BeginLayer calls this with its list (one consumer, as the protocol says).
-  void NoteRouted(int64_t layer, std::span<const int32_t> experts);
+  // BeginLayer's work in the implementation (the protocol above).
+  virtual void BeginPass(int64_t layer, std::span<const int32_t> experts) = 0;
 
  private:
+  void NoteRouted(int64_t layer, std::span<const int32_t> experts);
   std::vector<bool> routed_;  // [layer * num_experts + expert], sized on first use
   uint64_t distinct_routed_ = 0;
 };
@@ -199,11 +204,11 @@ class SimpleExpertStore final : public ExpertStore {
       : SimpleExpertStore(snapshot, config, Options{}) {}
 
   const ExpertTable& table() const override { return table_; }
-  void BeginLayer(int64_t layer, std::span<const int32_t> experts) override;
   ExpertView Acquire(int64_t layer, int64_t expert) override;
   void Release(int64_t layer, int64_t expert) noexcept override;
   void EndLayer(int64_t layer) override;
   ExpertStoreStats CounterStats() const override { return stats_; }
+  void BeginPass(int64_t layer, std::span<const int32_t> experts) override;
 
  private:
   struct Slot {

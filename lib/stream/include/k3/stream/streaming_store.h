@@ -132,7 +132,6 @@ class StreamingExpertStore final : public model::ExpertStore {
   StreamingExpertStore& operator=(const StreamingExpertStore&) = delete;
 
   const model::ExpertTable& table() const override { return table_; }
-  void BeginLayer(int64_t layer, std::span<const int32_t> experts) override;
   model::ExpertView Acquire(int64_t layer, int64_t expert) override;
   void Release(int64_t layer, int64_t expert) noexcept override;
   void EndLayer(int64_t layer) override;
@@ -158,6 +157,7 @@ class StreamingExpertStore final : public model::ExpertStore {
 
  protected:
   model::ExpertStoreStats CounterStats() const override;
+  void BeginPass(int64_t layer, std::span<const int32_t> experts) override;
 
  private:
   void AbandonPass() noexcept;
