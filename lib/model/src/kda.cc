@@ -21,7 +21,6 @@ constexpr float kL2NormEps = 1e-6f;
 void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const KdaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].kda;
-  Impl::KdaState& st = impl_->kda[static_cast<size_t>(layer)];
   const bool idot = options_.idot;
   const size_t H = static_cast<size_t>(c.kda_num_heads);
   const size_t hd = static_cast<size_t>(c.kda_head_dim);
@@ -30,14 +29,14 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   const float eps = c.rms_norm_eps;
   const float lb = c.kda_gate_lower_bound;
 
-  LayerScratch::Kda buf = impl_->scratch.kda();
+  LayerScratch::Kda buf = impl_->work->scratch.kda();
   float *q = buf.q(C * P), *k = buf.k(C * P), *v = buf.v(C * P), *g = buf.g(C * P);
   float *z = buf.f(C * P), *t1 = buf.f_a(C * hd), *braw = buf.b(C * H);
   PhaseClock clk;
-  Linear(w.q, x, C, q, idot, &impl_->acts);
-  Linear(w.k, x, C, k, idot, &impl_->acts);
-  Linear(w.v, x, C, v, idot, &impl_->acts);
-  Linear(w.g, x, C, g, idot, &impl_->acts);
+  Linear(w.q, x, C, q, idot, &impl_->work->acts);
+  Linear(w.k, x, C, k, idot, &impl_->work->acts);
+  Linear(w.v, x, C, v, idot, &impl_->work->acts);
+  Linear(w.g, x, C, g, idot, &impl_->work->acts);
   quant::MatMul(w.f_a.view(), x, C, t1);
   quant::MatMul(w.f_b.view(), t1, C, z);
   quant::MatMul(w.b.view(), x, C, braw);
@@ -47,7 +46,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   // capture_of_token is set, this layer's state is copied into that capture,
   // at offset kda_off of its floats (S, then the q, k, v conv windows).
   const std::vector<int32_t>& cap_of = impl_->capture_of_token;
-  const bool capturing = !impl_->captures.empty() && cap_of.size() == C;
+  const bool capturing = !impl_->captures.empty() && cap_of.size() == C && segs_.size() == 1;
   size_t kda_off = 0;
   if (capturing) {
     const StateLayout lay = StateLayout::For(c);
@@ -68,9 +67,11 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   // token t reads raw inputs t-K+1..t, which no output has replaced yet;
   // positions before the window come from `win`, which then takes the last K
   // raw inputs. Threads only pay off with enough work.
-  const bool conv_par = P * C * K >= (1u << 16);
   std::vector<float> taps_t(K * P), next_win(P * K), sums(P);
-  auto conv = [&](float* y, std::vector<float>& win, const std::vector<float>& taps, size_t part) {
+  // One sequence's rows [r0, r0 + C) of the pass.
+  auto conv = [&](float* y, size_t C, size_t r0, std::vector<float>& win,
+                  const std::vector<float>& taps, size_t part) {
+    const bool conv_par = P * C * K >= (1u << 16);
     for (size_t d = 0; d < P; ++d) {
       for (size_t j = 0; j < K; ++j) taps_t[j * P + d] = taps[d * K + j];
     }
@@ -81,10 +82,12 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
       const size_t d0 = P * me / nth, d1 = P * (me + 1) / nth;
       // Raw input at token src (negative: the window before this chunk).
       auto in = [&](ptrdiff_t src, size_t d) {
-        return src >= 0 ? y[static_cast<size_t>(src) * P + d] : win[d * K + static_cast<size_t>(static_cast<ptrdiff_t>(K) + src)];
+        return src >= 0 ? y[static_cast<size_t>(src) * P + d]
+                        : win[d * K + static_cast<size_t>(static_cast<ptrdiff_t>(K) + src)];
       };
       for (size_t d = d0; d < d1; ++d) {
-        for (size_t j = 0; j < K; ++j) next_win[d * K + j] = in(static_cast<ptrdiff_t>(C + j) - static_cast<ptrdiff_t>(K), d);
+        for (size_t j = 0; j < K; ++j)
+          next_win[d * K + j] = in(static_cast<ptrdiff_t>(C + j) - static_cast<ptrdiff_t>(K), d);
       }
       for (size_t t = C; t-- > 0;) {
         const ptrdiff_t first = static_cast<ptrdiff_t>(t + 1) - static_cast<ptrdiff_t>(K);
@@ -100,7 +103,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
             for (size_t d = d0; d < d1; ++d) acc[d] += tj[d] * in(src, d);
           }
         }
-        if (float* cap = capture_at(t)) {
+        if (float* cap = capture_at(r0 + t)) {
           float* cw = cap + H * hd * hd + part * P * K;
           for (size_t d = d0; d < d1; ++d) {
             for (size_t j = 0; j < K; ++j) cw[d * K + j] = in(first + static_cast<ptrdiff_t>(j), d);
@@ -110,55 +113,60 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
         for (size_t d = d0; d < d1; ++d) out[d] = quant::Silu(acc[d]);
       }
       // Only this thread's channels read their windows: no barrier needed.
-      for (size_t d = d0; d < d1; ++d) std::memcpy(win.data() + d * K, next_win.data() + d * K, K * sizeof(float));
+      for (size_t d = d0; d < d1; ++d)
+        std::memcpy(win.data() + d * K, next_win.data() + d * K, K * sizeof(float));
     }
   };
-  conv(q, st.wq, w.q_conv, 0);
-  conv(k, st.wk, w.k_conv, 1);
-  conv(v, st.wv, w.v_conv, 2);
-
   float* o = buf.o(C * P);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Heads are independent: each owns its state and advances token by token.
-  const bool head_par = H > 1 && H * hd * hd * C >= (1u << 16);
+  // Per sequence of the pass (Forward: one; Step: one per slice), over its state.
+  for (const Seg& sg : segs_) {
+    Impl::KdaState& st = sg.s->impl_->kda[static_cast<size_t>(layer)];
+    const size_t r0 = sg.r0, r1 = sg.r0 + sg.n;
+    conv(q + r0 * P, sg.n, r0, st.wq, w.q_conv, 0);
+    conv(k + r0 * P, sg.n, r0, st.wk, w.k_conv, 1);
+    conv(v + r0 * P, sg.n, r0, st.wv, w.v_conv, 2);
+    // Heads are independent: each owns its state and advances token by token.
+    const bool head_par = H > 1 && H * hd * hd * sg.n >= (1u << 16);
 #pragma omp parallel for schedule(static) if (head_par)
-  for (size_t hh = 0; hh < H; ++hh) {
-    std::vector<float> qn(hd), kn(hd), alpha(hd), ks(hd), vt(hd), oh(hd);
-    float* S = st.s.data() + hh * hd * hd;
-    const float a_h = w.a[hh];
-    for (size_t t = 0; t < C; ++t) {
-      const float* qt = q + t * P + hh * hd;
-      const float* kt = k + t * P + hh * hd;
-      const float* vtok = v + t * P + hh * hd;
-      float sq = 0.0f, sk = 0.0f;
-      for (size_t i = 0; i < hd; ++i) sq += qt[i] * qt[i];
-      for (size_t i = 0; i < hd; ++i) sk += kt[i] * kt[i];
-      const float rq = 1.0f / std::sqrt(sq + kL2NormEps);
-      const float rk = 1.0f / std::sqrt(sk + kL2NormEps);
-      for (size_t i = 0; i < hd; ++i) qn[i] = qt[i] * rq * q_scale;
-      for (size_t i = 0; i < hd; ++i) kn[i] = kt[i] * rk;
-      for (size_t i = 0; i < hd; ++i) {
-        const size_t ch = hh * hd + i;
-        const float zz = z[t * P + ch] + w.dt_bias[ch];
-        alpha[i] = std::exp(lb * quant::Sigmoid(a_h * zz));
+    for (size_t hh = 0; hh < H; ++hh) {
+      std::vector<float> qn(hd), kn(hd), alpha(hd), ks(hd), vt(hd), oh(hd);
+      float* S = st.s.data() + hh * hd * hd;
+      const float a_h = w.a[hh];
+      for (size_t t = r0; t < r1; ++t) {
+        const float* qt = q + t * P + hh * hd;
+        const float* kt = k + t * P + hh * hd;
+        const float* vtok = v + t * P + hh * hd;
+        float sq = 0.0f, sk = 0.0f;
+        for (size_t i = 0; i < hd; ++i) sq += qt[i] * qt[i];
+        for (size_t i = 0; i < hd; ++i) sk += kt[i] * kt[i];
+        const float rq = 1.0f / std::sqrt(sq + kL2NormEps);
+        const float rk = 1.0f / std::sqrt(sk + kL2NormEps);
+        for (size_t i = 0; i < hd; ++i) qn[i] = qt[i] * rq * q_scale;
+        for (size_t i = 0; i < hd; ++i) kn[i] = kt[i] * rk;
+        for (size_t i = 0; i < hd; ++i) {
+          const size_t ch = hh * hd + i;
+          const float zz = z[t * P + ch] + w.dt_bias[ch];
+          alpha[i] = std::exp(lb * quant::Sigmoid(a_h * zz));
+        }
+        const float beta = quant::Sigmoid(braw[t * H + hh]);
+        // S <- Diag(alpha) S; kS = k^T S (lib/quant's vectorized sweep, same bits).
+        quant::KdaDecay(S, hd, alpha.data(), kn.data(), ks.data());
+        for (size_t vv = 0; vv < hd; ++vv) vt[vv] = (vtok[vv] - ks[vv]) * beta;
+        // S += k vt^T; o = S^T q.
+        quant::KdaUpdate(S, hd, kn.data(), vt.data(), qn.data(), oh.data());
+        if (float* cap = capture_at(t)) {
+          std::memcpy(cap + hh * hd * hd, S, hd * hd * sizeof(float));
+        }
+        float* ot = o + t * P + hh * hd;
+        quant::RmsNorm(oh.data(), w.o_norm.data(), hd, eps, ot);
+        const float* gt = g + t * P + hh * hd;
+        for (size_t vv = 0; vv < hd; ++vv) ot[vv] *= quant::Sigmoid(gt[vv]);
       }
-      const float beta = quant::Sigmoid(braw[t * H + hh]);
-      // S <- Diag(alpha) S; kS = k^T S (lib/quant's vectorized sweep, same bits).
-      quant::KdaDecay(S, hd, alpha.data(), kn.data(), ks.data());
-      for (size_t vv = 0; vv < hd; ++vv) vt[vv] = (vtok[vv] - ks[vv]) * beta;
-      // S += k vt^T; o = S^T q.
-      quant::KdaUpdate(S, hd, kn.data(), vt.data(), qn.data(), oh.data());
-      if (float* cap = capture_at(t)) {
-        std::memcpy(cap + hh * hd * hd, S, hd * hd * sizeof(float));
-      }
-      float* ot = o + t * P + hh * hd;
-      quant::RmsNorm(oh.data(), w.o_norm.data(), hd, eps, ot);
-      const float* gt = g + t * P + hh * hd;
-      for (size_t vv = 0; vv < hd; ++vv) ot[vv] *= quant::Sigmoid(gt[vv]);
     }
   }
   clk.Lap(phases_.kda_scan);
-  Linear(w.o, o, C, out, idot, &impl_->acts);
+  Linear(w.o, o, C, out, idot, &impl_->work->acts);
   clk.Lap(phases_.attn_proj);
 }
 

@@ -18,12 +18,11 @@ namespace {
 constexpr float kLoraNormEps = 1e-6f;
 }  // namespace
 
-// x: [C, D] normalised input; out: [C, D]. The window's rows join the cache
-// at pos0.
-void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, float* out) {
+// x: [C, D] normalised input; out: [C, D]. Each sequence's rows (segs_) join
+// its own cache at its position and attend to it.
+void Session::MlaForward(int64_t layer, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const MlaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].mla;
-  Impl::MlaCache& mc = impl_->mla[static_cast<size_t>(layer)];
   const bool idot = options_.idot;
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
@@ -33,28 +32,55 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
   const size_t ql = static_cast<size_t>(c.q_lora_rank);
 
-  LayerScratch::Mla buf = impl_->scratch.mla();
+  LayerScratch::Mla buf = impl_->work->scratch.mla();
   float *qa = buf.q_a(C * ql), *qv = buf.q(C * H * qh), *ckv = buf.c_kv(C * (kvl + rope)),
         *gv = buf.g(C * H * vh);
   PhaseClock clk;
-  Linear(w.q_a, x, C, qa, idot, &impl_->acts);
+  Linear(w.q_a, x, C, qa, idot, &impl_->work->acts);
   for (size_t t = 0; t < C; ++t) {
     quant::RmsNorm(qa + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa + t * ql);
   }
-  Linear(w.q_b, qa, C, qv, idot, &impl_->acts);
-  Linear(w.kv_a, x, C, ckv, idot, &impl_->acts);
-  // Append the whole chunk to the cache first; token t then attends to rows
-  // 0..pos0+t (causal).
-  for (size_t t = 0; t < C; ++t) {
-    const size_t row = static_cast<size_t>(pos0) + t;
-    const float* src = ckv + t * (kvl + rope);
-    quant::RmsNorm(src, w.kv_a_norm.data(), kvl, kLoraNormEps, mc.latent.data() + row * kvl);
-    if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
+  Linear(w.q_b, qa, C, qv, idot, &impl_->work->acts);
+  Linear(w.kv_a, x, C, ckv, idot, &impl_->work->acts);
+  // Append each sequence's rows to its cache first; its token t then attends
+  // to rows 0..pos0+t (causal).
+  for (const Seg& sg : segs_) {
+    Impl::MlaCache& mc = sg.s->impl_->mla[static_cast<size_t>(layer)];
+    for (size_t t = 0; t < sg.n; ++t) {
+      const size_t row = static_cast<size_t>(sg.pos0) + t;
+      const float* src = ckv + (sg.r0 + t) * (kvl + rope);
+      quant::RmsNorm(src, w.kv_a_norm.data(), kvl, kLoraNormEps, mc.latent.data() + row * kvl);
+      if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
+    }
   }
-  Linear(w.g, x, C, gv, idot, &impl_->acts);
+  Linear(w.g, x, C, gv, idot, &impl_->work->acts);
   clk.Lap(phases_.attn_proj);
 
   float* ctx = buf.context(C * H * vh);
+  for (const Seg& sg : segs_) {
+    MlaAttend(layer, *sg.s->impl_, qv + sg.r0 * H * (nope + rope), gv + sg.r0 * H * vh, sg.n,
+              sg.pos0, ctx + sg.r0 * H * vh);
+  }
+  clk.Lap(phases_.mla_attn);
+  Linear(w.o, ctx, C, out, idot, &impl_->work->acts);
+  clk.Lap(phases_.attn_proj);
+}
+
+// One sequence's attention: its C rows' queries `qv` [C][H][qk_head] and
+// gates `gv` [C][H][v_head] against its cache `st` (rows 0..pos0+C-1 filled),
+// into `ctx` [C][H][v_head].
+void Session::MlaAttend(int64_t layer, Impl& st, const float* qv, const float* gv, size_t C,
+                        int64_t pos0, float* ctx) {
+  const ModelConfig& c = model_.config();
+  const MlaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].mla;
+  Impl::MlaCache& mc = st.mla[static_cast<size_t>(layer)];
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
+  const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
+  const size_t qh = nope + rope;
+  const size_t vh = static_cast<size_t>(c.v_head_dim);
+  const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
+  LayerScratch::Mla buf = impl_->work->scratch.mla();
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();
   // A block of queries' scores against every cached row (latent and rope
@@ -76,7 +102,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   // operations per element): the same bits as per block.
   const size_t tb_max = std::min(C, MlaBlockTokens(H));
   const size_t G = std::min(C, options_.mla_group > 0 ? static_cast<size_t>(options_.mla_group)
-                                                     : MlaGroupTokens(H, kvl, rope, vh));
+                                                      : MlaGroupTokens(H, kvl, rope, vh));
   const size_t Q_max = tb_max * H;
   const size_t rows_max = static_cast<size_t>(pos0) + C;
   // Per group, in query order [t][head]: qabs, clat (a thread's query rows are
@@ -105,7 +131,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       quant::AddRows(kvb, hh * (nope + vh), nope, qv + g0 * H * qh + hh * qh, H * qh, gn,
                      qabs + hh * kvl, H * kvl);
       for (size_t t = 0; t < gn && rope; ++t) {
-        std::memcpy(qr + (t * H + hh) * rope, qv + (g0 + t) * H * qh + hh * qh + nope, rope * sizeof(float));
+        std::memcpy(qr + (t * H + hh) * rope, qv + (g0 + t) * H * qh + hh * qh + nope,
+                    rope * sizeof(float));
       }
     }
     for (size_t t0 = g0; t0 < g0 + gn; t0 += tb_max) {
@@ -115,8 +142,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       const size_t seen_by_all = static_cast<size_t>(pos0) + t0;
       lat.rows = nb;
       const bool par = Q * nb * kvl >= (1u << 16);
-      quant::AttnScores(qabs + (t0 - g0) * H * kvl, mc.latent.data(), kvl, qr + (t0 - g0) * H * rope,
-                        mc.rope.data(), rope, Q, nb, scale, s1);
+      quant::AttnScores(qabs + (t0 - g0) * H * kvl, mc.latent.data(), kvl,
+                        qr + (t0 - g0) * H * rope, mc.rope.data(), rope, Q, nb, scale, s1);
       // Per query row: scores, softmax, then its weighted sum of the latent rows
       // it sees in ascending order (the rows before the block reach every row of
       // it, AddRows; then the block's own rows up to its token).
@@ -144,7 +171,8 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
 #pragma omp parallel for schedule(static) if (gpar && H > 1)
     for (size_t hh = 0; hh < H; ++hh) {
       float* x = gather + static_cast<size_t>(omp_get_thread_num()) * G * kvl;
-      for (size_t t = 0; t < gn; ++t) std::memcpy(x + t * kvl, clat + (t * H + hh) * kvl, kvl * sizeof(float));
+      for (size_t t = 0; t < gn; ++t)
+        std::memcpy(x + t * kvl, clat + (t * H + hh) * kvl, kvl * sizeof(float));
       float* y = yv + hh * G * vh;
       quant::MatMul(quant::RowRange(kvb, hh * (nope + vh) + nope, vh), x, gn, y);
       for (size_t t = 0; t < gn; ++t) {
@@ -154,9 +182,6 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
       }
     }
   }
-  clk.Lap(phases_.mla_attn);
-  Linear(w.o, ctx, C, out, idot, &impl_->acts);
-  clk.Lap(phases_.attn_proj);
 }
 
 }  // namespace k3::model

@@ -20,14 +20,14 @@ void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* o
   const bool idot = options_.idot;
   const size_t inter = w.gate.rows(), in = w.gate.cols(), outc = w.down.rows();
   const size_t S = std::min(C, kMlpSliceTokens);
-  LayerScratch::Mlp buf = impl_->scratch.mlp();
+  LayerScratch::Mlp buf = impl_->work->scratch.mlp();
   float *g = buf.gate(S * inter), *u = buf.up(S * inter);
   for (size_t t0 = 0; t0 < C; t0 += S) {
     const size_t n = std::min(S, C - t0);
-    Linear(w.gate, x + t0 * in, n, g, idot, &impl_->acts);
-    Linear(w.up, x + t0 * in, n, u, idot, &impl_->acts);
+    Linear(w.gate, x + t0 * in, n, g, idot, &impl_->work->acts);
+    Linear(w.up, x + t0 * in, n, u, idot, &impl_->work->acts);
     quant::SituGlu(g, u, n * inter, c.situ_beta, c.situ_linear_beta, g);
-    Linear(w.down, g, n, out + t0 * outc, idot, &impl_->acts);
+    Linear(w.down, g, n, out + t0 * outc, idot, &impl_->work->acts);
   }
 }
 

@@ -179,21 +179,21 @@ bool Session::CombineMayHold() {
   const ExpertExecutor* ex = model_.executor();
   const ExpertStore* store = &model_.experts();
   Impl& im = *impl_;
-  if (im.hold_store == store && im.hold_executor == ex) return im.hold;
-  im.hold_store = store;
-  im.hold_executor = ex;
+  if (im.work->hold_store == store && im.work->hold_executor == ex) return im.work->hold;
+  im.work->hold_store = store;
+  im.work->hold_executor = ex;
   const PairOrder order = ex == nullptr ? PairOrder::kExpertOrder : ex->pair_order();
-  im.hold = order != PairOrder::kExpertOrder;
+  im.work->hold = order != PairOrder::kExpertOrder;
   // Experts arrive in disk order: nothing is held when that is ascending id
   // in every MoE layer (k3 containers; HF snapshots may shuffle them).
   const ModelConfig& c = model_.config();
-  for (int64_t l = 0; l < c.num_hidden_layers && !im.hold; ++l) {
+  for (int64_t l = 0; l < c.num_hidden_layers && !im.work->hold; ++l) {
     if (!c.is_moe(l)) continue;
-    for (int64_t e = 1; e < c.num_experts && !im.hold; ++e) {
-      if (!(store->DiskOrder(l, e - 1) < store->DiskOrder(l, e))) im.hold = true;
+    for (int64_t e = 1; e < c.num_experts && !im.work->hold; ++e) {
+      if (!(store->DiskOrder(l, e - 1) < store->DiskOrder(l, e))) im.work->hold = true;
     }
   }
-  return im.hold;
+  return im.work->hold;
 }
 
 // Below this expected share of a layer's experts (uniform routing) a window
@@ -228,12 +228,12 @@ void Session::ReadAhead(int64_t from, size_t n) {
 
 ExpertExecutor& Session::Executor() {
   ExpertExecutor* ex = model_.executor();
-  return ex != nullptr ? *ex : impl_->cpu_experts;
+  return ex != nullptr ? *ex : impl_->work->cpu_experts;
 }
 
 // x: [C, D] normalised input; out: [C, D]. The routed experts, then the
 // fused shared experts added.
-void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, float* out) {
+void Session::MoeForward(int64_t layer, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const MoeWeights& w = model_.weights().layers[static_cast<size_t>(layer)].moe;
   const bool idot = options_.idot;
@@ -244,7 +244,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
 
   // Router: sigmoid scores; top-k by score + bias (strict >, ties -> lowest
   // id); weights = raw scores renormalised.
-  LayerScratch::Moe buf = impl_->scratch.moe();
+  LayerScratch::Moe buf = impl_->work->scratch.moe();
   PhaseClock clk;
   float* logits = buf.logits(C * E);
   quant::MatMul(w.router.view(), x, C, logits);
@@ -253,7 +253,9 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   std::vector<float> s(E);
   std::vector<char> taken(E);
   std::vector<char> keep(C * K, 1);  // 0: dropped by K3_TOPP
+  size_t seg = 0;                    // the sequence of row t (routing records)
   for (size_t t = 0; t < C; ++t) {
+    while (t >= segs_[seg].r0 + segs_[seg].n) ++seg;
     for (size_t e = 0; e < E; ++e) s[e] = quant::Sigmoid(logits[t * E + e]);
     std::fill(taken.begin(), taken.end(), 0);
     float sum = 0.0f;
@@ -287,15 +289,15 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     if (options_.topp > 0.0f && options_.topp < 1.0f) {
       DropRoutingTail(t * K, K, sel_w, options_.topp, keep);
     }
-    if (record_routing_) {
+    if (Session& owner = *segs_[seg].s; owner.record_routing_) {
       RoutingRecord r;
       r.layer = layer;
-      r.position = pos0 + static_cast<int64_t>(t);
+      r.position = segs_[seg].pos0 + static_cast<int64_t>(t - segs_[seg].r0);
       r.experts.assign(sel.begin() + static_cast<ptrdiff_t>(t * K),
                        sel.begin() + static_cast<ptrdiff_t>((t + 1) * K));
       r.weights.assign(sel_w.begin() + static_cast<ptrdiff_t>(t * K),
                        sel_w.begin() + static_cast<ptrdiff_t>((t + 1) * K));
-      routing_.push_back(std::move(r));
+      owner.routing_.push_back(std::move(r));
     }
   }
 
@@ -303,7 +305,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
   // fetched once and applied to all its tokens by the executor (the CPU one
   // unless the model has another, e.g. the Vulkan tier).
   float* zlat = buf.latent_in(C * LT);
-  Linear(w.latent_down, x, C, zlat, idot, &impl_->acts);
+  Linear(w.latent_down, x, C, zlat, idot, &impl_->work->acts);
   clk.Lap(phases_.moe_router);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert, sized exactly
   {
@@ -361,7 +363,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, int64_t pos0, 
     float* lt = lat + t * LT;
     quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
   }
-  Linear(w.latent_up, lat, C, out, idot, &impl_->acts);
+  Linear(w.latent_up, lat, C, out, idot, &impl_->work->acts);
   clk.Lap(phases_.moe_latent_up);
   if (!w.shared.gate.empty()) {
     float* sh = buf.shared_out(C * D);

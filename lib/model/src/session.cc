@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "attn_res.h"
 #include "k3/core/error.h"
 #include "k3/core/log.h"
 #include "k3/model/session_state.h"
 #include "k3/quant/ops.h"
-#include "attn_res.h"
 #include "linear.h"
 #include "session_impl.h"
 
@@ -23,8 +23,17 @@ namespace {
 std::atomic<bool> g_window_logged{false};
 }  // namespace
 
-Session::Session(Model& model, RunOptions options, int64_t max_tokens)
-    : model_(model), options_(options), impl_(std::make_unique<Impl>(model.config())) {
+Session::Session(Model& model, RunOptions options, int64_t max_tokens,
+                 const Session* share_work_with)
+    : model_(model),
+      options_(options),
+      impl_(std::make_unique<Impl>(share_work_with != nullptr
+                                       ? share_work_with->impl_->work
+                                       : std::make_shared<Impl::Work>(model.config()))) {
+  if (share_work_with != nullptr && &share_work_with->model_ != &model) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "a session shares work space only with one of its model");
+  }
   if (options_.chunk < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "prefill window (K3_CHUNK) must be >= 0 (0: sized from the memory budget), got " +
@@ -84,21 +93,7 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
                       ", " + std::to_string(pos_ + total) + "], got " + std::to_string(at));
     }
   }
-  // Grow the MLA caches (position-major, so growth is a prefix copy).
-  const double row_bytes = 4.0 * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim);
-  double grown_bytes = 0;
-  if (pos_ + total > impl_->cache_cap) {
-    int64_t cap = std::max<int64_t>(pos_ + total, impl_->cache_cap * 2);
-    grown_bytes = static_cast<double>(cap - impl_->cache_cap) * row_bytes *
-                  static_cast<double>(c.num_mla_layers());
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      if (c.is_kda[static_cast<size_t>(i)]) continue;
-      auto& mc = impl_->mla[static_cast<size_t>(i)];
-      mc.latent.resize(static_cast<size_t>(cap * c.kv_lora_rank), 0.0f);
-      mc.rope.resize(static_cast<size_t>(cap * c.qk_rope_head_dim), 0.0f);
-    }
-    impl_->cache_cap = cap;
-  }
+  const double grown_bytes = GrowMlaCache(pos_ + total);
 
   // The window: forced (K3_CHUNK), or the fewest that fit the budget left
   // after the MLA rows this call adds.
@@ -183,6 +178,24 @@ void Session::Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
   point_.tokens_done = total;
 }
 
+// Position-major caches, so growth is a prefix copy.
+double Session::GrowMlaCache(int64_t need) {
+  if (need <= impl_->cache_cap) return 0;
+  const ModelConfig& c = model_.config();
+  const double row_bytes = 4.0 * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim);
+  const int64_t cap = std::max<int64_t>(need, impl_->cache_cap * 2);
+  const double grown = static_cast<double>(cap - impl_->cache_cap) * row_bytes *
+                       static_cast<double>(c.num_mla_layers());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.is_kda[static_cast<size_t>(i)]) continue;
+    auto& mc = impl_->mla[static_cast<size_t>(i)];
+    mc.latent.resize(static_cast<size_t>(cap * c.kv_lora_rank), 0.0f);
+    mc.rope.resize(static_cast<size_t>(cap * c.qk_rope_head_dim), 0.0f);
+  }
+  impl_->cache_cap = cap;
+  return grown;
+}
+
 bool Session::PollInterrupt(int64_t layer, int64_t experts_done, int64_t experts_total) {
   if (!interrupt_) return false;
   point_.layer = layer;
@@ -198,26 +211,131 @@ bool Session::PollInterrupt(int64_t layer, int64_t experts_done, int64_t experts
   return true;
 }
 
-// One window through the whole stack, layer-major. Every matmul is batched
-// over the window; per-token sequential state advances in token order.
+// One window through the whole stack, layer-major, then the head.
 void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
                            const ForwardOutputs& out, bool last_chunk) {
   const ModelConfig& c = model_.config();
+  const size_t C = static_cast<size_t>(n_tokens);
+  segs_.assign(1, Seg{this, 0, C, pos_});
+  const int64_t nb = RunLayers(ids, C, out, t_base);
+  if (nb < 0) return;
+  // Head: every position when all logits / final vectors are wanted, else
+  // only the last position of the call.
+  const bool want_all = out.logits_all != nullptr || out.final_hidden != nullptr;
+  const bool want_last = out.logits_last != nullptr && last_chunk;
+  if (model_.weights().has_head && (want_all || want_last)) {
+    const size_t first = want_all ? 0 : C - 1;
+    std::vector<size_t> rows(C - first);
+    for (size_t t = first; t < C; ++t) rows[t - first] = t;
+    const size_t D = static_cast<size_t>(c.hidden_size), V = static_cast<size_t>(c.vocab_size);
+    std::vector<float> logits(rows.size() * V);
+    Head(rows, static_cast<size_t>(nb),
+         out.final_hidden ? out.final_hidden + (static_cast<size_t>(t_base) + first) * D : nullptr,
+         logits.data());
+    if (out.logits_all) {
+      std::memcpy(out.logits_all + (static_cast<size_t>(t_base) + first) * V, logits.data(),
+                  rows.size() * V * sizeof(float));
+    }
+    if (want_last) {
+      std::memcpy(out.logits_last, logits.data() + (rows.size() - 1) * V, V * sizeof(float));
+    }
+  }
+  pos_ += n_tokens;
+}
+
+void Session::Step(std::span<const StepSlice> slices) {
+  if (slices.empty()) return;
+  Session& host = *slices[0].session;
+  const ModelConfig& c = host.model_.config();
+  // Everything is checked before any state moves.
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const StepSlice& sl = slices[i];
+    if (sl.session == nullptr || sl.ids.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "a step slice needs a session and at least one id");
+    }
+    if (&sl.session->model_ != &host.model_ || sl.session->options_.idot != host.options_.idot) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "a step's sessions must share one model and one activation choice (K3_IDOT)");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (slices[j].session == sl.session) {
+        throw Error(ErrorCode::kInvalidArgument, "a session appears twice in one step");
+      }
+    }
+    for (int32_t id : sl.ids) {
+      if (id < 0 || id >= c.vocab_size) {
+        throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                     " outside the vocabulary [0, " +
+                                                     std::to_string(c.vocab_size) + ")");
+      }
+    }
+  }
+  // The rows, slice after slice.
+  std::vector<int32_t> ids;
+  host.segs_.clear();
+  for (const StepSlice& sl : slices) {
+    Session& s = *sl.session;
+    s.GrowMlaCache(s.pos_ + static_cast<int64_t>(sl.ids.size()));
+    host.segs_.push_back(Seg{&s, ids.size(), sl.ids.size(), s.pos_});
+    ids.insert(ids.end(), sl.ids.begin(), sl.ids.end());
+  }
+  // No polls and no captures inside a step (the host's own Forward state is
+  // put aside and back).
+  InterruptPoll poll = std::move(host.interrupt_);
+  host.interrupt_ = {};
+  host.impl_->captures.clear();
+  host.impl_->capture_of_token.clear();
+  host.interrupted_ = false;
+  int64_t nb = -1;
+  try {
+    nb = host.RunLayers(ids.data(), ids.size(), ForwardOutputs{}, 0);
+  } catch (...) {
+    host.interrupt_ = std::move(poll);
+    throw;
+  }
+  host.interrupt_ = std::move(poll);
+  K3_CHECK(nb >= 0);
+  // The head over each slice's last row that is wanted, all at once.
+  std::vector<size_t> rows;
+  std::vector<float*> dst;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].logits_last == nullptr) continue;
+    rows.push_back(host.segs_[i].r0 + host.segs_[i].n - 1);
+    dst.push_back(slices[i].logits_last);
+  }
+  if (!rows.empty() && host.model_.weights().has_head) {
+    const size_t V = static_cast<size_t>(c.vocab_size);
+    std::vector<float> logits(rows.size() * V);
+    host.Head(rows, static_cast<size_t>(nb), nullptr, logits.data());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(dst[i], logits.data() + i * V, V * sizeof(float));
+    }
+  }
+  for (const StepSlice& sl : slices) {
+    Session& s = *sl.session;
+    s.pos_ += static_cast<int64_t>(sl.ids.size());
+    s.history_.insert(s.history_.end(), sl.ids.begin(), sl.ids.end());
+  }
+}
+
+// The rows of segs_ through the whole stack, layer-major. Every matmul is
+// batched over all rows; per-token sequential state advances in token order
+// per sequence.
+int64_t Session::RunLayers(const int32_t* ids, size_t C, const ForwardOutputs& out,
+                           int64_t t_base) {
+  const ModelConfig& c = model_.config();
   const ModelWeights& W = model_.weights();
   Impl& im = *impl_;
-  const bool idot = options_.idot;
-  const size_t C = static_cast<size_t>(n_tokens);
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t L = static_cast<size_t>(c.num_hidden_layers);
   const size_t nbmax = static_cast<size_t>(c.max_blocks());
   const float eps = c.rms_norm_eps;
-  const int64_t pos0 = pos_;
 
-  // The window's streams, kept by the session like the layer scratch (a long
-  // prompt's later windows reuse the pages instead of faulting them in again;
-  // every buffer is written before it is read: h by the embedding, p and the
-  // snapshots by copies, x by the norms, a and f by the layer).
-  WindowStreams& ws = im.window;
+  // The window's streams, kept by the work space like the layer scratch (a
+  // long prompt's later windows reuse the pages instead of faulting them in
+  // again; every buffer is written before it is read: h by the embedding, p
+  // and the snapshots by copies, x by the norms, a and f by the layer).
+  WindowStreams& ws = im.work->window;
   float *h = ws.h.Take(C * D), *p = ws.p.Take(C * D), *x = ws.x.Take(C * D),
         *a = ws.attn.Take(C * D), *f = ws.ffn.Take(C * D), *m = ws.mix.Take(D);
   float* blocks = ws.blocks.Take(C * nbmax * D);  // per token: its block snapshots
@@ -235,7 +353,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
   PhaseTimes& ph = phases_;
   ReadAhead(0, C);
   for (size_t li = 0; li < L; ++li) {
-    if (PollInterrupt(static_cast<int64_t>(li))) return;
+    if (PollInterrupt(static_cast<int64_t>(li))) return -1;
     PhaseClock clk;
     const LayerWeights& lw = W.layers[li];
     const bool snap = li % static_cast<size_t>(c.attn_res_block_size) == 0;
@@ -257,7 +375,7 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     if (lw.is_kda) {
       KdaForward(static_cast<int64_t>(li), x, C, a);
     } else {
-      MlaForward(static_cast<int64_t>(li), x, C, pos0, a);
+      MlaForward(static_cast<int64_t>(li), x, C, a);
     }
     clk.Skip();  // timed inside, by part
     for (size_t t = 0; t < C; ++t) {
@@ -273,9 +391,9 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     }
     clk.Lap(ph.residual);
     if (lw.is_moe) {
-      MoeForward(static_cast<int64_t>(li), x, C, pos0, f);
-      if (interrupted_) return;  // stopped between experts (the session was reset)
-      clk.Skip();  // timed inside, by part
+      MoeForward(static_cast<int64_t>(li), x, C, f);
+      if (interrupted_) return -1;  // stopped between experts (the session was reset)
+      clk.Skip();                   // timed inside, by part
     } else {
       MlpForward(lw.dense, x, C, f);
       clk.Lap(ph.mlp);
@@ -292,38 +410,34 @@ void Session::ForwardChunk(const int32_t* ids, int64_t n_tokens, int64_t t_base,
     }
     clk.Lap(ph.residual);
   }
+  return static_cast<int64_t>(nb);
+}
 
-  // Head: every position when all logits / final vectors are wanted, else
-  // only the last position of the call.
-  const bool want_all = out.logits_all != nullptr || out.final_hidden != nullptr;
-  const bool want_last = out.logits_last != nullptr && last_chunk;
-  if (W.has_head && (want_all || want_last)) {
-    PhaseClock clk;
-    const size_t first = want_all ? 0 : C - 1;
-    const size_t rows = C - first;
-    std::vector<float> y(rows * D);
-    for (size_t t = first; t < C; ++t) {
-      float* yt = y.data() + (t - first) * D;
-      mix(t, h + t * D, W.out_sw, m);
-      quant::RmsNorm(m, W.final_norm.data(), D, eps, yt);
-      if (out.final_hidden) {
-        std::memcpy(out.final_hidden + (static_cast<size_t>(t_base) + t) * D, yt,
-                    D * sizeof(float));
-      }
-    }
-    const size_t V = static_cast<size_t>(c.vocab_size);
-    std::vector<float> logits(rows * V);
-    Linear(W.lm_head, y.data(), rows, logits.data(), idot, &im.acts);
-    if (out.logits_all) {
-      std::memcpy(out.logits_all + (static_cast<size_t>(t_base) + first) * V, logits.data(),
-                  rows * V * sizeof(float));
-    }
-    if (want_last) {
-      std::memcpy(out.logits_last, logits.data() + (rows - 1) * V, V * sizeof(float));
-    }
-    clk.Lap(ph.head);
+void Session::Head(std::span<const size_t> rows, size_t nb, float* final_hidden, float* logits) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& W = model_.weights();
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t nbmax = static_cast<size_t>(c.max_blocks());
+  WindowStreams& ws = impl_->work->window;
+  // The streams RunLayers left (Take returns the same buffers: no growth).
+  const float* h = ws.h.Take(0);
+  const float* blocks = ws.blocks.Take(0);
+  float* m = ws.mix.Take(D);
+  PhaseClock clk;
+  std::vector<const float*> entries(nb + 1);
+  std::vector<float> mix_scores(nb + 1);
+  std::vector<float> y(rows.size() * D);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t t = rows[i];
+    for (size_t j = 0; j < nb; ++j) entries[j] = blocks + (t * nbmax + j) * D;
+    entries[nb] = h + t * D;
+    Mix(entries.data(), nb + 1, W.out_sw.data(), D, c.rms_norm_eps, mix_scores.data(), m);
+    float* yt = y.data() + i * D;
+    quant::RmsNorm(m, W.final_norm.data(), D, c.rms_norm_eps, yt);
+    if (final_hidden) std::memcpy(final_hidden + i * D, yt, D * sizeof(float));
   }
-  pos_ += n_tokens;
+  Linear(W.lm_head, y.data(), rows.size(), logits, options_.idot, &impl_->work->acts);
+  clk.Lap(phases_.head);
 }
 
 }  // namespace k3::model

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "k3/core/default_init.h"
@@ -29,11 +30,25 @@ struct Session::Impl {
   std::vector<MlaCache> mla;  // per layer (empty for KDA layers)
   int64_t cache_cap = 0;
 
-  quant::ActsQ8 acts;    // scratch for Linear()
-  LayerScratch scratch;  // every phase's buffers, by name (scratch.h)
-  WindowStreams window;  // the window's streams (ForwardChunk)
-  // Routed experts when the model has no executor of its own.
-  CpuExpertExecutor cpu_experts;
+  // The space a forward pass works in: scratch for Linear(), every phase's
+  // buffers (scratch.h), the window's streams, the CPU expert executor (when
+  // the model has no executor of its own) and the combine's hold rule.
+  // Sessions made to share it (Session's constructor) hold one copy: the
+  // sequences of one engine keep one set of arenas, not one each, and a step
+  // over several of them (Session::Step) runs in it. Never used by two
+  // forward passes at once.
+  struct Work {
+    quant::ActsQ8 acts;
+    LayerScratch scratch;
+    WindowStreams window;
+    CpuExpertExecutor cpu_experts;
+    // CombineMayHold's answer for the store and executor it was computed on.
+    const ExpertStore* hold_store = nullptr;
+    const ExpertExecutor* hold_executor = nullptr;
+    bool hold = true;
+    explicit Work(const ModelConfig& config) : cpu_experts(config) {}
+  };
+  std::shared_ptr<Work> work;
 
   // Checkpoints captured inside the current window: the KDA floats (layer
   // order, StateLayout) at `position`, filled as each layer's scan passes it.
@@ -43,12 +58,8 @@ struct Session::Impl {
   };
   std::vector<Capture> captures;
   std::vector<int32_t> capture_of_token;  // [C]: index into captures after token t, or -1
-  // CombineMayHold's answer for the store it was computed on.
-  const ExpertStore* hold_store = nullptr;
-  const ExpertExecutor* hold_executor = nullptr;
-  bool hold = true;
 
-  explicit Impl(const ModelConfig& config) : cpu_experts(config) {}
+  explicit Impl(std::shared_ptr<Work> w) : work(std::move(w)) {}
 };
 
 // Wall time into PhaseTimes fields: Lap adds the time since the last Lap (or

@@ -179,7 +179,13 @@ struct PhaseTimes {
 class Session {
  public:
   // `max_tokens` bounds the MLA cache (grown on demand beyond it).
-  Session(Model& model, RunOptions options, int64_t max_tokens = 0);
+  // `share_work_with`: a session of the same model whose work space (every
+  // scratch arena a forward pass uses, not its state) this one shares, so
+  // that the sequences of one engine hold one set of arenas; such sessions
+  // must never run forward passes at the same time (one thread drives them,
+  // see Step). Null: a work space of its own.
+  Session(Model& model, RunOptions options, int64_t max_tokens = 0,
+          const Session* share_work_with = nullptr);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -198,6 +204,27 @@ class Session {
   void Forward(std::span<const int32_t> ids, const ForwardOutputs& out,
                std::span<const int64_t> checkpoint_at = {},
                const CheckpointSink& on_checkpoint = {});
+  // One sequence's rows in a step (Step).
+  struct StepSlice {
+    Session* session = nullptr;
+    std::span<const int32_t> ids;  // fed at session->position() onwards
+    float* logits_last = nullptr;  // [vocab]: logits at the slice's last id; null: not wanted
+  };
+  // One forward pass over the rows of several sequences (continuous batching,
+  // docs/engine.md "Steps"): every slice's ids advance its own session as
+  // Forward(ids) alone would, and with the same bits: each matmul runs once
+  // over all rows (a row's bits never depend on the others), each routed
+  // expert is fetched once for every row routed to it, and the sequential
+  // parts (KDA conv and scan, the MLA cache and attention) run per slice over
+  // its session's state. The step runs in slices[0]'s work space with its
+  // options and phase clock; no slice may name the same session twice, and
+  // all must be sessions of one model with the same RunOptions::idot. No
+  // windows (a slice is one), no checkpoint captures, no interrupt polls: a
+  // caller keeps steps short and checkpoints between them (SaveCheckpoint).
+  // Bad ids are refused (kInvalidArgument) before any state moves; after any
+  // other failure every slice's session is unspecified: Reset() them.
+  static void Step(std::span<const StepSlice> slices);
+
   // The window the last Forward call used (tokens; the largest of its windows)
   // and how many windows it ran.
   int64_t last_window() const { return last_window_; }
@@ -247,10 +274,29 @@ class Session {
   struct Impl;  // session_impl.h; the members below live in the rooms it names
   void ForwardChunk(const int32_t* ids, int64_t n, int64_t t_base, const ForwardOutputs& out,
                     bool last_chunk);
+  // A pass's rows by sequence: rows [r0, r0 + n) of the pass are `s`'s ids
+  // at positions pos0 onwards. One entry for Forward's windows, one per
+  // slice for Step; the layers loop over them where state is per sequence.
+  struct Seg {
+    Session* s = nullptr;
+    size_t r0 = 0, n = 0;
+    int64_t pos0 = 0;
+  };
+  // The embedding and every layer over the C rows of segs_ (the window
+  // streams hold the result); returns the AttnRes blocks made, or -1 when a
+  // poll stopped it.
+  int64_t RunLayers(const int32_t* ids, size_t C, const ForwardOutputs& out, int64_t t_base);
+  // The head over `rows` of the pass just run (`nb` blocks): the final mix and
+  // norm into `final_hidden` rows when wanted, logits [rows.size()][vocab].
+  void Head(std::span<const size_t> rows, size_t nb, float* final_hidden, float* logits);
+  // Grows the MLA caches to hold `need` positions (doubling); returns the bytes added.
+  double GrowMlaCache(int64_t need);
   void KdaForward(int64_t layer, const float* x, size_t n, float* out);
-  void MlaForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  void MlaForward(int64_t layer, const float* x, size_t n, float* out);
+  void MlaAttend(int64_t layer, Impl& state, const float* qv, const float* gv, size_t n,
+                 int64_t pos0, float* ctx);
   void MlpForward(const MlpWeights& w, const float* x, size_t n, float* out);
-  void MoeForward(int64_t layer, const float* x, size_t n, int64_t pos0, float* out);
+  void MoeForward(int64_t layer, const float* x, size_t n, float* out);
   // Read-ahead hint for the first MoE layer at or after `from` when a window
   // of `n` tokens will use nearly all of its experts (docs/engine.md).
   void ReadAhead(int64_t from, size_t n);
@@ -280,6 +326,7 @@ class Session {
   mutable std::string ckpt_model_id_;
   // The current Forward call's window (for polls) and what the last call used.
   PrefillPoint point_;
+  std::vector<Seg> segs_;  // the running pass's rows (this session drives it)
   int64_t last_window_ = 0;
   int64_t last_windows_ = 0;
   PhaseTimes phases_;
