@@ -15,6 +15,7 @@
 #include "k3/core/file.h"
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
+#include "k3/model/session_state.h"
 
 namespace k3::engine {
 namespace {
@@ -117,13 +118,51 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
             .c_str());
   }
   if (im.options.on_model_loaded) im.options.on_model_loaded(*im.model);
-  // The MLA cache grows on demand (doubling), so nothing is reserved for the
-  // whole context up front.
-  im.session = std::make_unique<model::Session>(*im.model, im.options.run, 0);
-  im.checkpoints = std::make_unique<CheckpointCache>(
-      im.options.checkpoints, im.session->Fingerprint(), model::StateLayout::For(im.model->config()));
+  // The sequences. The MLA cache grows on demand (doubling), so nothing is
+  // reserved for the whole context up front; they share one work space.
+  if (options.parallel < 1 || options.parallel > 256) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "parallel must be in [1, 256], got " + std::to_string(options.parallel));
+  }
+  if (options.step_tokens < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "step tokens must be >= 1, got " + std::to_string(options.step_tokens));
+  }
+  im.seqs.resize(static_cast<size_t>(options.parallel));
+  for (Impl::Sequence& s : im.seqs) {
+    s.session =
+        std::make_unique<model::Session>(*im.model, im.options.run, 0, im.seqs[0].session.get());
+    s.logits.resize(static_cast<size_t>(im.model->config().vocab_size));
+  }
+  im.checkpoints =
+      std::make_unique<CheckpointCache>(im.options.checkpoints, im.seqs[0].session->Fingerprint(),
+                                        model::StateLayout::For(im.model->config()));
   if (im.options.progress) K3_LOG_INFO("%s", im.checkpoints->Describe().c_str());
-  im.logits.resize(static_cast<size_t>(im.model->config().vocab_size));
+  if (options.parallel > 1) {
+    // Admission: what the prefill windows would have had, less one step's
+    // work space (steps replace windows), at least one 4096-position sequence.
+    model::WindowShape shape;
+    shape.tokens = options.step_tokens;
+    shape.threads = omp_get_max_threads();
+    shape.idot = im.options.run.idot;
+    const double step_bytes =
+        static_cast<double>(model::PrefillWindowBytes(im.model->config(), shape));
+    im.sequence_budget =
+        options.sequence_budget_bytes > 0
+            ? static_cast<uint64_t>(options.sequence_budget_bytes)
+            : static_cast<uint64_t>(std::max(im.options.run.prefill_budget_bytes - step_bytes,
+                                             static_cast<double>(im.SequenceBytes(4096))));
+    Impl* ip = &im;
+    im.batcher = std::make_unique<StepBatcher>(options.step_tokens, [ip] { ip->PublishStats(); });
+    if (im.options.progress) {
+      K3_LOG_INFO(
+          "parallel: %d sequences in steps of at most %lld rows (%s of work space); "
+          "running requests may hold %s of state (%s per 4096 positions)",
+          options.parallel, static_cast<long long>(options.step_tokens),
+          FormatBytes(static_cast<uint64_t>(step_bytes)).c_str(),
+          FormatBytes(im.sequence_budget).c_str(), FormatBytes(im.SequenceBytes(4096)).c_str());
+    }
+  }
   im.PublishStats();
   return e;
 }
@@ -143,8 +182,49 @@ CheckpointCacheStats Engine::checkpoint_stats() const { return impl_->checkpoint
 std::string Engine::DescribeCheckpoints() const { return impl_->checkpoints->Describe(); }
 int64_t Engine::ParkCheckpoints() { return impl_->checkpoints->ParkAll(); }
 const stream::StreamingExpertStore& Engine::streaming() const { return *impl_->streaming; }
-const std::vector<int32_t>& Engine::session_ids() const { return impl_->session->history(); }
-void Engine::ResetSession() { impl_->Reset(); }
+const std::vector<int32_t>& Engine::session_ids() const {
+  return impl_->seqs[0].session->history();
+}
+void Engine::ResetSession() {
+  std::lock_guard lock(impl_->seq_mu);
+  for (Impl::Sequence& s : impl_->seqs) {
+    if (!s.busy) s.Reset();
+  }
+}
+
+uint64_t Engine::Impl::SequenceBytes(int64_t positions) const {
+  const ModelConfig& c = model->config();
+  const double mla_row = 4.0 * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) *
+                         static_cast<double>(c.num_mla_layers());
+  return model::StateLayout::For(c).kda_bytes() +
+         static_cast<uint64_t>(mla_row * static_cast<double>(std::max<int64_t>(positions, 0)));
+}
+
+uint64_t Engine::RequestBytes(int64_t prompt_tokens, int64_t max_tokens) const {
+  // An answer without max_tokens is counted at 4096 tokens (it may grow past
+  // that; the MLA cache grows on demand), never past the context limit.
+  constexpr int64_t kUnboundedAnswer = 4096;
+  const int64_t answer = max_tokens > 0 ? max_tokens : kUnboundedAnswer;
+  return impl_->SequenceBytes(std::min(prompt_tokens + answer, context_limit()));
+}
+
+Engine::StepStats Engine::step_stats() const {
+  StepStats st;
+  st.parallel = static_cast<int>(impl_->seqs.size());
+  if (!impl_->batcher) return st;
+  const StepBatcher::Stats b = impl_->batcher->stats();
+  st.steps = b.steps;
+  st.rows = b.rows;
+  st.decode_rows = b.decode_rows;
+  st.max_sequences = b.max_sequences;
+  st.rows_hist = b.rows_hist;
+  std::lock_guard lock(impl_->seq_mu);
+  for (const Impl::Sequence& s : impl_->seqs) st.running += s.busy ? 1 : 0;
+  st.admission_waits = impl_->admission_waits;
+  st.reserved_bytes = impl_->reserved_total;
+  st.budget_bytes = impl_->sequence_budget;
+  return st;
+}
 
 int64_t Engine::context_limit() const {
   if (impl_->options.max_context > 0) return impl_->options.max_context;

@@ -3,6 +3,7 @@
 // windows, then sample and feed one token at a time until a stop rule, and
 // close the turn with its usage and stats (docs/engine.md).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -115,16 +116,27 @@ std::vector<int64_t> CheckpointPositions(int64_t start, int64_t n, int64_t every
 // leaves the session consistent (whole windows or whole tokens fed), so a
 // throw or a cancel between them leaves an engine the next request can use.
 class Engine::Impl::GenerateRun {
+  using Sequence = Engine::Impl::Sequence;
+
  public:
-  GenerateRun(Impl& im, const GenerateRequest& req, const Callbacks& cb, int64_t limit,
-              double t_start)
-      : im_(im), req_(req), cb_(cb), c_(im.model->config()), limit_(limit), t_start_(t_start),
-        has_head_(im.model->weights().has_head) {}
+  GenerateRun(Impl& im, Sequence& seq, const GenerateRequest& req, const Callbacks& cb,
+              int64_t limit, double t_start)
+      : im_(im),
+        seq_(seq),
+        req_(req),
+        cb_(cb),
+        c_(im.model->config()),
+        limit_(limit),
+        t_start_(t_start),
+        has_head_(im.model->weights().has_head),
+        batched_(im.batcher != nullptr) {}
 
   GenerateResult Run() {
     SetUpStructured();
-    stats0_ = im_.model->experts().stats();
-    im_.streaming->ClearSteps();  // this request's steps only (bounded memory in a server)
+    stats0_ = Stats();
+    // This request's steps only (bounded memory in a server); with several
+    // requests at once the store's steps are everyone's, and not cleared.
+    if (!batched_) im_.streaming->ClearSteps();
     const size_t common = RestorePrefix();
     if (common < req_.prompt_ids.size() && !Prefill(common)) {
       // The session holds whole windows only (or was reset); every checkpoint
@@ -145,7 +157,10 @@ class Engine::Impl::GenerateRun {
     if (!req_.chat_start || !im_.tokenizer) {
       throw Error(ErrorCode::kInvalidArgument, "structured output needs chat mode and tiktoken.model");
     }
-    if (!im_.vocab) im_.vocab.emplace(constrain::Vocabulary::FromTokenizer(*im_.tokenizer));
+    {
+      std::lock_guard lock(im_.vocab_mu);
+      if (!im_.vocab) im_.vocab.emplace(constrain::Vocabulary::FromTokenizer(*im_.tokenizer));
+    }
     const int64_t room = limit_ - static_cast<int64_t>(req_.prompt_ids.size());
     const int64_t budget = req_.max_tokens > 0 ? std::min(req_.max_tokens, room) : room;
     structured_.emplace(*req_.structured, *im_.tokenizer, *im_.vocab, c_.eos_token_ids,
@@ -158,23 +173,25 @@ class Engine::Impl::GenerateRun {
   // the last id is always fed). Sets usage.prompt_tokens and cached_tokens.
   size_t RestorePrefix() {
     const std::vector<int32_t>& prompt = req_.prompt_ids;
-    const std::vector<int32_t>& held = im_.session->history();
+    const std::vector<int32_t>& held = seq_.session->history();
     size_t common = 0;
     while (common < held.size() && common < prompt.size() && held[common] == prompt[common]) {
       ++common;
     }
     const bool reuse = req_.prefill_outputs == nullptr && common == held.size() &&
-                       (common < prompt.size() || im_.logits_valid);
+                       (common < prompt.size() || seq_.logits_valid);
     if (!reuse) {
-      im_.Reset();
+      seq_.Reset();
       common = 0;
     }
     if (CheckpointsOn() && prompt.size() > 1) {
-      const int64_t got = im_.checkpoints->RestoreDeepest(
-          *im_.session, prompt, static_cast<int64_t>(prompt.size()) - 1, static_cast<int64_t>(common));
+      std::lock_guard lock(im_.ckpt_mu);
+      const int64_t got = im_.checkpoints->RestoreDeepest(*seq_.session, prompt,
+                                                          static_cast<int64_t>(prompt.size()) - 1,
+                                                          static_cast<int64_t>(common));
       if (got > 0) {
         common = static_cast<size_t>(got);
-        im_.logits_valid = false;
+        seq_.logits_valid = false;
       }
     }
     res_.usage.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -196,44 +213,81 @@ class Engine::Impl::GenerateRun {
     const std::span<const int32_t> tail(prompt.data() + common, prompt.size() - common);
     const int64_t total = static_cast<int64_t>(tail.size());
     const double t0 = NowSeconds();
-    const uint64_t bytes0 = im_.model->experts().stats().bytes_read;
+    const uint64_t bytes0 = Stats().bytes_read;
     progress_ = PrefillProgress{};
     progress_.prompt_tokens = static_cast<int64_t>(prompt.size());
     progress_.cached_tokens = static_cast<int64_t>(common);
     progress_.total = total;
     progress_.layers = c_.num_hidden_layers;
     progress_.units_total = total * progress_.layers;
-    im_.session->SetInterrupt(
-        [this, t0, bytes0](const model::PrefillPoint& at) { return StopPrefillAt(at, t0, bytes0); });
     model::ForwardOutputs out = req_.prefill_outputs ? *req_.prefill_outputs : model::ForwardOutputs{};
-    out.logits_last = has_head_ ? im_.logits.data() : nullptr;
-    im_.logits_valid = false;
-    const model::PhaseTimes phases0 = im_.session->phase_times();
-    try {
-      std::vector<int64_t> at;
-      if (CheckpointsOn()) {
-        at = CheckpointPositions(static_cast<int64_t>(common), total, im_.options.checkpoint_every,
-                                 req_.checkpoint_at,
-                                 im_.options.run.chunk > 0 ? im_.options.run.chunk : kRetryPointMin);
-      }
-      im_.session->Forward(tail, out, at, [&](std::shared_ptr<const model::SessionCheckpoint> ck) {
-        im_.checkpoints->Put(std::move(ck));
-      });
-    } catch (...) {
-      im_.session->SetInterrupt({});
-      im_.Reset();
-      throw;
+    out.logits_last = has_head_ ? seq_.logits.data() : nullptr;
+    seq_.logits_valid = false;
+    std::vector<int64_t> at;
+    if (CheckpointsOn()) {
+      at = CheckpointPositions(static_cast<int64_t>(common), total, im_.options.checkpoint_every,
+                               req_.checkpoint_at,
+                               im_.options.run.chunk > 0 ? im_.options.run.chunk : kRetryPointMin);
     }
-    im_.session->SetInterrupt({});
-    im_.PublishStats();
+    const model::Session::CheckpointSink sink =
+        [&](std::shared_ptr<const model::SessionCheckpoint> ck) {
+          std::lock_guard lock(im_.ckpt_mu);
+          im_.checkpoints->Put(std::move(ck));
+        };
+    bool stopped = false;
+    if (batched_ && req_.prefill_outputs == nullptr) {
+      // Slices in steps beside the other requests (docs/engine.md "Steps"):
+      // cancel and progress between steps.
+      StepBatcher::Feed feed;
+      feed.session = seq_.session.get();
+      feed.ids = tail;
+      feed.logits_last = out.logits_last;
+      feed.checkpoint_at = std::move(at);
+      feed.on_checkpoint = sink;
+      try {
+        stopped = !im_.batcher->Run(feed, [&](int64_t done, int64_t slice) {
+          model::PrefillPoint pt;
+          pt.tokens_done = done;
+          pt.window_begin = done;
+          pt.window_tokens = slice;
+          pt.layers = c_.num_hidden_layers;
+          return StopPrefillAt(pt, t0, bytes0);
+        });
+      } catch (...) {
+        seq_.Reset();
+        throw;
+      }
+    } else {
+      seq_.session->SetInterrupt([this, t0, bytes0](const model::PrefillPoint& pt) {
+        return StopPrefillAt(pt, t0, bytes0);
+      });
+      const model::PhaseTimes phases0 = seq_.session->phase_times();
+      auto forward = [&] { seq_.session->Forward(tail, out, at, sink); };
+      try {
+        if (batched_) {
+          im_.batcher->Exclusive(forward);  // every position's outputs: the model alone
+        } else {
+          forward();
+        }
+      } catch (...) {
+        seq_.session->SetInterrupt({});
+        seq_.Reset();
+        throw;
+      }
+      seq_.session->SetInterrupt({});
+      stopped = seq_.session->interrupted();
+      res_.timings.prefill_window = seq_.session->last_window();
+      res_.timings.prefill_windows = seq_.session->last_windows();
+      if (!batched_) {
+        res_.timings.prefill_phases = seq_.session->phase_times() - phases0;
+        res_.prefill_steps = static_cast<int64_t>(im_.streaming->stream_stats().steps.size());
+      }
+    }
+    if (!batched_) im_.PublishStats();
     res_.timings.prefill_s = NowSeconds() - t0;
-    res_.timings.prefill_window = im_.session->last_window();
-    res_.timings.prefill_windows = im_.session->last_windows();
-    res_.timings.prefill_expert_bytes = im_.model->experts().stats().bytes_read - bytes0;
-    res_.timings.prefill_phases = im_.session->phase_times() - phases0;
-    res_.prefill_steps = static_cast<int64_t>(im_.streaming->stream_stats().steps.size());
-    if (im_.session->interrupted()) return false;
-    im_.logits_valid = has_head_;
+    res_.timings.prefill_expert_bytes = Stats().bytes_read - bytes0;
+    if (stopped) return false;
+    seq_.logits_valid = has_head_;
     if (res_.timings.prefill_s > 0) {
       res_.timings.prefill_tok_per_s = static_cast<double>(total) / res_.timings.prefill_s;
     }
@@ -247,7 +301,7 @@ class Engine::Impl::GenerateRun {
     pp.done = at.tokens_done;
     pp.window_tokens = at.window_tokens;
     pp.units_done = ProgressUnits(at);
-    pp.expert_bytes_read = im_.model->experts().stats().bytes_read - bytes0;
+    pp.expert_bytes_read = Stats().bytes_read - bytes0;
     pp.elapsed_s = NowSeconds() - t0;
     // ETA: the token-layers left at the mean rate so far (units done over
     // elapsed time), once a tenth of a second and some units have passed.
@@ -275,7 +329,10 @@ class Engine::Impl::GenerateRun {
     model::Sampler& sampler = req_.sampler ? *req_.sampler : own_sampler;
     const FinishReason reason = DecodeLoop(output, sampler);
     // The turn's end: a follow-up turn that extends it restores from here.
-    if (im_.checkpoints->enabled()) im_.checkpoints->Save(*im_.session);
+    if (im_.checkpoints->enabled()) {
+      std::lock_guard lock(im_.ckpt_mu);
+      im_.checkpoints->Save(*seq_.session);
+    }
     CloseOutput(output);
     return reason;
   }
@@ -286,7 +343,7 @@ class Engine::Impl::GenerateRun {
     const int64_t max_new = req_.max_tokens > 0 ? req_.max_tokens : limit_;
     double t_first = 0;
     model::ForwardOutputs step;
-    step.logits_last = im_.logits.data();
+    step.logits_last = seq_.logits.data();
     for (;;) {
       if (Cancelled()) return FinishReason::kCancelled;
       if (prompt_n + static_cast<int64_t>(res_.ids.size()) >= limit_) {
@@ -312,15 +369,31 @@ class Engine::Impl::GenerateRun {
   // Decode steps are not interrupted inside: the token is fed whole, so the
   // session keeps everything (a cancel is seen before the next step).
   void FeedToken(int32_t id, const model::ForwardOutputs& step) {
-    im_.logits_valid = false;
+    seq_.logits_valid = false;
     try {
-      im_.session->Forward(std::span<const int32_t>(&id, 1), step);
+      if (batched_) {
+        StepBatcher::Feed feed;
+        feed.session = seq_.session.get();
+        feed.ids = std::span<const int32_t>(&id, 1);
+        feed.logits_last = step.logits_last;
+        im_.batcher->Run(feed, {});
+      } else {
+        seq_.session->Forward(std::span<const int32_t>(&id, 1), step);
+      }
     } catch (...) {
-      im_.Reset();
+      seq_.Reset();
       throw;
     }
-    im_.logits_valid = true;
-    im_.PublishStats();
+    seq_.logits_valid = true;
+    if (!batched_) im_.PublishStats();
+  }
+
+  // The expert store's counters: read directly when this request is the only
+  // one on the model, else the copy the batcher publishes after every step.
+  model::ExpertStoreStats Stats() const {
+    if (!batched_) return im_.model->experts().stats();
+    std::lock_guard lock(im_.stats_mu);
+    return im_.stats_published;
   }
 
   // The next id from the logits of the last fed position: constrained, with
@@ -328,15 +401,15 @@ class Engine::Impl::GenerateRun {
   int32_t SampleNext(model::Sampler& sampler, int64_t max_new) {
     if (structured_) return SampleStructured(sampler, max_new);
     if (req_.ignore_eos) {
-      im_.masked.assign(im_.logits.begin(), im_.logits.end());
+      seq_.masked.assign(seq_.logits.begin(), seq_.logits.end());
       for (int64_t e : c_.eos_token_ids) {
-        if (e >= 0 && e < static_cast<int64_t>(im_.masked.size())) {
-          im_.masked[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
+        if (e >= 0 && e < static_cast<int64_t>(seq_.masked.size())) {
+          seq_.masked[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
         }
       }
-      return sampler.Sample(im_.masked);
+      return sampler.Sample(seq_.masked);
     }
-    return sampler.Sample(im_.logits);
+    return sampler.Sample(seq_.logits);
   }
 
   // A step under structured output: the decoder's mask, its forced id when
@@ -347,8 +420,8 @@ class Engine::Impl::GenerateRun {
     const double t0 = NowSeconds();
     const int64_t done = static_cast<int64_t>(res_.ids.size());
     const int64_t left = std::min(max_new - done, limit_ - prompt_n - done);
-    im_.masked.assign(im_.logits.begin(), im_.logits.end());
-    const int32_t forced = structured_->Prepare(im_.masked, left);
+    seq_.masked.assign(seq_.logits.begin(), seq_.logits.end());
+    const int32_t forced = structured_->Prepare(seq_.masked, left);
     res_.timings.constrain_s += NowSeconds() - t0;
     int32_t id;
     if (forced >= 0) {
@@ -358,14 +431,14 @@ class Engine::Impl::GenerateRun {
       // the decoder may still refuse a draw that leaves no room to close the
       // answer: it is masked and drawn again, a few times, then steered.
       for (int tries = 0;; ++tries) {
-        id = sampler.Sample(im_.masked);
+        id = sampler.Sample(seq_.masked);
         const double tc = NowSeconds();
         const bool allowed = structured_->Allowed(id);
         if (!allowed) {
-          im_.masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+          seq_.masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
           if (tries == kStructuredRedraws) {
             const int32_t f = structured_->Fallback();
-            id = f >= 0 ? f : model::Sampler::Argmax(im_.masked);
+            id = f >= 0 ? f : model::Sampler::Argmax(seq_.masked);
           }
         }
         res_.timings.constrain_s += NowSeconds() - tc;
@@ -396,8 +469,8 @@ class Engine::Impl::GenerateRun {
   // and the decode rate.
   GenerateResult Finish(FinishReason reason) {
     res_.finish = reason;
-    im_.PublishStats();
-    res_.experts = Minus(im_.model->experts().stats(), stats0_);
+    if (!batched_) im_.PublishStats();
+    res_.experts = Minus(Stats(), stats0_);
     res_.usage.completion_tokens = static_cast<int64_t>(res_.ids.size());
     if (res_.usage.completion_tokens > 0 && res_.timings.decode_s > 0) {
       res_.timings.decode_tok_per_s =
@@ -407,12 +480,14 @@ class Engine::Impl::GenerateRun {
   }
 
   Impl& im_;
+  Sequence& seq_;
   const GenerateRequest& req_;
   const Callbacks& cb_;
   const ModelConfig& c_;
   const int64_t limit_;
   const double t_start_;
   const bool has_head_;
+  const bool batched_;  // --parallel > 1: every feed goes through the batcher
   std::optional<StructuredDecoder> structured_;
   model::ExpertStoreStats stats0_;
   PrefillProgress progress_;
@@ -424,7 +499,72 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
   const int64_t limit = context_limit();
   ValidateOrThrow(req, config(), impl_->model->weights().has_head, impl_->tokenizer.has_value(),
                   limit);
-  return Impl::GenerateRun(*impl_, req, cb, limit, t_start).Run();
+  Impl& im = *impl_;
+  using Sequence = Impl::Sequence;
+  if (!im.batcher) return Impl::GenerateRun(im, im.seqs[0], req, cb, limit, t_start).Run();
+
+  // Several at once: a free sequence and room for this request's state.
+  const uint64_t need = RequestBytes(static_cast<int64_t>(req.prompt_ids.size()), req.max_tokens);
+  if (need > im.sequence_budget) {
+    throw Error(ErrorCode::kNoSpace,
+                "the request needs " + FormatBytes(need) + " of sequence state (prompt " +
+                    std::to_string(req.prompt_ids.size()) + " + max_tokens " +
+                    std::to_string(req.max_tokens) + " positions) but running requests may hold " +
+                    FormatBytes(im.sequence_budget) + " in all (--parallel, --prefill-mem-gb)");
+  }
+  Sequence* seq = nullptr;
+  {
+    std::unique_lock lock(im.seq_mu);
+    bool counted = false;
+    for (;;) {
+      // The free sequence whose ids are the longest prefix of this prompt
+      // (prefix reuse), else the least recently used.
+      size_t best_common = 0;
+      for (Sequence& s : im.seqs) {
+        if (s.busy) continue;
+        const std::vector<int32_t>& h = s.session->history();
+        size_t common = 0;
+        if (h.size() <= req.prompt_ids.size() &&
+            std::equal(h.begin(), h.end(), req.prompt_ids.begin())) {
+          common = h.size();
+        }
+        if (seq == nullptr || common > best_common ||
+            (common == best_common && s.last_used < seq->last_used)) {
+          seq = &s;
+          best_common = common;
+        }
+      }
+      if (seq != nullptr && im.reserved_total + need <= im.sequence_budget) break;
+      seq = nullptr;
+      if (!counted) {
+        ++im.admission_waits;
+        counted = true;
+      }
+      if (cb.cancel && cb.cancel->load()) {
+        GenerateResult r;
+        r.finish = FinishReason::kCancelled;
+        r.usage.prompt_tokens = static_cast<int64_t>(req.prompt_ids.size());
+        return r;
+      }
+      im.seq_cv.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    seq->busy = true;
+    seq->last_used = ++im.requests;
+    seq->reserved = need;
+    im.reserved_total += need;
+  }
+  struct Release {
+    Impl& im;
+    Sequence& s;
+    ~Release() {
+      std::lock_guard lock(im.seq_mu);
+      im.reserved_total -= s.reserved;
+      s.reserved = 0;
+      s.busy = false;
+      im.seq_cv.notify_all();
+    }
+  } release{im, *seq};
+  return Impl::GenerateRun(im, *seq, req, cb, limit, t_start).Run();
 }
 
 }  // namespace k3::engine

@@ -6,10 +6,12 @@
 // CONTRACT: lib/server codes against this header. Add fields and
 // functions freely; do not rename or change the meaning of what is here.
 //
-// Ownership and threads: an Engine owns the Model, the Tokenizer and one
-// Session. It is not thread-safe: one Generate() at a time (the server's queue
-// serialises requests); only expert_stats() and checkpoint_stats() may be
-// called from other threads.
+// Ownership and threads: an Engine owns the Model, the Tokenizer and its
+// sequences (one Session each). With EngineOptions::parallel == 1 it is not
+// thread-safe: one Generate() at a time (the server's queue serialises
+// requests); only expert_stats(), checkpoint_stats() and step_stats() may be
+// called from other threads. With parallel > 1, up to that many Generate()
+// calls run at once from different threads (more wait for a sequence).
 // Callbacks run on the calling thread, inside Generate().
 // Failures: LoadOrThrow and Generate throw k3::Error (kInvalidArgument for a
 // bad request: ids out of the vocabulary, a prompt past the context limit);
@@ -58,6 +60,18 @@ struct EngineOptions {
   // Compute threads (OpenMP) for the forward pass; 0 = every CPU. A flag, not
   // an environment variable (OMP_NUM_THREADS still applies when this is 0).
   int threads = 0;
+  // Requests that run at once (k3-run serve --parallel, docs/engine.md
+  // "Steps"). 1: one Generate at a time, the prompt in windows (the CLI's
+  // and a library user's default). N > 1: Generate is thread-safe; up to N
+  // requests run on their own sequences, fed together in steps of at most
+  // `step_tokens` rows, and each gets the tokens it would get alone.
+  int parallel = 1;
+  int64_t step_tokens = 512;
+  // What running requests' sequences may hold together (KDA states, MLA rows
+  // for prompt + max_tokens); a request that does not fit waits for others to
+  // finish, one that could never fit is refused. 0: sized at load from
+  // MemAvailable (what the expert cache and prefill windows leave).
+  double sequence_budget_bytes = 0;
   // Called once after the model is loaded and the streaming store installed,
   // before the session is made: the place to install further expert
   // executors (e.g. a GPU tier) on every command. Empty: nothing.
@@ -316,6 +330,24 @@ class Engine {
   // is safe from any thread, also while Generate runs (a copy refreshed after
   // every prefill and decode step).
   model::ExpertStoreStats expert_stats() const;
+
+  // Continuous batching (parallel > 1; zeros otherwise). Thread-safe.
+  struct StepStats {
+    int parallel = 1;
+    int running = 0;  // requests holding a sequence now
+    uint64_t steps = 0;
+    uint64_t rows = 0;                // rows fed, summed over steps
+    uint64_t decode_rows = 0;         // of them, decoding sequences' one-token rows
+    uint64_t max_sequences = 0;       // most sequences in one step
+    std::vector<uint64_t> rows_hist;  // steps by rows: <=1, <=2, <=4, ..., <=1024, more
+    uint64_t admission_waits = 0;     // requests that waited for sequence memory
+    uint64_t reserved_bytes = 0;      // reserved by running requests now
+    uint64_t budget_bytes = 0;
+  };
+  StepStats step_stats() const;
+  // The bytes a request of `prompt_tokens` + `max_tokens` (0: to the context
+  // limit) reserves while it runs (parallel > 1): admission counts these.
+  uint64_t RequestBytes(int64_t prompt_tokens, int64_t max_tokens) const;
 
   // The streaming store every engine installs (its plan and per-step stats).
   const stream::StreamingExpertStore& streaming() const;
