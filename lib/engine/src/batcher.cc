@@ -10,16 +10,6 @@ namespace k3::engine {
 StepBatcher::StepBatcher(int64_t step_tokens, std::function<void()> after_step)
     : step_tokens_(std::max<int64_t>(1, step_tokens)), after_step_(std::move(after_step)) {
   stats_.rows_hist.assign(12, 0);
-  thread_ = std::thread([this] { Loop(); });
-}
-
-StepBatcher::~StepBatcher() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  work_cv_.notify_all();
-  thread_.join();
 }
 
 bool StepBatcher::Run(const Feed& feed,
@@ -29,11 +19,7 @@ bool StepBatcher::Run(const Feed& feed,
   job.feed = &feed;
   std::unique_lock lock(mu_);
   jobs_.push_back(&job);
-  work_cv_.notify_one();
-  auto leave = [&] {
-    jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
-    work_cv_.notify_one();
-  };
+  auto leave = [&] { jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job)); };
   int64_t seen = -1;
   for (;;) {
     if (job.error) {
@@ -54,10 +40,16 @@ bool StepBatcher::Run(const Feed& feed,
       lock.unlock();
       const bool stop = poll(done, slice);
       lock.lock();
-      if (stop) {
-        job.cancel = true;
-        continue;
-      }
+      if (stop) job.cancel = true;
+      continue;
+    }
+    if (!stepping_ && !job.cancel) {
+      // Nobody is stepping: this thread runs the next step, for everyone.
+      stepping_ = true;
+      StepOnce(lock);
+      stepping_ = false;
+      done_cv_.notify_all();
+      continue;
     }
     done_cv_.wait_for(lock, std::chrono::milliseconds(200));
     if (poll && !job.cancel) seen = -1;  // ask again after a quiet 200 ms too
@@ -79,91 +71,78 @@ int StepBatcher::running() const {
   return static_cast<int>(jobs_.size());
 }
 
-void StepBatcher::Loop() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    work_cv_.wait(lock, [&] {
-      if (stop_) return true;
-      for (Job* j : jobs_) {
-        if (!j->cancel && !j->finished && !j->error) return true;
+void StepBatcher::StepOnce(std::unique_lock<std::mutex>& lock) {
+  // The step: every one-token feed (a decoding sequence), then slices of the
+  // longer feeds in arrival order while the budget lasts. A slice ends at
+  // its feed's next checkpoint position.
+  std::vector<Job*> in;
+  std::vector<model::Session::StepSlice> slices;
+  int64_t budget = step_tokens_;
+  uint64_t decode_rows = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Job* j : jobs_) {
+      if (j->cancel || j->finished || j->error) continue;
+      const Feed& f = *j->feed;
+      const int64_t left = static_cast<int64_t>(f.ids.size()) - j->done;
+      const bool single = f.ids.size() == 1;
+      if ((pass == 0) != single) continue;
+      if (budget <= 0 && !slices.empty()) break;
+      int64_t n = std::min(left, std::max<int64_t>(budget, 1));
+      if (j->next_ckpt < f.checkpoint_at.size()) {
+        n = std::min(n, f.checkpoint_at[j->next_ckpt] - f.session->position());
       }
-      return false;
-    });
-    if (stop_) return;
-    // The step: every one-token feed (a decoding sequence), then slices of
-    // the longer feeds in arrival order while the budget lasts. A slice
-    // ends at its feed's next checkpoint position.
-    std::vector<Job*> in;
-    std::vector<model::Session::StepSlice> slices;
-    int64_t budget = step_tokens_;
-    uint64_t decode_rows = 0;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (Job* j : jobs_) {
-        if (j->cancel || j->finished || j->error) continue;
-        const Feed& f = *j->feed;
-        const int64_t left = static_cast<int64_t>(f.ids.size()) - j->done;
-        const bool single = f.ids.size() == 1;
-        if ((pass == 0) != single) continue;
-        if (budget <= 0 && !slices.empty()) break;
-        int64_t n = std::min(left, std::max<int64_t>(budget, 1));
-        if (j->next_ckpt < f.checkpoint_at.size()) {
-          const int64_t start = f.session->position();
-          n = std::min(n, f.checkpoint_at[j->next_ckpt] - start);
-        }
-        model::Session::StepSlice s;
-        s.session = f.session;
-        s.ids = f.ids.subspan(static_cast<size_t>(j->done), static_cast<size_t>(n));
-        s.logits_last = j->done + n == static_cast<int64_t>(f.ids.size()) ? f.logits_last : nullptr;
-        slices.push_back(s);
-        in.push_back(j);
-        j->in_step = true;
-        j->last_slice = n;
-        budget -= n;
-        decode_rows += single ? 1 : 0;
-      }
+      model::Session::StepSlice s;
+      s.session = f.session;
+      s.ids = f.ids.subspan(static_cast<size_t>(j->done), static_cast<size_t>(n));
+      s.logits_last = j->done + n == static_cast<int64_t>(f.ids.size()) ? f.logits_last : nullptr;
+      slices.push_back(s);
+      in.push_back(j);
+      j->in_step = true;
+      j->last_slice = n;
+      budget -= n;
+      decode_rows += single ? 1 : 0;
     }
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      std::lock_guard model_lock(model_mu_);
-      model::Session::Step(slices);
-      // Checkpoints at the slices' ends, before anything else moves them.
-      for (size_t i = 0; i < in.size(); ++i) {
-        Job& j = *in[i];
-        const Feed& f = *j.feed;
-        if (j.next_ckpt < f.checkpoint_at.size() &&
-            f.session->position() == f.checkpoint_at[j.next_ckpt]) {
-          auto ck = f.session->SaveCheckpoint();
-          if (f.on_checkpoint) f.on_checkpoint(std::move(ck));
-          ++j.next_ckpt;
-        }
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    if (after_step_) after_step_();
-    lock.lock();
-    int64_t rows = 0;
-    for (size_t i = 0; i < in.size(); ++i) {
-      Job& j = *in[i];
-      j.in_step = false;
-      rows += static_cast<int64_t>(slices[i].ids.size());
-      if (error) {
-        j.error = error;
-        continue;
-      }
-      j.done += static_cast<int64_t>(slices[i].ids.size());
-      if (j.done == static_cast<int64_t>(j.feed->ids.size())) j.finished = true;
-    }
-    ++stats_.steps;
-    stats_.rows += static_cast<uint64_t>(rows);
-    stats_.decode_rows += decode_rows;
-    stats_.max_sequences = std::max<uint64_t>(stats_.max_sequences, in.size());
-    size_t b = 0;
-    while (b + 1 < stats_.rows_hist.size() && (int64_t{1} << b) < rows) ++b;
-    ++stats_.rows_hist[b];
-    done_cv_.notify_all();
   }
+  if (slices.empty()) return;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    std::lock_guard model_lock(model_mu_);
+    model::Session::Step(slices);
+    // Checkpoints at the slices' ends, before anything else moves them.
+    for (Job* j : in) {
+      const Feed& f = *j->feed;
+      if (j->next_ckpt < f.checkpoint_at.size() &&
+          f.session->position() == f.checkpoint_at[j->next_ckpt]) {
+        auto ck = f.session->SaveCheckpoint();
+        if (f.on_checkpoint) f.on_checkpoint(std::move(ck));
+        ++j->next_ckpt;
+      }
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (after_step_) after_step_();
+  lock.lock();
+  int64_t rows = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    Job& j = *in[i];
+    j.in_step = false;
+    rows += static_cast<int64_t>(slices[i].ids.size());
+    if (error) {
+      j.error = error;
+      continue;
+    }
+    j.done += static_cast<int64_t>(slices[i].ids.size());
+    if (j.done == static_cast<int64_t>(j.feed->ids.size())) j.finished = true;
+  }
+  ++stats_.steps;
+  stats_.rows += static_cast<uint64_t>(rows);
+  stats_.decode_rows += decode_rows;
+  stats_.max_sequences = std::max<uint64_t>(stats_.max_sequences, in.size());
+  size_t b = 0;
+  while (b + 1 < stats_.rows_hist.size() && (int64_t{1} << b) < rows) ++b;
+  ++stats_.rows_hist[b];
 }
 
 }  // namespace k3::engine

@@ -1,15 +1,17 @@
 // StepBatcher: continuous batching for an engine's sequences (docs/engine.md
-// "Steps"). Each running request feeds its session from its own thread
-// (Run blocks); one scheduler thread gathers what every running request wants
-// fed into steps of at most `step_tokens` rows: every decoding sequence's
-// one token first, then slices of waiting prompts in arrival order, and runs
-// each step as one model::Session::Step. A long prompt so advances a slice
-// per step between the others' tokens instead of freezing them, and every
-// sequence gets the bits it would get alone (Step's guarantee).
+// "Steps"). Each running request feeds its session from its own thread (Run
+// blocks) and gathers, whenever no step is running, what every running
+// request wants fed into one step of at most `step_tokens` rows: every
+// decoding sequence's one token first, then slices of waiting prompts in
+// arrival order, run as one model::Session::Step on that thread. A long
+// prompt so advances a slice per step between the others' tokens instead of
+// freezing them, and every sequence gets the bits it would get alone (Step's
+// guarantee). No thread of its own: a request alone steps itself, with no
+// hand-off between threads per token.
 //
 // Thread-safe. Checkpoints: a slice ends at every checkpoint position its
-// feed asks for, and the checkpoint is saved there (on the scheduler thread)
-// and handed to the feed's sink.
+// feed asks for, and the checkpoint is saved there and handed to the feed's
+// sink (on the thread that ran the step).
 #pragma once
 
 #include <condition_variable>
@@ -19,7 +21,6 @@
 #include <functional>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "k3/model/model.h"
@@ -28,10 +29,9 @@ namespace k3::engine {
 
 class StepBatcher {
  public:
-  // `after_step` runs on the scheduler thread after every step (the engine
-  // publishes its stats there).
+  // `after_step` runs after every step, on the thread that ran it (the
+  // engine publishes its stats there).
   StepBatcher(int64_t step_tokens, std::function<void()> after_step);
-  ~StepBatcher();
   StepBatcher(const StepBatcher&) = delete;
   StepBatcher& operator=(const StepBatcher&) = delete;
 
@@ -41,7 +41,7 @@ class StepBatcher {
     float* logits_last = nullptr;  // logits after the last id; null: not wanted
     // Ascending positions in (position, position + ids.size()]: a slice ends
     // at each, the session is checkpointed there and the checkpoint handed
-    // to `on_checkpoint` (on the scheduler thread).
+    // to `on_checkpoint` (on the thread that runs the step).
     std::vector<int64_t> checkpoint_at;
     model::Session::CheckpointSink on_checkpoint;
   };
@@ -76,17 +76,18 @@ class StepBatcher {
     bool in_step = false, cancel = false, finished = false;
     std::exception_ptr error;
   };
-  void Loop();
+  // Runs one step over the waiting feeds; `lock` (on mu_) is held on entry
+  // and on return, released while the step runs.
+  void StepOnce(std::unique_lock<std::mutex>& lock);
 
   const int64_t step_tokens_;
   std::function<void()> after_step_;
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
+  std::condition_variable done_cv_;  // a step ended
   std::deque<Job*> jobs_;  // arrival order
-  bool stop_ = false;
+  bool stepping_ = false;  // a thread is running a step
   std::mutex model_mu_;  // held by a step or by Exclusive
   Stats stats_;
-  std::thread thread_;
 };
 
 }  // namespace k3::engine

@@ -2,6 +2,8 @@
 // the longest prefix the session or a checkpoint holds, prefill the tail in
 // windows, then sample and feed one token at a time until a stop rule, and
 // close the turn with its usage and stats (docs/engine.md).
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,6 +38,7 @@ model::ExpertStoreStats Minus(const model::ExpertStoreStats& a, const model::Exp
   d.misses = a.misses - b.misses;
   d.blocked_seconds = a.blocked_seconds - b.blocked_seconds;
   d.distinct_routed = a.distinct_routed - b.distinct_routed;
+  d.pass_experts = a.pass_experts - b.pass_experts;
   return d;
 }
 
@@ -501,6 +504,11 @@ GenerateResult Engine::Generate(const GenerateRequest& req, const Callbacks& cb)
                   limit);
   Impl& im = *impl_;
   using Sequence = Impl::Sequence;
+  // OpenMP's thread count is a per-thread setting: a caller's thread (a
+  // server worker) takes the engine's, as the loading thread did.
+  if (im.options.threads > 0 && omp_get_max_threads() != im.options.threads) {
+    omp_set_num_threads(im.options.threads);
+  }
   if (!im.batcher) return Impl::GenerateRun(im, im.seqs[0], req, cb, limit, t_start).Run();
 
   // Several at once: a free sequence and room for this request's state.
