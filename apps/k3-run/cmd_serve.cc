@@ -32,6 +32,7 @@ struct ServeArgs {
   bool no_webui = false;
   int64_t max_body_mb = 16;
   double hold_status_s = 30;
+  int64_t step_tokens = 512;
   RuntimeFlags runtime;  // --threads and the --ckpt-* flags
   ClusterFlags cluster;
 };
@@ -96,6 +97,12 @@ void RunServe(ServeArgs args) {
   }
   o.api.max_body_bytes = size_t(args.max_body_mb) << 20;
   if (o.queue < 0) throw Error(ErrorCode::kInvalidArgument, "--queue must be >= 0");
+  if (o.parallel < 1 || o.parallel > 256) {
+    throw Error(ErrorCode::kInvalidArgument, "--parallel must be 1..256");
+  }
+  if (args.step_tokens < 1 || args.step_tokens > (1 << 20)) {
+    throw Error(ErrorCode::kInvalidArgument, "--step-tokens must be 1..1048576");
+  }
   if (!(args.hold_status_s >= 0 && args.hold_status_s <= 3600)) {
     throw Error(ErrorCode::kInvalidArgument, "--hold-status must be 0..3600 seconds");
   }
@@ -127,6 +134,8 @@ void RunServe(ServeArgs args) {
   // follow-up whose re-rendered history differs from the generated ids still
   // resumes from the end of its last prompt, and the Vulkan tier when K3_VK=1.
   engine::EngineOptions eo = EngineOptionsFor(args.model_dir, args.runtime);
+  eo.parallel = o.parallel;
+  eo.step_tokens = args.step_tokens;
   if (RunClusterRole(args.cluster, eo, /*stop_handler=*/false)) return;  // a worker rank
   // /metrics shows the cluster's placement and traffic once it is up.
   std::atomic<cluster::ClusterExecutor*> cl{nullptr};
@@ -151,8 +160,10 @@ void RunServe(ServeArgs args) {
   server::Service service(o);
   server::HttpServer http(service);
   http.BindOrThrow();  // /health answers 503 while the model loads
-  std::fprintf(stderr, "k3-run serve: listening on http://%s:%d (model id %s, queue %d%s)\n", o.host.c_str(),
-               http.port(), o.model_id.c_str(), o.queue, o.api_key.empty() ? "" : ", API key required");
+  std::fprintf(stderr,
+               "k3-run serve: listening on http://%s:%d (model id %s, parallel %d, queue %d%s)\n",
+               o.host.c_str(), http.port(), o.model_id.c_str(), o.parallel, o.queue,
+               o.api_key.empty() ? "" : ", API key required");
   std::fflush(stderr);
   std::thread serving([&] { http.Serve(); });
 
@@ -237,7 +248,17 @@ void SetupServe(CLI::App& root) {
   cmd->add_option("--port", args->server.port, "port (0: any free port, printed on stderr)");
   cmd->add_option("--api-key", args->server.api_key,
                   "require Authorization: Bearer KEY on /v1 (default: K3_API_KEY, else no key)");
-  cmd->add_option("--queue", args->server.queue, "requests that may wait behind the running one; more get 429");
+  args->server.parallel = 4;
+  cmd->add_option("--parallel", args->server.parallel,
+                  "requests that run at once, batched in steps; each gets the tokens it would get "
+                  "alone (1: one at a time, prompts in windows; default 4)");
+  cmd->add_option(
+      "--step-tokens", args->step_tokens,
+      "with --parallel > 1: rows per step, every decoding request's token plus slices of "
+      "prompts; smaller = lower latency for the others, more expert reads per prompt "
+      "(default 512)");
+  cmd->add_option("--queue", args->server.queue,
+                  "requests that may wait behind the running ones; more get 429");
   cmd->add_option("--model-id", args->server.model_id, "model id served (default: the directory name)");
   cmd->add_option("--sampling", args->sampling,
                   "k3: temperature/top_p locked to K3's values (as Moonshot's API); free: any value");

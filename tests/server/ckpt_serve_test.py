@@ -37,7 +37,9 @@ K3_RUN, MODEL = sys.argv[1], sys.argv[2]
 check = Check()
 # One compute thread everywhere: the machine is shared, and both servers of a
 # comparison then run the same kernels in the same order.
-COMMON = ("--model-id", "k3-tiny", "--threads", "1", "--queue", "4")
+# One sequence: the follow-ups restore from checkpoints (with --parallel N a
+# free sequence that still holds the conversation would serve them directly).
+COMMON = ("--model-id", "k3-tiny", "--threads", "1", "--queue", "4", "--parallel", "1")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 

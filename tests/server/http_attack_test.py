@@ -585,26 +585,30 @@ def test_sigterm():
               f"SIGTERM with a trickling client: exit {srv.proc.returncode} in {dt:.2f} s")
         s.close()
 
-    # 8 queued requests behind a long one: each answered (an error in the
-    # body, status 503), the running one cancelled; the process exits fast.
-    with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--queue", "8") as srv:
-        sigterm_with_queue(srv)
+    # 8 queued requests behind long ones: each answered (an error in the
+    # body, status 503), the running ones cancelled; the process exits fast.
+    # Once with one running, once with three running together (--parallel 3).
+    for parallel in (1, 3):
+        with Server(K3_RUN, MODEL, "--model-id", "k3-tiny", "--queue", "8", "--parallel", str(parallel)) as srv:
+            sigterm_with_queue(srv, parallel)
 
 
-def sigterm_with_queue(srv):
+def sigterm_with_queue(srv, running):
     # ignore_eos: every answer runs until the shutdown ends it (a random-weight
     # model may otherwise end one early, whatever the seed).
     long_req = dict(NORMAL, max_tokens=100000, seed=1, stream=True, ignore_eos=True, thinking={"type": "disabled"})
-    results = [None] * 9
+    n = running + 8
+    results = [None] * n
 
     def client(i):
         st, _, data = request(srv.port, "POST", "/v1/chat/completions", long_req, timeout=60)
         results[i] = (st, data)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(9)]
-    threads[0].start()
-    srv.wait_metric("k3_busy", 1)
-    for t in threads[1:]:
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads[:running]:
+        t.start()
+    srv.wait_metric("k3_running_requests", running)
+    for t in threads[running:]:
         t.start()
     srv.wait_metric("k3_queue_depth", 8)
     t0 = time.monotonic()
@@ -614,8 +618,9 @@ def sigterm_with_queue(srv):
     for t in threads:
         t.join()
     answered = sum(1 for r in results if r and r[0] == 200 and b"shutting_down" in r[1])
-    check(srv.proc.returncode == 0 and dt < 5, f"SIGTERM with 8 queued: exit {srv.proc.returncode} in {dt:.2f} s")
-    check(answered == 9, f"SIGTERM: every queued and running request got a 503 shutting_down error ({answered}/9)")
+    check(srv.proc.returncode == 0 and dt < 5,
+          f"SIGTERM with {running} running and 8 queued: exit {srv.proc.returncode} in {dt:.2f} s")
+    check(answered == n, f"SIGTERM: every queued and running request got a 503 shutting_down error ({answered}/{n})")
     check(b"stopped in" in open(srv.log_path, "rb").read(), "the server says how long stopping took")
 
 

@@ -312,7 +312,8 @@ def test_queue_fifo():
 
 def test_queue_overflow():
     import threading
-    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "4") as srv:
+    # One request at a time: the queue's overflow is counted behind one holder.
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "4", "--parallel", "1") as srv:
         # A long answer keeps the model busy while the 15 others arrive: on this
         # model and sampler seed 5 runs for about 2,200 tokens before EOS. That
         # the holder was still running is checked, not assumed; if it was not
@@ -350,6 +351,66 @@ def test_queue_overflow():
         check(all(r[0][2]["choices"][0]["finish_reason"] for r in results if r[0][0] == 200), "the served complete")
 
 
+def test_parallel_equals_alone():
+    """--parallel 4: mixed requests sent at once, in a shuffled order, beside a
+    client that leaves mid-answer, get byte for byte the answers each gets
+    alone on the same idle server (docs/server.md "Many users at once")."""
+    import random
+    long_text = " ".join(f"w{i}" for i in range(200))
+    shared = "Here is a long shared preamble: " + " ".join(f"p{i}" for i in range(120))
+    reqs = [
+        body(messages=user("hello"), max_tokens=24, seed=1),
+        body(messages=user("tell me a story"), max_tokens=30, seed=2, thinking={"type": "disabled"}),
+        body(messages=user(long_text), max_tokens=8, seed=3),
+        body(messages=user("weather in Paris?"), tools=[WEATHER], tool_choice="required", max_tokens=60, seed=4),
+        body(messages=user("JSON please"), response_format={"type": "json_object"}, max_tokens=40, seed=5),
+        body(messages=user("abc"), stop=["e"], max_tokens=30, seed=6),
+        body(messages=[{"role": "system", "content": shared}, {"role": "user", "content": "tail A"}],
+             max_tokens=16, seed=7),
+        body(messages=[{"role": "system", "content": shared}, {"role": "user", "content": "tail B, longer"}],
+             max_tokens=16, seed=7),
+        body(messages=user("stream it"), max_tokens=20, seed=9, stream=True,
+             stream_options={"include_usage": True}),
+    ]
+
+    def answer(r):
+        status, _, j = r
+        if status != 200:
+            return (status, j)
+        m = accumulate(j) if isinstance(j, list) else j
+        if isinstance(j, list):
+            return (status, m["message"]["content"], m["message"]["reasoning_content"],
+                    json.dumps(m["message"]["tool_calls"], sort_keys=True), m["finish_reason"],
+                    m["usage"]["completion_tokens"])
+        msg = m["choices"][0]["message"]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
+        return (status, msg.get("content"), msg.get("reasoning_content"), json.dumps(calls),
+                m["choices"][0]["finish_reason"], m["usage"]["completion_tokens"])
+
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "16", "--parallel", "4",
+                "--step-tokens", "32") as srv:
+        alone = [answer(chat(srv.port, r)) for r in reqs]
+        check(all(a[0] == 200 for a in alone), f"each request answered alone: {[a[0] for a in alone]}")
+        for round_ in range(2):
+            order = list(range(len(reqs)))
+            random.Random(round_).shuffle(order)
+            leaver = body(messages=user("I will leave"), max_tokens=100000, seed=11, stream=True,
+                          ignore_eos=True, thinking={"type": "disabled"})
+            fns = [lambda i=i: (i, chat(srv.port, reqs[i])) for i in order]
+            fns.insert(3, lambda: (-1, stream_until_first_token(srv.port, leaver).close()))
+            results = run_threads(fns)
+            got = {i: answer(r) for i, r in results if i >= 0}
+            bad = [i for i in range(len(reqs)) if got[i] != alone[i]]
+            check(not bad, f"round {round_}: concurrent answers equal the alone answers "
+                           f"(differ: {[(i, got[i], alone[i]) for i in bad]})")
+        check(srv.metric("k3_step_max_sequences") >= 2,
+              f"steps held several requests (most: {srv.metric('k3_step_max_sequences')})")
+        check(srv.metric("k3_steps_total") > 0 and srv.metric("k3_running_requests") == 0,
+              "steps counted; nothing left running")
+        srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="decode"}', 2)
+        check(srv.alive(), "server alive after the parallel rounds")
+
+
 def main():
     with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--queue", "8") as srv:
         for t in (test_routes, test_rules, test_whole_response, test_stream_contract, test_stream_equals_whole,
@@ -358,7 +419,7 @@ def main():
             t(srv)
             print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)
         check(srv.alive(), "server alive at the end")
-    for t in (test_auth, test_sampling_free, test_queue_fifo, test_queue_overflow):
+    for t in (test_auth, test_sampling_free, test_queue_fifo, test_queue_overflow, test_parallel_equals_alone):
         t0 = time.monotonic()
         t()
         print(f"== {t.__name__}: {time.monotonic() - t0:.1f} s", flush=True)

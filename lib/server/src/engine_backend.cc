@@ -21,6 +21,7 @@ class EngineBackend : public Backend {
   engine::CheckpointCacheStats checkpoint_stats() const override {
     return engine_.checkpoint_stats();
   }
+  engine::Engine::StepStats step_stats() const override { return engine_.step_stats(); }
 
  private:
   engine::Engine& engine_;

@@ -996,7 +996,8 @@ struct HttpServer::Impl {
 
   void Loop() {
     const int nworkers =
-        o.threads > 0 ? o.threads : o.queue + 1 + std::max(1, o.prepare_concurrency);
+        o.threads > 0 ? o.threads
+                      : o.queue + std::max(1, o.parallel) + std::max(1, o.prepare_concurrency);
     prepare_free = std::max(1, o.prepare_concurrency);
     for (int i = 0; i < nworkers; ++i) workers.emplace_back([this] { WorkerMain(); });
 

@@ -210,4 +210,32 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   return out;
 }
 
+void RenderStepMetrics(std::string& out, int running, const engine::Engine::StepStats& st) {
+  Gauge(out, "k3_parallel", "Requests that may run on the model at once (--parallel).",
+        st.parallel);
+  Gauge(out, "k3_running_requests", "Requests running on the model now.", running);
+  Counter(out, "k3_steps_total", "Batched forward steps run (--parallel > 1).", st.steps);
+  Counter(out, "k3_step_rows_total", "Rows fed by those steps.", st.rows);
+  Counter(out, "k3_step_decode_rows_total", "Of them, decoding sequences' one-token rows.",
+          st.decode_rows);
+  Gauge(out, "k3_step_max_sequences", "Most sequences one step has held.",
+        static_cast<double>(st.max_sequences));
+  out += "# HELP k3_step_rows Rows per step.\n# TYPE k3_step_rows histogram\n";
+  uint64_t cum = 0;
+  for (size_t b = 0; b < st.rows_hist.size(); ++b) {
+    cum += st.rows_hist[b];
+    const std::string le = b + 1 == st.rows_hist.size() ? "+Inf" : std::to_string(uint64_t{1} << b);
+    out += "k3_step_rows_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+  }
+  if (st.rows_hist.empty()) out += "k3_step_rows_bucket{le=\"+Inf\"} 0\n";
+  out += "k3_step_rows_sum " + std::to_string(st.rows) + "\nk3_step_rows_count " +
+         std::to_string(st.steps) + "\n";
+  Counter(out, "k3_admission_waits_total",
+          "Requests that waited for sequence memory before running.", st.admission_waits);
+  Gauge(out, "k3_sequence_reserved_bytes", "Sequence state reserved by running requests.",
+        static_cast<double>(st.reserved_bytes));
+  Gauge(out, "k3_sequence_budget_bytes", "What running requests' sequences may hold.",
+        static_cast<double>(st.budget_bytes));
+}
+
 }  // namespace k3::server

@@ -4,13 +4,15 @@
 
 namespace k3::server {
 
-RequestQueue::RequestQueue(int capacity) : capacity_(std::max(0, capacity)) {}
+RequestQueue::RequestQueue(int capacity, int slots)
+    : capacity_(std::max(0, capacity)), slots_(std::max(1, slots)) {}
 
 std::unique_ptr<RequestQueue::Ticket> RequestQueue::TryEnqueue() {
   std::lock_guard lock(mu_);
-  // With the model free and nobody waiting, the request runs at once and does
+  // With a slot free and nobody waiting, the request runs at once and does
   // not take a queue place.
-  if (int(waiting_.size()) >= capacity_ && (running_ || !waiting_.empty())) return nullptr;
+  if (int(waiting_.size()) >= capacity_ && (running_ >= slots_ || !waiting_.empty()))
+    return nullptr;
   int64_t n = next_number_++;
   waiting_.push_back(n);
   return std::unique_ptr<Ticket>(new Ticket(this, n));
@@ -20,9 +22,9 @@ bool RequestQueue::Ticket::WaitTurn(const std::function<bool()>& still_wanted, s
   RequestQueue& q = *queue_;
   std::unique_lock lock(q.mu_);
   for (;;) {
-    if (!q.running_ && !q.waiting_.empty() && q.waiting_.front() == number_) {
+    if (q.running_ < q.slots_ && !q.waiting_.empty() && q.waiting_.front() == number_) {
       q.waiting_.pop_front();
-      q.running_ = true;
+      ++q.running_;
       running_ = true;
       start_index_ = ++q.started_;
       return true;
@@ -30,7 +32,8 @@ bool RequestQueue::Ticket::WaitTurn(const std::function<bool()>& still_wanted, s
     const uint64_t generation = q.wake_generation_;
     q.cv_.wait_for(lock, poll);
     const bool woken = q.wake_generation_ != generation;
-    if (!woken && !q.running_ && !q.waiting_.empty() && q.waiting_.front() == number_) continue;
+    if (!woken && q.running_ < q.slots_ && !q.waiting_.empty() && q.waiting_.front() == number_)
+      continue;
     lock.unlock();
     bool wanted = still_wanted ? still_wanted() : true;
     lock.lock();
@@ -55,7 +58,7 @@ int RequestQueue::Ticket::position() const {
 void RequestQueue::Leave(Ticket& t) {
   std::lock_guard lock(mu_);
   if (t.running_) {
-    running_ = false;
+    --running_;
     t.running_ = false;
   } else if (t.number_ > 0) {
     auto it = std::find(waiting_.begin(), waiting_.end(), t.number_);
@@ -76,6 +79,11 @@ int RequestQueue::waiting() const {
 }
 
 bool RequestQueue::busy() const {
+  std::lock_guard lock(mu_);
+  return running_ > 0;
+}
+
+int RequestQueue::running() const {
   std::lock_guard lock(mu_);
   return running_;
 }

@@ -28,7 +28,8 @@ HttpReply Json(int status, std::string body) {
 
 }  // namespace
 
-Service::Service(ServerOptions options) : options_(std::move(options)), queue_(options_.queue) {}
+Service::Service(ServerOptions options)
+    : options_(std::move(options)), queue_(options_.queue, options_.parallel) {}
 Service::~Service() = default;
 
 void Service::SetBackend(Backend* backend) {
@@ -85,6 +86,7 @@ HttpReply Service::MetricsText() const {
   Backend* b = backend_.load();
   r.body = metrics_.Render(queue_.waiting(), queue_.busy(), b ? b->expert_stats() : model::ExpertStoreStats{},
                            b ? b->checkpoint_stats() : engine::CheckpointCacheStats{});
+  RenderStepMetrics(r.body, queue_.running(), b ? b->step_stats() : engine::Engine::StepStats{});
   if (options_.extra_metrics) r.body += options_.extra_metrics();
   return r;
 }

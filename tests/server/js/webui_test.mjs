@@ -29,7 +29,8 @@ mkdirSync(downloads);
 const t0 = Date.now();
 const step = (what) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)} s] ${what}`);
 
-const server = await startServer(k3Run, ["serve", modelDir, "--host", "127.0.0.1", "--port", "0", "--model-id", "k3-tiny"]);
+// One request at a time: the page shows its place in the queue behind another.
+const server = await startServer(k3Run, ["serve", modelDir, "--host", "127.0.0.1", "--port", "0", "--model-id", "k3-tiny", "--parallel", "1"]);
 // The scripted source spends 3 s in "prefill", reporting progress with an ETA.
 const script = await startServer(scriptServe, [modelDir, "--prefill-s", "3"]);
 const profiles = [];

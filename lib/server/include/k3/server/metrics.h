@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "k3/engine/checkpoint_cache.h"
+#include "k3/engine/engine.h"
 #include "k3/model/expert_store.h"
 
 namespace k3::server {
@@ -75,5 +76,9 @@ class Metrics {
   double last_prefill_tok_per_s_ = 0;  // of the last request that prefilled anything
   Histogram ttft_, decode_, queue_wait_;
 };
+
+// Continuous batching (docs/server.md "Many users at once"): requests on the
+// model now, steps, rows per step (histogram), admission, sequence memory.
+void RenderStepMetrics(std::string& out, int running, const engine::Engine::StepStats& st);
 
 }  // namespace k3::server

@@ -1,6 +1,7 @@
-// The server's admission queue: one generation at a time on the model, at
-// most `capacity` requests waiting behind it in arrival (FIFO) order; beyond
-// that TryEnqueue refuses (the HTTP layer answers 429 with Retry-After).
+// The server's admission queue: up to `slots` generations at a time on the
+// model (k3-run serve --parallel; 1: one at a time), at most `capacity`
+// requests waiting behind them in arrival (FIFO) order; beyond that
+// TryEnqueue refuses (the HTTP layer answers 429 with Retry-After).
 //
 // Thread-safe. A Ticket is owned by one request thread; destroying it leaves
 // the queue (or frees the model) so no exit path can wedge the queue.
@@ -18,7 +19,7 @@ namespace k3::server {
 
 class RequestQueue {
  public:
-  explicit RequestQueue(int capacity);
+  explicit RequestQueue(int capacity, int slots = 1);
 
   class Ticket {
    public:
@@ -50,17 +51,20 @@ class RequestQueue {
 
   // Wakes every waiter now, so each asks its still_wanted at once (shutdown).
   void WakeAll();
-  int waiting() const;  // requests queued, not counting the one running
+  int waiting() const;  // requests queued, not counting the running ones
   bool busy() const;    // a request holds the model
+  int running() const;  // requests holding a slot
   int capacity() const { return capacity_; }
+  int slots() const { return slots_; }
 
  private:
   void Leave(Ticket& t);
   const int capacity_;
+  const int slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<int64_t> waiting_;  // ticket numbers, arrival order
-  bool running_ = false;
+  int running_ = 0;              // tickets holding a slot
   int64_t next_number_ = 1;
   int64_t started_ = 0;
   uint64_t wake_generation_ = 0;  // WakeAll calls

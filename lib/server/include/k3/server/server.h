@@ -5,9 +5,9 @@
 //
 // Threads: HttpServer reads and parses every connection on one epoll thread
 // and runs the POST routes on a pool of workers; Service is thread-safe; the
-// Backend is only ever asked to Generate by the request holding the queue's
-// turn (one at a time), while PromptIds and the const getters may be called
-// from any worker concurrently.
+// Backend is only ever asked to Generate by requests holding one of the
+// queue's `parallel` slots (one at a time with --parallel 1), while PromptIds
+// and the const getters may be called from any worker concurrently.
 #pragma once
 
 #include <atomic>
@@ -43,12 +43,14 @@ class Backend {
   virtual std::vector<int32_t> PromptIds(const tok::RenderedChat& chat) const = 0;
   virtual int64_t context_limit() const = 0;
   virtual engine::SamplingParams default_sampling() const = 0;
-  // Called by one request at a time (the queue's turn).
+  // Called by up to ServerOptions::parallel requests at a time (the queue's slots).
   virtual engine::GenerateResult Generate(const engine::GenerateRequest& request,
                                           const engine::Callbacks& callbacks) = 0;
   virtual model::ExpertStoreStats expert_stats() const = 0;
   // Thread-safe (read by /metrics while a request runs); zero without checkpoints.
   virtual engine::CheckpointCacheStats checkpoint_stats() const { return {}; }
+  // Thread-safe: continuous batching's counters (--parallel > 1; else zeros).
+  virtual engine::Engine::StepStats step_stats() const { return {}; }
 };
 
 // Wraps an engine (defined only when lib/engine is built).
@@ -58,11 +60,15 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;            // 0: any free port (HttpServer::port() says which)
   std::string api_key;        // empty: no auth; any Authorization header is ignored
-  int queue = 8;              // requests that may wait behind the running one
+  int queue = 8;              // requests that may wait behind the running ones
+  // Requests that run on the model at once (k3-run serve --parallel): the
+  // backend must take that many Generate calls at a time (an engine with
+  // EngineOptions::parallel at least this).
+  int parallel = 1;
   std::string model_id = "k3";
   bool webui = true;
   ApiPolicy api;
-  int threads = 0;            // HTTP workers; 0: queue + 1 + prepare_concurrency
+  int threads = 0;            // HTTP workers; 0: queue + parallel + prepare_concurrency
   int read_timeout_s = 10;    // per read while receiving a request body
   int write_timeout_s = 30;   // per write; a client that stops reading is dropped
   int heartbeat_ms = 1000;    // SSE comment / JSON whitespace while queued or prefilling
