@@ -139,6 +139,7 @@ SimpleExpertStore::SimpleExpertStore(const Snapshot& snapshot, const ModelConfig
 void ExpertStore::NoteRouted(int64_t layer, std::span<const int32_t> experts) {
   const ExpertTable& t = table();
   if (routed_.empty()) routed_.assign(static_cast<size_t>(t.num_layers() * t.num_experts()), false);
+  pass_experts_ += experts.size();
   for (int32_t e : experts) {
     if (layer < 0 || layer >= t.num_layers() || e < 0 || e >= t.num_experts()) continue;
     const size_t i = static_cast<size_t>(layer * t.num_experts() + e);

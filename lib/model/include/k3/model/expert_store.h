@@ -72,6 +72,10 @@ struct ExpertStoreStats {
   // routed to, so distinct_routed x slot bytes is one pass over them -- the
   // bytes an I/O floor divides by, whatever read-ahead and re-reads added.
   uint64_t distinct_routed = 0;
+  // Experts asked for, summed over passes (each pass's union once): per
+  // routed row, pass_experts / (rows x top_k) is the share of a step's
+  // routing that needed a distinct expert (1: no two rows shared one).
+  uint64_t pass_experts = 0;
   double hit_rate() const {
     uint64_t n = hits + misses;
     return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
@@ -170,6 +174,7 @@ class ExpertStore {
   ExpertStoreStats stats() const {
     ExpertStoreStats s = CounterStats();
     s.distinct_routed = distinct_routed_;
+    s.pass_experts = pass_experts_;
     return s;
   }
   // Read-ahead hint for the next pass of `layer` (protocol above): `likely`
@@ -188,6 +193,7 @@ class ExpertStore {
   void NoteRouted(int64_t layer, std::span<const int32_t> experts);
   std::vector<bool> routed_;  // [layer * num_experts + expert], sized on first use
   uint64_t distinct_routed_ = 0;
+  uint64_t pass_experts_ = 0;
 };
 
 // The simple correct store: a per-layer LRU of `slots_per_layer` experts read
