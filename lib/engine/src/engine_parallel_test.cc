@@ -18,7 +18,7 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/engine.h"
-#include "k3/tokenizer/chat.h"
+#include "k3_engine_test_support.h"
 
 using namespace k3;
 using namespace k3::engine;
@@ -53,17 +53,7 @@ struct Case {
 
 GenerateRequest Chat(Engine& e, const std::string& user, bool thinking, int64_t max_tokens,
                      float temperature, uint64_t seed) {
-  const std::string body = "{\"messages\":[{\"role\":\"user\",\"content\":\"" + user +
-                           "\"}],\"options\":{\"thinking\":" + (thinking ? "true" : "false") + "}}";
-  const tok::RenderedChat chat = tok::RenderChatRequestOrThrow(body);
-  GenerateRequest r;
-  r.prompt_ids = e.ChatPromptIds(chat);
-  r.chat_start = ChatStartFor(chat);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = temperature;
-  r.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
-  r.sampling.seed = seed;
-  return r;
+  return test::ChatRequest(e, user, thinking, max_tokens, temperature, seed);
 }
 
 std::vector<Case> Cases(Engine& e) {

@@ -4,6 +4,8 @@
 // through the stream parser with a declared name, with greedy and top-p
 // sampling, under tight max_tokens, with thinking on and off. The black-box
 // check against an independent validator is tests/server/structured_test.py.
+#include "k3/engine/structured.h"
+
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
@@ -15,7 +17,7 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/engine.h"
-#include "k3/engine/structured.h"
+#include "k3_engine_test_support.h"
 
 using namespace k3;
 using namespace k3::engine;
@@ -37,17 +39,7 @@ Engine& TinyEngine() {
 }
 
 GenerateRequest ChatRequestFor(Engine& e, bool thinking, int64_t max_tokens, float temperature, uint64_t seed) {
-  std::string body = std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"Answer in JSON.\"}],") +
-                     "\"options\":{\"thinking\":" + (thinking ? "true" : "false") + "}}";
-  tok::RenderedChat chat = tok::RenderChatRequestOrThrow(body);
-  GenerateRequest r;
-  r.prompt_ids = e.ChatPromptIds(chat);
-  r.chat_start = ChatStartFor(chat);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = temperature;
-  r.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
-  r.sampling.seed = seed;
-  return r;
+  return test::ChatRequest(e, "Answer in JSON.", thinking, max_tokens, temperature, seed);
 }
 
 // Parses, and compact: no whitespace outside strings.

@@ -16,6 +16,19 @@ namespace {
 // The q_a/kv_a LoRA norms use the class default of Moonshot's code, not
 // rms_norm_eps: the oracle wins over the spec here (docs/model.md).
 constexpr float kLoraNormEps = 1e-6f;
+
+// MLA's dimensions as sizes: heads, the nope / rope / whole query head, the
+// value head, the KV and query LoRA ranks.
+struct MlaDims {
+  size_t H, nope, rope, qh, vh, kvl, ql;
+  static MlaDims Of(const ModelConfig& c) {
+    const auto z = [](int64_t v) { return static_cast<size_t>(v); };
+    return {z(c.num_attention_heads), z(c.qk_nope_head_dim),
+            z(c.qk_rope_head_dim),    z(c.qk_nope_head_dim + c.qk_rope_head_dim),
+            z(c.v_head_dim),          z(c.kv_lora_rank),
+            z(c.q_lora_rank)};
+  }
+};
 }  // namespace
 
 // x: [C, D] normalised input; out: [C, D]. Each sequence's rows (segs_) join
@@ -24,13 +37,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const MlaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].mla;
   const bool idot = options_.idot;
-  const size_t H = static_cast<size_t>(c.num_attention_heads);
-  const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
-  const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
-  const size_t qh = nope + rope;
-  const size_t vh = static_cast<size_t>(c.v_head_dim);
-  const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
-  const size_t ql = static_cast<size_t>(c.q_lora_rank);
+  const auto [H, nope, rope, qh, vh, kvl, ql] = MlaDims::Of(c);
 
   LayerScratch::Mla buf = impl_->work->scratch.mla();
   float *qa = buf.q_a(C * ql), *qv = buf.q(C * H * qh), *ckv = buf.c_kv(C * (kvl + rope)),
@@ -74,12 +81,8 @@ void Session::MlaAttend(int64_t layer, Impl& st, const float* qv, const float* g
   const ModelConfig& c = model_.config();
   const MlaWeights& w = model_.weights().layers[static_cast<size_t>(layer)].mla;
   Impl::MlaCache& mc = st.mla[static_cast<size_t>(layer)];
-  const size_t H = static_cast<size_t>(c.num_attention_heads);
-  const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
-  const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
-  const size_t qh = nope + rope;
-  const size_t vh = static_cast<size_t>(c.v_head_dim);
-  const size_t kvl = static_cast<size_t>(c.kv_lora_rank);
+  const auto [H, nope, rope, qh, vh, kvl, ql] = MlaDims::Of(c);
+  (void)ql;
   LayerScratch::Mla buf = impl_->work->scratch.mla();
   const float scale = 1.0f / std::sqrt(static_cast<float>(qh));
   const quant::WeightView& kvb = w.kv_b.view();

@@ -15,72 +15,19 @@
 #include <vector>
 
 #include "k3/core/error.h"
-#include "k3/fixture/spec.h"
-#include "k3/fixture/writer.h"
 #include "k3/model/model.h"
 #include "k3_test_support.h"
+#include "test_models.h"
 
 using namespace k3;
 using namespace k3::model;
-namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
-
-std::vector<int32_t> RandomIds(size_t n, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& id : ids) id = d(rng);
-  return ids;
-}
-
-// The fixture "tiny" preset: experts shuffled on disk (the combine holds outputs).
-struct TempFixture {
-  std::string dir;
-  TempFixture() : dir(test::MakeTempDir("k3step")) {
-    fixture::WriteOptions wo;
-    wo.threads = 1;
-    fixture::WriteFixtureOrThrow(fixture::PresetOrThrow("tiny"), dir, wo);
-  }
-  ~TempFixture() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-
-LoadOptions Load(int bits) {
-  LoadOptions lo;
-  lo.progress = false;
-  lo.threads = 1;
-  lo.bits = lo.mla_bits = lo.head_bits = bits;
-  lo.expert_cache_bytes = 1e9;
-  return lo;
-}
-
-// Delivers pairs in a scrambled order (kAnyOrder) through the CPU executor.
-class ScramblingExecutor final : public ExpertExecutor {
- public:
-  explicit ScramblingExecutor(const ModelConfig& c) : cpu_(c) {}
-  void Run(const ExpertBatch& b, ExpertStore& store) override {
-    std::vector<float> rows(b.num_tokens * b.top_k * b.latent_dim);
-    ExpertBatch own = b;
-    own.sink = nullptr;
-    own.out = rows.data();
-    cpu_.Run(own, store);
-    std::vector<uint32_t> pairs;
-    for (int32_t e : b.experts) {
-      for (uint32_t p : (*b.users)[static_cast<size_t>(e)]) pairs.push_back(p);
-    }
-    std::shuffle(pairs.begin(), pairs.end(), rng_);
-    for (uint32_t p : pairs) b.Emit(p, rows.data() + static_cast<size_t>(p) * b.latent_dim);
-  }
-  PairOrder pair_order() const override { return PairOrder::kAnyOrder; }
-
- private:
-  CpuExpertExecutor cpu_;
-  std::mt19937_64 rng_{3};
-};
+const std::string& kTiny = test::kTinyModel;
+using test::RandomIds;
+using test::ScramblingExecutor;
+LoadOptions Load(int bits) { return test::TinyLoad(bits); }
 
 bool SameBits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
@@ -89,7 +36,7 @@ bool SameBits(const float* a, const float* b, size_t n) {
 }  // namespace
 
 TEST_CASE("a step gives every sequence the bits it gets alone") {
-  static const TempFixture shuffled;
+  const std::string& shuffled = test::ShuffledTinyFixture();
   struct Variant {
     const char* what;
     std::string dir;
@@ -102,8 +49,7 @@ TEST_CASE("a step gives every sequence the bits it gets alone") {
   const std::vector<Variant> variants = {
       {"oracle tiny, f32 weights and activations", kTiny, 32, false, 0.0f, 1, false},
       {"oracle tiny, int4 + IDOT, K3_TOPP 0.7, 2 threads", kTiny, 4, true, 0.7f, 2, false},
-      {"fixture tiny (experts shuffled on disk), int8 + IDOT", shuffled.dir, 8, true, 0.0f, 1,
-       false},
+      {"fixture tiny (experts shuffled on disk), int8 + IDOT", shuffled, 8, true, 0.0f, 1, false},
       {"oracle tiny, int8, pairs delivered in any order", kTiny, 8, true, 0.0f, 1, true},
   };
   for (const Variant& v : variants) {

@@ -17,11 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "k3/fixture/spec.h"
-#include "k3/fixture/writer.h"
 #include "k3/model/model.h"
 #include "k3/model/session_state.h"
 #include "k3_test_support.h"
+#include "test_models.h"
 
 // ---------------------------------------------------------------------------
 // A counting allocator for the whole binary: live bytes and their peak. Each
@@ -72,15 +71,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = std::string(K3_TEST_DATA_DIR) + "/oracle/k3-tiny";
-
-std::vector<int32_t> RandomIds(size_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& id : ids) id = d(rng);
-  return ids;
-}
+const std::string& kTiny = test::kTinyModel;
+using test::RandomIds;
+using test::ScramblingExecutor;
+std::string ShuffledFixture() { return test::ShuffledTinyFixture(); }
+LoadOptions Load(int bits) { return test::TinyLoad(bits); }
 
 struct Outputs {
   std::vector<float> logits, final_hidden, last;
@@ -108,60 +103,6 @@ Outputs Run(Model& m, RunOptions ro, const std::vector<int32_t>& ids) {
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
-
-// The fixture "tiny" preset in the release layout: experts shuffled on disk,
-// so disk order is not id order and the combine must hold outputs.
-struct TempFixture {
-  std::string dir;
-  TempFixture() : dir(test::MakeTempDir("k3win")) {
-    fixture::WriteOptions wo;
-    wo.threads = 1;
-    fixture::WriteFixtureOrThrow(fixture::PresetOrThrow("tiny"), dir, wo);
-  }
-  ~TempFixture() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-std::string ShuffledFixture() {
-  static const TempFixture f;
-  return f.dir;
-}
-
-LoadOptions Load(int bits) {
-  LoadOptions lo;
-  lo.progress = false;
-  lo.threads = 1;
-  lo.bits = lo.mla_bits = lo.head_bits = bits;
-  lo.expert_cache_bytes = 1e9;
-  return lo;
-}
-
-// Delivers a batch's pairs in a scrambled order (kAnyOrder), computing them
-// with the CPU executor.
-class ScramblingExecutor final : public ExpertExecutor {
- public:
-  explicit ScramblingExecutor(const ModelConfig& c) : cpu_(c) {}
-  void Run(const ExpertBatch& b, ExpertStore& store) override {
-    const size_t LT = b.latent_dim;
-    std::vector<float> rows(b.num_tokens * b.top_k * LT);
-    ExpertBatch own = b;
-    own.sink = nullptr;
-    own.out = rows.data();
-    cpu_.Run(own, store);
-    std::vector<uint32_t> pairs;
-    for (int32_t e : b.experts) {
-      for (uint32_t p : (*b.users)[static_cast<size_t>(e)]) pairs.push_back(p);
-    }
-    std::shuffle(pairs.begin(), pairs.end(), rng_);
-    for (uint32_t p : pairs) b.Emit(p, rows.data() + static_cast<size_t>(p) * LT);
-  }
-  PairOrder pair_order() const override { return PairOrder::kAnyOrder; }
-
- private:
-  CpuExpertExecutor cpu_;
-  std::mt19937_64 rng_{7};
-};
 
 }  // namespace
 
