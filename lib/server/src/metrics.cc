@@ -169,6 +169,10 @@ std::string Metrics::Render(int queue_depth, bool busy, const model::ExpertStore
   Counter(out, "k3_expert_bytes_read_total", "Expert bytes read from disk.", experts.bytes_read);
   Counter(out, "k3_experts_distinct_routed_total",
           "Distinct (layer, expert) pairs requests have routed to since load.", experts.distinct_routed);
+  Counter(out, "k3_expert_pass_experts_total",
+          "Experts fetched per layer pass, summed: over k3_step_rows_total x top_k x MoE layers, "
+          "the share of routed (row, rank) pairs that needed an expert of their own.",
+          experts.pass_experts);
   Counter(out, "k3_expert_cache_hits_total", "Expert acquisitions served from the cache.", experts.hits);
   Counter(out, "k3_expert_cache_misses_total", "Expert acquisitions that needed a read.", experts.misses);
   Gauge(out, "k3_expert_cache_hit_rate", "Expert cache hit rate since load.", experts.hit_rate());
