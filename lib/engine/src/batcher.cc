@@ -119,10 +119,10 @@ void StepBatcher::StepOnce(std::unique_lock<std::mutex>& lock) {
         ++j->next_ckpt;
       }
     }
+    if (after_step_) after_step_();
   } catch (...) {
     error = std::current_exception();
   }
-  if (after_step_) after_step_();
   lock.lock();
   int64_t rows = 0;
   for (size_t i = 0; i < in.size(); ++i) {

@@ -29,8 +29,9 @@ namespace k3::engine {
 
 class StepBatcher {
  public:
-  // `after_step` runs after every step, on the thread that ran it (the
-  // engine publishes its stats there).
+  // `after_step` runs after every step, on the thread that ran it, with the
+  // model still held (the engine publishes its stats and trims the
+  // streaming store's step records there).
   StepBatcher(int64_t step_tokens, std::function<void()> after_step);
   StepBatcher(const StepBatcher&) = delete;
   StepBatcher& operator=(const StepBatcher&) = delete;

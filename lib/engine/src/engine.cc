@@ -153,7 +153,12 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
             : static_cast<uint64_t>(std::max(im.options.run.prefill_budget_bytes - step_bytes,
                                              static_cast<double>(im.SequenceBytes(4096))));
     Impl* ip = &im;
-    im.batcher = std::make_unique<StepBatcher>(options.step_tokens, [ip] { ip->PublishStats(); });
+    // Each step's store records are dropped after it (a request's own are
+    // not separable when several run): a long-running server stays bounded.
+    im.batcher = std::make_unique<StepBatcher>(options.step_tokens, [ip] {
+      ip->streaming->ClearSteps();
+      ip->PublishStats();
+    });
     if (im.options.progress) {
       K3_LOG_INFO(
           "parallel: %d sequences in steps of at most %lld rows (%s of work space); "

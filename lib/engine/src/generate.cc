@@ -138,7 +138,7 @@ class Engine::Impl::GenerateRun {
     SetUpStructured();
     stats0_ = Stats();
     // This request's steps only (bounded memory in a server); with several
-    // requests at once the store's steps are everyone's, and not cleared.
+    // requests at once the batcher drops them after every step.
     if (!batched_) im_.streaming->ClearSteps();
     const size_t common = RestorePrefix();
     if (common < req_.prompt_ids.size() && !Prefill(common)) {
