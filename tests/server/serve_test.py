@@ -409,6 +409,15 @@ def test_parallel_equals_alone():
               "steps counted; nothing left running")
         srv.wait_metric('k3_requests_cancelled_by_phase_total{phase="decode"}', 2)
         check(srv.alive(), "server alive after the parallel rounds")
+    # Admission: with a tiny sequence budget (from --prefill-mem-gb), a request
+    # whose prompt + max_tokens state can never fit is refused with 413 naming
+    # it; a small one is still served.
+    with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, "--parallel", "2", "--prefill-mem-gb", "0.001") as srv:
+        st, _, j = chat(srv.port, body(max_tokens=500000))
+        check(st == 413 and "sequence state" in json.dumps(j),
+              f"a request whose state never fits: 413 naming the sequence state ({st} {j})")
+        st, _, j = chat(srv.port, body(max_tokens=8))
+        check(st == 200, f"a small request is still served ({st})")
 
 
 def main():
