@@ -66,11 +66,6 @@ StepBatcher::Stats StepBatcher::stats() const {
   return stats_;
 }
 
-int StepBatcher::running() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(jobs_.size());
-}
-
 void StepBatcher::StepOnce(std::unique_lock<std::mutex>& lock) {
   // The step: every one-token feed (a decoding sequence), then slices of the
   // longer feeds in arrival order while the budget lasts. A slice ends at

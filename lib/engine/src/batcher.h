@@ -65,8 +65,6 @@ class StepBatcher {
     std::vector<uint64_t> rows_hist;  // steps by rows: buckets <=1, <=2, <=4, ... <=2^k, more
   };
   Stats stats() const;
-  // Sequences with a feed waiting or in the current step.
-  int running() const;
 
  private:
   struct Job {
