@@ -308,12 +308,35 @@ void CheckpointCache::ReportParkStreak(const char* when) {
   park_failure_streak_ = 0;
 }
 
+bool CheckpointCache::Superseded(const Entry& e) const {
+  const size_t n = e.ids.size();
+  for (const Entry& x : entries_) {
+    // The last id first: most entries of other conversations differ there.
+    if (x.ids.size() > n && (n == 0 || x.ids[n - 1] == e.ids[n - 1]) &&
+        std::equal(e.ids.begin(), e.ids.end(), x.ids.begin())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+CheckpointCache::Entry* CheckpointCache::PickVictim(const std::function<bool(const Entry&)>& held) {
+  // A conversation's own earlier checkpoints go before any other
+  // conversation's newest one: a sub-agent's turns (and a long prompt's
+  // window checkpoints) evict their own predecessors, not the main thread's
+  // turn end. Least recently used within each class.
+  Entry* lru[2] = {nullptr, nullptr};  // [superseded, newest of its conversation]
+  for (Entry& e : entries_) {
+    if (!held(e)) continue;
+    Entry*& slot = lru[Superseded(e) ? 0 : 1];
+    if (slot == nullptr || e.last_use < slot->last_use) slot = &e;
+  }
+  return lru[0] != nullptr ? lru[0] : lru[1];
+}
+
 void CheckpointCache::EnforceRam() {
   while (stats_.ram_checkpoints > slots_) {
-    Entry* lru = nullptr;
-    for (Entry& e : entries_) {
-      if (e.ram && (lru == nullptr || e.last_use < lru->last_use)) lru = &e;
-    }
+    Entry* lru = PickVictim([](const Entry& e) { return e.ram != nullptr; });
     K3_CHECK(lru != nullptr);
     ++stats_.evictions;
     if (lru->path.empty() && !options_.disk_dir.empty() &&
@@ -329,10 +352,7 @@ void CheckpointCache::EnforceRam() {
 
 void CheckpointCache::EnforceDisk() {
   while (stats_.disk_bytes > disk_cap_bytes_) {
-    Entry* lru = nullptr;
-    for (Entry& e : entries_) {
-      if (!e.path.empty() && (lru == nullptr || e.last_use < lru->last_use)) lru = &e;
-    }
+    Entry* lru = PickVictim([](const Entry& e) { return !e.path.empty(); });
     if (lru == nullptr) break;
     if (::unlink(lru->path.c_str()) != 0 && errno != ENOENT) {
       K3_LOG_WARN("ckpt: cannot remove %s: %s", lru->path.c_str(), std::strerror(errno));

@@ -167,6 +167,43 @@ TEST_CASE("2 RAM slots, 3 alternating conversations: LRU, exact-prefix matches o
   CHECK(s.parks == 0);
 }
 
+TEST_CASE("a sub-agent's many turns evict its own earlier checkpoints, not the main thread's") {
+  auto model = LoadTiny();
+  Session probe(*model, Opts(), 0);
+  CheckpointCacheOptions co;
+  co.ram_slots = 3;
+  CheckpointCache cache(co, probe.Fingerprint(), StateLayout::For(model->config()));
+  Driver d(*model, cache);
+  Conversations cv;
+  auto turn = [&](int c) {
+    const std::vector<int32_t> prompt = cv.Next(c);
+    Driver::Turn t = d.Run(prompt);
+    cv.history[c] = t.history;
+    CHECK(cache.stats().ram_checkpoints <= 3);
+    return t;
+  };
+  // The main conversation's first turn, then a sub-agent's six turns (each
+  // extends the last) and a one-shot side call, all through the one session.
+  turn(0);
+  const int64_t main_end = static_cast<int64_t>(cv.history[0].size());
+  for (int i = 0; i < 6; ++i) {
+    const Driver::Turn t = turn(1);
+    // The sub-agent resumes its own last turn (the session or a checkpoint).
+    if (i > 0) CHECK(t.fed == 9);
+  }
+  turn(2);
+  // Plain LRU would have dropped the main thread's only checkpoint at the
+  // sub-agent's third turn; here its own superseded turns went first.
+  const Driver::Turn back = turn(0);
+  CHECK(back.restored == main_end);
+  CHECK(back.fed == 9);
+  // The sub-agent's newest turn is still there too.
+  const int64_t sub_end = static_cast<int64_t>(cv.history[1].size());
+  const Driver::Turn sub = turn(1);
+  CHECK(sub.restored == sub_end);
+  CHECK(cache.stats().evictions == 7);
+}
+
 TEST_CASE("a shared system prompt is reused up to where the ids agree, and no further") {
   auto model = LoadTiny();
   Session probe(*model, Opts(), 0);

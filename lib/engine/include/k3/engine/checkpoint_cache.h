@@ -1,7 +1,8 @@
-// Recurrent-state checkpoint cache: Session checkpoints kept in RAM
-// slots (LRU across conversations), matched on the exact token-id prefix, the
-// deepest match restored so that only the tail is prefilled; optionally parked
-// on disk when evicted (one safetensors file each, docs/checkpoints.md).
+// Recurrent-state checkpoint cache: Session checkpoints kept in RAM slots
+// (a conversation's superseded checkpoints evicted first, then the least
+// recently used), matched on the exact token-id prefix, the deepest match
+// restored so that only the tail is prefilled; optionally parked on disk when
+// evicted (one safetensors file each, docs/checkpoints.md).
 //
 // Usable without the rest of the engine: it needs a Session and nothing else.
 // Ownership: the cache owns its checkpoints (MLA segments are shared with
@@ -176,6 +177,11 @@ class CheckpointCache {
   void Put(std::shared_ptr<const model::SessionCheckpoint> ck, const std::vector<int32_t>* ids);
   Entry* FindDeepest(std::span<const int32_t> ids, int64_t max_len, int64_t min_position);
   void Touch(Entry& e);
+  // True when another entry extends e's ids (a later point of its conversation).
+  bool Superseded(const Entry& e) const;
+  // The entry to give up among those `held` (in RAM, on disk): the least
+  // recently used superseded one, else the least recently used; null if none.
+  Entry* PickVictim(const std::function<bool(const Entry&)>& held);
   void EnforceRam();
   void EnforceDisk();
   void Park(Entry& e);
