@@ -97,8 +97,8 @@ void RunServe(ServeArgs args) {
   }
   o.api.max_body_bytes = size_t(args.max_body_mb) << 20;
   if (o.queue < 0) throw Error(ErrorCode::kInvalidArgument, "--queue must be >= 0");
-  if (o.parallel < 1 || o.parallel > 256) {
-    throw Error(ErrorCode::kInvalidArgument, "--parallel must be 1..256");
+  if (o.parallel < 0 || o.parallel > 256) {
+    throw Error(ErrorCode::kInvalidArgument, "--parallel must be 0..256 (0: from memory)");
   }
   if (args.step_tokens < 1 || args.step_tokens > (1 << 20)) {
     throw Error(ErrorCode::kInvalidArgument, "--step-tokens must be 1..1048576");
@@ -161,8 +161,9 @@ void RunServe(ServeArgs args) {
   server::HttpServer http(service);
   http.BindOrThrow();  // /health answers 503 while the model loads
   std::fprintf(stderr,
-               "k3-run serve: listening on http://%s:%d (model id %s, parallel %d, queue %d%s)\n",
-               o.host.c_str(), http.port(), o.model_id.c_str(), o.parallel, o.queue,
+               "k3-run serve: listening on http://%s:%d (model id %s, parallel %s, queue %d%s)\n",
+               o.host.c_str(), http.port(), o.model_id.c_str(),
+               o.parallel > 0 ? std::to_string(o.parallel).c_str() : "from memory", o.queue,
                o.api_key.empty() ? "" : ", API key required");
   std::fflush(stderr);
   std::thread serving([&] { http.Serve(); });
@@ -182,7 +183,7 @@ void RunServe(ServeArgs args) {
     // sigwait's, the ordinary stop below that answers every request.
     startup.Done();
     service.SetBackend(backend.get());
-    std::fprintf(stderr, "k3-run serve: ready\n");
+    std::fprintf(stderr, "k3-run serve: ready (parallel %d)\n", engine->step_stats().parallel);
     std::fflush(stderr);
   } catch (...) {
     startup.Done();
@@ -248,10 +249,11 @@ void SetupServe(CLI::App& root) {
   cmd->add_option("--port", args->server.port, "port (0: any free port, printed on stderr)");
   cmd->add_option("--api-key", args->server.api_key,
                   "require Authorization: Bearer KEY on /v1 (default: K3_API_KEY, else no key)");
-  args->server.parallel = 4;
+  args->server.parallel = 0;
   cmd->add_option("--parallel", args->server.parallel,
                   "requests that run at once, batched in steps; each gets the tokens it would get "
-                  "alone (1: one at a time, prompts in windows; default 4)");
+                  "alone (1: one at a time, prompts in windows; default 0: as many as memory "
+                  "holds at 32768 positions each, at most 4, printed at start)");
   cmd->add_option(
       "--step-tokens", args->step_tokens,
       "with --parallel > 1: rows per step, every decoding request's token plus slices of "

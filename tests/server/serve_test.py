@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_lib import Check, Server, accumulate, chat, parse_sse, raw_socket, request, run_threads, user  # noqa: E402
+from serve_lib import (Check, Server, accumulate, chat, parse_sse, raw_socket, request, run_threads,  # noqa: E402
+                       stream_until_first_token, user)
 
 K3_RUN, MODEL = sys.argv[1], sys.argv[2]
 MODEL_ID = "k3-tiny"
@@ -221,22 +221,6 @@ def test_prefix_reuse(srv):
           f"a follow-up prefills only its tail (cached {cached} of {j2['usage']['prompt_tokens']})")
 
 
-def stream_until_first_token(port: int, b: dict) -> socket.socket:
-    s = raw_socket(port)
-    data = json.dumps(b).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    # The role chunk goes out before the queue wait and prefill progress may
-    # follow: decode has begun only once a delta carries generated text.
-    buf = b""
-    while not re.search(rb'"(content|reasoning_content)":"[^"]', buf):
-        got = s.recv(65536)
-        if not got:
-            break
-        buf += got
-    return s
-
-
 def test_cancel(srv):
     # ignore_eos: the answer runs until the client leaves (a random-weight
     # model may otherwise end it before the close is seen).
@@ -418,6 +402,27 @@ def test_parallel_equals_alone():
               f"a request whose state never fits: 413 naming the sequence state ({st} {j})")
         st, _, j = chat(srv.port, body(max_tokens=8))
         check(st == 200, f"a small request is still served ({st})")
+    # --parallel's default (0): as many sequences as memory holds at 32768
+    # positions, at most 4. The tiny model holds 4 on any test machine; the
+    # same budget as above holds one, and the queue gets that many slots.
+    for args, want in (((), 4), (("--prefill-mem-gb", "0.001"), 1)):
+        with Server(K3_RUN, MODEL, "--model-id", MODEL_ID, *args) as srv:
+            check(srv.metric("k3_parallel") == want, f"--parallel from memory {args}: {want} sequences")
+            deadline = time.monotonic() + 10
+            while b"ready (parallel" not in open(srv.log_path, "rb").read() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            check(f"ready (parallel {want})" in srv.read_log(), f"the start-up line says parallel {want}")
+            if want == 1:
+                # One slot: a second request waits behind the first.
+                import threading
+                first = threading.Thread(target=chat, args=(srv.port, body(max_tokens=3000, ignore_eos=True)))
+                first.start()
+                srv.wait_metric("k3_running_requests", 1)
+                second = threading.Thread(target=chat, args=(srv.port, body(max_tokens=4)))
+                second.start()
+                srv.wait_metric("k3_queue_depth", 1)
+                first.join()
+                second.join()
 
 
 def main():

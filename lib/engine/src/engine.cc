@@ -67,6 +67,20 @@ double PrefillBudgetFor(const stream::StreamOptions& stream, uint64_t available_
   return std::max(kActivationShare, left);
 }
 
+AutoParallel AutoParallelFor(uint64_t sequence_budget_bytes, uint64_t sequence_bytes,
+                             int64_t tokens) {
+  AutoParallel a;
+  const uint64_t per = std::max<uint64_t>(sequence_bytes, 1);
+  const uint64_t fit = sequence_budget_bytes / per;
+  a.parallel = static_cast<int>(std::clamp<uint64_t>(fit, 1, AutoParallel::kMax));
+  a.why = std::to_string(a.parallel) + (a.parallel == 1 ? " sequence" : " sequences") +
+          " from memory (" + FormatBytes(sequence_budget_bytes) + " for sequences, " +
+          FormatBytes(per) + " each at " + std::to_string(tokens) + " positions; at most " +
+          std::to_string(AutoParallel::kMax) + (fit < 1 ? "; one, though it does not fit" : "") +
+          ")";
+  return a;
+}
+
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -120,15 +134,35 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
   if (im.options.on_model_loaded) im.options.on_model_loaded(*im.model);
   // The sequences. The MLA cache grows on demand (doubling), so nothing is
   // reserved for the whole context up front; they share one work space.
-  if (options.parallel < 1 || options.parallel > 256) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "parallel must be in [1, 256], got " + std::to_string(options.parallel));
+  if (options.parallel < 0 || options.parallel > 256) {
+    throw Error(ErrorCode::kInvalidArgument, "parallel must be in [0, 256] (0: from memory), got " +
+                                                 std::to_string(options.parallel));
   }
   if (options.step_tokens < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 "step tokens must be >= 1, got " + std::to_string(options.step_tokens));
   }
-  im.seqs.resize(static_cast<size_t>(options.parallel));
+  // Admission: what the prefill windows would have had, less one step's work
+  // space (steps replace windows), at least one 4096-position sequence.
+  model::WindowShape shape;
+  shape.tokens = options.step_tokens;
+  shape.threads = omp_get_max_threads();
+  shape.idot = im.options.run.idot;
+  const double step_bytes =
+      static_cast<double>(model::PrefillWindowBytes(im.model->config(), shape));
+  const uint64_t sequence_budget =
+      options.sequence_budget_bytes > 0
+          ? static_cast<uint64_t>(options.sequence_budget_bytes)
+          : static_cast<uint64_t>(std::max(im.options.run.prefill_budget_bytes - step_bytes,
+                                           static_cast<double>(im.SequenceBytes(4096))));
+  if (options.parallel == 0) {
+    const int64_t tokens = std::min(AutoParallel::kTokens, e->context_limit());
+    const AutoParallel a = AutoParallelFor(sequence_budget, im.SequenceBytes(tokens), tokens);
+    im.options.parallel = a.parallel;
+    if (im.options.progress) K3_LOG_INFO("parallel: %s", a.why.c_str());
+  }
+  const int parallel = im.options.parallel;
+  im.seqs.resize(static_cast<size_t>(parallel));
   for (Impl::Sequence& s : im.seqs) {
     s.session =
         std::make_unique<model::Session>(*im.model, im.options.run, 0, im.seqs[0].session.get());
@@ -138,20 +172,8 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
       std::make_unique<CheckpointCache>(im.options.checkpoints, im.seqs[0].session->Fingerprint(),
                                         model::StateLayout::For(im.model->config()));
   if (im.options.progress) K3_LOG_INFO("%s", im.checkpoints->Describe().c_str());
-  if (options.parallel > 1) {
-    // Admission: what the prefill windows would have had, less one step's
-    // work space (steps replace windows), at least one 4096-position sequence.
-    model::WindowShape shape;
-    shape.tokens = options.step_tokens;
-    shape.threads = omp_get_max_threads();
-    shape.idot = im.options.run.idot;
-    const double step_bytes =
-        static_cast<double>(model::PrefillWindowBytes(im.model->config(), shape));
-    im.sequence_budget =
-        options.sequence_budget_bytes > 0
-            ? static_cast<uint64_t>(options.sequence_budget_bytes)
-            : static_cast<uint64_t>(std::max(im.options.run.prefill_budget_bytes - step_bytes,
-                                             static_cast<double>(im.SequenceBytes(4096))));
+  if (parallel > 1) {
+    im.sequence_budget = sequence_budget;
     Impl* ip = &im;
     // Each step's store records are dropped after it (a request's own are
     // not separable when several run): a long-running server stays bounded.
@@ -163,7 +185,7 @@ std::unique_ptr<Engine> Engine::LoadOrThrow(const EngineOptions& options) {
       K3_LOG_INFO(
           "parallel: %d sequences in steps of at most %lld rows (%s of work space); "
           "running requests may hold %s of state (%s per 4096 positions)",
-          options.parallel, static_cast<long long>(options.step_tokens),
+          parallel, static_cast<long long>(options.step_tokens),
           FormatBytes(static_cast<uint64_t>(step_bytes)).c_str(),
           FormatBytes(im.sequence_budget).c_str(), FormatBytes(im.SequenceBytes(4096)).c_str());
     }

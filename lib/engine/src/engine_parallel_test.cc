@@ -190,6 +190,38 @@ TEST_CASE("shuffled concurrent requests give every request its alone answer, byt
   }
 }
 
+TEST_CASE("parallel 0: as many sequences as the budget holds at 32768 positions, 1 to 4") {
+  EngineOptions o = Options(0, 64);
+  uint64_t per = 0;
+  {
+    auto probe = Engine::LoadOrThrow(Options(1, 64));
+    const int64_t tokens = std::min(AutoParallel::kTokens, probe->context_limit());
+    per = probe->RequestBytes(tokens - 1, 1);
+  }
+  for (const auto& [budget, want] :
+       {std::pair{0.5, 1}, {1.0, 1}, {2.5, 2}, {3.99, 3}, {100.0, 4}}) {
+    CAPTURE(budget);
+    o.sequence_budget_bytes = budget * static_cast<double>(per);
+    auto e = Engine::LoadOrThrow(o);
+    CHECK(e->step_stats().parallel == want);
+    CHECK(e->options().parallel == want);
+    const AutoParallel a =
+        AutoParallelFor(static_cast<uint64_t>(o.sequence_budget_bytes), per, 4096);
+    CHECK(a.parallel == want);
+    CHECK(a.why.find(std::to_string(want) + (want == 1 ? " sequence " : " sequences ")) == 0);
+  }
+  // One sequence is a one-at-a-time engine (prompts in windows, no steps).
+  o.sequence_budget_bytes = 0.5 * static_cast<double>(per);
+  auto one = Engine::LoadOrThrow(o);
+  GenerateRequest r;
+  r.prompt_ids = {1, 2, 3};
+  r.max_tokens = 3;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  CHECK(one->Generate(r).ids.size() == 3);
+  CHECK(one->step_stats().steps == 0);
+}
+
 TEST_CASE("admission: a request that can never fit is refused, one that does not fit now waits") {
   EngineOptions o = Options(2, 64);
   {

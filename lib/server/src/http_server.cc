@@ -997,7 +997,8 @@ struct HttpServer::Impl {
   void Loop() {
     const int nworkers =
         o.threads > 0 ? o.threads
-                      : o.queue + std::max(1, o.parallel) + std::max(1, o.prepare_concurrency);
+                      : o.queue + (o.parallel > 0 ? o.parallel : engine::AutoParallel::kMax) +
+                            std::max(1, o.prepare_concurrency);
     prepare_free = std::max(1, o.prepare_concurrency);
     for (int i = 0; i < nworkers; ++i) workers.emplace_back([this] { WorkerMain(); });
 

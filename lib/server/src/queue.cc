@@ -7,6 +7,19 @@ namespace k3::server {
 RequestQueue::RequestQueue(int capacity, int slots)
     : capacity_(std::max(0, capacity)), slots_(std::max(1, slots)) {}
 
+int RequestQueue::slots() const {
+  std::lock_guard lock(mu_);
+  return slots_;
+}
+
+void RequestQueue::SetSlots(int slots) {
+  {
+    std::lock_guard lock(mu_);
+    slots_ = std::max(1, slots);
+  }
+  cv_.notify_all();
+}
+
 std::unique_ptr<RequestQueue::Ticket> RequestQueue::TryEnqueue() {
   std::lock_guard lock(mu_);
   // With a slot free and nobody waiting, the request runs at once and does

@@ -37,6 +37,7 @@ void Service::SetBackend(Backend* backend) {
     engine::SamplingParams s = backend->default_sampling();
     options_.api.default_temperature = s.temperature;
     options_.api.default_top_p = s.top_p;
+    if (options_.parallel == 0) queue_.SetSlots(backend->step_stats().parallel);
   }
   backend_.store(backend);
 }

@@ -65,6 +65,7 @@ struct EngineOptions {
   // and a library user's default). N > 1: Generate is thread-safe; up to N
   // requests run on their own sequences, fed together in steps of at most
   // `step_tokens` rows, and each gets the tokens it would get alone.
+  // 0: from memory (AutoParallelFor, at most 4; k3-run serve's default).
   int parallel = 1;
   int64_t step_tokens = 512;
   // What running requests' sequences may hold together (KDA states, MLA rows
@@ -91,6 +92,19 @@ struct EngineOptions {
 
   static EngineOptions FromEnv(std::string model_dir);
 };
+
+// EngineOptions::parallel == 0 (k3-run serve's default): as many sequences
+// as the sequence budget holds at `sequence_bytes` each (the state of one at
+// `tokens` positions: kTokens, a long agent conversation, or the context
+// limit when that is shorter), at least 1 and at most kMax.
+struct AutoParallel {
+  static constexpr int kMax = 4;
+  static constexpr int64_t kTokens = 32768;
+  int parallel = 1;
+  std::string why;  // the start-up line: the count and the arithmetic behind it
+};
+AutoParallel AutoParallelFor(uint64_t sequence_budget_bytes, uint64_t sequence_bytes,
+                             int64_t tokens);
 
 // The default prefill window budget (docs/engine.md "Windows"): the
 // expert cache takes 0.88 x MemAvailable minus stream.reserve_bytes (page

@@ -55,12 +55,15 @@ class RequestQueue {
   bool busy() const;    // a request holds the model
   int running() const;  // requests holding a slot
   int capacity() const { return capacity_; }
-  int slots() const { return slots_; }
+  int slots() const;
+  // Sets the slots (k3-run serve --parallel 0: known once the engine has
+  // loaded, before any request can reach it); waiters are re-examined.
+  void SetSlots(int slots);
 
  private:
   void Leave(Ticket& t);
   const int capacity_;
-  const int slots_;
+  int slots_;  // under mu_
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<int64_t> waiting_;  // ticket numbers, arrival order

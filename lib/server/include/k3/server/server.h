@@ -63,7 +63,8 @@ struct ServerOptions {
   int queue = 8;              // requests that may wait behind the running ones
   // Requests that run on the model at once (k3-run serve --parallel): the
   // backend must take that many Generate calls at a time (an engine with
-  // EngineOptions::parallel at least this).
+  // EngineOptions::parallel at least this). 0: the backend's own count
+  // (Backend::step_stats().parallel), taken when SetBackend installs it.
   int parallel = 1;
   std::string model_id = "k3";
   bool webui = true;
