@@ -4,7 +4,10 @@ ranks, symmetric or not, prefill windows and decode; checkpoints parked by a
 lost cluster and resumed after the restart; start-up refusals naming the rank
 and what differs; faults (SIGKILL mid-prefill and mid-decode, SIGSTOP, a
 worker's disk error) reported within the deadline with the documented exit
-codes; `serve --cluster` answering the in-flight request 503 when a worker dies.
+codes; `serve --cluster` answering the in-flight request 503 when a worker dies;
+`serve --cluster --parallel`: concurrent requests stepped together over the
+ranks equal one host's alone answers, and a lost worker fails every running
+request with its own 503.
 
 usage: cluster_test.py K3_RUN K3_FIXTURE ORACLE_MODEL_DIR
 """
@@ -260,25 +263,34 @@ check(j is not None and base is not None and j["generated_ids"] == base["generat
       "the resumed run's tokens equal one host's")
 
 # --- 4. serve --cluster: a dead worker's in-flight request gets 503 --------------------------
-log_path = os.path.join(tmp, "serve.log")
-logf = open(log_path, "wb")
-proc = subprocess.Popen([*MPIRUN, "-np", "3", K3_RUN, "serve", ORACLE, "--host", "127.0.0.1", "--port", "0",
-                         "--threads", "1", "--ckpt-slots", "0", "--cluster", "--cluster-deadline", "3",
-                         "--cluster-fault", "1:stop@80"], stdout=logf, stderr=subprocess.STDOUT, env=ENV)
-port = None
-t_end = time.monotonic() + 120
-while time.monotonic() < t_end and port is None and proc.poll() is None:
-    mm = re.search(rb"listening on http://[0-9.]+:(\d+)", open(log_path, "rb").read())
-    port = int(mm.group(1)) if mm else None
-    time.sleep(0.1)
-ready = False
-while port and time.monotonic() < t_end and proc.poll() is None:
-    st, _, _ = serve_lib.request(port, "GET", "/health")
-    if st == 200:
-        ready = True
-        break
-    time.sleep(0.1)
-if check(ready, "serve --cluster became ready: " + open(log_path, "rb").read().decode(errors="replace")[-500:]):
+
+
+def start_serve(cmd, name):
+    """Starts a server (under mpirun or not); returns (process, port or None when it never became ready, log)."""
+    log_path = os.path.join(tmp, name + ".log")
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=ENV)
+    port = None
+    t_end = time.monotonic() + 120
+    while time.monotonic() < t_end and port is None and proc.poll() is None:
+        mm = re.search(rb"listening on http://[0-9.]+:(\d+)", open(log_path, "rb").read())
+        port = int(mm.group(1)) if mm else None
+        time.sleep(0.1)
+    while port and time.monotonic() < t_end and proc.poll() is None:
+        st, _, _ = serve_lib.request(port, "GET", "/health")
+        if st == 200:
+            return proc, port, log_path
+        time.sleep(0.1)
+    return proc, None, log_path
+
+
+def read_log(path):
+    return open(path, "rb").read().decode(errors="replace")
+
+
+SERVE = [K3_RUN, "serve", ORACLE, "--host", "127.0.0.1", "--port", "0", "--threads", "1", "--ckpt-slots", "0"]
+proc, port, log_path = start_serve([*MPIRUN, "-np", "3", *SERVE, "--cluster", "--cluster-deadline", "3",
+                                    "--cluster-fault", "1:stop@80", "--parallel", "1"], "serve")
+if check(port is not None, "serve --cluster became ready: " + read_log(log_path)[-500:]):
     st, _, body = serve_lib.request(port, "GET", "/metrics")
     check(st == 200 and b"k3_cluster_placement_info" in body and b"k3_cluster_worker_owned_experts" in body,
           "/metrics shows the placement and per-worker counters")
@@ -300,6 +312,89 @@ except subprocess.TimeoutExpired:
     proc.kill()
     rc = proc.wait()
 check(rc == 75, f"serve --cluster ends with exit 75 after a lost worker (got {rc})")
+
+# --- 5. serve --cluster --parallel 3: requests stepped together over the ranks -----------------
+# Mixed requests sent at once in a shuffled order, beside a client that leaves
+# mid-answer, get byte for byte what each gets alone on one host; the steps
+# held several sequences (each step's expert batch went through the cluster's
+# executor); then a worker is lost while two requests run in one step: each
+# gets its own 503 and the server exits 75 (the cluster's fail-stop).
+REQS = [
+    {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 14, "seed": 1},
+    {"messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(90))}], "max_tokens": 6, "seed": 2},
+    {"messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 20, "seed": 3,
+     "thinking": {"type": "disabled"}},
+    {"messages": [{"role": "user", "content": "stream it"}], "max_tokens": 12, "seed": 4, "stream": True},
+    {"messages": [{"role": "user", "content": "abc"}], "max_tokens": 16, "temperature": 0},
+]
+for r in REQS:
+    r["model"] = "k3"
+
+
+def answer(res):
+    st, _, j = res
+    if st != 200:
+        return (st, str(j)[:200])
+    if isinstance(j, list):
+        m = serve_lib.accumulate(j)
+        return (st, m["message"]["content"], m["message"]["reasoning_content"], m["finish_reason"])
+    msg = j["choices"][0]["message"]
+    return (st, msg.get("content"), msg.get("reasoning_content"), j["choices"][0]["finish_reason"])
+
+
+proc, port, log_path = start_serve([*SERVE, "--parallel", "1"], "serve-1host")
+alone = None
+if check(port is not None, "one host serves: " + read_log(log_path)[-500:]):
+    alone = [answer(serve_lib.chat(port, r)) for r in REQS]
+    check(all(a[0] == 200 for a in alone), f"each request answered alone on one host: {alone}")
+proc.terminate()
+proc.wait(timeout=60)
+
+proc, port, log_path = start_serve([*MPIRUN, "-np", "3", *SERVE, "--cluster", "--parallel", "3",
+                                    "--step-tokens", "24", "--queue", "8"], "serve-parallel")
+if check(port is not None, "serve --cluster --parallel 3 became ready: " + read_log(log_path)[-500:]) and alone:
+    import random
+    order = list(range(len(REQS)))
+    random.Random(5).shuffle(order)
+    leaver = {"model": "k3", "messages": [{"role": "user", "content": "I will leave"}], "max_tokens": 100000,
+              "seed": 11, "stream": True, "ignore_eos": True}
+    fns = [lambda i=i: (i, serve_lib.chat(port, REQS[i])) for i in order]
+    fns.insert(2, lambda: (-1, serve_lib.stream_until_first_token(port, leaver).close()))
+    got = {i: answer(r) for i, r in serve_lib.run_threads(fns) if i >= 0}
+    bad = [(i, got[i], alone[i]) for i in range(len(REQS)) if got[i] != alone[i]]
+    check(not bad, f"--parallel 3 on the cluster: every answer equals one host's alone answer (differ: {bad})")
+    st, _, metrics = serve_lib.request(port, "GET", "/metrics")
+    m = re.search(rb"\nk3_step_max_sequences (\d+)", metrics)
+    check(m is not None and int(m.group(1)) >= 2, f"steps held several sequences ({m and m.group(1)})")
+    rt = re.search(rb'\nk3_cluster_round_trips_total (\d+)', metrics)
+    check(rt is not None and int(rt.group(1)) > 0, "the steps' experts went through the cluster")
+    # The leaver's sequence was cancelled; the server still answers.
+    st, _, data = serve_lib.chat(port, REQS[0])
+    check(answer((st, None, data)) == alone[0], "after the leaver, a request is still answered as alone")
+proc.terminate()
+try:
+    proc.wait(timeout=60)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+
+proc, port, log_path = start_serve([*MPIRUN, "-np", "3", *SERVE, "--cluster", "--parallel", "2",
+                                    "--cluster-deadline", "3", "--cluster-fault", "1:stop@200"], "serve-lost")
+if check(port is not None, "serve --cluster --parallel 2 became ready: " + read_log(log_path)[-500:]):
+    long_req = {"model": "k3", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 400,
+                "ignore_eos": True, "seed": 1}
+    results = serve_lib.run_threads([lambda s=s: serve_lib.chat(port, dict(long_req, seed=s)) for s in (1, 2)])
+    errs = [(st, (d or {}).get("error", {}) if isinstance(d, dict) else {}) for st, _, d in results]
+    check(all(st == 503 and e.get("code") == "unavailable" and "rank 1" in e.get("message", "") for st, e in errs),
+          f"both running requests get their own 503 naming rank 1: {errs}")
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    check(rc == 75, f"serve --cluster --parallel 2 ends with exit 75 after a lost worker (got {rc})")
+else:
+    proc.kill()
 
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.done())

@@ -201,6 +201,23 @@ def raw_socket(port: int) -> socket.socket:
     return s
 
 
+def stream_until_first_token(port: int, b: dict) -> socket.socket:
+    """Sends a streamed chat request and reads until the first generated text; the socket stays open."""
+    s = raw_socket(port)
+    data = json.dumps(b).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    # The role chunk goes out before the queue wait and prefill progress may
+    # follow: decode has begun only once a delta carries generated text.
+    buf = b""
+    while not re.search(rb'"(content|reasoning_content)":"[^"]', buf):
+        got = s.recv(65536)
+        if not got:
+            break
+        buf += got
+    return s
+
+
 def run_threads(fns) -> list:
     results = [None] * len(fns)
 
