@@ -272,6 +272,9 @@ void RunAgentBench(const AgentArgs& a) {
       Mode& m = modes[(run + k) % 2];
       engine::EngineOptions eo = engine::EngineOptions::FromEnv(a.model_dir);
       eo.progress = false;
+      // As k3-run serve: checkpoints sized from free memory (the serialised
+      // server resumes a conversation from them after another one ran).
+      eo.checkpoints.ram_slots = -1;
       eo.parallel = m.parallel;
       eo.step_tokens = a.step_tokens;
       auto e = engine::Engine::LoadOrThrow(eo);
