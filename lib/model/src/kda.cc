@@ -33,10 +33,10 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
   float *q = buf.q(C * P), *k = buf.k(C * P), *v = buf.v(C * P), *g = buf.g(C * P);
   float *z = buf.f(C * P), *t1 = buf.f_a(C * hd), *braw = buf.b(C * H);
   PhaseClock clk;
-  Linear(w.q, x, C, q, idot, &impl_->work->acts);
-  Linear(w.k, x, C, k, idot, &impl_->work->acts);
-  Linear(w.v, x, C, v, idot, &impl_->work->acts);
-  Linear(w.g, x, C, g, idot, &impl_->work->acts);
+  Linear(w.q, x, C, q, idot, &impl_->work->acts, model_.dense_executor());
+  Linear(w.k, x, C, k, idot, &impl_->work->acts, model_.dense_executor());
+  Linear(w.v, x, C, v, idot, &impl_->work->acts, model_.dense_executor());
+  Linear(w.g, x, C, g, idot, &impl_->work->acts, model_.dense_executor());
   quant::MatMul(w.f_a.view(), x, C, t1);
   quant::MatMul(w.f_b.view(), t1, C, z);
   quant::MatMul(w.b.view(), x, C, braw);
@@ -166,7 +166,7 @@ void Session::KdaForward(int64_t layer, const float* x, size_t C, float* out) {
     }
   }
   clk.Lap(phases_.kda_scan);
-  Linear(w.o, o, C, out, idot, &impl_->work->acts);
+  Linear(w.o, o, C, out, idot, &impl_->work->acts, model_.dense_executor());
   clk.Lap(phases_.attn_proj);
 }
 

@@ -43,12 +43,12 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, float* out) {
   float *qa = buf.q_a(C * ql), *qv = buf.q(C * H * qh), *ckv = buf.c_kv(C * (kvl + rope)),
         *gv = buf.g(C * H * vh);
   PhaseClock clk;
-  Linear(w.q_a, x, C, qa, idot, &impl_->work->acts);
+  Linear(w.q_a, x, C, qa, idot, &impl_->work->acts, model_.dense_executor());
   for (size_t t = 0; t < C; ++t) {
     quant::RmsNorm(qa + t * ql, w.q_a_norm.data(), ql, kLoraNormEps, qa + t * ql);
   }
-  Linear(w.q_b, qa, C, qv, idot, &impl_->work->acts);
-  Linear(w.kv_a, x, C, ckv, idot, &impl_->work->acts);
+  Linear(w.q_b, qa, C, qv, idot, &impl_->work->acts, model_.dense_executor());
+  Linear(w.kv_a, x, C, ckv, idot, &impl_->work->acts, model_.dense_executor());
   // Append each sequence's rows to its cache first; its token t then attends
   // to rows 0..pos0+t (causal).
   for (const Seg& sg : segs_) {
@@ -60,7 +60,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, float* out) {
       if (rope) std::memcpy(mc.rope.data() + row * rope, src + kvl, rope * sizeof(float));
     }
   }
-  Linear(w.g, x, C, gv, idot, &impl_->work->acts);
+  Linear(w.g, x, C, gv, idot, &impl_->work->acts, model_.dense_executor());
   clk.Lap(phases_.attn_proj);
 
   float* ctx = buf.context(C * H * vh);
@@ -69,7 +69,7 @@ void Session::MlaForward(int64_t layer, const float* x, size_t C, float* out) {
               sg.pos0, ctx + sg.r0 * H * vh);
   }
   clk.Lap(phases_.mla_attn);
-  Linear(w.o, ctx, C, out, idot, &impl_->work->acts);
+  Linear(w.o, ctx, C, out, idot, &impl_->work->acts, model_.dense_executor());
   clk.Lap(phases_.attn_proj);
 }
 

@@ -14,7 +14,9 @@ namespace k3::model {
 // memory and of the pages a first prefill faults in. Every GEMM already walks
 // its weights once per L2-sized chunk of activation rows, so slices read no
 // more weight bytes; each row is computed alone, so the bits are those of the
-// whole window.
+// whole window. When the model's DenseExecutor holds all three matrices a
+// slice is one submission there (gate, up, SiTU-GLU, down); a failed one is
+// computed here.
 void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* out) {
   const ModelConfig& c = model_.config();
   const bool idot = options_.idot;
@@ -22,12 +24,17 @@ void Session::MlpForward(const MlpWeights& w, const float* x, size_t C, float* o
   const size_t S = std::min(C, kMlpSliceTokens);
   LayerScratch::Mlp buf = impl_->work->scratch.mlp();
   float *g = buf.gate(S * inter), *u = buf.up(S * inter);
+  DenseExecutor* dense = model_.dense_executor();
   for (size_t t0 = 0; t0 < C; t0 += S) {
     const size_t n = std::min(S, C - t0);
-    Linear(w.gate, x + t0 * in, n, g, idot, &impl_->work->acts);
-    Linear(w.up, x + t0 * in, n, u, idot, &impl_->work->acts);
+    if (dense != nullptr && dense->BeginMlp(w, x + t0 * in, n, c.situ_beta, c.situ_linear_beta) &&
+        dense->FinishMlp(out + t0 * outc)) {
+      continue;
+    }
+    Linear(w.gate, x + t0 * in, n, g, idot, &impl_->work->acts, dense);
+    Linear(w.up, x + t0 * in, n, u, idot, &impl_->work->acts, dense);
     quant::SituGlu(g, u, n * inter, c.situ_beta, c.situ_linear_beta, g);
-    Linear(w.down, g, n, out + t0 * outc, idot, &impl_->work->acts);
+    Linear(w.down, g, n, out + t0 * outc, idot, &impl_->work->acts, dense);
   }
 }
 

@@ -246,6 +246,11 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, float* out) {
   // id); weights = raw scores renormalised.
   LayerScratch::Moe buf = impl_->work->scratch.moe();
   PhaseClock clk;
+  // The fused shared experts start on the model's DenseExecutor when it holds
+  // them, and run there while the router and the routed experts run here.
+  DenseExecutor* dense = model_.dense_executor();
+  const bool shared_async = dense != nullptr && !w.shared.gate.empty() &&
+                            dense->BeginMlp(w.shared, x, C, c.situ_beta, c.situ_linear_beta);
   float* logits = buf.logits(C * E);
   quant::MatMul(w.router.view(), x, C, logits);
   std::vector<int32_t> sel(C * K);
@@ -305,7 +310,7 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, float* out) {
   // fetched once and applied to all its tokens by the executor (the CPU one
   // unless the model has another, e.g. the Vulkan tier).
   float* zlat = buf.latent_in(C * LT);
-  Linear(w.latent_down, x, C, zlat, idot, &impl_->work->acts);
+  Linear(w.latent_down, x, C, zlat, idot, &impl_->work->acts, model_.dense_executor());
   clk.Lap(phases_.moe_router);
   std::vector<std::vector<uint32_t>> users(E);  // (t * K + kk) per expert, sized exactly
   {
@@ -354,7 +359,10 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, float* out) {
   };
   if (interrupt_) batch.stop = &stop;
   ex->Run(batch, store);
-  if (interrupted_) return;
+  if (interrupted_) {
+    if (shared_async) dense->FinishMlp(buf.shared_out(C * D));  // nothing left pending
+    return;
+  }
   ReadAhead(layer + 1, C);  // the next MoE layer's reads overlap the rest of this one
   K3_CHECK(combine.complete());
   clk.Lap(phases_.moe_experts);
@@ -363,11 +371,11 @@ void Session::MoeForward(int64_t layer, const float* x, size_t C, float* out) {
     float* lt = lat + t * LT;
     quant::RmsNorm(lt, w.latent_norm.data(), LT, c.rms_norm_eps, lt);
   }
-  Linear(w.latent_up, lat, C, out, idot, &impl_->work->acts);
+  Linear(w.latent_up, lat, C, out, idot, &impl_->work->acts, model_.dense_executor());
   clk.Lap(phases_.moe_latent_up);
   if (!w.shared.gate.empty()) {
     float* sh = buf.shared_out(C * D);
-    MlpForward(w.shared, x, C, sh);
+    if (!shared_async || !dense->FinishMlp(sh)) MlpForward(w.shared, x, C, sh);
     for (size_t i = 0; i < C * D; ++i) out[i] += sh[i];
     clk.Lap(phases_.mlp);
   }

@@ -436,7 +436,8 @@ void Session::Head(std::span<const size_t> rows, size_t nb, float* final_hidden,
     quant::RmsNorm(m, W.final_norm.data(), D, c.rms_norm_eps, yt);
     if (final_hidden) std::memcpy(final_hidden + i * D, yt, D * sizeof(float));
   }
-  Linear(W.lm_head, y.data(), rows.size(), logits, options_.idot, &impl_->work->acts);
+  Linear(W.lm_head, y.data(), rows.size(), logits, options_.idot, &impl_->work->acts,
+         model_.dense_executor());
   clk.Lap(phases_.head);
 }
 

@@ -23,6 +23,7 @@
 #include "k3/container/snapshot.h"
 #include "k3/core/default_init.h"
 #include "k3/model/config.h"
+#include "k3/model/dense_executor.h"
 #include "k3/model/expert_executor.h"
 #include "k3/model/expert_store.h"
 #include "k3/model/weights.h"
@@ -78,6 +79,10 @@ class Model {
   void SetExpertExecutor(std::unique_ptr<ExpertExecutor> executor) {
     executor_ = std::move(executor);
   }
+  // Who computes the trunk's dense matrices: null (the default) = the CPU;
+  // otherwise e.g. lib/vulkan's dense placement, for the matrices it holds.
+  DenseExecutor* dense_executor() { return dense_.get(); }
+  void SetDenseExecutor(std::unique_ptr<DenseExecutor> dense) { dense_ = std::move(dense); }
   double load_seconds() const { return load_seconds_; }
 
  private:
@@ -87,6 +92,7 @@ class Model {
   ModelWeights weights_;
   std::unique_ptr<ExpertStore> experts_;
   std::unique_ptr<ExpertExecutor> executor_;
+  std::unique_ptr<DenseExecutor> dense_;
   double load_seconds_ = 0;
 };
 
