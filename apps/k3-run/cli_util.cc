@@ -12,6 +12,7 @@
 #include "k3/core/log.h"
 #include "k3/core/sys.h"
 #if K3_HAVE_VULKAN
+#include "k3/vulkan/dense.h"
 #include "k3/vulkan/tier.h"
 #endif
 
@@ -128,9 +129,13 @@ engine::EngineOptions EngineOptionsFor(const std::string& model_dir, const Runti
   o.checkpoint_every = flags.ckpt_every;
   if (flags.prefill_mem_gb > 0) o.prefill_budget_bytes = flags.prefill_mem_gb * 1e9;
 #if K3_HAVE_VULKAN
-  // The Vulkan expert tier for every command when K3_VK=1 (docs/vulkan.md).
+  // The Vulkan expert tier and the trunk's placement (K3_VK_DENSE) for every
+  // command when K3_VK=1 (docs/vulkan.md).
   const vulkan::TierOptions vk = vulkan::TierOptions::FromEnv();
-  o.on_model_loaded = [vk](model::Model& m) { vulkan::InstallTier(m, vk); };
+  o.on_model_loaded = [vk](model::Model& m) {
+    vulkan::InstallTier(m, vk);
+    vulkan::InstallDense(m, vk);
+  };
 #endif
   if (flags.quiet) {
     o.progress = false;

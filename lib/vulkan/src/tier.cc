@@ -39,7 +39,28 @@ Fault ParseFault(const std::string& v) {
               "K3_VK_FAULT=" + v + ": expected none, alloc, submit or lost");
 }
 
+DenseMode ParseDenseMode(const std::string& v) {
+  if (v == "0" || v == "none") return DenseMode::kNone;
+  if (v == "shared") return DenseMode::kShared;
+  if (v == "all") return DenseMode::kAll;
+  return DenseMode::kAuto;  // GetEnvChoice admitted nothing else
+}
+
 }  // namespace
+
+const char* DenseModeName(DenseMode mode) {
+  switch (mode) {
+    case DenseMode::kNone:
+      return "none";
+    case DenseMode::kShared:
+      return "shared";
+    case DenseMode::kAll:
+      return "all";
+    case DenseMode::kAuto:
+      break;
+  }
+  return "auto";
+}
 
 // --- options -------------------------------------------------------------------
 TierOptions TierOptions::FromEnv() {
@@ -51,6 +72,8 @@ TierOptions TierOptions::FromEnv() {
   o.promotions_per_step = static_cast<int>(GetEnvInt("K3_VK_PROMOTE", 4, 0, 1 << 20));
   o.fault = ParseFault(GetEnvChoice("K3_VK_FAULT", "none", {"none", "alloc", "submit", "lost"}));
   o.fault_after = static_cast<int>(GetEnvInt("K3_VK_FAULT_AFTER", 0, 0, 1 << 30));
+  o.dense =
+      ParseDenseMode(GetEnvChoice("K3_VK_DENSE", "auto", {"0", "none", "shared", "all", "auto"}));
   if (auto x = GetEnv("XDG_CACHE_HOME"); x && !x->empty()) {
     o.cache_dir = JoinPath(*x, "k3");
   } else if (auto h = GetEnv("HOME"); h && !h->empty()) {

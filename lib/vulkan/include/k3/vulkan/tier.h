@@ -26,10 +26,18 @@
 
 namespace k3::vulkan {
 
+// Which trunk matrices K3_VK_DENSE puts on the device (dense.h): none;
+// the fused shared experts; every trunk matrix the budget holds (shared
+// experts first, then the largest per-token bytes); auto = all on a discrete
+// GPU, none on an integrated GPU or a CPU device (lavapipe), whose memory is
+// the host's own: there the CPU reads the same bytes as fast.
+enum class DenseMode : uint8_t { kAuto = 0, kNone, kShared, kAll };
+const char* DenseModeName(DenseMode mode);
+
 // Every knob of the tier. FromEnv() is the one place that reads the
 // environment (K3_VK, K3_VK_GB, K3_VK_DEVICE, K3_VK_VALIDATE, K3_VK_PROMOTE,
-// K3_VK_FAULT, K3_VK_FAULT_AFTER, XDG_CACHE_HOME / HOME); lib/engine's
-// EngineOptions::FromEnv can call it.
+// K3_VK_DENSE, K3_VK_FAULT, K3_VK_FAULT_AFTER, XDG_CACHE_HOME / HOME);
+// lib/engine's EngineOptions::FromEnv can call it.
 struct TierOptions {
   bool enabled = false;         // K3_VK=1
   double budget_gb = 0;         // K3_VK_GB (1e9 bytes); <= 0: a quarter of device-local memory
@@ -40,6 +48,11 @@ struct TierOptions {
   std::string cache_dir;        // history directory; empty: no history file
   Fault fault = Fault::kNone;   // K3_VK_FAULT=alloc|submit|lost (tests)
   int fault_after = 0;          // K3_VK_FAULT_AFTER: which call fails (0 = first)
+  DenseMode dense = DenseMode::kAuto;  // K3_VK_DENSE=0|none|shared|all|auto (needs K3_VK=1)
+  // Device bytes for trunk matrices (tests); 0: half of device-local memory,
+  // at most 2 GB on a CPU device.
+  uint64_t dense_budget_bytes = 0;
+  uint64_t dense_slab_bytes = 0;  // largest weight buffer (tests: split a matrix); 0: the device's
 
   static TierOptions FromEnv();
 };
