@@ -19,6 +19,7 @@
 #include "k3/stream/streaming_store.h"
 #include "k3/tokenizer/tokenizer.h"
 #if K3_HAVE_VULKAN
+#include "k3/vulkan/dense.h"
 #include "k3/vulkan/tier.h"
 #endif
 
@@ -61,6 +62,7 @@ void RunGenerate(const GenerateArgs& args) {
 #if K3_HAVE_VULKAN
   // The tier EngineOptionsFor's hook installed when K3_VK=1 (docs/vulkan.md).
   const vulkan::VulkanTier* vk = vulkan::InstalledTier(eng->model());
+  const vulkan::DenseTier* vk_dense = vulkan::InstalledDense(eng->model());
 #endif
   // The tokenizer is optional with --ids (a container may not ship tiktoken.model).
   const tok::Tokenizer* tokenizer = eng->tokenizer();
@@ -187,6 +189,7 @@ void RunGenerate(const GenerateArgs& args) {
         static_cast<size_t>(r.prefill_steps), j);
 #if K3_HAVE_VULKAN
     vulkan::WriteTierStatsJson(vk, j);
+    vulkan::WriteDenseStatsJson(vk_dense, static_cast<uint64_t>(T + decode_steps), j);
 #endif
     if (cl) cluster::WriteClusterStatsJson(cl->stats(), j);
     j.EndObject();
@@ -208,6 +211,7 @@ void RunGenerate(const GenerateArgs& args) {
       100.0 * es.hit_rate(), FormatBytes(PeakRssBytes()).c_str());
 #if K3_HAVE_VULKAN
   vulkan::LogTierSummary(vk);
+  vulkan::LogDenseSummary(vk_dense, static_cast<uint64_t>(T + decode_steps));
 #endif
   if (cl) std::fprintf(stderr, "k3-run: %s\n", cluster::DescribeClusterStats(cl->stats()).c_str());
 }

@@ -21,6 +21,10 @@
 #include "k3/core/sys.h"
 #include "k3/engine/engine.h"
 #include "k3/server/server.h"
+#if K3_HAVE_VULKAN
+#include "k3/vulkan/dense.h"
+#include "k3/vulkan/tier.h"
+#endif
 
 namespace k3::run {
 namespace {
@@ -138,10 +142,18 @@ void RunServe(ServeArgs args) {
   eo.step_tokens = args.step_tokens;
   if (RunClusterRole(args.cluster, eo, /*stop_handler=*/false)) return;  // a worker rank
   // /metrics shows the cluster's placement and traffic once it is up.
+  // So do the Vulkan tier and the trunk's placement (k3_vk_*) when K3_VK=1.
   std::atomic<cluster::ClusterExecutor*> cl{nullptr};
-  o.extra_metrics = [&cl] {
+  std::atomic<model::Model*> vk_model{nullptr};
+  o.extra_metrics = [&cl, &vk_model] {
     cluster::ClusterExecutor* c = cl.load();
-    return c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
+    std::string text = c ? cluster::RenderClusterMetrics(c->stats()) : std::string();
+#if K3_HAVE_VULKAN
+    if (model::Model* m = vk_model.load()) {
+      text += vulkan::RenderVulkanMetrics(vulkan::InstalledTier(*m), vulkan::InstalledDense(*m));
+    }
+#endif
+    return text;
   };
 
   // SIGINT / SIGTERM are taken by sigwait on this thread once the model is
@@ -179,6 +191,7 @@ void RunServe(ServeArgs args) {
     backend = server::MakeEngineBackend(*engine);
     std::fprintf(stderr, "k3-run serve: %s\n", engine->DescribeCheckpoints().c_str());
     cl.store(ClusterOf(*engine));
+    vk_model.store(&engine->model());
     // Before the first request can be admitted: a signal from here on is
     // sigwait's, the ordinary stop below that answers every request.
     startup.Done();

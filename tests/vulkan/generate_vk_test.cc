@@ -1,12 +1,15 @@
 // k3-run generate --json with K3_VK=1 on the oracle fixture: the oracle's
 // tokens, stats.vulkan, the summary line, the history file under
 // $XDG_CACHE_HOME/k3 (never in the model folder), and a device lost mid-run
-// announced once with the same tokens.
+// announced once with the same tokens; with K3_VK_DENSE=all the trunk on the
+// device (stats.vulkan_dense, its start-up and summary lines), auto placing
+// nothing on a CPU device, and a lost device under the trunk.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -91,5 +94,41 @@ TEST_CASE("a device lost mid-run is announced once and the tokens do not change"
   CHECK(Count(r.err, "VK_ERROR_DEVICE_LOST") == 1);
   CHECK(Count(r.err, "continuing on the CPU") == 1);
   CHECK(r.err.find("fell back to the CPU") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("K3_VK_DENSE=all: the trunk on the device, the oracle's tokens, stats.vulkan_dense") {
+  const std::string dir = test::MakeTempDir("k3_vk_cli_dense");
+  const Result r = Generate(dir, "K3_LOG=info K3_VK_DENSE=all");
+  CHECK(r.json.find(kGreedy) != std::string::npos);
+  const size_t at = r.json.find("\"vulkan_dense\":{\"device\":");
+  REQUIRE(at != std::string::npos);
+  const std::string dense = r.json.substr(at);
+  for (const char* key : {"\"mode\":\"all\"", "\"active\":true", "\"matrices_on_cpu\":0",
+                          "\"classes_on_device\":{", "\"head\":1", "\"shared\":"}) {
+    CHECK_MESSAGE(dense.find(key) != std::string::npos, key);
+  }
+  const size_t ms = dense.find("\"device_ms_per_token\":");
+  REQUIRE(ms != std::string::npos);
+  CHECK(std::strtod(dense.c_str() + ms + 22, nullptr) > 0);
+  CHECK(Count(r.err, "vulkan dense: ") == 1);  // the start-up line
+  CHECK(r.err.find("trunk matrices on the device") != std::string::npos);
+  CHECK(Count(r.err, "k3-run: vulkan dense ") == 1);  // the summary line
+  // The default (auto) on a CPU device places nothing and says why.
+  const Result a = Generate(dir, "K3_LOG=info");
+  CHECK(a.json.find(kGreedy) != std::string::npos);
+  if (a.err.find("(cpu)") != std::string::npos) {
+    CHECK(a.json.find("\"vulkan_dense\":null") != std::string::npos);
+    CHECK(a.err.find("K3_VK_DENSE=auto places nothing") != std::string::npos);
+  }
+  // A device lost under the trunk: announced once, the same tokens.
+  const Result f = Generate(dir, "K3_VK_DENSE=shared K3_VK_FAULT=lost K3_VK_FAULT_AFTER=3");
+  CHECK(f.json.find(kGreedy) != std::string::npos);
+  CHECK(Count(f.err, "the trunk continues on the CPU") == 1);
+  const size_t line = f.err.find("k3-run: vulkan dense ");
+  REQUIRE(line != std::string::npos);
+  CHECK(f.err.substr(line, f.err.find('\n', line) - line).find("fell back to the CPU") !=
+        std::string::npos);
+  CHECK(f.json.find("\"vulkan_dense\":{") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

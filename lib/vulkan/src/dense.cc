@@ -671,4 +671,43 @@ void LogDenseSummary(const DenseTier* dense, uint64_t tokens) {
                FormatBytes(s.bytes_on_cpu).c_str(), s.device_ms / t, s.cpu_ms / t);
 }
 
+std::string RenderVulkanMetrics(const VulkanTier* tier, const DenseTier* dense) {
+  std::string o;
+  char line[512];
+  auto metric = [&](const char* name, const char* type, const char* help, double v,
+                    const char* labels = "") {
+    std::snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s%s %.9g\n", name, help, name,
+                  type, name, labels, v);
+    o += line;
+  };
+  if (tier != nullptr) {
+    const TierStats s = tier->stats();
+    metric("k3_vk_active", "gauge", "the expert tier computes on the device (0 after a fallback)",
+           s.active);
+    metric("k3_vk_experts_resident", "gauge", "routed experts resident on the device",
+           static_cast<double>(s.experts_resident));
+    metric("k3_vk_pairs_total", "counter", "routed (token, expert) pairs by where they ran",
+           static_cast<double>(s.pairs_on_device), "{where=\"device\"}");
+    o += "k3_vk_pairs_total{where=\"cpu\"} " + std::to_string(s.pairs_on_cpu) + "\n";
+    metric("k3_vk_device_seconds_total", "counter", "expert tier: submit to fence, summed",
+           s.device_ms / 1e3);
+  }
+  if (dense != nullptr) {
+    const DenseStats s = dense->stats();
+    metric("k3_vk_dense_active", "gauge", "the trunk placement computes on the device", s.active);
+    metric("k3_vk_dense_matrices", "gauge", "trunk matrices by where they are computed",
+           static_cast<double>(s.matrices_on_device), "{where=\"device\"}");
+    o += "k3_vk_dense_matrices{where=\"cpu\"} " + std::to_string(s.matrices_on_cpu) + "\n";
+    metric("k3_vk_dense_bytes", "gauge", "trunk weight bytes by where they are computed",
+           static_cast<double>(s.bytes_on_device), "{where=\"device\"}");
+    o += "k3_vk_dense_bytes{where=\"cpu\"} " + std::to_string(s.bytes_on_cpu) + "\n";
+    metric("k3_vk_dense_seconds_total", "counter", "trunk matmul time by where it ran",
+           s.device_ms / 1e3, "{where=\"device\"}");
+    std::snprintf(line, sizeof line, "k3_vk_dense_seconds_total{where=\"cpu\"} %.9g\n",
+                  s.cpu_ms / 1e3);
+    o += line;
+  }
+  return o;
+}
+
 }  // namespace k3::vulkan

@@ -306,6 +306,14 @@ TEST_CASE("a budget below the trunk: largest per-token bytes first, the rest on 
     }
   }
   CHECK(largest_placed);
+  // /metrics (k3-run serve) shows the same placement.
+  const std::string metrics = RenderVulkanMetrics(nullptr, d.get());
+  CHECK(metrics.find("k3_vk_dense_matrices{where=\"device\"} " +
+                     std::to_string(s.matrices_on_device) + "\n") != std::string::npos);
+  CHECK(metrics.find("k3_vk_dense_matrices{where=\"cpu\"} " + std::to_string(s.matrices_on_cpu) +
+                     "\n") != std::string::npos);
+  CHECK(metrics.find("# TYPE k3_vk_dense_seconds_total counter") != std::string::npos);
+  CHECK(RenderVulkanMetrics(nullptr, nullptr).empty());
 }
 
 TEST_CASE("K3_MMAP=1 on a k3-repack container: the trunk uploads from the mapping") {

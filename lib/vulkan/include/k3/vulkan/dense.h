@@ -150,4 +150,8 @@ void WriteDenseStatsJson(const DenseTier* dense, uint64_t tokens, JsonWriter& j)
 // One summary line on stderr (nothing when dense is null).
 void LogDenseSummary(const DenseTier* dense, uint64_t tokens);
 
+// Prometheus text for /metrics (k3-run serve): k3_vk_* of the expert tier and
+// of the trunk's placement; either may be null (its metrics are left out).
+std::string RenderVulkanMetrics(const VulkanTier* tier, const DenseTier* dense);
+
 }  // namespace k3::vulkan
