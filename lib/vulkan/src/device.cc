@@ -299,7 +299,8 @@ Buffer Device::CreateBufferOrThrow(uint64_t bytes, Buffer::Kind kind) {
   bci.size = bytes;
   bci.usage = kind == Buffer::Kind::kStaging ? VK_BUFFER_USAGE_TRANSFER_SRC_BIT
               : kind == Buffer::Kind::kDeviceLocal
-                  ? VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT
+                  ? VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                        VK_BUFFER_USAGE_TRANSFER_SRC_BIT  // the bench's copy probe
                   : VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
   bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   Check(vkCreateBuffer(device_, &bci, nullptr, &b.buffer_), "vkCreateBuffer");
