@@ -114,12 +114,7 @@ std::vector<TrunkMatrix> ListTrunk(const model::ModelWeights& weights) {
 
 // --- construction ----------------------------------------------------------------
 DenseTier::DenseTier(model::Model& model, const TierOptions& options) : options_(options) {
-  DeviceOptions dopt;
-  dopt.device_index = options.device_index;
-  dopt.validate = options.validate;
-  dopt.fault = options.fault;
-  dopt.fault_after = options.fault_after;
-  device_ = Device::OpenOrThrow(dopt);
+  device_ = Device::OpenOrThrow(options.device_options());
   const DeviceInfo& info = device_->info();
   stats_.device = info.name;
   stats_.validation = info.validation;
@@ -334,26 +329,7 @@ void DenseTier::BuildPipelines(uint32_t slabs) {
   pl.pPushConstantRanges = &pr;
   check(vkCreatePipelineLayout(dev, &pl, nullptr, &pipeline_layout_), "vkCreatePipelineLayout");
   auto make = [&](std::span<const uint32_t> spirv) {
-    VkShaderModuleCreateInfo smi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-    smi.codeSize = spirv.size_bytes();
-    smi.pCode = spirv.data();
-    VkShaderModule mod = VK_NULL_HANDLE;
-    check(vkCreateShaderModule(dev, &smi, nullptr, &mod), "vkCreateShaderModule");
-    const uint32_t tokens = kTokens;
-    VkSpecializationMapEntry me{0, 0, sizeof(uint32_t)};
-    VkSpecializationInfo spec{1, &me, sizeof(tokens), &tokens};
-    VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
-    ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
-    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
-    ci.stage.module = mod;
-    ci.stage.pName = "main";
-    ci.stage.pSpecializationInfo = &spec;
-    ci.layout = pipeline_layout_;
-    VkPipeline p = VK_NULL_HANDLE;
-    const VkResult r = vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &p);
-    vkDestroyShaderModule(dev, mod, nullptr);
-    check(r, "vkCreateComputePipelines");
-    return p;
+    return MakeComputePipeline(dev, pipeline_layout_, spirv, kTokens);
   };
   f32_ = make(kDenseF32Spv);
   q8_ = make(kDenseQ8Spv);

@@ -533,14 +533,13 @@ ExpertKernels::~ExpertKernels() {
   vkDestroyDescriptorPool(dev, pool_, nullptr);
 }
 
-VkPipeline ExpertKernels::MakePipeline(std::span<const uint32_t> spirv) {
-  const VkDevice dev = device_.handle();
+VkPipeline MakeComputePipeline(VkDevice dev, VkPipelineLayout layout,
+                               std::span<const uint32_t> spirv, uint32_t tokens) {
   VkShaderModuleCreateInfo smi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   smi.codeSize = spirv.size_bytes();
   smi.pCode = spirv.data();
   VkShaderModule mod = VK_NULL_HANDLE;
   Check(vkCreateShaderModule(dev, &smi, nullptr, &mod), "vkCreateShaderModule");
-  const uint32_t tokens = kTokensPerGroup;
   VkSpecializationMapEntry me{0, 0, sizeof(uint32_t)};
   VkSpecializationInfo spec{1, &me, sizeof(tokens), &tokens};
   VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
@@ -549,12 +548,16 @@ VkPipeline ExpertKernels::MakePipeline(std::span<const uint32_t> spirv) {
   ci.stage.module = mod;
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &spec;
-  ci.layout = pipeline_layout_;
+  ci.layout = layout;
   VkPipeline p = VK_NULL_HANDLE;
   const VkResult r = vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &p);
   vkDestroyShaderModule(dev, mod, nullptr);
   Check(r, "vkCreateComputePipelines");
   return p;
+}
+
+VkPipeline ExpertKernels::MakePipeline(std::span<const uint32_t> spirv) {
+  return MakeComputePipeline(device_.handle(), pipeline_layout_, spirv, kTokensPerGroup);
 }
 
 uint32_t ExpertKernels::AddWeights(const Buffer& slab) {

@@ -160,12 +160,7 @@ VulkanTier::VulkanTier(model::Model& model, const TierOptions& options)
   mi_ = static_cast<size_t>(c.moe_intermediate_size);
   fingerprint_ = ModelFingerprint(model.snapshot());
 
-  DeviceOptions dopt;
-  dopt.device_index = options.device_index;
-  dopt.validate = options.validate;
-  dopt.fault = options.fault;
-  dopt.fault_after = options.fault_after;
-  device_ = Device::OpenOrThrow(dopt);
+  device_ = Device::OpenOrThrow(options.device_options());
   const DeviceInfo& info = device_->info();
   ExpertKernels::Shape shape{static_cast<uint32_t>(mi_), static_cast<uint32_t>(lt_), c.situ_beta,
                              c.situ_linear_beta};

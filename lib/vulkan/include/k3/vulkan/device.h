@@ -51,6 +51,11 @@ struct DeviceInfo {
 // True when a Vulkan loader can be opened (volkInitialize succeeds).
 bool LoaderPresent();
 
+// A compute pipeline of `spirv` (entry "main") on `layout`, its
+// specialization constant 0 set to `tokens`. Throws k3::Error naming the call.
+VkPipeline MakeComputePipeline(VkDevice dev, VkPipelineLayout layout,
+                               std::span<const uint32_t> spirv, uint32_t tokens);
+
 class Device;
 
 // A VkBuffer with its own VkDeviceMemory. Host-visible kinds stay mapped.

@@ -55,6 +55,13 @@ struct TierOptions {
   uint64_t dense_slab_bytes = 0;  // largest weight buffer (tests: split a matrix); 0: the device's
 
   static TierOptions FromEnv();
+  // The device part (index, validation, the fault hooks).
+  DeviceOptions device_options() const {
+    return {.device_index = device_index,
+            .validate = validate,
+            .fault = fault,
+            .fault_after = fault_after};
+  }
 };
 
 struct TierStats {
