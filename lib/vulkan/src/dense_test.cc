@@ -26,6 +26,7 @@
 #include "k3/quant/quant.h"
 #include "k3/repack/repack.h"
 #include "k3/vulkan/device.h"
+#include "k3_model_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -50,12 +51,7 @@ const std::string kOracle = std::string(K3_TEST_DATA_DIR) + "/oracle";
 const std::string kTiny = kOracle + "/k3-tiny";
 
 model::LoadOptions Bits(int bits, int mla_bits, int head_bits) {
-  model::LoadOptions o;
-  o.bits = bits;
-  o.mla_bits = mla_bits;
-  o.head_bits = head_bits;
-  o.bits_explicit = true;
-  o.progress = false;
+  model::LoadOptions o = test::Bits(bits, mla_bits, head_bits);
   o.threads = 1;
   return o;
 }
@@ -69,35 +65,12 @@ TierOptions Dense(DenseMode mode) {
   return o;
 }
 
-struct Run {
-  std::vector<float> logits;  // [T][V]
-  std::vector<int32_t> greedy;
-};
+using Run = test::GreedyRun;
 
 // The prompt's logits at every position, then `ngen` greedy tokens, f32
 // activations (K3_IDOT=0: the device's precision and the oracle's).
 Run RunPrompt(model::Model& m, const std::vector<int32_t>& prompt, int ngen) {
-  const size_t V = static_cast<size_t>(m.config().vocab_size);
-  model::RunOptions ro;
-  ro.idot = false;
-  ro.chunk = 32;
-  Run r;
-  r.logits.resize(prompt.size() * V);
-  std::vector<float> last(V);
-  model::Session s(m, ro, static_cast<int64_t>(prompt.size()) + ngen);
-  model::ForwardOutputs out;
-  out.logits_all = r.logits.data();
-  out.logits_last = last.data();
-  s.Forward(prompt, out);
-  for (int i = 0; i < ngen; ++i) {
-    const int32_t id = model::Sampler::Argmax(last);
-    r.greedy.push_back(id);
-    if (i + 1 == ngen) break;
-    model::ForwardOutputs o2;
-    o2.logits_last = last.data();
-    s.Forward(std::span<const int32_t>(&id, 1), o2);
-  }
-  return r;
+  return test::RunGreedy(m, test::Run(/*idot=*/false, /*chunk=*/32), prompt, ngen);
 }
 
 // A fixture with shapes the oracle's coincidences would hide: hidden 192

@@ -27,6 +27,7 @@
 #include "k3/repack/repack.h"
 #include "k3/vulkan/device.h"
 #include "k3/vulkan/tier.h"
+#include "k3_model_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -181,30 +182,10 @@ model::RunOptions F32Run() {
   return r;
 }
 
-struct Run {
-  std::vector<float> logits;  // [T][V]
-  std::vector<int32_t> greedy;
-};
+using Run = test::GreedyRun;
 
 Run RunPrompt(model::Model& m, const std::vector<int32_t>& prompt, int ngen) {
-  const size_t V = static_cast<size_t>(m.config().vocab_size);
-  Run r;
-  r.logits.resize(prompt.size() * V);
-  std::vector<float> last(V);
-  model::Session s(m, F32Run(), static_cast<int64_t>(prompt.size()) + ngen);
-  model::ForwardOutputs out;
-  out.logits_all = r.logits.data();
-  out.logits_last = last.data();
-  s.Forward(prompt, out);
-  for (int i = 0; i < ngen; ++i) {
-    const int32_t id = model::Sampler::Argmax(last);
-    r.greedy.push_back(id);
-    if (i + 1 == ngen) break;
-    model::ForwardOutputs o2;
-    o2.logits_last = last.data();
-    s.Forward(std::span<const int32_t>(&id, 1), o2);
-  }
-  return r;
+  return test::RunGreedy(m, F32Run(), prompt, ngen);
 }
 
 struct Fixture {
