@@ -121,6 +121,14 @@ struct Conversations {
     p.insert(p.end(), add.begin(), add.end());
     return p;
   }
+  // Runs conversation c's next turn on `d`, keeps its history, checks the
+  // cache stayed within its slots.
+  Driver::Turn Turn(Driver& d, int c) {
+    Driver::Turn t = d.Run(Next(c));
+    history[c] = t.history;
+    CHECK(d.cache.stats().ram_checkpoints <= d.cache.slots());
+    return t;
+  }
 };
 
 std::string TempDir(const char* name) { return test::MakeTempDir(name); }
@@ -135,13 +143,7 @@ TEST_CASE("2 RAM slots, 3 alternating conversations: LRU, exact-prefix matches o
   CheckpointCache cache(co, probe.Fingerprint(), StateLayout::For(model->config()));
   Driver d(*model, cache);
   Conversations cv;
-  auto turn = [&](int c) {
-    const std::vector<int32_t> prompt = cv.Next(c);
-    Driver::Turn t = d.Run(prompt);
-    cv.history[c] = t.history;
-    CHECK(cache.stats().ram_checkpoints <= 2);
-    return t;
-  };
+  auto turn = [&](int c) { return cv.Turn(d, c); };
   // A1 B1 C1: nothing to restore (they share only BOS, and no checkpoint is
   // ever that short); C1 evicts A1's checkpoint.
   CHECK(turn(0).restored == 0);
@@ -175,13 +177,7 @@ TEST_CASE("a sub-agent's many turns evict its own earlier checkpoints, not the m
   CheckpointCache cache(co, probe.Fingerprint(), StateLayout::For(model->config()));
   Driver d(*model, cache);
   Conversations cv;
-  auto turn = [&](int c) {
-    const std::vector<int32_t> prompt = cv.Next(c);
-    Driver::Turn t = d.Run(prompt);
-    cv.history[c] = t.history;
-    CHECK(cache.stats().ram_checkpoints <= 3);
-    return t;
-  };
+  auto turn = [&](int c) { return cv.Turn(d, c); };
   // The main conversation's first turn, then a sub-agent's six turns (each
   // extends the last) and a one-shot side call, all through the one session.
   turn(0);

@@ -300,34 +300,7 @@ void DenseTier::LogStart(uint64_t budget) {
 
 void DenseTier::BuildPipelines(uint32_t slabs) {
   const VkDevice dev = device_->handle();
-  auto check = [](VkResult r, const char* what) {
-    if (r != VK_SUCCESS) {
-      throw Error(r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY
-                      ? ErrorCode::kNoSpace
-                      : ErrorCode::kIo,
-                  std::string("vulkan dense: ") + what + " failed (" +
-                      std::to_string(static_cast<int>(r)) + ")");
-    }
-  };
-  VkDescriptorSetLayoutBinding b[2] = {};
-  for (uint32_t i = 0; i < 2; ++i) {
-    b[i].binding = i;
-    b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    b[i].descriptorCount = 1;
-    b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-  }
-  VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-  dl.bindingCount = 2;
-  dl.pBindings = b;
-  check(vkCreateDescriptorSetLayout(dev, &dl, nullptr, &set_layout_),
-        "vkCreateDescriptorSetLayout");
-  VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push)};
-  VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-  pl.setLayoutCount = 1;
-  pl.pSetLayouts = &set_layout_;
-  pl.pushConstantRangeCount = 1;
-  pl.pPushConstantRanges = &pr;
-  check(vkCreatePipelineLayout(dev, &pl, nullptr, &pipeline_layout_), "vkCreatePipelineLayout");
+  MakeStorageLayoutsOrThrow(dev, 2, sizeof(Push), &set_layout_, &pipeline_layout_);
   auto make = [&](std::span<const uint32_t> spirv) {
     return MakeComputePipeline(dev, pipeline_layout_, spirv, kTokens);
   };
@@ -340,7 +313,7 @@ void DenseTier::BuildPipelines(uint32_t slabs) {
   dp.maxSets = 2 * slabs;
   dp.poolSizeCount = 1;
   dp.pPoolSizes = &ps;
-  check(vkCreateDescriptorPool(dev, &dp, nullptr, &pool_), "vkCreateDescriptorPool");
+  CheckVkOrThrow(vkCreateDescriptorPool(dev, &dp, nullptr, &pool_), "vkCreateDescriptorPool");
   for (Io* io : {&sync_, &async_}) {
     std::vector<VkDescriptorSetLayout> layouts(slabs, set_layout_);
     io->sets.resize(slabs);
@@ -348,7 +321,7 @@ void DenseTier::BuildPipelines(uint32_t slabs) {
     ai.descriptorPool = pool_;
     ai.descriptorSetCount = slabs;
     ai.pSetLayouts = layouts.data();
-    check(vkAllocateDescriptorSets(dev, &ai, io->sets.data()), "vkAllocateDescriptorSets");
+    CheckVkOrThrow(vkAllocateDescriptorSets(dev, &ai, io->sets.data()), "vkAllocateDescriptorSets");
     for (uint32_t s = 0; s < slabs; ++s) {
       VkDescriptorBufferInfo bi[2] = {{slabs_[s].handle(), 0, VK_WHOLE_SIZE},
                                       {io->buffer.handle(), 0, VK_WHOLE_SIZE}};

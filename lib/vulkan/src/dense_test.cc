@@ -24,9 +24,9 @@
 #include "k3/model/model.h"
 #include "k3/quant/ops.h"
 #include "k3/quant/quant.h"
-#include "k3/repack/repack.h"
 #include "k3/vulkan/device.h"
 #include "k3_model_test_support.h"
+#include "k3_repack_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -291,18 +291,11 @@ TEST_CASE("a budget below the trunk: largest per-token bytes first, the rest on 
 
 TEST_CASE("K3_MMAP=1 on a k3-repack container: the trunk uploads from the mapping") {
   const std::string dst = test::MakeTempDir("k3_vk_dense_mmap");
-  repack::RepackOptions ro;
-  ro.src = kTiny;
-  ro.dst = dst + "/c";
-  ro.bits.bits = 8;
-  ro.bits.mla_bits = 8;
-  ro.bits.head_bits = 8;
-  ro.space_check = false;
-  repack::RunRepack(ro, [](const repack::RepackEvent&) {});
+  const std::string container = test::RepackInt8(kTiny, dst + "/c");
   model::LoadOptions lo;
   lo.mmap = true;
   lo.progress = false;
-  auto m = model::Model::LoadOrThrow(ro.dst, lo);
+  auto m = model::Model::LoadOrThrow(container, lo);
   REQUIRE(m->weights().lm_head.mapped());
   DenseTier* d = InstallDense(*m, Dense(DenseMode::kAll));
   REQUIRE(d != nullptr);

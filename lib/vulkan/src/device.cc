@@ -485,25 +485,7 @@ ExpertKernels::ExpertKernels(Device& device, Shape shape, uint32_t max_pairs)
                                       Buffer::Kind::kHostVisible);
     out_ = device.CreateBufferOrThrow(uint64_t{max_pairs} * shape.latent * 4,
                                       Buffer::Kind::kHostVisible);
-    VkDescriptorSetLayoutBinding b[3] = {};
-    for (uint32_t i = 0; i < 3; ++i) {
-      b[i].binding = i;
-      b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-      b[i].descriptorCount = 1;
-      b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-    }
-    VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-    dl.bindingCount = 3;
-    dl.pBindings = b;
-    Check(vkCreateDescriptorSetLayout(dev, &dl, nullptr, &set_layout_),
-          "vkCreateDescriptorSetLayout");
-    VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push)};
-    VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-    pl.setLayoutCount = 1;
-    pl.pSetLayouts = &set_layout_;
-    pl.pushConstantRangeCount = 1;
-    pl.pPushConstantRanges = &pr;
-    Check(vkCreatePipelineLayout(dev, &pl, nullptr, &pipeline_layout_), "vkCreatePipelineLayout");
+    MakeStorageLayoutsOrThrow(dev, 3, sizeof(Push), &set_layout_, &pipeline_layout_);
     gate_up_ = MakePipeline(kMxGateUpSpv);
     down_ = MakePipeline(kMxDownSpv);
     VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -531,6 +513,30 @@ ExpertKernels::~ExpertKernels() {
   vkDestroyPipelineLayout(dev, pipeline_layout_, nullptr);
   vkDestroyDescriptorSetLayout(dev, set_layout_, nullptr);
   vkDestroyDescriptorPool(dev, pool_, nullptr);
+}
+
+void CheckVkOrThrow(VkResult r, const char* what) { Check(r, what); }
+
+void MakeStorageLayoutsOrThrow(VkDevice dev, uint32_t bindings, uint32_t push_bytes,
+                               VkDescriptorSetLayout* set_layout, VkPipelineLayout* layout) {
+  std::vector<VkDescriptorSetLayoutBinding> b(bindings);
+  for (uint32_t i = 0; i < bindings; ++i) {
+    b[i].binding = i;
+    b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    b[i].descriptorCount = 1;
+    b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+  }
+  VkDescriptorSetLayoutCreateInfo dl{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  dl.bindingCount = bindings;
+  dl.pBindings = b.data();
+  Check(vkCreateDescriptorSetLayout(dev, &dl, nullptr, set_layout), "vkCreateDescriptorSetLayout");
+  VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
+  VkPipelineLayoutCreateInfo pl{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  pl.setLayoutCount = 1;
+  pl.pSetLayouts = set_layout;
+  pl.pushConstantRangeCount = 1;
+  pl.pPushConstantRanges = &pr;
+  Check(vkCreatePipelineLayout(dev, &pl, nullptr, layout), "vkCreatePipelineLayout");
 }
 
 VkPipeline MakeComputePipeline(VkDevice dev, VkPipelineLayout layout,

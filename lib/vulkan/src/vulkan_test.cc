@@ -24,10 +24,10 @@
 #include "k3/model/model.h"
 #include "k3/quant/ops.h"
 #include "k3/quant/quant.h"
-#include "k3/repack/repack.h"
 #include "k3/vulkan/device.h"
 #include "k3/vulkan/tier.h"
 #include "k3_model_test_support.h"
+#include "k3_repack_test_support.h"
 #include "k3_test_json.h"
 #include "k3_test_support.h"
 
@@ -303,18 +303,11 @@ TEST_CASE("other shapes: the tier agrees with the CPU's f32 path (MI != LT, no s
 
 TEST_CASE("K3_MMAP=1 on a k3-repack container: the tier matches k3-tiny.int8.golden") {
   const std::string dst = test::MakeTempDir("k3_vk_mmap");
-  repack::RepackOptions ro;
-  ro.src = kTiny;
-  ro.dst = dst + "/c";
-  ro.bits.bits = 8;
-  ro.bits.mla_bits = 8;
-  ro.bits.head_bits = 8;
-  ro.space_check = false;
-  repack::RunRepack(ro, [](const repack::RepackEvent&) {});
+  const std::string container = test::RepackInt8(kTiny, dst + "/c");
   model::LoadOptions lo;
   lo.mmap = true;  // the container's own bytes, mapped
   lo.progress = false;
-  auto m = model::Model::LoadOrThrow(ro.dst, lo);
+  auto m = model::Model::LoadOrThrow(container, lo);
   TierOptions o = Opts(NumRoutedExperts(*m) * DeviceSlotBytes(*m));
   o.promotions_per_step = 1 << 10;
   VulkanTier* tier = InstallTier(*m, o);

@@ -51,6 +51,15 @@ struct DeviceInfo {
 // True when a Vulkan loader can be opened (volkInitialize succeeds).
 bool LoaderPresent();
 
+// Throws k3::Error naming `what` unless r is VK_SUCCESS (kNoSpace for an
+// out-of-memory result, kIo otherwise).
+void CheckVkOrThrow(VkResult r, const char* what);
+
+// The layouts every k3 compute shader uses: `bindings` storage buffers at
+// bindings 0.., compute stage, and `push_bytes` of push constants.
+void MakeStorageLayoutsOrThrow(VkDevice dev, uint32_t bindings, uint32_t push_bytes,
+                               VkDescriptorSetLayout* set_layout, VkPipelineLayout* layout);
+
 // A compute pipeline of `spirv` (entry "main") on `layout`, its
 // specialization constant 0 set to `tokens`. Throws k3::Error naming the call.
 VkPipeline MakeComputePipeline(VkDevice dev, VkPipelineLayout layout,
