@@ -412,17 +412,17 @@ def test_parallel_equals_alone():
             while b"ready (parallel" not in open(srv.log_path, "rb").read() and time.monotonic() < deadline:
                 time.sleep(0.05)
             check(f"ready (parallel {want})" in srv.read_log(), f"the start-up line says parallel {want}")
-            if want == 1:
-                # One slot: a second request waits behind the first.
-                import threading
-                first = threading.Thread(target=chat, args=(srv.port, body(max_tokens=3000, ignore_eos=True)))
-                first.start()
-                srv.wait_metric("k3_running_requests", 1)
-                second = threading.Thread(target=chat, args=(srv.port, body(max_tokens=4)))
-                second.start()
-                srv.wait_metric("k3_queue_depth", 1)
-                first.join()
-                second.join()
+            # The queue takes the engine's count: with one slot a second request
+            # waits behind the first; with four both run at once.
+            import threading
+            first = threading.Thread(target=chat, args=(srv.port, body(max_tokens=3000, ignore_eos=True)))
+            first.start()
+            srv.wait_metric("k3_running_requests", 1)
+            second = threading.Thread(target=chat, args=(srv.port, body(max_tokens=400, ignore_eos=True)))
+            second.start()
+            srv.wait_metric("k3_queue_depth" if want == 1 else "k3_running_requests", 1 if want == 1 else 2)
+            first.join()
+            second.join()
 
 
 def main():
