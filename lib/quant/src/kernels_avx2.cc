@@ -1011,38 +1011,46 @@ void AddRowAvx2(const WeightView& w, size_t row, float c, float* acc) noexcept {
   }
 }
 
-// Roof loops (roof.h): 12 independent ymm chains (16 registers in all with
-// the two operands), enough for a 4-5 cycle latency at two per cycle. Without
-// AVX-VNNI the IDOT dot is the kernels' maddubs + madd + add sequence.
+// Roof loops (roof.h): independent ymm chains, enough for the latency at two
+// per cycle, all in registers. Without AVX-VNNI the IDOT dot is the kernels'
+// maddubs + madd + add sequence with the chain's own accumulator as maddubs'
+// unsigned operand: until 2026-12-07 both operands were loop invariant, GCC
+// computed maddubs + madd once before the loop, and what was timed as the
+// multiply roof was twelve adds (and spills) -- 1.46x the true rate on Zen 3.
+// Ten chains there: with twelve GCC spilled accumulators inside the loop (2.2
+// against 2.85 G sequences/s on Zen 3).
 uint64_t RoofAvx2(RoofOp op, uint64_t iters) noexcept {
   constexpr int kChains = 12;
   if (op == RoofOp::kIdot) {
-    __m256i a[kChains];
-#pragma GCC unroll 12
-    for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_epi32(j);
+#ifdef K3_AVXVNNI
+    constexpr int kIdotChains = 12;
     const __m256i u = InReg(_mm256_set1_epi8(3));
-    const __m256i v = InReg(_mm256_set1_epi8(-5));
-#ifndef K3_AVXVNNI
+#else
+    constexpr int kIdotChains = 10;
     const __m256i ones = InReg(_mm256_set1_epi16(1));
 #endif
+    const __m256i v = InReg(_mm256_set1_epi8(-5));
+    __m256i a[kIdotChains];
+#pragma GCC unroll 12
+    for (int j = 0; j < kIdotChains; ++j) a[j] = _mm256_set1_epi32(j + 1);
     for (uint64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
-      for (int j = 0; j < kChains; ++j) {
+      for (int j = 0; j < kIdotChains; ++j) {
 #ifdef K3_AVXVNNI
         a[j] = _mm256_dpbusd_avx_epi32(a[j], u, v);
 #else
-        a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+        a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a[j], v), ones));
 #endif
       }
     }
     __m256i t = a[0];
 #pragma GCC unroll 12
-    for (int j = 1; j < kChains; ++j) t = _mm256_add_epi32(t, a[j]);
+    for (int j = 1; j < kIdotChains; ++j) t = _mm256_add_epi32(t, a[j]);
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
     volatile int32_t sink = lanes[0] + lanes[7];
     (void)sink;
-    return iters * kChains * 32;
+    return iters * kIdotChains * 32;
   }
   __m256 a[kChains];
 #pragma GCC unroll 12

@@ -582,13 +582,16 @@ void QuantizeActsNeon(const float* x, size_t rows, size_t cols, int8_t* q, float
 
 // Roof loops (roof.h): 8 independent q-register chains (16 for the dot, two
 // of them per pipe-latency), operands in registers. Without the dot product
-// the IDOT dot is the kernels' smull + sadalp (8 products per pair).
+// the IDOT dot is the kernels' smull + sadalp (8 products per pair), smull
+// taking the chain's own accumulator so that it cannot move out of the loop.
 uint64_t RoofNeon(RoofOp op, uint64_t iters) noexcept {
   constexpr int kChains = 8;
   if (op == RoofOp::kIdot) {
     int32x4_t a[kChains];
     for (int j = 0; j < kChains; ++j) a[j] = vdupq_n_s32(j);
+#ifdef K3_NEON_DOT
     const int8x16_t u = vdupq_n_s8(3);
+#endif
     const int8x16_t v = vdupq_n_s8(-5);
     for (uint64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 8
@@ -596,7 +599,7 @@ uint64_t RoofNeon(RoofOp op, uint64_t iters) noexcept {
 #ifdef K3_NEON_DOT
         a[j] = vdotq_s32(a[j], u, v);
 #else
-        a[j] = vpadalq_s16(a[j], vmull_s8(vget_low_s8(u), vget_low_s8(v)));
+        a[j] = vpadalq_s16(a[j], vmull_s8(vget_low_s8(vreinterpretq_s8_s32(a[j])), vget_low_s8(v)));
 #endif
       }
     }
