@@ -1,12 +1,11 @@
 // AVX2 + FMA kernels for x86-64 CPUs without AVX-512 (Haswell .. Zen 3, client
 // cores); built twice, the second time with AVX-VNNI (kernels_avx2_vnni.cc,
 // K3_AVXVNNI: vpdpbusd in place of maddubs + madd, the same exact int32 lanes).
-// Same structure as kernels_avx512.cc, a zmm's 16 lanes held in two ymm: a row is decoded on the fly
-// (batch 1) or once per chunk into 64-byte aligned scratch, several rows sharing
-// each activation load (batched), and every (row, activation) pair runs the same
-// floating-point operations either way (the dot routines are templates over the
-// tile shape; decode is the 1 x 1 case). Weight lines are prefetched
-// K3_PREFETCH bytes ahead.
+// Same structure as kernels_avx512.cc, a zmm's 16 lanes held in two ymm: a row is decoded on the
+// fly (batch 1) or once per chunk into 64-byte aligned scratch, several rows sharing each
+// activation load (batched), and every (row, activation) pair runs the same floating-point
+// operations either way (the dot routines are templates over the tile shape; decode is the 1 x 1
+// case). Weight lines are prefetched K3_PREFETCH bytes ahead.
 //
 // f32-activation path: the one order's 16-lane slots as pairs of ymm -- units of
 // 16 columns (slot k mod 2), one MXFP4 group (slot k mod 2) or one int4 group
@@ -16,7 +15,8 @@
 //
 // IDOT path: the exact int32 dot of each 32-column group (maddubs + madd, or
 // vpdpbusd), gathered per block of 16 groups into the one order's 16 float
-// lanes (kernels.h BlockLane) by in-lane horizontal adds, then one cvt and one
+// lanes (kernels.h BlockLane) by in-lane horizontal adds (decode) or by the
+// batched tile's transposed layout (no horizontal adds), then one cvt and one
 // FMA per 8 groups. int4/MXFP4 take 64 columns per step (the nibble IDOT below);
 // int8 one group per ymm (without AVX-VNNI by the sign trick, as a +128 bias
 // would overflow maddubs' int16 pair sums). Every lane is exact.
@@ -495,13 +495,6 @@ struct Q8Direct {
   }
 };
 
-struct Q8Buffered {
-  const int8_t* wq;
-  __m256i Group(size_t g) const {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + g * 32));
-  }
-};
-
 // -128·(sum of each lane's 4 activations), per group of every row (AVX-VNNI's
 // dpbusd start values); null without AVX-VNNI.
 const int32_t* Int8Corrections(const ActsQ8& x, Scratch& s) noexcept {
@@ -574,8 +567,8 @@ __attribute__((always_inline)) inline void Int8Block(const Src* w, const int8_t*
   }
 }
 
-// One activation row against R int8 weight rows (R = 1 for decode, kQ8Rows
-// batched): the same operations per row whatever R is. xf: the row's block
+// One activation row against R int8 weight rows (decode: R = 1; the batched
+// path is the transposed tile below, with the same float steps). xf: the row's block
 // factors (ActBlockFactors); out: Tree16 before the row scale.
 template <int R, typename Src>
 void DotQ8Rows(const Src* w, const int8_t* xq, const int32_t* corr, const float* xf,
@@ -588,56 +581,6 @@ void DotQ8Rows(const Src* w, const int8_t* xq, const int32_t* corr, const float*
   if (g0 < groups) Int8Block<R, true>(w, xq, corr, xf, groups, g0, a);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r] = Tree16(a[0][r], a[1][r]);
-}
-
-// Batched int8: rows copied (AVX-VNNI: biased) kQ8Rows at a time share each
-// activation load.
-constexpr int kQ8Rows = 4;
-
-struct Int8Acts {
-  const int32_t* corr;  // [batch][groups * 8] or null
-  const float* xf;      // [batch][blocks * 16]
-  size_t xf_stride;     // blocks * 16
-};
-
-template <int R>
-void Q8RowBlock(const WeightView& w, const ActsQ8& x, const Int8Acts& acts, size_t o, float* y,
-                Scratch& s) noexcept {
-  const size_t n = w.cols;
-  const size_t groups = n / kActGroup;
-  int8_t* wq = Grow(s.wq, R * n);
-  Q8Buffered src[R];
-  for (int r = 0; r < R; ++r) {
-    const Q8Direct d{RowBytes<WeightFormat::kInt8>(w, o + r), PrefetchBytes()};
-    int8_t* wr = wq + r * n;
-    for (size_t g = 0; g < groups; ++g) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + g * 32), d.Group(g));
-    }
-    src[r] = Q8Buffered{wr};
-  }
-  for (size_t b = 0; b < x.batch; ++b) {
-    float d[R];
-    DotQ8Rows<R>(src, x.q.data() + b * n, acts.corr ? acts.corr + b * groups * 8 : nullptr,
-                 acts.xf + b * acts.xf_stride, groups, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r] * w.scales[o + r];
-  }
-}
-
-void MatMulQ8Int8(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
-                  Scratch& s) noexcept {
-  const size_t groups = w.cols / kActGroup;
-  const Int8Acts acts{Int8Corrections(x, s), ActBlockFactors(x, 1.0f, s.xsg),
-                      (groups + 15) / 16 * 16};
-  if (x.batch == 1) {
-    for (size_t o = r0; o < r1; ++o) {
-      const Q8Direct src[1] = {{RowBytes<WeightFormat::kInt8>(w, o), PrefetchBytes()}};
-      float d;
-      DotQ8Rows<1>(src, x.q.data(), acts.corr, acts.xf, groups, &d);
-      y[o] = d * w.scales[o];
-    }
-    return;
-  }
-  ForRowBlocks<kQ8Rows>(r0, r1, [&]<int N>(size_t o) { Q8RowBlock<N>(w, x, acts, o, y, s); });
 }
 
 // ---------------------------------------------------------------------------
@@ -720,6 +663,21 @@ inline __m256i NibDot(__m256i we, __m256i wo, __m256i xe, __m256i xo) {
 #endif
 }
 
+// Biased weight bytes of 32 packed bytes: the low nibbles and the high ones
+// (int4: nibble = v + 8; MXFP4: the LUT's 2v + 12).
+template <WeightFormat F>
+inline void DecodeNibbles(__m256i raw, __m256i* lo, __m256i* hi) {
+  const __m256i nib = _mm256_set1_epi8(15);
+  *lo = _mm256_and_si256(raw, nib);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+  if constexpr (F == WeightFormat::kMxfp4) {
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    *lo = _mm256_shuffle_epi8(lut, *lo);
+    *hi = _mm256_shuffle_epi8(lut, *hi);
+  }
+}
+
 // Row o decoded step by step straight from the stored bytes and factors.
 template <WeightFormat F>
 struct NibDirect {
@@ -743,18 +701,7 @@ struct NibDirect {
       std::memcpy(tmp, row + off, bytes - off);
       raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
     }
-    const __m256i nib = _mm256_set1_epi8(15);
-    __m256i lo = _mm256_and_si256(raw, nib);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
-    if constexpr (F == WeightFormat::kMxfp4) {
-      const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4,
-                                           0, 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6,
-                                           4, 0);
-      lo = _mm256_shuffle_epi8(lut, lo);
-      hi = _mm256_shuffle_epi8(lut, hi);
-    }
-    *we = lo;
-    *wo = hi;
+    DecodeNibbles<F>(raw, we, wo);
   }
 
   // The weight factors of block k in block lane order, A and B (0 past the
@@ -843,111 +790,312 @@ float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
   return Tree16(a0, a1);
 }
 
-// A row decoded once: per step the even then the odd biased bytes (zero padded
-// to whole blocks), per block the weight factors A then B.
-struct NibBuffered {
-  const int8_t* wb;
-  const float* wf;
+// ---------------------------------------------------------------------------
+// Batched IDOT (int8, int4-g64, MXFP4), transposed layout. Every block of 16
+// groups is two sets of eight, set h holding block lanes 8h .. 8h+7: lane j of
+// the set is group 4(j%4) + 2h + j/4 (block lane 8h + j). A slot is 32 bytes,
+// lane j's four bytes from that group; a set has eight slots. int8: slot d =
+// columns 4d .. 4d+3. Nibbles: slots 2c and 2c+1 = the even and the odd
+// columns of 8c .. 8c+7 (the low and the high nibbles of the group's packed
+// bytes 4c .. 4c+3). The weight rows (decoded once per block of rows) and the
+// activations (once per call) are laid out alike, so the int32 lanes of a
+// set's slot dots, added up, are its eight group sums already in block lane
+// order: no horizontal adds, which is what bound the previous tiles. The
+// float steps (cvt, the factors' product, FMA into A or B, Tree16) are the
+// decode path's, in its order.
+//
+// A row block's decoded slots (kTRows rows x kTChunk blocks, 16 KiB) stay in
+// L1 while every activation row passes over them, the chunk's activation rows
+// one contiguous stream; each activation slot feeds all of the block's rows
+// from a register. Between chunks the A and B accumulators of each
+// (activation, row) pair wait in scratch. Zen 3, one thread, against the
+// maddubs + madd roof: 4 rows x 8 blocks measured best of 4/6/8 rows x
+// 2/4/6/8/12 blocks.
+
+constexpr size_t kTSetBytes = 8 * 32;
+constexpr size_t kTBlockBytes = 2 * kTSetBytes;
+constexpr int kTRows = 4;
+template <WeightFormat F>
+constexpr size_t kTChunk = 8;
+
+// Offset of group g's four bytes of slot d within its block.
+inline size_t TOffset(size_t g, size_t d) {
+  const size_t i = g % 16;
+  const size_t l = i % 4;
+  return l / 2 * kTSetBytes + d * 32 + 4 * (4 * (l % 2) + i / 4);
+}
+
+struct TActs {
+  const int8_t* xq;     // [chunks][batch][kTChunk<F> * 512]: a chunk's rows in one stream
+  const int32_t* corr;  // [batch][blocks * 16]: -B·Σxq per group, block lane order
+  const float* xf;      // [batch][blocks * 16]: ActBlockFactors
+  size_t blocks;
 };
 
-// Batched: one activation row against R decoded rows, sharing each step's
-// activation loads; per row DotNib1's operations.
-template <int R>
-void DotNibBuffered(const NibBuffered* w, const NibActs& x, size_t b, float* out) noexcept {
-  const size_t psteps = x.blocks * kBlockSteps;
-  const int8_t* xq = x.xq + b * psteps * kStep;
-  const int32_t* corr = x.corr + b * x.blocks * 16;
-  const float* xf = x.xf + b * x.blocks * 16;
-  __m256 a[2][R];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) a[0][r] = a[1][r] = _mm256_setzero_ps();
-  // hadd of steps t and t+2 for every row, the activations loaded once.
-  auto pair = [&](size_t t, __m256i (&h)[R]) {
-    const int8_t* x0 = xq + t * kStep;
-    const int8_t* x2 = x0 + 2 * kStep;
-    const __m256i xe0 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0)));
-    const __m256i xo0 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + 32)));
-    const __m256i xe2 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x2)));
-    const __m256i xo2 = InReg(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x2 + 32)));
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int8_t* w0 = w[r].wb + t * kStep;
-      const int8_t* w2 = w0 + 2 * kStep;
-      const __m256i d0 =
-          NibDot(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0)),
-                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + 32)), xe0, xo0);
-      const __m256i d2 =
-          NibDot(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2)),
-                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2 + 32)), xe2, xo2);
-      h[r] = _mm256_hadd_epi32(d0, d2);
-    }
-  };
-  for (size_t k = 0; k < x.blocks; ++k) {
-    const size_t t0 = k * kBlockSteps;
-#pragma GCC unroll 2
-    for (size_t h = 0; h < 2; ++h) {
-      __m256i lo[R], hi[R];
-      pair(t0 + h, lo);
-      pair(t0 + h + 4, hi);
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + k * 16 + 8 * h));
-      const __m256 xv = _mm256_loadu_ps(xf + k * 16 + 8 * h);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256i g = _mm256_add_epi32(_mm256_hadd_epi32(lo[r], hi[r]), c);
-        const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(w[r].wf + k * 16 + 8 * h), xv);
-        a[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), f, a[h][r]);
+// bias: B of the weight bytes the dots take (int8: 0, or 128 with AVX-VNNI).
+template <WeightFormat F>
+TActs PrepareTActs(const ActsQ8& x, int bias, Scratch& s) noexcept {
+  const size_t n = x.cols;
+  const size_t groups = n / kActGroup;
+  const size_t blocks = (groups + 15) / 16;
+  const size_t chunks = (blocks + kTChunk<F> - 1) / kTChunk<F>;
+  const size_t chunk_bytes = kTChunk<F> * kTBlockBytes;
+  int8_t* xq = Grow(s.xn, chunks * x.batch * chunk_bytes);
+  int32_t* corr = Grow(s.corr, x.batch * blocks * 16);
+  std::memset(xq, 0, chunks * x.batch * chunk_bytes);
+  std::memset(corr, 0, x.batch * blocks * 16 * sizeof(int32_t));
+  for (size_t r = 0; r < x.batch; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t k = g / 16;
+      int8_t* xb =
+          xq + (k / kTChunk<F> * x.batch + r) * chunk_bytes + k % kTChunk<F> * kTBlockBytes;
+      const int8_t* q = x.q.data() + r * n + g * kActGroup;
+      int32_t sum = 0;
+      for (size_t i = 0; i < kActGroup; ++i) sum += q[i];
+      corr[r * blocks * 16 + g - g % 16 + BlockLane(g)] = -bias * sum;
+      for (size_t d = 0; d < 8; ++d) {
+        int8_t* o = xb + TOffset(g, d);
+        for (size_t b = 0; b < 4; ++b) {
+          o[b] = F == WeightFormat::kInt8 ? q[4 * d + b] : q[8 * (d / 2) + 2 * b + d % 2];
+        }
       }
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) out[r] = Tree16(a[0][r], a[1][r]);
+  return {xq, corr, ActBlockFactors(x, F == WeightFormat::kMxfp4 ? 0.5f : 1.0f, s.xsg), blocks};
 }
 
-// Rows decoded R at a time for the batched loop.
-constexpr int kNibRows = 4;
+// In-lane 4 x 4 transpose of 32-bit elements: t[c] lane (h, m) = a[m] lane (h, c).
+inline void Transpose4x4(const __m256i (&a)[4], __m256i (&t)[4]) {
+  const __m256i l01 = _mm256_unpacklo_epi32(a[0], a[1]);
+  const __m256i l23 = _mm256_unpacklo_epi32(a[2], a[3]);
+  const __m256i h01 = _mm256_unpackhi_epi32(a[0], a[1]);
+  const __m256i h23 = _mm256_unpackhi_epi32(a[2], a[3]);
+  t[0] = _mm256_unpacklo_epi64(l01, l23);
+  t[1] = _mm256_unpackhi_epi64(l01, l23);
+  t[2] = _mm256_unpacklo_epi64(h01, h23);
+  t[3] = _mm256_unpackhi_epi64(h01, h23);
+}
+
+inline __m256i LoadHalves(const uint8_t* lo, const uint8_t* hi) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+}
+
+// Row o's weight bytes in slots (the dots' form: nibbles biased, int8 biased
+// with AVX-VNNI) and, for the nibbles, each block's factors A then B.
+template <WeightFormat F>
+void DecodeRowT(const WeightView& w, size_t o, size_t blocks, int8_t* out, float* wf) {
+  const size_t groups = w.cols / kActGroup;
+  constexpr size_t kGroupBytes = F == WeightFormat::kInt8 ? 32 : 16;
+  const uint8_t* row = RowBytes<F>(w, o);
+  for (size_t k = 0; k < blocks; ++k) {
+    const uint8_t* src = row + k * 16 * kGroupBytes;
+    alignas(32) uint8_t tail[16 * kGroupBytes];
+    if (k * 16 + 16 > groups) {
+      std::memset(tail, 0, sizeof(tail));
+      std::memcpy(tail, src, (groups - k * 16) * kGroupBytes);
+      src = tail;
+    }
+    int8_t* blk = out + k * kTBlockBytes;
+    for (size_t h = 0; h < 2; ++h) {
+      int8_t* set = blk + h * kTSetBytes;
+      auto store = [&](size_t d, __m256i v) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(set + d * 32), v);
+      };
+      __m256i a[4], t[4];
+      if constexpr (F == WeightFormat::kInt8) {
+        for (size_t half = 0; half < 2; ++half) {
+          for (size_t m = 0; m < 4; ++m) {
+            const uint8_t* g = src + (4 * m + 2 * h) * 32 + 16 * half;
+            a[m] = LoadHalves(g, g + 32);
+          }
+          Transpose4x4(a, t);
+          for (size_t d = 0; d < 4; ++d) {
+            store(4 * half + d,
+                  kInt8Biased ? _mm256_xor_si256(t[d], _mm256_set1_epi8(-128)) : t[d]);
+          }
+        }
+      } else {
+        for (size_t m = 0; m < 4; ++m) {
+          a[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (4 * m + 2 * h) * 16));
+        }
+        Transpose4x4(a, t);
+        for (size_t c = 0; c < 4; ++c) {
+          __m256i lo, hi;
+          DecodeNibbles<F>(t[c], &lo, &hi);
+          store(2 * c, lo);
+          store(2 * c + 1, hi);
+        }
+      }
+    }
+    if constexpr (F != WeightFormat::kInt8) {
+      __m256 fa, fb;
+      NibRow<F>(w, o).BlockFactors(k, &fa, &fb);
+      _mm256_storeu_ps(wf + k * 16, fa);
+      _mm256_storeu_ps(wf + k * 16 + 8, fb);
+    }
+  }
+}
+
+// acc += the int32 lanes of one int8 slot / one nibble slot pair (exact).
+// Without AVX-VNNI, kWide: the decode path's maddubs(|w|, sign(x, w)); else
+// maddubs(|x|, sign(w, x)) with ax = |x| (w != -128, |x| <= 127).
+template <bool kWide>
+inline __m256i Int8SlotDot(__m256i acc, __m256i w, __m256i x, [[maybe_unused]] __m256i ax) {
+#ifdef K3_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+  const __m256i p = kWide ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+                          : _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+
+inline __m256i NibSlotDot(__m256i acc, __m256i we, __m256i wo, __m256i xe, __m256i xo) {
+#ifdef K3_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, we, xe), wo, xo);
+#else
+  return _mm256_add_epi32(acc, NibDot(we, wo, xe, xo));
+#endif
+}
+
+inline __m256i LoadSlot(const int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Blocks [k0, k1) of one activation row (x: its block k0) against R decoded
+// rows: fa[r * 16 ..] holds the pair's A and B accumulators.
+template <WeightFormat F, int R, bool kWide>
+void TileT(const int8_t* const* w, const float* const* wf, const int8_t* x, const int32_t* corr,
+           const float* xf, size_t k0, size_t k1, float* fa) noexcept {
+  for (size_t k = k0; k < k1; ++k) {
+#pragma GCC unroll 2
+    for (size_t h = 0; h < 2; ++h) {
+      const size_t off = k * kTBlockBytes + h * kTSetBytes;
+      const int8_t* xs = x + (k - k0) * kTBlockBytes + h * kTSetBytes;
+      const size_t lane = k * 16 + 8 * h;
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + lane));
+      __m256i acc[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = c;
+      if constexpr (F == WeightFormat::kInt8) {
+#pragma GCC unroll 1
+        for (size_t d = 0; d < 8; ++d) {
+          const __m256i xv = InReg(LoadSlot(xs + 32 * d));
+          const __m256i ax = kWide || kInt8Biased ? xv : _mm256_abs_epi8(xv);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            acc[r] = Int8SlotDot<kWide>(acc[r], LoadSlot(w[r] + off + 32 * d), xv, ax);
+          }
+        }
+      } else {
+#pragma GCC unroll 1
+        for (size_t d = 0; d < 8; d += 2) {
+          const __m256i xe = InReg(LoadSlot(xs + 32 * d));
+          const __m256i xo = InReg(LoadSlot(xs + 32 * d + 32));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            acc[r] = NibSlotDot(acc[r], LoadSlot(w[r] + off + 32 * d),
+                                LoadSlot(w[r] + off + 32 * d + 32), xe, xo);
+          }
+        }
+      }
+      const __m256 xv = _mm256_loadu_ps(xf + lane);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 f =
+            F == WeightFormat::kInt8 ? xv : _mm256_mul_ps(_mm256_loadu_ps(wf[r] + lane), xv);
+        float* p = fa + r * 16 + 8 * h;
+        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), f, _mm256_loadu_ps(p)));
+      }
+    }
+  }
+}
 
 template <WeightFormat F, int R>
-void NibRowBlock(const WeightView& w, const NibActs& x, size_t batch, size_t o, float* y,
-                 Scratch& s) noexcept {
-  const size_t psteps = x.blocks * kBlockSteps;
-  int8_t* wbuf = Grow(s.wq, R * psteps * kStep);
+void RowBlockT(const WeightView& w, const TActs& x, size_t batch, size_t o, float* y,
+               Scratch& s) noexcept {
+  const size_t bytes = x.blocks * kTBlockBytes;
+  int8_t* wbuf = Grow(s.wq, R * bytes);
   float* fbuf = Grow(s.wgs, R * x.blocks * 16);
-  NibBuffered src[R];
+  const int8_t* wr[R];
+  const float* fr[R];
   for (int r = 0; r < R; ++r) {
-    const NibDirect<F> d = NibRow<F>(w, o + r);
-    int8_t* wr = wbuf + r * psteps * kStep;
-    float* fr = fbuf + r * x.blocks * 16;
-    for (size_t t = 0; t < psteps; ++t) {
-      __m256i we = _mm256_setzero_si256(), wo = _mm256_setzero_si256();
-      if (t < x.steps) d.Weights(t, &we, &wo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep), we);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + t * kStep + 32), wo);
+    wr[r] = wbuf + r * bytes;
+    fr[r] = fbuf + r * x.blocks * 16;
+    DecodeRowT<F>(w, o + r, x.blocks, wbuf + r * bytes, fbuf + r * x.blocks * 16);
+  }
+  // int8 without AVX-VNNI: maddubs(|x|, sign(w, x)) -- |x| once per slot for
+  // all R rows, one op less per pair than the decode path's maddubs(|w|,
+  // sign(x, w)) -- unless a weight byte is -128 (sign would overflow; the
+  // quantizer never writes one, a file may).
+  bool wide = false;
+  if constexpr (F == WeightFormat::kInt8 && !kInt8Biased) {
+    __m256i m = _mm256_setzero_si256();
+    for (size_t i = 0; i < R * bytes; i += 32) {
+      m = _mm256_or_si256(m, _mm256_cmpeq_epi8(LoadSlot(wbuf + i), _mm256_set1_epi8(-128)));
     }
-    for (size_t k = 0; k < x.blocks; ++k) {
-      __m256 fa, fb;
-      d.BlockFactors(k, &fa, &fb);
-      _mm256_storeu_ps(fr + k * 16, fa);
-      _mm256_storeu_ps(fr + k * 16 + 8, fb);
+    wide = !_mm256_testz_si256(m, m);
+  }
+  float* fa = Grow(s.acc, batch * R * 16);
+  std::memset(fa, 0, batch * R * 16 * sizeof(float));
+  constexpr size_t kChunk = kTChunk<F>;
+  for (size_t k0 = 0; k0 < x.blocks; k0 += kChunk) {
+    const size_t k1 = std::min(k0 + kChunk, x.blocks);
+    const int8_t* xc = x.xq + k0 / kChunk * batch * kChunk * kTBlockBytes;
+    for (size_t b = 0; b < batch; ++b) {
+      const int8_t* xb = xc + b * kChunk * kTBlockBytes;
+      const int32_t* cb = x.corr + b * x.blocks * 16;
+      const float* fb = x.xf + b * x.blocks * 16;
+      if (wide) {
+        TileT<F, R, true>(wr, fr, xb, cb, fb, k0, k1, fa + b * R * 16);
+      } else {
+        TileT<F, R, false>(wr, fr, xb, cb, fb, k0, k1, fa + b * R * 16);
+      }
     }
-    src[r] = NibBuffered{wr, fr};
   }
   for (size_t b = 0; b < batch; ++b) {
-    float d[R];
-    DotNibBuffered<R>(src, x, b, d);
-    for (int r = 0; r < R; ++r) y[b * w.rows + o + r] = d[r];
+    for (int r = 0; r < R; ++r) {
+      const float* p = fa + (b * R + r) * 16;
+      const float d = Tree16(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+      y[b * w.rows + o + r] = F == WeightFormat::kInt8 ? d * w.scales[o + r] : d;
+    }
+  }
+}
+
+template <WeightFormat F>
+void MatMulBatchedT(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                    Scratch& s) noexcept {
+  const int bias = F == WeightFormat::kInt8 ? (kInt8Biased ? 128 : 0) : kBias<F>;
+  const TActs acts = PrepareTActs<F>(x, bias, s);
+  ForRowBlocks<kTRows>(r0, r1,
+                       [&]<int N>(size_t o) { RowBlockT<F, N>(w, acts, x.batch, o, y, s); });
+}
+
+void MatMulQ8Int8(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
+                  Scratch& s) noexcept {
+  if (x.batch > 1) return MatMulBatchedT<WeightFormat::kInt8>(w, x, y, r0, r1, s);
+  const size_t groups = w.cols / kActGroup;
+  const int32_t* corr = Int8Corrections(x, s);
+  const float* xf = ActBlockFactors(x, 1.0f, s.xsg);
+  for (size_t o = r0; o < r1; ++o) {
+    const Q8Direct src[1] = {{RowBytes<WeightFormat::kInt8>(w, o), PrefetchBytes()}};
+    float d;
+    DotQ8Rows<1>(src, x.q.data(), corr, xf, groups, &d);
+    y[o] = d * w.scales[o];
   }
 }
 
 template <WeightFormat F>
 void MatMulNibImpl(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1,
                    Scratch& s) noexcept {
-  const NibActs acts = PrepareNibActs<F>(x, s);
   if (x.batch == 1) {
+    const NibActs acts = PrepareNibActs<F>(x, s);
     for (size_t o = r0; o < r1; ++o) y[o] = DotNib1<F>(NibRow<F>(w, o), acts);
     return;
   }
-  ForRowBlocks<kNibRows>(r0, r1,
-                         [&]<int N>(size_t o) { NibRowBlock<F, N>(w, acts, x.batch, o, y, s); });
+  MatMulBatchedT<F>(w, x, y, r0, r1, s);
 }
 
 void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, size_t r1) noexcept {
