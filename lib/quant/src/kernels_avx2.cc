@@ -969,6 +969,12 @@ inline __m256i LoadSlot(const int8_t* p) {
 template <WeightFormat F, int R, bool kWide>
 void TileT(const int8_t* const* w, const float* const* wf, const int8_t* x, const int32_t* corr,
            const float* xf, size_t k0, size_t k1, float* fa) noexcept {
+  __m256 facc[2][R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    facc[0][r] = _mm256_loadu_ps(fa + r * 16);
+    facc[1][r] = _mm256_loadu_ps(fa + r * 16 + 8);
+  }
   for (size_t k = k0; k < k1; ++k) {
 #pragma GCC unroll 2
     for (size_t h = 0; h < 2; ++h) {
@@ -1006,10 +1012,14 @@ void TileT(const int8_t* const* w, const float* const* wf, const int8_t* x, cons
       for (int r = 0; r < R; ++r) {
         const __m256 f =
             F == WeightFormat::kInt8 ? xv : _mm256_mul_ps(_mm256_loadu_ps(wf[r] + lane), xv);
-        float* p = fa + r * 16 + 8 * h;
-        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), f, _mm256_loadu_ps(p)));
+        facc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), f, facc[h][r]);
       }
     }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(fa + r * 16, facc[0][r]);
+    _mm256_storeu_ps(fa + r * 16 + 8, facc[1][r]);
   }
 }
 
