@@ -38,7 +38,8 @@ void PutSummary(JsonWriter& j, const std::string& key, const std::vector<double>
 // CPUs without AVX-512 VNNI (the tile's ISA; no ceiling is claimed there).
 struct MixCeiling {
   bool measured = false;
-  double nibble = 1, int8 = 1;
+  double nibble = 1, int8 = 1, mxfp4 = 1;  // shares of the active ISA's IDOT roof
+  const char* isa = "";                    // whose tile mix: "avx512", "avx2"
 };
 MixCeiling MeasureMixCeiling(double seconds, int reps);
 

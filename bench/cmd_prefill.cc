@@ -382,18 +382,21 @@ void RunPrefillBench(const PrefillArgs& a) {
   // the ceilings `k3-bench mix` measures for the IDOT tile's instruction mix and
   // the f32 ones at the FMA roof; the roofs are read when a line is written, so
   // every pass so far counts. An estimate, not a proof: the ceilings come from
-  // one thread's register-only loops of the mix (vpdpbusd with each 512-column
-  // block's float work: cvt + fma for int8, one more multiply for int4-g64's
-  // two-float factor), scaled by the all-thread roof; it assumes this tile's
-  // numerics (16 group sums per float step) and ignores loads, so another
-  // instruction mix or a better overlap could run below it. MXFP4 experts are
-  // held to the int8 ceiling (their power-of-two weight scale could be applied
-  // by an integer add; on Zen 5 that add was no faster than the multiply,
-  // docs/PERFORMANCE-history.md, sixteenth prefill session).
+  // one thread's register-only loops of the mix (AVX-512: vpdpbusd with each
+  // 512-column block's float work, cvt + fma for int8, one more multiply for
+  // int4-g64's two-float factor; AVX2: maddubs + madd with each 256-column
+  // set's, the nibble formats' integer part cheaper than the roof's), scaled by
+  // the all-thread roof; it assumes this tile's numerics (one float step per 8
+  // or 16 group sums) and ignores loads, so another instruction mix or a better
+  // overlap could run below it. On AVX-512 MXFP4 experts are held to the int8
+  // ceiling (their power-of-two weight scale could be applied by an integer
+  // add; on Zen 5 that add was no faster than the multiply,
+  // docs/PERFORMANCE-history.md, sixteenth prefill session); the AVX2 tile
+  // runs them as nibbles.
   auto bound_per_token = [&] {
     const double idot = roofs.Idot() * 1e9, fma = roofs.Fma() * 1e9;
-    return by_format.int4 / (idot * mix.nibble) + (by_format.mxfp4 + by_format.int8) / (idot * mix.int8) +
-           by_format.f32 / fma;
+    return by_format.int4 / (idot * mix.nibble) + by_format.mxfp4 / (idot * mix.mxfp4) +
+           by_format.int8 / (idot * mix.int8) + by_format.f32 / fma;
   };
   // The facts every line ends with, then the line.
   auto Finish = [&](JsonWriter& j) {
@@ -416,7 +419,7 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("disk_streams", int64_t(disk.streams));
     PutSummary(j, "disk_sequential_gbps", disk.sequential);
     PutSummary(j, "disk_parallel_gbps", disk.parallel);
-    j        .Field("idot_roof_gmacs", roofs.Idot())
+    j.Field("idot_roof_gmacs", roofs.Idot())
         .Field("fma_roof_gmacs", roofs.Fma())
         .Field("roof_passes", int64_t(roofs.idot.size()))
         .Field("idot_roof_min_gmacs", *std::min_element(roofs.idot.begin(), roofs.idot.end()))
@@ -428,6 +431,8 @@ void RunPrefillBench(const PrefillArgs& a) {
         .Field("mix_measured", mix.measured)
         .Field("mix_ceiling_nibble", mix.nibble)
         .Field("mix_ceiling_int8", mix.int8)
+        .Field("mix_ceiling_mxfp4", mix.mxfp4)
+        .Field("mix_isa", mix.isa)
         .Field("isa", quant::IsaName(quant::ActiveIsa()));
     Finish(j);
   }
