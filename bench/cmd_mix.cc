@@ -104,19 +104,24 @@ struct MixArgs {
   double seconds = 0.3;  // per measurement
 };
 
-template <int kMode, bool kMul>
-double MedianRate(const MixArgs& a, float* sink) {
-  // Calibrate the round count to about a.seconds, then take the median.
-  long rounds = 1 << 16;
+// rate(rounds) -> a rate: the round count calibrated (from `rounds`, times 4)
+// to about a.seconds, then the median of a.reps.
+template <typename Rate>
+double CalibratedMedian(const MixArgs& a, long rounds, Rate&& rate) {
   for (;;) {
     const double t0 = NowSeconds();
-    MixRate<kMode, kMul>(rounds, sink);
+    rate(rounds);
     if (NowSeconds() - t0 > a.seconds / 4 || rounds > (1L << 40)) break;
     rounds *= 4;
   }
   std::vector<double> r;
-  for (int i = 0; i < a.reps; ++i) r.push_back(MixRate<kMode, kMul>(rounds, sink));
+  for (int i = 0; i < a.reps; ++i) r.push_back(rate(rounds));
   return Median(r);
+}
+
+template <int kMode, bool kMul>
+double MedianRate(const MixArgs& a, float* sink) {
+  return CalibratedMedian(a, 1 << 16, [&](long n) { return MixRate<kMode, kMul>(n, sink); });
 }
 
 bool HasMixIsa() {
@@ -188,16 +193,7 @@ K3_MIX2_TARGET double Mix2Rate(long rounds, float* sink) {
 
 template <int kMix, bool kFloat>
 double Median2(const MixArgs& a, float* sink) {
-  long rounds = 1 << 12;
-  for (;;) {
-    const double t0 = NowSeconds();
-    Mix2Rate<kMix, kFloat>(rounds, sink);
-    if (NowSeconds() - t0 > a.seconds / 4 || rounds > (1L << 40)) break;
-    rounds *= 4;
-  }
-  std::vector<double> r;
-  for (int i = 0; i < a.reps; ++i) r.push_back(Mix2Rate<kMix, kFloat>(rounds, sink));
-  return Median(r);
+  return CalibratedMedian(a, 1 << 12, [&](long n) { return Mix2Rate<kMix, kFloat>(n, sink); });
 }
 
 bool HasMix2Isa() {
