@@ -815,7 +815,6 @@ float DotNib1(const NibDirect<F>& w, const NibActs& x) noexcept {
 constexpr size_t kTSetBytes = 8 * 32;
 constexpr size_t kTBlockBytes = 2 * kTSetBytes;
 constexpr int kTRows = 4;
-template <WeightFormat F>
 constexpr size_t kTChunk = 8;
 constexpr size_t kTPanelBytes = size_t{512} << 10;
 constexpr size_t kTPanelMin = 8;
@@ -867,8 +866,13 @@ inline void BlockSlots32(const uint8_t* src, int8_t* blk, __m256i flip) {
   }
 }
 
+// Activation row r's block k in the chunk-major layout of `batch` rows.
+inline size_t TActBlock(size_t batch, size_t r, size_t k) {
+  return ((k / kTChunk * batch + r) * kTChunk + k % kTChunk) * kTBlockBytes;
+}
+
 struct TActs {
-  const int8_t* xq;     // [chunks][batch][kTChunk<F> * 512]: a chunk's rows in one stream
+  const int8_t* xq;     // [chunks][batch][kTChunk * 512]: a chunk's rows in one stream (TActBlock)
   const int32_t* corr;  // [batch][blocks * 16]: -B·Σxq per group, block lane order
   const float* xf;      // [batch][blocks * 16]: ActBlockFactors
   size_t blocks;
@@ -880,9 +884,8 @@ TActs PrepareTActs(const ActsQ8& x, int bias, Scratch& s) noexcept {
   const size_t n = x.cols;
   const size_t groups = n / kActGroup;
   const size_t blocks = (groups + 15) / 16;
-  const size_t chunks = (blocks + kTChunk<F> - 1) / kTChunk<F>;
-  const size_t chunk_bytes = kTChunk<F> * kTBlockBytes;
-  int8_t* xq = Grow(s.xn, chunks * x.batch * chunk_bytes);
+  const size_t chunks = (blocks + kTChunk - 1) / kTChunk;
+  int8_t* xq = Grow(s.xn, chunks * x.batch * kTChunk * kTBlockBytes);
   int32_t* corr = Grow(s.corr, x.batch * blocks * 16);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   for (size_t r = 0; r < x.batch; ++r) {
@@ -895,8 +898,7 @@ TActs PrepareTActs(const ActsQ8& x, int bias, Scratch& s) noexcept {
         std::memcpy(tail, src, (groups - k * 16) * kActGroup);
         src = tail;
       }
-      int8_t* blk =
-          xq + (k / kTChunk<F> * x.batch + r) * chunk_bytes + k % kTChunk<F> * kTBlockBytes;
+      int8_t* blk = xq + TActBlock(x.batch, r, k);
       BlockSlots32<F != WeightFormat::kInt8>(src, blk, _mm256_setzero_si256());
       // -B·Σq of each group: a set's slots summed lane by lane are its groups'
       // sums in block lane order.
@@ -1065,12 +1067,10 @@ void RowBlockT(const WeightView& w, const TActs& x, size_t batch, size_t b0, siz
   }
   float* fa = Grow(s.acc, (b1 - b0) * R * 16);
   std::memset(fa, 0, (b1 - b0) * R * 16 * sizeof(float));
-  constexpr size_t kChunk = kTChunk<F>;
-  for (size_t k0 = 0; k0 < x.blocks; k0 += kChunk) {
-    const size_t k1 = std::min(k0 + kChunk, x.blocks);
-    const int8_t* xc = x.xq + k0 / kChunk * batch * kChunk * kTBlockBytes;
+  for (size_t k0 = 0; k0 < x.blocks; k0 += kTChunk) {
+    const size_t k1 = std::min(k0 + kTChunk, x.blocks);
     for (size_t b = b0; b < b1; ++b) {
-      const int8_t* xb = xc + b * kChunk * kTBlockBytes;
+      const int8_t* xb = x.xq + TActBlock(batch, b, k0);
       const int32_t* cb = x.corr + b * x.blocks * 16;
       const float* fb = x.xf + b * x.blocks * 16;
       float* fp = fa + (b - b0) * R * 16;
