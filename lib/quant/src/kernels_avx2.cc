@@ -48,6 +48,7 @@ struct Scratch {
   AlignedVec<float> wgs;     // batched nibble IDOT: weight block factors of a row block
   AlignedVec<float> xsg;     // IDOT: activation block factors (ActBlockFactors)
   AlignedVec<float> acc;     // batched f32 path: tile accumulators between column blocks
+  AlignedVec<float> panels;  // AddRows: a chunk's f32 rows in 16-column panels
 };
 
 Scratch& Tls() {
@@ -1323,17 +1324,87 @@ void AddRowsF32Tokens(const WeightView& w, size_t row0, size_t nrows, const floa
   }
 }
 
+// The same tiles over the rows packed in 16-column panels: panel p holds
+// columns 16p..16p+15 of every row, row after row, so a tile's loads run along
+// contiguous memory. Straight from the rows each step loaded one line 2 KiB
+// past the last (MLA's 512-wide latent rows) and the sum ran at about 0.55 of
+// the FMA roof with the chunk in L2; packed, about 0.8. Each element's FMAs are
+// the unpacked tile's, in the same row order: the same bits.
+template <int T>
+void AddRowsF32Panel(const float* panel, size_t nrows, const float* coef, size_t coef_ld,
+                     float* acc, size_t acc_ld) noexcept {
+  __m256 a[T][2];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    a[t][0] = _mm256_loadu_ps(acc + size_t(t) * acc_ld);
+    a[t][1] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + 8);
+  }
+  for (size_t j = 0; j < nrows; ++j) {
+    const __m256 w0 = _mm256_load_ps(panel + j * 16), w1 = _mm256_load_ps(panel + j * 16 + 8);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 k = _mm256_broadcast_ss(coef + size_t(t) * coef_ld + j);
+      a[t][0] = _mm256_fmadd_ps(k, w0, a[t][0]);
+      a[t][1] = _mm256_fmadd_ps(k, w1, a[t][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(acc + size_t(t) * acc_ld, a[t][0]);
+    _mm256_storeu_ps(acc + size_t(t) * acc_ld + 8, a[t][1]);
+  }
+}
+
+// Below this many tokens the panels' copy costs more than the strided loads.
+constexpr size_t kAddRowsPanelTokens = 24;
+
 void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
                  size_t tokens, float* acc, size_t acc_ld) noexcept {
   if (w.format != WeightFormat::kF32) {
     return AddRowsLoop(AddRowAvx2, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
   }
+  const size_t n = w.cols;
+  const size_t n16 = n / 16 * 16;
+  if (tokens < kAddRowsPanelTokens || n16 == 0) {
+    size_t t = 0;
+    for (; t + 6 <= tokens; t += 6) {
+      AddRowsF32Tokens<6>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+    }
+    for (; t < tokens; ++t) {
+      AddRowsF32Tokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+    }
+    return;
+  }
+  const float* base = static_cast<const float*>(w.data) + row0 * n;
+  float* panels = Grow(Tls().panels, nrows * n16);
+  for (size_t j = 0; j < nrows; ++j) {
+    for (size_t c0 = 0; c0 < n16; c0 += 16) {
+      float* dst = panels + c0 * nrows + j * 16;
+      _mm256_store_ps(dst, _mm256_loadu_ps(base + j * n + c0));
+      _mm256_store_ps(dst + 8, _mm256_loadu_ps(base + j * n + c0 + 8));
+    }
+  }
   size_t t = 0;
   for (; t + 6 <= tokens; t += 6) {
-    AddRowsF32Tokens<6>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+    for (size_t c0 = 0; c0 < n16; c0 += 16) {
+      AddRowsF32Panel<6>(panels + c0 * nrows, nrows, coef + t * coef_ld, coef_ld,
+                         acc + t * acc_ld + c0, acc_ld);
+    }
   }
   for (; t < tokens; ++t) {
-    AddRowsF32Tokens<1>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
+    for (size_t c0 = 0; c0 < n16; c0 += 16) {
+      AddRowsF32Panel<1>(panels + c0 * nrows, nrows, coef + t * coef_ld, coef_ld,
+                         acc + t * acc_ld + c0, acc_ld);
+    }
+  }
+  // Columns past the last whole panel: AddRowsF32Tokens' tail, element by element.
+  for (size_t u = 0; u < tokens && n16 < n; ++u) {
+    float* at = acc + u * acc_ld;
+    for (size_t j = 0; j < nrows; ++j) {
+      const float k = coef[u * coef_ld + j];
+      const float* r = base + j * n;
+      for (size_t i = n16; i < n; ++i) at[i] = std::fma(k, r[i], at[i]);
+    }
   }
 }
 

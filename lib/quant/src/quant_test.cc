@@ -415,32 +415,42 @@ TEST_CASE("RowDot equals the MatMul element; AddRow matches the reference") {
 // MLA sums rows over a block of tokens with AddRows: its bits must be those of
 // the AddRow loop it stands for, on every ISA (tiles of 6 (f32) and 4 tokens x
 // 64 columns, a token tail, 16-column vectors and a scalar column tail; int4
-// takes the loop).
+// takes the loop). 29 tokens take AVX2's packed 16-column panels (24 and up).
 TEST_CASE("AddRows gives the bits of the AddRow loop (per ISA)") {
   IsaGuard guard;
   const std::vector<Isa> isas = IsasToTest("AddRows");
   std::mt19937 rng(31);
   // The last three run past AddRows' 256 KiB row chunk (128 f32 rows of 512,
   // 64 int8 rows of 4096): a chunk boundary inside every token's sum.
-  struct Case { WeightFormat fmt; size_t cols; size_t rows = 45; size_t nrows = 33; };
-  for (Case cs : {Case{WeightFormat::kF32, 512}, Case{WeightFormat::kF32, 100},
-                  Case{WeightFormat::kInt8, 512}, Case{WeightFormat::kInt8, 136},
-                  Case{WeightFormat::kInt4G64, 128}, Case{WeightFormat::kF32, 512, 300, 290},
-                  Case{WeightFormat::kInt8, 4096, 160, 150}, Case{WeightFormat::kInt4G64, 1024, 300, 280}}) {
-    const size_t rows = cs.rows, row0 = 6, nrows = cs.nrows, tokens = 11, coef_ld = nrows + 7,
-                 acc_ld = cs.cols + 3;
-    Mat m = RandomMat(cs.fmt, rows, cs.cols, rng);
-    const std::vector<float> coef = RandomVec(tokens * coef_ld, rng);
-    const std::vector<float> start = RandomVec(tokens * acc_ld, rng);
-    for (Isa isa : isas) {
-      SetIsaForTesting(isa);
-      std::vector<float> loop = start, tiled = start;
-      for (size_t t = 0; t < tokens; ++t) {
-        for (size_t j = 0; j < nrows; ++j) AddRow(m.View(), row0 + j, coef[t * coef_ld + j], loop.data() + t * acc_ld);
+  struct Case {
+    WeightFormat fmt;
+    size_t cols;
+    size_t rows = 45;
+    size_t nrows = 33;
+  };
+  for (Case cs :
+       {Case{WeightFormat::kF32, 512}, Case{WeightFormat::kF32, 100},
+        Case{WeightFormat::kInt8, 512}, Case{WeightFormat::kInt8, 136},
+        Case{WeightFormat::kInt4G64, 128}, Case{WeightFormat::kF32, 512, 300, 290},
+        Case{WeightFormat::kInt8, 4096, 160, 150}, Case{WeightFormat::kInt4G64, 1024, 300, 280}}) {
+    for (size_t tokens : {size_t{11}, size_t{29}}) {
+      const size_t rows = cs.rows, row0 = 6, nrows = cs.nrows, coef_ld = nrows + 7,
+                   acc_ld = cs.cols + 3;
+      Mat m = RandomMat(cs.fmt, rows, cs.cols, rng);
+      const std::vector<float> coef = RandomVec(tokens * coef_ld, rng);
+      const std::vector<float> start = RandomVec(tokens * acc_ld, rng);
+      for (Isa isa : isas) {
+        SetIsaForTesting(isa);
+        std::vector<float> loop = start, tiled = start;
+        for (size_t t = 0; t < tokens; ++t) {
+          for (size_t j = 0; j < nrows; ++j)
+            AddRow(m.View(), row0 + j, coef[t * coef_ld + j], loop.data() + t * acc_ld);
+        }
+        AddRows(m.View(), row0, nrows, coef.data(), coef_ld, tokens, tiled.data(), acc_ld);
+        CHECK_MESSAGE(std::memcmp(loop.data(), tiled.data(), loop.size() * 4) == 0,
+                      FmtName(cs.fmt)
+                          << " cols " << cs.cols << " tokens " << tokens << " " << IsaStr(isa));
       }
-      AddRows(m.View(), row0, nrows, coef.data(), coef_ld, tokens, tiled.data(), acc_ld);
-      CHECK_MESSAGE(std::memcmp(loop.data(), tiled.data(), loop.size() * 4) == 0,
-                    FmtName(cs.fmt) << " cols " << cs.cols << " " << IsaStr(isa));
     }
   }
 }
