@@ -818,7 +818,7 @@ constexpr size_t kTBlockBytes = 2 * kTSetBytes;
 constexpr int kTRows = 4;
 constexpr size_t kTChunk = 8;
 constexpr size_t kTPanelBytes = size_t{512} << 10;
-constexpr size_t kTPanelMin = 8;
+constexpr size_t kTPanelMin = 64;
 
 inline __m256i LoadSlot(const int8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -1101,7 +1101,11 @@ void MatMulBatchedT(const WeightView& w, const ActsQ8& x, float* y, size_t r0, s
   // whole, once per chunk, and decodes its rows once per panel. Without panels
   // a 2048-row window streamed its activations from L3 or memory for every
   // block of 4 rows (Zen 3, 1 thread, M = 2048: int4-g64 1536x12288 0.45 ->
-  // 0.69 of the roof, int8 576x7168 0.35 -> 0.54).
+  // 0.69 of the roof, int8 576x7168 0.35 -> 0.54). At least kTPanelMin rows,
+  // though past L2 for long rows: at 15 rows a 33792-column row (the dense
+  // MLP's down projection) decoded every block of weights for 15 activation
+  // rows; at 64 (2 MiB, from L3) int4-g64 7168x33792 at M = 2048 went from
+  // 0.66 to 0.71 of the roof per thread with two threads (Zen 3).
   const size_t panel = std::max<size_t>(kTPanelMin, kTPanelBytes / (acts.blocks * kTBlockBytes));
   for (size_t b0 = 0; b0 < x.batch; b0 += panel) {
     const size_t b1 = std::min(x.batch, b0 + panel);
@@ -1148,6 +1152,49 @@ void MatMulQ8Avx2(const WeightView& w, const ActsQ8& x, float* y, size_t r0, siz
       return;
   }
 }
+// ---------------------------------------------------------------------------
+// QuantizeActs: per 32-column group s = max(absmax/127, kMinScale), inv = 1/s,
+// q = clamp(rint(x * inv), -127, 127), NaN -> -127: the scalar reference's IEEE
+// operations lane by lane (max_ps returns its second operand for a NaN first,
+// which both skips NaNs in the absmax and sends a NaN product to -127), so its
+// bytes and scales. Scalar, it was ~1.7 % of a 2048-token prefill on Zen 3.
+
+void QuantizeActsAvx2(const float* x, size_t rows, size_t cols, int8_t* q,
+                      float* scales) noexcept {
+  const size_t groups = cols / kActGroup;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t b = 0; b < rows; ++b) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t off = b * cols + g * kActGroup;
+      __m256 v[4];
+      __m256 am = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + off + 8 * i);
+        am = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), am);
+      }
+      const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+      const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+      float s = amax / 127.0f;
+      if (s < kMinScale) s = kMinScale;
+      const __m256 inv = _mm256_set1_ps(1.0f / s);
+      __m256i r[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256 t = _mm256_round_ps(_mm256_mul_ps(v[i], inv),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r[i] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+      }
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]),
+                                           _mm256_packs_epi32(r[2], r[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + off),
+                          _mm256_permutevar8x32_epi32(p, order));
+      scales[b * groups + g] = s;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // AddRow: acc[i] += k_i * w_i, one FMA per element, natural column order.
 
@@ -1471,7 +1518,7 @@ constexpr KernelTable kAvx2Table = {
 #endif
     MatMulAvx2,     MatMulQ8Avx2,           RowDotAvx2,
     AddRowAvx2,     QuantizeInt8RowsScalar, QuantizeInt4RowsScalar,
-    DowncastScalar, QuantizeActsScalar,     RoofAvx2,
+    DowncastScalar, QuantizeActsAvx2,       RoofAvx2,
     AddRowsAvx2,    DotSumSquaresAvx2,      SituGluLoop,
     KdaDecayLoop,   KdaUpdateLoop,          SoftmaxLoop,
     AttnScoresAvx2};
