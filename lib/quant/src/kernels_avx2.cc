@@ -1526,12 +1526,14 @@ constexpr size_t kAddRowsPanelTokens = 24;
 
 void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
                  size_t tokens, float* acc, size_t acc_ld) noexcept {
-  if (w.format != WeightFormat::kF32) {
+  const bool f32 = w.format == WeightFormat::kF32;
+  if (!f32 && w.format != WeightFormat::kInt8) {
     return AddRowsLoop(AddRowAvx2, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
   }
   const size_t n = w.cols;
   const size_t n16 = n / 16 * 16;
   if (tokens < kAddRowsPanelTokens || n16 == 0) {
+    if (!f32) return AddRowsLoop(AddRowAvx2, w, row0, nrows, coef, coef_ld, tokens, acc, acc_ld);
     size_t t = 0;
     for (; t + 6 <= tokens; t += 6) {
       AddRowsF32Tokens<6>(w, row0, nrows, coef + t * coef_ld, coef_ld, acc + t * acc_ld, acc_ld);
@@ -1541,35 +1543,57 @@ void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* co
     }
     return;
   }
-  const float* base = static_cast<const float*>(w.data) + row0 * n;
-  float* panels = Grow(Tls().panels, nrows * n16);
+  // int8 rows (MLA's absorbed queries over kv_b) go into the panels as the
+  // floats AddRowAvx2 converts them to, and each (token, row) coefficient
+  // becomes AddRow's k = c * scale once: the same FMA per element.
+  Scratch& sc = Tls();
+  const float* base = f32 ? static_cast<const float*>(w.data) + row0 * n : nullptr;
+  const int8_t* qbase = f32 ? nullptr : static_cast<const int8_t*>(w.data) + row0 * n;
+  float* panels = Grow(sc.panels, nrows * n16);
   for (size_t j = 0; j < nrows; ++j) {
     for (size_t c0 = 0; c0 < n16; c0 += 16) {
       float* dst = panels + c0 * nrows + j * 16;
-      _mm256_store_ps(dst, _mm256_loadu_ps(base + j * n + c0));
-      _mm256_store_ps(dst + 8, _mm256_loadu_ps(base + j * n + c0 + 8));
+      if (f32) {
+        _mm256_store_ps(dst, _mm256_loadu_ps(base + j * n + c0));
+        _mm256_store_ps(dst + 8, _mm256_loadu_ps(base + j * n + c0 + 8));
+      } else {
+        _mm256_store_ps(dst, I8Src::Cvt8(qbase + j * n + c0));
+        _mm256_store_ps(dst + 8, I8Src::Cvt8(qbase + j * n + c0 + 8));
+      }
     }
+  }
+  const float* k = coef;
+  size_t k_ld = coef_ld;
+  if (!f32) {
+    float* kb = Grow(sc.gscale, tokens * nrows);
+    for (size_t u = 0; u < tokens; ++u) {
+      for (size_t j = 0; j < nrows; ++j) kb[u * nrows + j] = coef[u * coef_ld + j] * w.scales[row0 + j];
+    }
+    k = kb;
+    k_ld = nrows;
   }
   size_t t = 0;
   for (; t + 6 <= tokens; t += 6) {
     for (size_t c0 = 0; c0 < n16; c0 += 16) {
-      AddRowsF32Panel<6>(panels + c0 * nrows, nrows, coef + t * coef_ld, coef_ld,
-                         acc + t * acc_ld + c0, acc_ld);
+      AddRowsF32Panel<6>(panels + c0 * nrows, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
+                         acc_ld);
     }
   }
   for (; t < tokens; ++t) {
     for (size_t c0 = 0; c0 < n16; c0 += 16) {
-      AddRowsF32Panel<1>(panels + c0 * nrows, nrows, coef + t * coef_ld, coef_ld,
-                         acc + t * acc_ld + c0, acc_ld);
+      AddRowsF32Panel<1>(panels + c0 * nrows, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
+                         acc_ld);
     }
   }
-  // Columns past the last whole panel: AddRowsF32Tokens' tail, element by element.
+  // Columns past the last whole panel: AddRow's tail, element by element.
   for (size_t u = 0; u < tokens && n16 < n; ++u) {
     float* at = acc + u * acc_ld;
     for (size_t j = 0; j < nrows; ++j) {
-      const float k = coef[u * coef_ld + j];
-      const float* r = base + j * n;
-      for (size_t i = n16; i < n; ++i) at[i] = std::fma(k, r[i], at[i]);
+      const float kk = k[u * k_ld + j];
+      for (size_t i = n16; i < n; ++i) {
+        const float v = f32 ? base[j * n + i] : static_cast<float>(qbase[j * n + i]);
+        at[i] = std::fma(kk, v, at[i]);
+      }
     }
   }
 }
