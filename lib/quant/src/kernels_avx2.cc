@@ -374,7 +374,8 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
   return xp;
 }
 
-// f32 weights, batched (the router, KDA's gate projections): a pair's plain
+// f32 and int8 weights on the f32 path, batched (the router, KDA's gate
+// projections; MLA's per-head outputs over kv_b's int8 rows): a pair's plain
 // accumulators are four independent chains -- slot k mod 2 of unit k, its
 // low and high eight lanes -- so a tile can run one chain at a time, eight
 // columns in every 32 of a column block: four rows x two activations take
@@ -387,29 +388,40 @@ const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scrat
 // 896 x 7168 (the router) at 512 tokens 0.18-0.19 -> 0.32-0.35 of the FMA
 // roof (3 x 3 and 2 x 4 measured no better; what holds it there is not the
 // tile's loads -- an L1-resident 96 x 1024 reads 0.44 -- and without
-// counters in this VM it stays open).
+// counters in this VM it stays open); int8 rows (converted in registers, the
+// row scale after the reduce as F32TileBlock applies it), 128 x 512 at 64-256
+// tokens: 0.21-0.25 -> 0.41-0.46.
 constexpr int kPlainRows = 4;
 constexpr int kPlainActs = 2;
 
 // Chain c (slot c / 2, half c % 2) of units [k0, k1) for N rows from w0 x B
 // activations from x0, both n floats apart (one stride register for all:
 // separate row pointers spilled and were reloaded every step).
-template <int N, int B>
-void PlainChain(const float* w0, const float* x0, size_t n, size_t k0, size_t k1, size_t c,
+template <typename T>
+inline __m256 PlainLoad8(const T* p) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    return I8Src::Cvt8(p);
+  } else {
+    return _mm256_loadu_ps(p);
+  }
+}
+
+template <typename T, int N, int B>
+void PlainChain(const T* w0, const float* x0, size_t n, size_t k0, size_t k1, size_t c,
                 __m256 (&a)[N][B]) noexcept {
   const size_t lane = (c % 2) * 8;
   const size_t full = n / 16;  // units before the zero-padded tail
   const size_t kf = std::min(k1, full);
   size_t k = k0 + c / 2;
   for (; k < kf; k += 2) {
-    const float* wp = w0 + k * 16 + lane;
+    const T* wp = w0 + k * 16 + lane;
     const float* xp = x0 + k * 16 + lane;
     __m256 xv[B];
 #pragma GCC unroll 4
     for (int b = 0; b < B; ++b) xv[b] = InReg(_mm256_loadu_ps(xp + b * n));
 #pragma GCC unroll 4
     for (int r = 0; r < N; ++r) {
-      const __m256 wv = InReg(_mm256_loadu_ps(wp + r * n));
+      const __m256 wv = InReg(PlainLoad8(wp + r * n));
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) a[r][b] = _mm256_fmadd_ps(xv[b], wv, a[r][b]);
     }
@@ -419,7 +431,9 @@ void PlainChain(const float* w0, const float* x0, size_t n, size_t k0, size_t k1
     alignas(32) float wt[N][16] = {};
     const size_t m = n - k * 16;
     for (int b = 0; b < B; ++b) std::memcpy(xt[b], x0 + b * n + k * 16, m * sizeof(float));
-    for (int r = 0; r < N; ++r) std::memcpy(wt[r], w0 + r * n + k * 16, m * sizeof(float));
+    for (int r = 0; r < N; ++r) {
+      for (size_t i = 0; i < m; ++i) wt[r][i] = static_cast<float>(w0[r * n + k * 16 + i]);
+    }
     for (int r = 0; r < N; ++r) {
       for (int b = 0; b < B; ++b) {
         a[r][b] =
@@ -431,8 +445,8 @@ void PlainChain(const float* w0, const float* x0, size_t n, size_t k0, size_t k1
 
 // Activations b0 .. b0+B-1 against rows wr over units [k0, k1), chain by
 // chain, the accumulators [batch][slot][row] (16 floats: low, high) in acc.
-template <int N, int B>
-void PlainTile(const float* w0, const float* xl, size_t n, size_t b0, size_t k0, size_t k1,
+template <typename T, int N, int B>
+void PlainTile(const T* w0, const float* xl, size_t n, size_t b0, size_t k0, size_t k1,
                float* acc) noexcept {
   for (size_t c = 0; c < 4; ++c) {
     auto at = [&](int r, int b) {
@@ -444,7 +458,7 @@ void PlainTile(const float* w0, const float* xl, size_t n, size_t b0, size_t k0,
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) a[r][b] = _mm256_loadu_ps(at(r, b));
     }
-    PlainChain<N, B>(w0, xl + b0 * n, n, k0, k1, c, a);
+    PlainChain<T, N, B>(w0, xl + b0 * n, n, k0, k1, c, a);
 #pragma GCC unroll 4
     for (int r = 0; r < N; ++r) {
 #pragma GCC unroll 4
@@ -453,11 +467,11 @@ void PlainTile(const float* w0, const float* xl, size_t n, size_t b0, size_t k0,
   }
 }
 
-template <int N>
+template <typename T, int N>
 void PlainRowBlock(const WeightView& w, const float* xl, size_t batch, size_t o, float* y,
                    Scratch& s) noexcept {
   const size_t n = w.cols;
-  const float* w0 = static_cast<const float*>(w.data) + o * n;
+  const T* w0 = static_cast<const T*>(w.data) + o * n;
   const size_t units = (n + 15) / 16;
   const size_t block = kF32BlockCols / 16;
   float* acc = Grow(s.acc, batch * 2 * N * 16);
@@ -466,26 +480,33 @@ void PlainRowBlock(const WeightView& w, const float* xl, size_t batch, size_t o,
     const size_t k1 = std::min(k0 + block, units);
     size_t b = 0;
     for (; b + kPlainActs <= batch; b += kPlainActs)
-      PlainTile<N, kPlainActs>(w0, xl, n, b, k0, k1, acc);
-    for (; b < batch; ++b) PlainTile<N, 1>(w0, xl, n, b, k0, k1, acc);
+      PlainTile<T, N, kPlainActs>(w0, xl, n, b, k0, k1, acc);
+    for (; b < batch; ++b) PlainTile<T, N, 1>(w0, xl, n, b, k0, k1, acc);
   }
   for (size_t b = 0; b < batch; ++b) {
     for (int r = 0; r < N; ++r) {
       const Y2 v[2] = {Avx2Kit::Load(acc + ((b * 2 + 0) * N + r) * 16),
                        Avx2Kit::Load(acc + ((b * 2 + 1) * N + r) * 16)};
-      y[b * w.rows + o + r] = Avx2Kit::Reduce<2>(v);
+      const float d = Avx2Kit::Reduce<2>(v);
+      y[b * w.rows + o + r] = std::is_same_v<T, int8_t> ? d * w.scales[o + r] : d;
     }
   }
 }
 
 void MatMulF32PlainAvx2(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                         size_t r1, Scratch& s) noexcept {
+  // int8 weights are decoded in registers; their chunk is f32's (the
+  // activations are f32 either way).
   const size_t rows = kF32WeightActBytes / std::max<size_t>(w.cols * sizeof(float), 1);
   const size_t chunk = std::max<size_t>(rows / kPlainActs * kPlainActs, kPlainActs);
   for (size_t b0 = 0; b0 < batch; b0 += chunk) {
     const size_t nb = std::min(chunk, batch - b0);
     ForRowBlocks<kPlainRows>(r0, r1, [&]<int N>(size_t o) {
-      PlainRowBlock<N>(w, x + b0 * w.cols, nb, o, y + b0 * w.rows, s);
+      if (w.format == WeightFormat::kInt8) {
+        PlainRowBlock<int8_t, N>(w, x + b0 * w.cols, nb, o, y + b0 * w.rows, s);
+      } else {
+        PlainRowBlock<float, N>(w, x + b0 * w.cols, nb, o, y + b0 * w.rows, s);
+      }
     });
   }
 }
@@ -493,7 +514,7 @@ void MatMulF32PlainAvx2(const WeightView& w, const float* x, size_t batch, float
 void MatMulAvx2(const WeightView& w, const float* x, size_t batch, float* y, size_t r0,
                 size_t r1) noexcept {
   Scratch& s = Tls();
-  if (w.format == WeightFormat::kF32 && batch > 1) {
+  if ((w.format == WeightFormat::kF32 || w.format == WeightFormat::kInt8) && batch > 1) {
     return MatMulF32PlainAvx2(w, x, batch, y, r0, r1, s);
   }
   const float* xl = LayoutActs(w, x, batch, s);
