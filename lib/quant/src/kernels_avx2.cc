@@ -1471,55 +1471,14 @@ void DotSumSquaresAvx2(const float* x, const float* w, size_t n, double* dot, do
 // takes one FMA per row in row order, k = c: AddRowAvx2's bits (the compiled
 // loop of AddRow calls reloaded and stored every accumulator once per row and
 // ran MLA's latent sum at about 0.2 of the FMA roof). Other formats: the loop.
-template <int T>
-void AddRowsF32Tokens(const WeightView& w, size_t row0, size_t nrows, const float* coef,
-                      size_t coef_ld, float* acc, size_t acc_ld) noexcept {
-  const size_t n = w.cols;
-  const float* base = static_cast<const float*>(w.data) + row0 * n;
-  size_t c0 = 0;
-  for (; c0 + 16 <= n; c0 += 16) {
-    __m256 a[T][2];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      a[t][0] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + c0);
-      a[t][1] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + c0 + 8);
-    }
-    for (size_t j = 0; j < nrows; ++j) {
-      const float* r = base + j * n + c0;
-      const __m256 w0 = _mm256_loadu_ps(r), w1 = _mm256_loadu_ps(r + 8);
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        const __m256 k = _mm256_broadcast_ss(coef + size_t(t) * coef_ld + j);
-        a[t][0] = _mm256_fmadd_ps(k, w0, a[t][0]);
-        a[t][1] = _mm256_fmadd_ps(k, w1, a[t][1]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      _mm256_storeu_ps(acc + size_t(t) * acc_ld + c0, a[t][0]);
-      _mm256_storeu_ps(acc + size_t(t) * acc_ld + c0 + 8, a[t][1]);
-    }
-  }
-  if (c0 == n) return;
-  for (int t = 0; t < T; ++t) {
-    float* at = acc + size_t(t) * acc_ld;
-    for (size_t j = 0; j < nrows; ++j) {
-      const float k = coef[size_t(t) * coef_ld + j];
-      const float* r = base + j * n;
-      for (size_t i = c0; i < n; ++i) at[i] = std::fma(k, r[i], at[i]);
-    }
-  }
-}
 
-// The same tiles over the rows packed in 16-column panels: panel p holds
-// columns 16p..16p+15 of every row, row after row, so a tile's loads run along
-// contiguous memory. Straight from the rows each step loaded one line 2 KiB
-// past the last (MLA's 512-wide latent rows) and the sum ran at about 0.55 of
-// the FMA roof with the chunk in L2; packed, about 0.8. Each element's FMAs are
-// the unpacked tile's, in the same row order: the same bits.
+// T tokens x 16 columns: acc[t][0..15] += coef[t][j] * row j's 16 columns,
+// rows `stride` floats apart (a matrix's rows, or a packed panel's: 16), the
+// accumulators in registers across the rows, one FMA per element per row in
+// row order (AddRowAvx2's bits).
 template <int T>
-void AddRowsF32Panel(const float* panel, size_t nrows, const float* coef, size_t coef_ld,
-                     float* acc, size_t acc_ld) noexcept {
+void AddRowsTile16(const float* rows, size_t stride, size_t nrows, const float* coef,
+                   size_t coef_ld, float* acc, size_t acc_ld) noexcept {
   __m256 a[T][2];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
@@ -1527,7 +1486,8 @@ void AddRowsF32Panel(const float* panel, size_t nrows, const float* coef, size_t
     a[t][1] = _mm256_loadu_ps(acc + size_t(t) * acc_ld + 8);
   }
   for (size_t j = 0; j < nrows; ++j) {
-    const __m256 w0 = _mm256_load_ps(panel + j * 16), w1 = _mm256_load_ps(panel + j * 16 + 8);
+    const float* r = rows + j * stride;
+    const __m256 w0 = _mm256_loadu_ps(r), w1 = _mm256_loadu_ps(r + 8);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256 k = _mm256_broadcast_ss(coef + size_t(t) * coef_ld + j);
@@ -1542,7 +1502,33 @@ void AddRowsF32Panel(const float* panel, size_t nrows, const float* coef, size_t
   }
 }
 
-// Below this many tokens the panels' copy costs more than the strided loads.
+template <int T>
+void AddRowsF32Tokens(const WeightView& w, size_t row0, size_t nrows, const float* coef,
+                      size_t coef_ld, float* acc, size_t acc_ld) noexcept {
+  const size_t n = w.cols;
+  const float* base = static_cast<const float*>(w.data) + row0 * n;
+  size_t c0 = 0;
+  for (; c0 + 16 <= n; c0 += 16) {
+    AddRowsTile16<T>(base + c0, n, nrows, coef, coef_ld, acc + c0, acc_ld);
+  }
+  if (c0 == n) return;
+  for (int t = 0; t < T; ++t) {
+    float* at = acc + size_t(t) * acc_ld;
+    for (size_t j = 0; j < nrows; ++j) {
+      const float k = coef[size_t(t) * coef_ld + j];
+      const float* r = base + j * n;
+      for (size_t i = c0; i < n; ++i) at[i] = std::fma(k, r[i], at[i]);
+    }
+  }
+}
+
+// From kAddRowsPanelTokens tokens the chunk's rows are first packed in
+// 16-column panels: panel p holds columns 16p..16p+15 of every row, row after
+// row, so a tile's loads run along contiguous memory. Straight from the rows
+// each step loaded one line 2 KiB past the last (MLA's 512-wide latent rows)
+// and the sum ran at about 0.55 of the FMA roof with the chunk in L2; packed,
+// about 0.8. The tiles are the same: the same bits. Below this many tokens the
+// panels' copy costs more than the strided loads.
 constexpr size_t kAddRowsPanelTokens = 24;
 
 void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* coef, size_t coef_ld,
@@ -1596,14 +1582,14 @@ void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* co
   size_t t = 0;
   for (; t + 6 <= tokens; t += 6) {
     for (size_t c0 = 0; c0 < n16; c0 += 16) {
-      AddRowsF32Panel<6>(panels + c0 * nrows, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
-                         acc_ld);
+      AddRowsTile16<6>(panels + c0 * nrows, 16, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
+                       acc_ld);
     }
   }
   for (; t < tokens; ++t) {
     for (size_t c0 = 0; c0 < n16; c0 += 16) {
-      AddRowsF32Panel<1>(panels + c0 * nrows, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
-                         acc_ld);
+      AddRowsTile16<1>(panels + c0 * nrows, 16, nrows, k + t * k_ld, k_ld, acc + t * acc_ld + c0,
+                       acc_ld);
     }
   }
   // Columns past the last whole panel: AddRow's tail, element by element.
