@@ -49,6 +49,7 @@ struct Scratch {
   AlignedVec<float> xsg;     // IDOT: activation block factors (ActBlockFactors)
   AlignedVec<float> acc;     // batched f32 path: tile accumulators between column blocks
   AlignedVec<float> panels;  // AddRows: a chunk's f32 rows in 16-column panels
+  AlignedVec<float> coefs;   // AddRows over int8 rows: c * row scale per token and row
 };
 
 Scratch& Tls() {
@@ -360,15 +361,11 @@ float DotDirect(const WeightView& w, size_t o, const float* gs, const float* x) 
   return 0.0f;
 }
 
-// Activations in the kernel's layout, in the 64-byte aligned scratch (batch 1
-// with no layout change reads the input itself).
+// Activations in the kernel's layout: the nibble formats' even/odd order in the
+// 64-byte aligned scratch; plain rows (f32, int8) read the input itself (their
+// batched tiles, MatMulF32PlainAvx2, read it in place too).
 const float* LayoutActs(const WeightView& w, const float* x, size_t batch, Scratch& s) noexcept {
-  if (w.format != WeightFormat::kInt4G64 && w.format != WeightFormat::kMxfp4) {
-    if (batch == 1) return x;
-    float* xa = Grow(s.xp, batch * w.cols);
-    std::memcpy(xa, x, batch * w.cols * sizeof(float));
-    return xa;
-  }
+  if (w.format != WeightFormat::kInt4G64 && w.format != WeightFormat::kMxfp4) return x;
   float* xp = Grow(s.xp, batch * w.cols);
   for (size_t b = 0; b < batch; ++b) PermuteEvenOdd16(x + b * w.cols, w.cols, xp + b * w.cols);
   return xp;
@@ -1572,7 +1569,7 @@ void AddRowsAvx2(const WeightView& w, size_t row0, size_t nrows, const float* co
   const float* k = coef;
   size_t k_ld = coef_ld;
   if (!f32) {
-    float* kb = Grow(sc.gscale, tokens * nrows);
+    float* kb = Grow(sc.coefs, tokens * nrows);
     for (size_t u = 0; u < tokens; ++u) {
       for (size_t j = 0; j < nrows; ++j) kb[u * nrows + j] = coef[u * coef_ld + j] * w.scales[row0 + j];
     }
